@@ -1,0 +1,42 @@
+# amqha — the two commands: `make run` and `make test`. Everything else is set up here.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test unit lint bench demo report clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'
+	@touch $(STAMP)
+
+## Start the pair on loopback (primary :5672, backup :5673); Ctrl-C stops both.
+run: $(STAMP)
+	$(BIN)/amqha pair --config-dir config
+
+## The whole suite: unit, integration (real processes on loopback), Spark.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check amqha peering failover spark config tests bench
+	$(BIN)/ruff format --check amqha peering failover spark config tests bench
+	$(BIN)/mypy failover/fsm.py amqha/wire.py amqha/core
+
+## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+## A scripted tour: start the pair, publish, kill -9 the primary, take over, recover.
+demo: $(STAMP)
+	$(BIN)/python -m amqha.demo
+
+clean:
+	rm -rf $(VENV) var build *.egg-info .pytest_cache
