@@ -1,0 +1,625 @@
+"""One AMQP channel of a connection: its methods, content assembly, consumers and acks.
+
+Owns: the channel's state (open / closing), the publish → header → body sequence,
+consumers and their prefetch credit, the unacknowledged deliveries and their tags,
+publisher confirms and transactions. Every method is checked against the channel's
+state before it is dispatched, by a dict keyed on the pamqp class.
+
+Must not know: sockets (frames go out through ``connection.send``), how exchanges
+match keys or how queues store messages (that is ``core``).
+
+Errors are raised as pamqp AMQP exceptions: a soft error closes this channel, a hard
+one the whole connection; the connection decides which from the class.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands, exceptions
+from pamqp.base import Frame as Method
+
+from . import wire
+from .core.message import Message
+from .core.queue import Queue
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+OPEN, CLOSING = "open", "closing"
+
+# An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
+Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
+
+
+class ChannelConsumer:
+    """A Basic.Consume subscription: what the queue sees as a consumer."""
+
+    __slots__ = ("tag", "tag_wire", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked")
+
+    def __init__(
+        self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int
+    ) -> None:
+        self.tag = tag
+        self.tag_wire = wire.shortstr(tag)
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self.unacked = 0
+
+    def ready(self) -> bool:
+        channel = self.channel
+        if not channel.can_deliver or channel.connection.write_paused:
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return not channel.global_prefetch or len(channel.unacked) < channel.global_prefetch
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        channel = self.channel
+        tag = channel.next_delivery_tag
+        channel.next_delivery_tag = tag + 1
+        connection = channel.connection
+        if not self.no_ack:
+            channel.unacked[tag] = (tag, self, queue, message)
+            channel.unacked_order.append(tag)
+            self.unacked += 1
+            queue.unacked += 1
+        connection.send(
+            wire.deliver_frames(
+                channel.number,
+                self.tag_wire,
+                tag,
+                redelivered,
+                message.address,
+                message.header,
+                message.body,
+                connection.frame_max,
+            )
+        )
+
+
+class PendingPublish:
+    """A Basic.Publish waiting for its content header and body frames."""
+
+    __slots__ = ("publish", "exchange", "header", "body_size", "parts", "received")
+
+    def __init__(self, publish: wire.Publish, exchange: Any) -> None:
+        self.publish = publish
+        self.exchange = exchange
+        self.header: bytes | None = None
+        self.body_size = 0
+        self.parts: list[bytes] = []
+        self.received = 0
+
+
+class Channel:
+    def __init__(self, connection: Connection, number: int) -> None:
+        self.connection = connection
+        self.broker = connection.broker
+        self.vhost = connection.vhost
+        self.number = number
+        self.state = OPEN
+        self.can_deliver = True  # Channel.Flow
+        self.consumers: dict[str, ChannelConsumer] = {}
+        # Unacked deliveries by tag; ``unacked_order`` keeps tags in delivery order so
+        # a multiple ack settles from the front without scanning the dict.
+        self.unacked: dict[int, Unacked] = {}
+        self.unacked_order: deque[int] = deque()
+        self.next_delivery_tag = 1
+        self.consumer_prefetch = 0
+        self.global_prefetch = 0
+        self.confirm = False
+        self.publish_seq = 0
+        self.confirmed_upto = 0  # highest sequence number already acked to the publisher
+        self.transaction: list[Callable[[], None]] | None = None
+        # Deliveries acked inside the open transaction: a rollback makes them unacked again.
+        self.transaction_acks: list[Unacked] = []
+        self.pending: PendingPublish | None = None
+        self.handlers: dict[type, Callable[[Any], None]] = {
+            commands.Channel.Close: self.on_channel_close,
+            commands.Channel.CloseOk: self.on_channel_close_ok,
+            commands.Channel.Flow: self.on_channel_flow,
+            commands.Channel.FlowOk: self.on_channel_flow_ok,
+            commands.Exchange.Declare: self.on_exchange_declare,
+            commands.Exchange.Delete: self.on_exchange_delete,
+            commands.Exchange.Bind: self.on_exchange_bind,
+            commands.Exchange.Unbind: self.on_exchange_unbind,
+            commands.Queue.Declare: self.on_queue_declare,
+            commands.Queue.Bind: self.on_queue_bind,
+            commands.Queue.Unbind: self.on_queue_unbind,
+            commands.Queue.Purge: self.on_queue_purge,
+            commands.Queue.Delete: self.on_queue_delete,
+            commands.Basic.Qos: self.on_basic_qos,
+            commands.Basic.Consume: self.on_basic_consume,
+            commands.Basic.Cancel: self.on_basic_cancel,
+            commands.Basic.Get: self.on_basic_get,
+            commands.Basic.Ack: self.on_basic_ack,
+            commands.Basic.Nack: self.on_basic_nack,
+            commands.Basic.Reject: self.on_basic_reject,
+            commands.Basic.Recover: self.on_basic_recover,
+            commands.Basic.RecoverAsync: self.on_basic_recover,
+            commands.Confirm.Select: self.on_confirm_select,
+            commands.Tx.Select: self.on_tx_select,
+            commands.Tx.Commit: self.on_tx_commit,
+            commands.Tx.Rollback: self.on_tx_rollback,
+        }
+
+    # -- frames in -----------------------------------------------------------------
+
+    def handle_frame(self, frame: wire.RawFrame) -> None:
+        if self.state is CLOSING:
+            # After our Channel.Close, everything but Close/CloseOk is dropped (spec 2.3.5).
+            if frame.kind == wire.FRAME_METHOD:
+                method = wire.decode_method(frame.payload)
+                if isinstance(method, commands.Channel.Close | commands.Channel.CloseOk):
+                    self.handlers[type(method)](method)
+            return
+        kind = frame.kind
+        pending = self.pending
+        if pending is not None:
+            if kind == wire.FRAME_BODY and pending.header is not None:
+                self._on_body(pending, frame.payload)
+            elif kind == wire.FRAME_HEADER and pending.header is None:
+                self._on_header(pending, frame.payload)
+            else:
+                raise exceptions.AMQPUnexpectedFrame(
+                    f"UNEXPECTED_FRAME - expected content "
+                    f"{'body' if pending.header is not None else 'header'} "
+                    f"for Basic.Publish on channel {self.number}, got a frame of type {kind}"
+                )
+            return
+        if kind != wire.FRAME_METHOD:
+            raise exceptions.AMQPUnexpectedFrame(
+                f"UNEXPECTED_FRAME - content frame (type {kind}) on channel {self.number} "
+                "without a Basic.Publish before it"
+            )
+        payload = frame.payload
+        index = wire.method_index(payload) if len(payload) >= 4 else -1
+        if index == wire.PUBLISH_INDEX:
+            self.on_basic_publish(wire.decode_publish(payload))
+            return
+        if index == wire.ACK_INDEX:
+            tag, multiple = wire.decode_ack(payload)
+            self._ack(tag, multiple)
+            return
+        method = wire.decode_method(payload)
+        handler = self.handlers.get(type(method))
+        if handler is None:
+            raise exceptions.AMQPCommandInvalid(
+                f"COMMAND_INVALID - {method.name} is not allowed on channel {self.number}"
+            )
+        handler(method)
+
+    def reply(self, method: Method) -> None:
+        self.connection.send(wire.method_frame(self.number, method))
+
+    # -- publish -------------------------------------------------------------------
+
+    def on_basic_publish(self, publish: wire.Publish) -> None:
+        exchange = self.vhost.get_exchange(publish.exchange)
+        if exchange.internal:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"
+            )
+        if publish.immediate:
+            raise exceptions.AMQPNotImplemented("NOT_IMPLEMENTED - immediate=true")
+        self.pending = PendingPublish(publish, exchange)
+
+    def _on_header(self, pending: PendingPublish, payload: bytes) -> None:
+        body_size = wire.content_body_size(payload)
+        limit = self.broker.config.limits.max_message_size
+        if body_size > limit:
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - message size {body_size} is larger than "
+                f"configured max size {limit}"
+            )
+        pending.header = payload
+        pending.body_size = body_size
+        if body_size == 0:
+            self._complete(pending, b"")
+
+    def _on_body(self, pending: PendingPublish, payload: bytes) -> None:
+        received = pending.received + len(payload)
+        if received > pending.body_size:
+            raise exceptions.AMQPFrameError(
+                f"FRAME_ERROR - body of {received} bytes or more, header said {pending.body_size}"
+            )
+        if received == pending.body_size and not pending.parts:
+            self._complete(pending, payload)
+            return
+        pending.parts.append(payload)
+        pending.received = received
+        if received == pending.body_size:
+            self._complete(pending, b"".join(pending.parts))
+
+    def _complete(self, pending: PendingPublish, body: bytes) -> None:
+        self.pending = None
+        publish = pending.publish
+        message = Message(publish.address, pending.header, body)  # type: ignore[arg-type]
+        if self.transaction is not None:
+            self.transaction.append(lambda: self._route(pending.exchange, publish, message))
+            return
+        self._route(pending.exchange, publish, message)
+
+    def _route(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
+        queues = self.vhost.route(exchange, publish.routing_key, message)
+        accepted = self.broker.enqueue(message, queues) if queues else True
+        connection = self.connection
+        if not queues and publish.mandatory:
+            connection.send(
+                wire.return_frames(
+                    self.number, 312, "NO_ROUTE", message.address, message.header,
+                    message.body, connection.frame_max,
+                )
+            )
+        if self.confirm:
+            self.publish_seq += 1
+            if not accepted:
+                self._flush_confirms(self.publish_seq - 1)
+                connection.send(wire.nack_frame(self.number, self.publish_seq, False))
+                self.confirmed_upto = self.publish_seq
+            else:
+                connection.confirms_due(self)
+
+    def flush_confirms(self) -> None:
+        """Ack every accepted publish not yet confirmed, as one ``multiple`` ack."""
+        self._flush_confirms(self.publish_seq)
+
+    def _flush_confirms(self, upto: int) -> None:
+        if upto <= self.confirmed_upto:
+            return
+        multiple = upto - self.confirmed_upto > 1
+        self.connection.send(wire.ack_frame(self.number, upto, multiple))
+        self.confirmed_upto = upto
+
+    # -- acks ----------------------------------------------------------------------
+
+    def _take_unacked(self, tag: int, multiple: bool) -> list[Unacked]:
+        unacked = self.unacked
+        if multiple:
+            order = self.unacked_order
+            taken = []
+            while order and (tag == 0 or order[0] <= tag):
+                entry = unacked.pop(order.popleft(), None)
+                if entry is not None:
+                    taken.append(entry)
+            if not taken and tag:
+                raise exceptions.AMQPPreconditionFailed(
+                    f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+                )
+            return taken
+        entry = unacked.pop(tag, None)
+        if entry is None:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+            )
+        order = self.unacked_order
+        while order and order[0] not in unacked:
+            order.popleft()
+        return [entry]
+
+    def _release(self, entries: list[Unacked]) -> None:
+        for _tag, consumer, queue, _message in entries:
+            if consumer is not None:
+                consumer.unacked -= 1
+            queue.unacked -= 1
+
+    def _ack(self, tag: int, multiple: bool) -> None:
+        if self.transaction is not None:
+            # Validate now (an unknown tag is an error at once), settle on commit.
+            entries = self._take_unacked(tag, multiple)
+            self.transaction_acks.extend(entries)
+            self.transaction.append(lambda: self._settle(entries))
+            return
+        self._settle(self._take_unacked(tag, multiple))
+
+    def _settle(self, entries: list[Unacked]) -> None:
+        self._release(entries)
+        self._wake_consumers()
+
+    def _wake_consumers(self) -> None:
+        if self.consumers:
+            now = self.broker.now()
+            for queue in {c.queue for c in self.consumers.values()}:
+                queue.drain(now)
+
+    def _return_to_queues(
+        self, entries: list[Unacked], requeue: bool
+    ) -> None:
+        self._release(entries)
+        now = self.broker.now()
+        if requeue:
+            by_queue: dict[Queue, list[Message]] = {}
+            for _tag, _consumer, queue, message in entries:
+                if not queue.deleted:
+                    by_queue.setdefault(queue, []).append(message)
+            for queue, messages in by_queue.items():
+                queue.requeue(messages, now)
+            for queue in by_queue:
+                queue.drain(now)
+        else:
+            for _tag, _consumer, queue, message in entries:
+                if not queue.deleted:
+                    queue.reject(message)
+        self._wake_consumers()
+
+    def on_basic_ack(self, method: commands.Basic.Ack) -> None:
+        self._ack(method.delivery_tag, method.multiple)
+
+    def on_basic_nack(self, method: commands.Basic.Nack) -> None:
+        entries = self._take_unacked(method.delivery_tag, method.multiple)
+        self._later_or_now(entries, lambda: self._return_to_queues(entries, method.requeue))
+
+    def on_basic_reject(self, method: commands.Basic.Reject) -> None:
+        entries = self._take_unacked(method.delivery_tag, False)
+        self._later_or_now(entries, lambda: self._return_to_queues(entries, method.requeue))
+
+    def _later_or_now(self, entries: list[Unacked], action: Callable[[], None]) -> None:
+        if self.transaction is not None:
+            self.transaction_acks.extend(entries)
+            self.transaction.append(action)
+        else:
+            action()
+
+    def on_basic_recover(self, method: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
+        self._requeue_all()
+        if isinstance(method, commands.Basic.Recover):
+            self.reply(commands.Basic.RecoverOk())
+
+    def _requeue_all(self) -> None:
+        entries = [self.unacked[tag] for tag in self.unacked_order if tag in self.unacked]
+        self.unacked.clear()
+        self.unacked_order.clear()
+        if entries:
+            self._return_to_queues(entries, True)
+
+    # -- consumers -----------------------------------------------------------------
+
+    def on_basic_qos(self, method: commands.Basic.Qos) -> None:
+        if method.prefetch_size:
+            raise exceptions.AMQPNotImplemented("NOT_IMPLEMENTED - prefetch_size!=0")
+        if method.global_:
+            self.global_prefetch = method.prefetch_count
+        else:
+            self.consumer_prefetch = method.prefetch_count
+        self.reply(commands.Basic.QosOk())
+        self._wake_consumers()
+
+    def on_basic_consume(self, method: commands.Basic.Consume) -> None:
+        queue = self.vhost.get_queue(method.queue or self.connection.last_queue, self.connection)
+        tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
+        if tag in self.consumers:
+            raise exceptions.AMQPNotAllowed(
+                f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'"
+            )
+        if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - queue '{queue.name}' in vhost '{self.vhost.name}' "
+                "in exclusive use"
+            )
+        consumer = ChannelConsumer(
+            tag, self, queue, method.no_ack, method.exclusive, self.consumer_prefetch
+        )
+        self.consumers[tag] = consumer
+        now = self.broker.now()
+        queue.add_consumer(consumer, now)
+        if not method.nowait:
+            self.reply(commands.Basic.ConsumeOk(tag))
+        queue.drain(now)
+
+    def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag, None)
+        if consumer is not None:
+            self._detach(consumer)
+        if not method.nowait:
+            self.reply(commands.Basic.CancelOk(method.consumer_tag))
+
+    def _detach(self, consumer: ChannelConsumer) -> None:
+        queue = consumer.queue
+        if queue.remove_consumer(consumer, self.broker.now()):
+            self.vhost.remove_queue(queue)
+
+    def consumer_gone(self, consumer: ChannelConsumer) -> None:
+        """The consumer's queue was deleted: tell the client if it asked to be told."""
+        if self.consumers.pop(consumer.tag, None) is None or self.state is CLOSING:
+            return
+        if self.connection.capability("consumer_cancel_notify"):
+            self.reply(commands.Basic.Cancel(consumer.tag, nowait=True))
+
+    def on_basic_get(self, method: commands.Basic.Get) -> None:
+        queue = self.vhost.get_queue(method.queue or self.connection.last_queue, self.connection)
+        got = queue.get(self.broker.now())
+        if got is None:
+            self.reply(commands.Basic.GetEmpty())
+            return
+        message, redelivered = got
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        if not method.no_ack:
+            self.unacked[tag] = (tag, None, queue, message)
+            self.unacked_order.append(tag)
+            queue.unacked += 1
+        connection = self.connection
+        connection.send(
+            wire.get_ok_frames(
+                self.number, tag, redelivered, message.address, queue.message_count,
+                message.header, message.body, connection.frame_max,
+            )
+        )
+
+    # -- exchanges and queues --------------------------------------------------------
+
+    def on_exchange_declare(self, method: commands.Exchange.Declare) -> None:
+        self.vhost.declare_exchange(
+            method.exchange, method.exchange_type, method.passive, method.durable,
+            method.auto_delete, method.internal, dict(method.arguments or {}),
+        )
+        if not method.nowait:
+            self.reply(commands.Exchange.DeclareOk())
+
+    def on_exchange_delete(self, method: commands.Exchange.Delete) -> None:
+        self.vhost.delete_exchange(method.exchange, method.if_unused)
+        if not method.nowait:
+            self.reply(commands.Exchange.DeleteOk())
+
+    def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
+        self.vhost.bind_exchange(
+            method.destination, method.source, method.routing_key, dict(method.arguments or {})
+        )
+        if not method.nowait:
+            self.reply(commands.Exchange.BindOk())
+
+    def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
+        self.vhost.unbind_exchange(
+            method.destination, method.source, method.routing_key, dict(method.arguments or {})
+        )
+        if not method.nowait:
+            self.reply(commands.Exchange.UnbindOk())
+
+    def on_queue_declare(self, method: commands.Queue.Declare) -> None:
+        connection = self.connection
+        queue = self.vhost.declare_queue(
+            method.queue, connection, self.broker.now(), method.passive, method.durable,
+            method.exclusive, method.auto_delete, dict(method.arguments or {}),
+        )
+        if queue.exclusive_owner is connection:
+            connection.exclusive_queues[queue.name] = queue
+        self.broker.watch_queue(queue)
+        connection.last_queue = queue.name
+        if not method.nowait:
+            self.reply(commands.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count))
+
+    def on_queue_bind(self, method: commands.Queue.Bind) -> None:
+        self.vhost.bind_queue(
+            method.queue or self.connection.last_queue, method.exchange, method.routing_key,
+            dict(method.arguments or {}), self.connection,
+        )
+        if not method.nowait:
+            self.reply(commands.Queue.BindOk())
+
+    def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
+        self.vhost.unbind_queue(
+            method.queue or self.connection.last_queue, method.exchange, method.routing_key,
+            dict(method.arguments or {}), self.connection,
+        )
+        self.reply(commands.Queue.UnbindOk())
+
+    def on_queue_purge(self, method: commands.Queue.Purge) -> None:
+        queue = self.vhost.get_queue(method.queue or self.connection.last_queue, self.connection)
+        count = queue.purge()
+        if not method.nowait:
+            self.reply(commands.Queue.PurgeOk(count))
+
+    def on_queue_delete(self, method: commands.Queue.Delete) -> None:
+        name = method.queue or self.connection.last_queue
+        count = self.vhost.delete_queue(
+            name, self.connection, method.if_unused, method.if_empty
+        )
+        self.connection.exclusive_queues.pop(name, None)
+        if not method.nowait:
+            self.reply(commands.Queue.DeleteOk(count))
+
+    # -- confirms and transactions --------------------------------------------------
+
+    def on_confirm_select(self, method: commands.Confirm.Select) -> None:
+        if self.transaction is not None:
+            raise exceptions.AMQPPreconditionFailed(
+                "PRECONDITION_FAILED - cannot switch from tx to confirm mode"
+            )
+        self.confirm = True
+        if not method.nowait:
+            self.reply(commands.Confirm.SelectOk())
+
+    def on_tx_select(self, method: commands.Tx.Select) -> None:
+        if self.confirm:
+            raise exceptions.AMQPPreconditionFailed(
+                "PRECONDITION_FAILED - cannot switch from confirm to tx mode"
+            )
+        if self.transaction is None:
+            self.transaction = []
+        self.reply(commands.Tx.SelectOk())
+
+    def _require_transaction(self) -> list[Callable[[], None]]:
+        if self.transaction is None:
+            raise exceptions.AMQPPreconditionFailed(
+                "PRECONDITION_FAILED - channel is not transactional"
+            )
+        return self.transaction
+
+    def on_tx_commit(self, method: commands.Tx.Commit) -> None:
+        actions = self._require_transaction()
+        self.transaction = None
+        self.transaction_acks = []
+        try:
+            for action in actions:
+                action()
+        finally:
+            self.transaction = []
+        self.reply(commands.Tx.CommitOk())
+
+    def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
+        actions = self._require_transaction()
+        actions.clear()
+        # Deliveries acked, nacked or rejected inside the transaction are unacked again.
+        for entry in self.transaction_acks:
+            self.unacked[entry[0]] = entry
+        if self.transaction_acks:
+            self.unacked_order = deque(sorted(self.unacked))
+        self.transaction_acks = []
+        self.reply(commands.Tx.RollbackOk())
+
+    # -- flow and close -------------------------------------------------------------
+
+    def on_channel_flow(self, method: commands.Channel.Flow) -> None:
+        self.can_deliver = method.active
+        self.reply(commands.Channel.FlowOk(method.active))
+        if method.active:
+            self._wake_consumers()
+
+    def on_channel_flow_ok(self, method: commands.Channel.FlowOk) -> None:
+        """We never send Channel.Flow, so a FlowOk is only acknowledged by ignoring it."""
+
+    def on_channel_close(self, method: commands.Channel.Close) -> None:
+        self.release()
+        self.connection.send(wire.method_frame(self.number, commands.Channel.CloseOk()))
+        self.connection.channels.pop(self.number, None)
+
+    def on_channel_close_ok(self, method: commands.Channel.CloseOk) -> None:
+        if self.state is CLOSING:
+            self.connection.channels.pop(self.number, None)
+
+    def close_with(self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0) -> None:
+        """Server-initiated Channel.Close for a soft error."""
+        self.release()
+        self.state = CLOSING
+        self.reply(
+            commands.Channel.Close(
+                error.value, _reply_text(error), class_id=class_id, method_id=method_id
+            )
+        )
+
+    def release(self) -> None:
+        """The channel is going away: requeue what it holds, drop its consumers."""
+        if self.state is CLOSING:
+            return
+        self.pending = None
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            self._detach(consumer)
+        self._requeue_all()
+        self.transaction = None
+
+
+def _reply_text(error: exceptions.AMQPError) -> str:
+    text = str(error.args[0]) if error.args else error.name.replace("-", "_")
+    return text[:255]

@@ -1,0 +1,116 @@
+"""The ``amqha`` command line: start a server, run the loopback pair, the console, the report."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from config import ConfigError, load_config
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="amqha")
+def main() -> None:
+    """amqha: an AMQP 0-9-1 broker that runs as a primary/backup high-availability pair.
+
+    \b
+    Start the loopback pair:   make run   (or: amqha pair --config-dir config)
+    One server:                amqha start --role primary --config config/primary.yaml
+    """
+
+
+@main.command()
+@click.option("--role", type=click.Choice(["primary", "backup"]), help="Failover role (overrides failover.role).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config file (default: config/<role>.yaml).")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--no-uvloop", is_flag=True, help="Use the standard asyncio loop even if uvloop is installed.")
+def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: bool) -> None:
+    """Start one broker and serve until SIGTERM or Ctrl-C."""
+    from .server import install_uvloop, serve
+
+    if config_path is None:
+        if role is None:
+            raise click.UsageError("give --config FILE, or --role to use config/<role>.yaml")
+        config_path = f"config/{role}.yaml"
+    try:
+        config = load_config(config_path, role=role)
+    except ConfigError as error:
+        raise click.ClickException(f"bad configuration: {error}") from None
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not no_uvloop:
+        install_uvloop()
+    try:
+        asyncio.run(serve(config))
+    except OSError as error:
+        raise click.ClickException(f"cannot listen on {config.listen}: {error.strerror}") from None
+
+
+@main.command()
+@click.option("--config-dir", type=click.Path(file_okay=False, exists=True), default="config",
+              show_default=True, help="Folder holding primary.yaml and backup.yaml.")
+def pair(config_dir: str) -> None:
+    """Run the primary and the backup together on this machine; Ctrl-C stops both.
+
+    Each server's log lines are prefixed with its name.
+    """
+    processes: list[subprocess.Popen[bytes]] = []
+    for role in ("primary", "backup"):
+        path = Path(config_dir) / f"{role}.yaml"
+        try:
+            load_config(path, role=role)
+        except ConfigError as error:
+            raise click.ClickException(f"bad configuration: {error}") from None
+        process = subprocess.Popen(
+            [sys.executable, "-m", "amqha", "start", "--role", role, "--config", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        processes.append(process)
+        threading.Thread(target=_relay, args=(role, process), daemon=True).start()
+
+    def stop(*_: object) -> None:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while all(p.poll() is None for p in processes):
+            try:
+                processes[0].wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+    except KeyboardInterrupt:
+        pass
+    stop()
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    codes = {p.returncode for p in processes}
+    sys.exit(0 if codes <= {0, -signal.SIGTERM, -signal.SIGINT} else 1)
+
+
+def _relay(name: str, process: subprocess.Popen[bytes]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        sys.stdout.write(f"[{name:7}] {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,493 @@
+"""One client connection: the asyncio protocol that turns bytes into channel work.
+
+Owns: the protocol header check, the Start/Tune/Open handshake and authentication
+(PLAIN, AMQPLAIN), the failover gate on Connection.Open (accept, redirect, refuse),
+channel 0, heartbeats both ways with dead-peer detection, the mapping of AMQP
+errors to Channel.Close or Connection.Close, and the write side: frames queued by
+channels are coalesced and written once per turn of the loop. Backpressure: when
+the socket's buffer is full, deliveries to this connection pause.
+
+Must not know: how queues, exchanges and routing work (``core``), what a method
+does on a channel (``channel``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands, decode, exceptions
+
+from . import wire
+from .channel import CLOSING as CHANNEL_CLOSING
+from .channel import Channel
+
+if TYPE_CHECKING:
+    from .core.queue import Queue
+    from .core.vhost import VHost
+    from .server import Broker
+
+log = logging.getLogger("amqha.connection")
+
+# Handshake states, in order.
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+CLOSE_OK_TIMEOUT = 3.0
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class Accept:
+    """The gate lets the client in."""
+
+
+class Redirect:
+    """The gate sends the client to another server (``to`` may be None: none known)."""
+
+    def __init__(self, to: str | None, known_hosts: str = "") -> None:
+        self.to = to
+        self.known_hosts = known_hosts
+
+
+ACCEPT = Accept()
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        limits = broker.config.limits
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.state = AWAIT_HEADER
+        self.buffer = bytearray()
+        # Until Tune-Ok the client has agreed to nothing: our own limit applies.
+        self.frame_max = limits.frame_max
+        self.channel_max = limits.channel_max
+        self.heartbeat = 0
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: dict[str, Queue] = {}
+        self.last_queue = ""
+        self.user: Any = None
+        self.vhost: VHost = None  # type: ignore[assignment]
+        self.client_properties: dict[str, Any] = {}
+        self.peer = "?"
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
+        self.write_paused = False
+        self.reading_paused = False
+        self.published = False
+        self.confirm_channels: set[Channel] = set()
+        self.last_received = self.loop.time()
+        self.last_sent = self.last_received
+        self.timer: asyncio.TimerHandle | None = None
+        self.close_timer: asyncio.TimerHandle | None = None
+        self.bypasses_gate = False
+        self.handlers = {
+            commands.Connection.StartOk: self.on_start_ok,
+            commands.Connection.TuneOk: self.on_tune_ok,
+            commands.Connection.Open: self.on_open,
+            commands.Connection.Close: self.on_close,
+            commands.Connection.CloseOk: self.on_close_ok,
+            commands.Connection.Blocked: self.on_ignored,
+            commands.Connection.Unblocked: self.on_ignored,
+            commands.Connection.UpdateSecretOk: self.on_ignored,
+        }
+
+    # -- asyncio protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+        self.broker.connections.add(self)
+        self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = CLOSED
+        for handle in (self.timer, self.close_timer):
+            if handle is not None:
+                handle.cancel()
+        self._release_all()
+        self.broker.connection_closed(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.wake_consumers()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = self.loop.time()
+        if self.state >= CLOSED:
+            return
+        if self.buffer:
+            self.buffer += data
+            data = self.buffer
+        if self.state == AWAIT_HEADER:
+            if len(data) < 8:
+                self.buffer = bytearray(data)
+                return
+            if bytes(data[:8]) != wire.PROTOCOL_HEADER:
+                # Spec 4.2.2: answer a bad header with ours, then close.
+                self._write_now(wire.PROTOCOL_HEADER)
+                self._drop()
+                return
+            data = data[8:]
+            self._send_start()
+        try:
+            frames, used = wire.split_frames(data, self.frame_max)
+        except exceptions.AMQPError as error:
+            self.buffer = bytearray()
+            self.fail(error)
+            self.flush()
+            return
+        if used == len(data):
+            self.buffer = bytearray()
+        elif used or not self.buffer:
+            self.buffer = bytearray(data[used:])
+        for frame in frames:
+            if self.state >= CLOSING and not self._is_close_frame(frame):
+                continue
+            self._handle(frame)
+            if self.state >= CLOSED:
+                break
+        self.flush()
+
+    # -- writing ----------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        self.out.append(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def confirms_due(self, channel: Channel) -> None:
+        self.confirm_channels.add(channel)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.confirm_channels:
+            for channel in self.confirm_channels:
+                channel.flush_confirms()
+            self.confirm_channels.clear()
+        if not self.out or self.transport is None or self.state == CLOSED:
+            self.out.clear()
+            return
+        out = self.out
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self.transport.write(data)
+        self.last_sent = self.loop.time()
+
+    def _write_now(self, data: bytes) -> None:
+        self.send(data)
+        self.flush()
+
+    def _drop(self) -> None:
+        """Close the socket after what is queued has been written."""
+        self.state = CLOSED
+        if self.transport is not None:
+            self.transport.close()
+
+    def capability(self, name: str) -> bool:
+        capabilities = self.client_properties.get("capabilities") or {}
+        return bool(isinstance(capabilities, dict) and capabilities.get(name))
+
+    # -- frames -------------------------------------------------------------------------
+
+    @staticmethod
+    def _is_close_frame(frame: wire.RawFrame) -> bool:
+        return (
+            frame.channel == 0
+            and frame.kind == wire.FRAME_METHOD
+            and frame.payload[:4]
+            in (
+                struct.pack(">I", commands.Connection.Close.index),
+                struct.pack(">I", commands.Connection.CloseOk.index),
+            )
+        )
+
+    def _handle(self, frame: wire.RawFrame) -> None:
+        number = frame.channel
+        try:
+            if frame.kind == wire.FRAME_HEARTBEAT:
+                if number != 0:
+                    raise exceptions.AMQPFrameError(
+                        f"FRAME_ERROR - heartbeat frame on channel {number}"
+                    )
+                return
+            if number == 0:
+                self._handle_channel_zero(frame)
+                return
+            if self.state != OPEN:
+                raise exceptions.AMQPChannelError(
+                    f"CHANNEL_ERROR - channel {number} used before the connection is open"
+                )
+            channel = self.channels.get(number)
+            if channel is None:
+                self._open_channel(frame)
+                return
+            try:
+                channel.handle_frame(frame)
+            except exceptions.AMQPSoftError as error:
+                self._log_error(error, channel=number)
+                channel.close_with(error, *_method_ids(frame))
+        except exceptions.AMQPHardError as error:
+            self._log_error(error)
+            self.fail(error, *_method_ids(frame))
+        except exceptions.AMQPSoftError as error:
+            # A soft error outside a channel (channel 0) is a connection error.
+            self._log_error(error)
+            self.fail(error, *_method_ids(frame))
+
+    def _log_error(self, error: exceptions.AMQPError, channel: int = 0) -> None:
+        where = f" channel {channel}" if channel else ""
+        log.info("%s%s: %s %s", self.peer, where, error.value, error.args[0] if error.args else "")
+
+    def _open_channel(self, frame: wire.RawFrame) -> None:
+        number = frame.channel
+        if frame.kind != wire.FRAME_METHOD or frame.payload[:4] != struct.pack(
+            ">I", commands.Channel.Open.index
+        ):
+            raise exceptions.AMQPChannelError(
+                f"CHANNEL_ERROR - expected 'channel.open' on channel {number}"
+            )
+        wire.decode_method(frame.payload)
+        if number > self.channel_max:
+            raise exceptions.AMQPNotAllowed(
+                f"NOT_ALLOWED - channel {number} exceeds channel_max {self.channel_max}"
+            )
+        self.channels[number] = Channel(self, number)
+        self.send(wire.method_frame(number, commands.Channel.OpenOk()))
+
+    def _handle_channel_zero(self, frame: wire.RawFrame) -> None:
+        if frame.kind != wire.FRAME_METHOD:
+            raise exceptions.AMQPUnexpectedFrame(
+                f"UNEXPECTED_FRAME - content frame (type {frame.kind}) on channel 0"
+            )
+        method = wire.decode_method(frame.payload)
+        handler = self.handlers.get(type(method))
+        if handler is None:
+            raise exceptions.AMQPCommandInvalid(
+                f"COMMAND_INVALID - {method.name} is not allowed on channel 0"
+            )
+        handler(method)
+
+    # -- handshake ----------------------------------------------------------------------
+
+    def _send_start(self) -> None:
+        self.state = AWAIT_START_OK
+        self.send(
+            wire.method_frame(
+                0,
+                commands.Connection.Start(
+                    server_properties=self.broker.server_properties(),
+                    mechanisms="PLAIN AMQPLAIN",
+                    locales="en_US",
+                ),
+            )
+        )
+
+    def _expect(self, state: int, method: str) -> None:
+        if self.state != state:
+            raise exceptions.AMQPCommandInvalid(f"COMMAND_INVALID - unexpected {method}")
+
+    def on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        self._expect(AWAIT_START_OK, "Connection.StartOk")
+        self.client_properties = dict(method.client_properties or {})
+        username, password = _credentials(method.mechanism, method.response)
+        user = self.broker.authenticate(username, password)
+        if user is None:
+            self.fail(
+                exceptions.AMQPAccessRefused(
+                    f"ACCESS_REFUSED - Login was refused using authentication mechanism "
+                    f"{method.mechanism}"
+                )
+            )
+            return
+        self.user = user
+        limits = self.broker.config.limits
+        self.state = AWAIT_TUNE_OK
+        self.send(
+            wire.method_frame(
+                0,
+                commands.Connection.Tune(
+                    channel_max=limits.channel_max,
+                    frame_max=limits.frame_max,
+                    heartbeat=limits.heartbeat,
+                ),
+            )
+        )
+
+    def on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        self._expect(AWAIT_TUNE_OK, "Connection.TuneOk")
+        limits = self.broker.config.limits
+        if method.frame_max and method.frame_max < 4096:
+            raise exceptions.AMQPNotAllowed(
+                f"NOT_ALLOWED - frame_max {method.frame_max} is below the minimum 4096"
+            )
+        if method.frame_max > limits.frame_max or method.channel_max > limits.channel_max:
+            raise exceptions.AMQPNotAllowed(
+                "NOT_ALLOWED - negotiated limits exceed the server's "
+                f"(frame_max {limits.frame_max}, channel_max {limits.channel_max})"
+            )
+        self.frame_max = method.frame_max or limits.frame_max
+        self.channel_max = method.channel_max or limits.channel_max
+        self.heartbeat = method.heartbeat
+        self.state = AWAIT_OPEN
+
+    def on_open(self, method: commands.Connection.Open) -> None:
+        self._expect(AWAIT_OPEN, "Connection.Open")
+        vhost_name = method.virtual_host or "/"
+        if vhost_name not in self.user.vhosts:
+            raise exceptions.AMQPNotAllowed(
+                f"NOT_ALLOWED - access to vhost '{vhost_name}' refused for user '{self.user.name}'"
+            )
+        self.bypasses_gate = bool({"peering", "administrator"} & set(self.user.tags))
+        decision = ACCEPT if self.bypasses_gate else self.broker.gate(self)
+        if isinstance(decision, Redirect):
+            self._redirect(decision)
+            return
+        self.vhost = self.broker.vhost(vhost_name)
+        self.state = OPEN
+        if self.timer is not None:
+            self.timer.cancel()
+        self._schedule_heartbeat()
+        self.send(wire.method_frame(0, commands.Connection.OpenOk()))
+        self.broker.connection_opened(self)
+
+    def _redirect(self, decision: Redirect) -> None:
+        if decision.to and self.capability("connection.redirect"):
+            self.send(wire.redirect_frame(decision.to, decision.known_hosts))
+            self.state = CLOSING
+            self.flush()
+            # The client closes on reading the redirect; if it does not, we do.
+            self.close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._drop)
+            return
+        text = (
+            f"NOT_ACTIVE - active server is {decision.to}"
+            if decision.to
+            else "NOT_ACTIVE - no active server"
+        )
+        self.fail(exceptions.AMQPConnectionForced(text))
+
+    def on_close(self, method: commands.Connection.Close) -> None:
+        self._release_all()
+        self.send(wire.method_frame(0, commands.Connection.CloseOk()))
+        self.flush()
+        self._drop()
+
+    def on_close_ok(self, method: commands.Connection.CloseOk) -> None:
+        self._drop()
+
+    def on_ignored(self, method: Any) -> None:
+        """Methods a client may send that need no answer."""
+
+    # -- closing --------------------------------------------------------------------------
+
+    def fail(self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0) -> None:
+        """Server-initiated Connection.Close; the socket closes on Close-Ok or a timeout."""
+        if self.state >= CLOSING:
+            return
+        self._release_all()
+        self.state = CLOSING
+        text = str(error.args[0]) if error.args else error.name
+        self.send(
+            wire.method_frame(
+                0,
+                commands.Connection.Close(
+                    error.value, text[:255], class_id=class_id, method_id=method_id
+                ),
+            )
+        )
+        self.close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._drop)
+
+    def close_forced(self, text: str) -> None:
+        """Close with 320 CONNECTION_FORCED (shutdown, an admin, or a failover redirect)."""
+        self.fail(exceptions.AMQPConnectionForced(text))
+        self.flush()
+
+    def _release_all(self) -> None:
+        channels = list(self.channels.values())
+        for channel in channels:
+            channel.release()
+            channel.state = CHANNEL_CLOSING
+        self.channels.clear()
+        for queue in list(self.exclusive_queues.values()):
+            self.vhost.remove_queue(queue)
+        self.exclusive_queues.clear()
+
+    def _handshake_timeout(self) -> None:
+        if self.state < OPEN:
+            log.info("%s: handshake not finished in %.0f s, closing", self.peer, HANDSHAKE_TIMEOUT)
+            self._drop()
+
+    # -- heartbeats -----------------------------------------------------------------------
+
+    def _schedule_heartbeat(self) -> None:
+        if self.heartbeat:
+            self.timer = self.loop.call_later(self.heartbeat / 2, self._on_heartbeat_timer)
+
+    def _on_heartbeat_timer(self) -> None:
+        if self.state >= CLOSED:
+            return
+        now = self.loop.time()
+        if now - self.last_received > 2 * self.heartbeat:
+            log.info("%s: no traffic for %d s, peer presumed dead", self.peer, 2 * self.heartbeat)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if now - self.last_sent >= self.heartbeat / 2:
+            self._write_now(wire.HEARTBEAT_FRAME)
+        self._schedule_heartbeat()
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def wake_consumers(self) -> None:
+        now = self.broker.now()
+        queues = {c.queue for ch in self.channels.values() for c in ch.consumers.values()}
+        for queue in queues:
+            queue.drain(now)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "peer": self.peer,
+            "user": getattr(self.user, "name", None),
+            "vhost": getattr(self.vhost, "name", None),
+            "channels": len(self.channels),
+            "client": str(self.client_properties.get("product", "")),
+        }
+
+
+def _method_ids(frame: wire.RawFrame) -> tuple[int, int]:
+    if frame.kind == wire.FRAME_METHOD and len(frame.payload) >= 4:
+        index = wire.method_index(frame.payload)
+        return index >> 16, index & 0xFFFF
+    return 0, 0
+
+
+def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
+    raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
+    if mechanism == "PLAIN":
+        parts = raw.split(b"\x00")
+        if len(parts) != 3:
+            return "", ""
+        return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+    if mechanism == "AMQPLAIN":
+        try:
+            # AMQPLAIN sends a field table without its length prefix.
+            _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
+        except Exception:
+            return "", ""
+        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
+        as_text = (lambda v: v.decode() if isinstance(v, bytes) else str(v))
+        return as_text(login), as_text(password)
+    raise exceptions.AMQPAccessRefused(
+        f"ACCESS_REFUSED - unsupported authentication mechanism '{mechanism}'"
+    )

@@ -1,0 +1,97 @@
+"""A published message as the broker holds it.
+
+Owns: the wire-form pieces of a message (address, content header payload, body) and
+lazy access to its properties. The content header is kept exactly as the publisher
+sent it and forwarded verbatim on delivery; it is decoded only when routing or
+dead-lettering needs a property.
+
+Must not know: queues, channels, connections.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from pamqp import commands, exceptions
+from pamqp.header import ContentHeader
+
+_FLAG_HEADERS = 1 << 13
+_FLAG_DELIVERY_MODE = 1 << 12
+_FLAG_EXPIRATION = 1 << 8
+_flags_at = struct.Struct(">H")
+
+
+def _unshortstr_pair(address: bytes) -> tuple[str, str]:
+    exchange_end = 1 + address[0]
+    return address[1:exchange_end].decode(), address[exchange_end + 1 :].decode()
+
+
+class Message:
+    """One message. Shared by every queue it was routed to; never mutated after routing."""
+
+    __slots__ = ("address", "header", "body")
+
+    def __init__(self, address: bytes, header: bytes, body: bytes) -> None:
+        self.address = address
+        self.header = header
+        self.body = body
+
+    @property
+    def exchange(self) -> str:
+        return _unshortstr_pair(self.address)[0]
+
+    @property
+    def routing_key(self) -> str:
+        return _unshortstr_pair(self.address)[1]
+
+    def _flags(self) -> int:
+        return _flags_at.unpack_from(self.header, 12)[0]
+
+    def properties(self) -> commands.Basic.Properties:
+        content = ContentHeader()
+        try:
+            content.unmarshal(self.header)
+        except Exception as error:
+            raise exceptions.AMQPSyntaxError(
+                f"SYNTAX_ERROR - cannot decode message properties: {error}"
+            ) from error
+        return content.properties
+
+    def headers(self) -> dict[str, Any]:
+        if not self._flags() & _FLAG_HEADERS:
+            return {}
+        return self.properties().headers or {}
+
+    def expiration_ms(self) -> int | None:
+        """The per-message TTL, or None. A value that is not a non-negative integer is a 406."""
+        if not self._flags() & _FLAG_EXPIRATION:
+            return None
+        raw = self.properties().expiration
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            value = -1
+        if value < 0:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - invalid expiration '{raw}'"
+            )
+        return value
+
+    def is_persistent(self) -> bool:
+        return bool(self._flags() & _FLAG_DELIVERY_MODE) and self.properties().delivery_mode == 2
+
+    def rewritten(
+        self, address: bytes, headers: dict[str, Any], drop_expiration: bool = False
+    ) -> Message:
+        """A copy with a new address and headers (dead-lettering uses this)."""
+        properties = self.properties()
+        properties.headers = headers
+        if drop_expiration:
+            properties.expiration = None
+        content = ContentHeader(body_size=len(self.body), properties=properties)
+        return Message(address, content.marshal(), self.body)
+
+    @property
+    def size(self) -> int:
+        return len(self.body)

@@ -1,0 +1,353 @@
+"""A virtual host: its exchanges, queues and bindings, and the rules for changing them.
+
+Owns: declare/delete/bind/unbind with AMQP's rules and reply codes (raised as pamqp
+exceptions: soft ones close a channel, hard ones the connection), routing a message
+through exchange-to-exchange bindings to queues, and dead-lettering.
+
+Must not know: channels, sockets, the clock (``now`` is passed in). An exclusive
+queue's owner is an opaque object (the connection) compared by identity.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import exceptions
+
+from ..wire import address_of
+from .message import Message
+from .queue import Queue, QueueArgumentError
+from .routing import EXCHANGE_CLASSES, DirectExchange, Exchange
+
+PEER_EXCHANGE = "amq.peer"
+CONSOLE_EXCHANGE = "amq.console"
+
+STANDARD_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+    (PEER_EXCHANGE, "fanout"),
+    (CONSOLE_EXCHANGE, "direct"),
+)
+
+# Exchanges no client may delete, declare differently or bind into the default exchange.
+UNDELETABLE = frozenset(name for name, _ in STANDARD_EXCHANGES) | {""}
+
+
+class DefaultExchange(DirectExchange):
+    """The nameless direct exchange: every queue is bound to it by its own name."""
+
+    def __init__(self, queues: dict[str, Queue]) -> None:
+        super().__init__("", durable=True)
+        self._queues = queues
+
+    def route(self, routing_key: str, headers: Callable[[], dict[str, Any]]) -> tuple:
+        queue = self._queues.get(routing_key)
+        return (queue,) if queue is not None else ()
+
+
+def _inequivalent(what: str, name: str, arg: str) -> exceptions.AMQPPreconditionFailed:
+    return exceptions.AMQPPreconditionFailed(
+        f"PRECONDITION_FAILED - inequivalent arg '{arg}' for {what} '{name}' in vhost"
+    )
+
+
+class VHost:
+    def __init__(self, name: str, wall_clock: Callable[[], float]) -> None:
+        self.name = name
+        # Only x-death's "time" field reads it; injected so the model stays clock-free.
+        self.wall_clock = wall_clock
+        self.queues: dict[str, Queue] = {}
+        self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues)}
+        for exchange_name, kind in STANDARD_EXCHANGES:
+            self.exchanges[exchange_name] = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
+        # Exchanges that have at least one exchange as a destination: routing through
+        # them needs the recursive walk, all others take the one-hop fast path.
+        self._has_exchange_destinations: set[str] = set()
+        self.on_queue_deleted: Callable[[Queue], None] | None = None
+        # Where dead letters are routed to; set by the broker so it can wake consumers.
+        self.deliver_routed: Callable[[Message, tuple[Queue, ...]], None] | None = None
+
+    # -- exchanges -----------------------------------------------------------------
+
+    def get_exchange(self, name: str) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise exceptions.AMQPNotFound(
+                f"NOT_FOUND - no exchange '{name}' in vhost '{self.name}'"
+            )
+        return exchange
+
+    def declare_exchange(
+        self,
+        name: str,
+        kind: str,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Exchange:
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise exceptions.AMQPNotFound(
+                    f"NOT_FOUND - no exchange '{name}' in vhost '{self.name}'"
+                )
+            return existing
+        if name == "" or (name.startswith("amq.") and existing is None):
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.'"
+                if name
+                else "ACCESS_REFUSED - operation not permitted on the default exchange"
+            )
+        if kind not in EXCHANGE_CLASSES:
+            raise exceptions.AMQPCommandInvalid(
+                f"COMMAND_INVALID - unknown exchange type '{kind}'"
+            )
+        if existing is not None:
+            if existing.kind != kind:
+                raise _inequivalent("exchange", name, "type")
+            if existing.durable != durable:
+                raise _inequivalent("exchange", name, "durable")
+            if existing.auto_delete != auto_delete:
+                raise _inequivalent("exchange", name, "auto_delete")
+            if existing.internal != internal:
+                raise _inequivalent("exchange", name, "internal")
+            return existing
+        exchange = EXCHANGE_CLASSES[kind](name, durable, auto_delete, internal, arguments or {})
+        self.exchanges[name] = exchange
+        return exchange
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        if name in UNDELETABLE or name.startswith("amq."):
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - exchange '{name}' is reserved and cannot be deleted"
+            )
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return  # deleting what is not there succeeds, as in RabbitMQ
+        if if_unused and exchange.bindings:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - exchange '{name}' in use"
+            )
+        del self.exchanges[name]
+        self._has_exchange_destinations.discard(name)
+        for other in list(self.exchanges.values()):
+            if other.unbind_destination(exchange):
+                self._after_unbind(other)
+
+    def _after_unbind(self, exchange: Exchange) -> None:
+        if not any(isinstance(b.destination, Exchange) for b in exchange.bindings.values()):
+            self._has_exchange_destinations.discard(exchange.name)
+        if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
+            self.delete_exchange(exchange.name)
+
+    # -- queues --------------------------------------------------------------------
+
+    def get_queue(self, name: str, owner: object | None = None) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise exceptions.AMQPNotFound(f"NOT_FOUND - no queue '{name}' in vhost '{self.name}'")
+        self._check_owner(queue, owner)
+        return queue
+
+    @staticmethod
+    def _check_owner(queue: Queue, owner: object | None) -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
+            raise exceptions.AMQPResourceLocked(
+                f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue "
+                f"'{queue.name}' in vhost"
+            )
+
+    def declare_queue(
+        self,
+        name: str,
+        owner: object,
+        now: float,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Queue:
+        if passive:
+            queue = self.get_queue(name, owner)
+            queue.last_used = now
+            return queue
+        if not name:
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        elif name.startswith("amq."):
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.'"
+            )
+        arguments = arguments or {}
+        existing = self.queues.get(name)
+        if existing is not None:
+            self._check_owner(existing, owner)
+            if existing.durable != durable:
+                raise _inequivalent("queue", name, "durable")
+            if (existing.exclusive_owner is not None) != exclusive:
+                raise _inequivalent("queue", name, "exclusive")
+            if existing.auto_delete != auto_delete:
+                raise _inequivalent("queue", name, "auto_delete")
+            for key in set(existing.arguments) | set(arguments):
+                if key.startswith("x-") and existing.arguments.get(key) != arguments.get(key):
+                    raise _inequivalent("queue", name, key)
+            existing.last_used = now
+            return existing
+        try:
+            queue = Queue(
+                name, durable, owner if exclusive else None, auto_delete, arguments, now
+            )
+        except QueueArgumentError as error:
+            raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
+        queue.on_dead_letter = self._dead_letter
+        self.queues[name] = queue
+        return queue
+
+    def delete_queue(
+        self,
+        name: str,
+        owner: object | None,
+        if_unused: bool = False,
+        if_empty: bool = False,
+    ) -> int:
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        self._check_owner(queue, owner)
+        if if_unused and queue.consumers:
+            raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - queue '{name}' in use")
+        if if_empty and queue.messages:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - queue '{name}' not empty"
+            )
+        return self.remove_queue(queue)
+
+    def remove_queue(self, queue: Queue) -> int:
+        """Delete a queue unconditionally (exclusive owner gone, auto-delete, x-expires)."""
+        if self.queues.get(queue.name) is not queue:
+            return 0
+        del self.queues[queue.name]
+        queue.deleted = True
+        count = queue.purge()
+        for exchange in list(self.exchanges.values()):
+            if exchange.unbind_destination(queue):
+                self._after_unbind(exchange)
+        if self.on_queue_deleted is not None:
+            self.on_queue_deleted(queue)
+        return count
+
+    # -- bindings ------------------------------------------------------------------
+
+    def _bindable_source(self, name: str) -> Exchange:
+        if name == "":
+            raise exceptions.AMQPAccessRefused(
+                "ACCESS_REFUSED - operation not permitted on the default exchange"
+            )
+        return self.get_exchange(name)
+
+    def bind_queue(
+        self, queue_name: str, exchange_name: str, routing_key: str,
+        arguments: dict[str, Any], owner: object,
+    ) -> None:
+        queue = self.get_queue(queue_name, owner)
+        exchange = self._bindable_source(exchange_name)
+        try:
+            exchange.bind(queue, routing_key, arguments)
+        except ValueError as error:
+            raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
+
+    def unbind_queue(
+        self, queue_name: str, exchange_name: str, routing_key: str,
+        arguments: dict[str, Any], owner: object,
+    ) -> None:
+        queue = self.get_queue(queue_name, owner)
+        exchange = self._bindable_source(exchange_name)
+        if exchange.unbind(queue, routing_key, arguments):
+            self._after_unbind(exchange)
+
+    def bind_exchange(
+        self, destination_name: str, source_name: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        destination = self._bindable_source(destination_name)
+        source = self._bindable_source(source_name)
+        try:
+            source.bind(destination, routing_key, arguments)
+        except ValueError as error:
+            raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
+        self._has_exchange_destinations.add(source.name)
+
+    def unbind_exchange(
+        self, destination_name: str, source_name: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        destination = self._bindable_source(destination_name)
+        source = self._bindable_source(source_name)
+        if source.unbind(destination, routing_key, arguments):
+            self._after_unbind(source)
+
+    # -- routing -------------------------------------------------------------------
+
+    def route(self, exchange: Exchange, routing_key: str, message: Message) -> tuple[Queue, ...]:
+        """The queues a message reaches, each once, following exchange-to-exchange bindings."""
+        found = exchange.route(routing_key, message.headers)
+        if exchange.name not in self._has_exchange_destinations:
+            return found
+        queues: dict[Queue, None] = {}
+        seen: set[int] = {id(exchange)}
+        pending = list(found)
+        while pending:
+            destination = pending.pop()
+            if isinstance(destination, Exchange):
+                if id(destination) in seen:
+                    continue
+                seen.add(id(destination))
+                pending.extend(destination.route(routing_key, message.headers))
+            else:
+                queues[destination] = None
+        return tuple(queues)
+
+    # -- dead letters --------------------------------------------------------------
+
+    def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        limits = queue.limits
+        exchange = self.exchanges.get(limits.dead_letter_exchange or "")
+        if exchange is None or limits.dead_letter_exchange is None:
+            return
+        original_key = message.routing_key
+        routing_key = limits.dead_letter_routing_key or original_key
+        headers = dict(message.headers())
+        deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
+        for death in deaths:
+            if death.get("queue") == queue.name and death.get("reason") == reason:
+                death["count"] = int(death.get("count", 1)) + 1
+                deaths.remove(death)
+                deaths.insert(0, death)
+                break
+        else:
+            deaths.insert(
+                0,
+                {
+                    "count": 1,
+                    "reason": reason,
+                    "queue": queue.name,
+                    "time": int(self.wall_clock()),
+                    "exchange": message.exchange,
+                    "routing-keys": [original_key],
+                },
+            )
+        headers["x-death"] = deaths
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", queue.name)
+        headers.setdefault("x-first-death-exchange", message.exchange)
+        dead = message.rewritten(
+            address_of(exchange.name, routing_key), headers, drop_expiration=True
+        )
+        targets = self.route(exchange, routing_key, dead)
+        if self.deliver_routed is not None and targets:
+            self.deliver_routed(dead, targets)

@@ -1,0 +1,282 @@
+"""The broker process: the listening socket, the vhosts, and the timers around them.
+
+Owns: the TCP listener (the only socket code), the set of connections, users and
+authentication, server properties, the periodic sweep (message TTL, x-expires,
+the memory watermark that blocks publishers), the failover gate hook, and clean
+shutdown (every connection closed with 320, files flushed).
+
+Must not know: frames (``connection``), routing and queue rules (``core``), the
+failover state machine (it installs a gate and a pair description through
+``Broker.gate`` and ``Broker.pair_info``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands
+
+from config import ServerConfig, User
+
+from . import __version__, wire
+from .connection import ACCEPT, OPEN, Accept, Connection, Redirect
+from .core.message import Message
+from .core.queue import Queue
+from .core.vhost import VHost
+
+log = logging.getLogger("amqha.server")
+
+SWEEP_INTERVAL = 0.05
+CLOSE_WAIT = 2.0
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "connection.redirect": True,
+}
+
+
+class Broker:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.loop = asyncio.get_running_loop()
+        self.vhosts: dict[str, VHost] = {}
+        for user in config.users:
+            for name in user.vhosts:
+                self.vhost(name)
+        self.connections: set[Connection] = set()
+        self.timed_queues: set[Queue] = set()
+        self.blocked = False
+        self.started = time.time()
+        self.server: asyncio.base_events.Server | None = None
+        self.sweeper: asyncio.TimerHandle | None = None
+        self.gate: Callable[[Connection], Accept | Redirect] = lambda connection: ACCEPT
+        self.pair_info: Callable[[], dict[str, Any]] = self._standalone_info
+        self.on_open: list[Callable[[Connection], None]] = []
+        self.on_close: list[Callable[[Connection], None]] = []
+        self._users = {user.name: user for user in config.users}
+
+    # -- model access ---------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    def vhost(self, name: str) -> VHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = VHost(name, time.time)
+            vhost.deliver_routed = self.enqueue
+            vhost.on_queue_deleted = self._queue_deleted
+            self.vhosts[name] = vhost
+        return vhost
+
+    def authenticate(self, username: str, password: str) -> User | None:
+        user = self._users.get(username)
+        if user is None:
+            hmac.compare_digest(password, password)
+            return None
+        return user if hmac.compare_digest(user.password.encode(), password.encode()) else None
+
+    def _standalone_info(self) -> dict[str, Any]:
+        return {
+            "name": self.config.name,
+            "role": "standalone",
+            "state": "ACTIVE",
+            "known_hosts": self.config.public_address,
+        }
+
+    def server_properties(self) -> dict[str, Any]:
+        return {
+            "product": "amqha",
+            "version": __version__,
+            "platform": f"Python {platform.python_version()}",
+            "copyright": "amqha contributors",
+            "information": "AMQP 0-9-1 broker, primary/backup pair",
+            "cluster_name": self.config.name,
+            "capabilities": dict(CAPABILITIES),
+            "amqha": self.pair_info(),
+        }
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def enqueue(self, message: Message, queues: tuple[Queue, ...]) -> bool:
+        """Put a routed message on its queues and start delivery; False if any refused it."""
+        now = self.loop.time()
+        expiration_ms = message.expiration_ms()
+        expiration = None if expiration_ms is None else expiration_ms / 1000.0
+        accepted = True
+        for queue in queues:
+            if queue.limits.max_length is not None or queue.limits.max_length_bytes is not None:
+                if queue.would_reject(message):
+                    accepted = False
+                    if queue.limits.overflow == "reject-publish-dlx":
+                        queue.reject(message)
+                    continue
+            queue.enqueue(message, now, expiration)
+            if expiration is not None:
+                self.timed_queues.add(queue)
+            if queue.consumers:
+                queue.drain(now)
+        return accepted
+
+    def watch_queue(self, queue: Queue) -> None:
+        if queue.limits.message_ttl is not None or queue.limits.expires is not None:
+            self.timed_queues.add(queue)
+
+    def _queue_deleted(self, queue: Queue) -> None:
+        self.timed_queues.discard(queue)
+        for consumer in list(queue.consumers):
+            consumer.channel.consumer_gone(consumer)  # type: ignore[attr-defined]
+        queue.consumers.clear()
+
+    def queued_bytes(self) -> int:
+        return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for queue in list(self.timed_queues):
+            if queue.deleted:
+                self.timed_queues.discard(queue)
+                continue
+            if queue.expiries:
+                queue.expire(now)
+            if queue.is_idle_expired(now):
+                vhost = self._vhost_of(queue)
+                if vhost is not None:
+                    vhost.remove_queue(queue)
+        self._check_memory()
+        self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    def _vhost_of(self, queue: Queue) -> VHost | None:
+        return next((v for v in self.vhosts.values() if v.queues.get(queue.name) is queue), None)
+
+    def _check_memory(self) -> None:
+        over = self.queued_bytes() > self.config.limits.memory_high_watermark
+        if over == self.blocked:
+            return
+        self.blocked = over
+        log.warning(
+            "memory watermark %s: queued message bytes %s %d",
+            "reached, blocking publishers" if over else "cleared, unblocking publishers",
+            ">" if over else "<=",
+            self.config.limits.memory_high_watermark,
+        )
+        for connection in list(self.connections):
+            self._apply_block(connection)
+
+    def _apply_block(self, connection: Connection) -> None:
+        if connection.transport is None or connection.state != OPEN:
+            return
+        if connection.capability("connection.blocked"):
+            method = (
+                commands.Connection.Blocked("low on memory")
+                if self.blocked
+                else commands.Connection.Unblocked()
+            )
+            connection.send(wire.method_frame(0, method))
+        if self.blocked and not connection.reading_paused:
+            connection.transport.pause_reading()
+            connection.reading_paused = True
+        elif not self.blocked and connection.reading_paused:
+            connection.transport.resume_reading()
+            connection.reading_paused = False
+
+    # -- connections ----------------------------------------------------------------------
+
+    def connection_opened(self, connection: Connection) -> None:
+        if self.blocked:
+            self._apply_block(connection)
+        for hook in self.on_open:
+            hook(connection)
+
+    def connection_closed(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        for hook in self.on_close:
+            hook(connection)
+
+    def client_connections(self) -> list[Connection]:
+        """Open connections that the failover gate governs (not peers, not admins)."""
+        return [c for c in self.connections if c.state == OPEN and not c.bypasses_gate]
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.server = await self.loop.create_server(
+            lambda: Connection(self),
+            self.config.host,
+            self.config.port,
+            reuse_address=True,
+            backlog=1024,
+        )
+        self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.sockets[0].getsockname()[1]
+
+    async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            connection.close_forced(text)
+        deadline = self.loop.time() + CLOSE_WAIT
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+
+
+def install_uvloop() -> bool:
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+async def serve(config: ServerConfig, ready: Callable[[Broker], None] | None = None) -> None:
+    """Run one broker until SIGTERM or SIGINT, then shut it down cleanly."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    broker = Broker(config)
+    services = []
+    if config.failover.role is not None and config.failover.peer is not None:
+        from failover.controller import FailoverController
+
+        services.append(FailoverController(broker, config))
+    await broker.start()
+    for service in services:
+        await service.start()
+    print(
+        f"amqha {config.name} ({config.failover.role or 'standalone'}) listening on "
+        f"{config.listen}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if ready is not None:
+        ready(broker)
+    await stop.wait()
+    print(f"amqha {config.name}: shutting down", file=sys.stderr, flush=True)
+    for service in reversed(services):
+        await service.stop()
+    await broker.stop()

@@ -1,0 +1,302 @@
+"""AMQP 0-9-1 framing and codec: bytes in, frames out, and frames back to bytes.
+
+Owns: splitting a byte stream into frames (with the frame_max cap checked on the
+7-byte header, before the payload is read), decoding method frames through pamqp's
+index table, and hand-written encoders for the hot frames (Basic.Publish in;
+Basic.Deliver, Basic.GetOk, Basic.Return and content frames out) that are
+byte-identical to pamqp's output (tests/unit/test_wire.py holds them to that).
+
+Must not know: sockets, channels, queues, the clock. Errors are raised as pamqp's
+AMQP exception classes so the connection can map them to reply codes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from pamqp import commands, constants, exceptions
+from pamqp.base import Frame as Method
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+FRAME_METHOD = constants.FRAME_METHOD
+FRAME_HEADER = constants.FRAME_HEADER
+FRAME_BODY = constants.FRAME_BODY
+FRAME_HEARTBEAT = constants.FRAME_HEARTBEAT
+FRAME_END = constants.FRAME_END
+# 7 header bytes plus the end byte: what a frame costs beyond its payload.
+FRAME_OVERHEAD = 8
+
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+_frame_head = struct.Struct(">BHI")
+_method_index = struct.Struct(">I")
+_short = struct.Struct(">H")
+_long_long = struct.Struct(">Q")
+_deliver_tail = struct.Struct(">QB")
+_content_head = struct.Struct(">HHQ")
+
+PUBLISH_INDEX = commands.Basic.Publish.index
+_DELIVER_PREFIX = _method_index.pack(commands.Basic.Deliver.index)
+_GET_OK_PREFIX = _method_index.pack(commands.Basic.GetOk.index)
+_RETURN_PREFIX = _method_index.pack(commands.Basic.Return.index)
+_ACK_PREFIX = _method_index.pack(commands.Basic.Ack.index)
+_NACK_PREFIX = _method_index.pack(commands.Basic.Nack.index)
+
+# Connection.Redirect exists in AMQP 0-8/0-9 (class 10, method 42) but not in 0-9-1,
+# so pamqp has no class for it: it is encoded here by hand.
+REDIRECT_CLASS_METHOD = (10, 42)
+_REDIRECT_PREFIX = _method_index.pack(10 << 16 | 42)
+
+_KNOWN_CLASSES = {index >> 16 for index in commands.INDEX_MAPPING}
+
+
+class RawFrame:
+    """One frame as read off the wire: its type, channel and undecoded payload."""
+
+    __slots__ = ("kind", "channel", "payload")
+
+    def __init__(self, kind: int, channel: int, payload: bytes) -> None:
+        self.kind = kind
+        self.channel = channel
+        self.payload = payload
+
+
+def split_frames(buffer: bytes | bytearray, frame_max: int) -> tuple[list[RawFrame], int]:
+    """Cut whole frames off the front of ``buffer``.
+
+    Returns the frames and how many bytes they took; a partial frame at the end is
+    left for the next call. A frame larger than ``frame_max`` is refused on its
+    header alone (501) so a hostile size never makes us wait for or hold its payload;
+    a bad end byte is a 501 as well.
+    """
+    frames: list[RawFrame] = []
+    position = 0
+    available = len(buffer)
+    unpack_head = _frame_head.unpack_from
+    while available - position >= 7:
+        kind, channel, size = unpack_head(buffer, position)
+        if size + FRAME_OVERHEAD > frame_max:
+            raise exceptions.AMQPFrameError(
+                f"FRAME_ERROR - frame size {size + FRAME_OVERHEAD} exceeds frame_max {frame_max}"
+            )
+        end = position + 7 + size
+        if end >= available:
+            break
+        if buffer[end] != FRAME_END:
+            raise exceptions.AMQPFrameError(
+                f"FRAME_ERROR - bad frame end byte 0x{buffer[end]:02x}"
+            )
+        frames.append(RawFrame(kind, channel, bytes(buffer[position + 7 : end])))
+        position = end + 1
+    return frames, position
+
+
+def decode_method(payload: bytes) -> Method:
+    """Decode a method frame's payload with pamqp.
+
+    An unknown class is 540 (NOT_IMPLEMENTED), an unknown method of a known class
+    is 503 (COMMAND_INVALID), arguments that do not decode are 502 (SYNTAX_ERROR).
+    """
+    if len(payload) < 4:
+        raise exceptions.AMQPSyntaxError("SYNTAX_ERROR - method frame shorter than its index")
+    (index,) = _method_index.unpack_from(payload)
+    method_class = commands.INDEX_MAPPING.get(index)
+    if method_class is None:
+        class_id, method_id = index >> 16, index & 0xFFFF
+        if class_id not in _KNOWN_CLASSES:
+            raise exceptions.AMQPNotImplemented(f"NOT_IMPLEMENTED - unknown class {class_id}")
+        raise exceptions.AMQPCommandInvalid(
+            f"COMMAND_INVALID - unknown method {method_id} of class {class_id}"
+        )
+    method = method_class()
+    try:
+        method.unmarshal(payload[4:])
+    except Exception as error:  # pamqp raises struct.error, ValueError, TypeError...
+        raise exceptions.AMQPSyntaxError(
+            f"SYNTAX_ERROR - cannot decode {method_class.name}: {error}"
+        ) from error
+    return method
+
+
+def method_index(payload: bytes) -> int:
+    return _method_index.unpack_from(payload)[0]
+
+
+class Publish:
+    """Basic.Publish decoded by the fast path.
+
+    ``address`` is the exchange and routing key exactly as they stood on the wire
+    (two shortstrs): Basic.Deliver, GetOk and Return carry the same two fields in
+    the same encoding, so they are copied, never re-encoded.
+    """
+
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "address")
+
+    def __init__(
+        self, exchange: str, routing_key: str, mandatory: bool, immediate: bool, address: bytes
+    ) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+        self.address = address
+
+
+def decode_publish(payload: bytes) -> Publish:
+    """Basic.Publish without pamqp: index(4) ticket(2) exchange rk bits."""
+    try:
+        exchange_length = payload[6]
+        key_at = 7 + exchange_length
+        key_length = payload[key_at]
+        bits_at = key_at + 1 + key_length
+        bits = payload[bits_at]
+        exchange = payload[7:key_at].decode()
+        routing_key = payload[key_at + 1 : bits_at].decode()
+    except (IndexError, UnicodeDecodeError) as error:
+        raise exceptions.AMQPSyntaxError(
+            f"SYNTAX_ERROR - cannot decode Basic.Publish: {error}"
+        ) from error
+    if bits_at + 1 != len(payload):
+        raise exceptions.AMQPSyntaxError("SYNTAX_ERROR - Basic.Publish has trailing bytes")
+    return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2), payload[6:bits_at])
+
+
+def shortstr(value: str) -> bytes:
+    data = value.encode()
+    if len(data) > 255:
+        raise ValueError(f"shortstr longer than 255 bytes: {value[:40]!r}...")
+    return bytes((len(data),)) + data
+
+
+def address_of(exchange: str, routing_key: str) -> bytes:
+    """The (exchange, routing key) pair in wire form, as Publish.address holds it."""
+    return shortstr(exchange) + shortstr(routing_key)
+
+
+def content_body_size(header_payload: bytes) -> int:
+    """The body size a content header announces (class, weight, size, ...)."""
+    if len(header_payload) < 14:
+        raise exceptions.AMQPFrameError("FRAME_ERROR - content header too short")
+    class_id, _weight, body_size = _content_head.unpack_from(header_payload)
+    if class_id != commands.Basic.frame_id:
+        raise exceptions.AMQPFrameError(f"FRAME_ERROR - content header for class {class_id}")
+    return body_size
+
+
+def method_frame(channel: int, method: Method) -> bytes:
+    payload = _method_index.pack(method.index) + method.marshal()
+    return _frame_head.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+
+
+def redirect_frame(host: str, known_hosts: str) -> bytes:
+    payload = _REDIRECT_PREFIX + shortstr(host) + shortstr(known_hosts)
+    return _frame_head.pack(FRAME_METHOD, 0, len(payload)) + payload + b"\xce"
+
+
+def content_frames(channel: int, header_payload: bytes, body: bytes, frame_max: int) -> bytes:
+    """Content header plus body frames, the body cut to fit frame_max."""
+    head = _frame_head.pack(FRAME_HEADER, channel, len(header_payload)) + header_payload + b"\xce"
+    size = len(body)
+    if size == 0:
+        return head
+    chunk = frame_max - FRAME_OVERHEAD
+    if size <= chunk:
+        return b"".join((head, _frame_head.pack(FRAME_BODY, channel, size), body, b"\xce"))
+    parts = [head]
+    for start in range(0, size, chunk):
+        piece = body[start : start + chunk]
+        parts += (_frame_head.pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+    return b"".join(parts)
+
+
+def deliver_frames(
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    address: bytes,
+    header_payload: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """Basic.Deliver + content header + body. ``consumer_tag`` is already a shortstr."""
+    payload = b"".join(
+        (
+            _DELIVER_PREFIX,
+            consumer_tag,
+            _deliver_tail.pack(delivery_tag, redelivered),
+            address,
+        )
+    )
+    return (
+        _frame_head.pack(FRAME_METHOD, channel, len(payload))
+        + payload
+        + b"\xce"
+        + content_frames(channel, header_payload, body, frame_max)
+    )
+
+
+def get_ok_frames(
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    address: bytes,
+    message_count: int,
+    header_payload: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    payload = b"".join(
+        (
+            _GET_OK_PREFIX,
+            _deliver_tail.pack(delivery_tag, redelivered),
+            address,
+            struct.pack(">I", message_count),
+        )
+    )
+    return (
+        _frame_head.pack(FRAME_METHOD, channel, len(payload))
+        + payload
+        + b"\xce"
+        + content_frames(channel, header_payload, body, frame_max)
+    )
+
+
+def return_frames(
+    channel: int,
+    reply_code: int,
+    reply_text: str,
+    address: bytes,
+    header_payload: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    payload = b"".join((_RETURN_PREFIX, _short.pack(reply_code), shortstr(reply_text), address))
+    return (
+        _frame_head.pack(FRAME_METHOD, channel, len(payload))
+        + payload
+        + b"\xce"
+        + content_frames(channel, header_payload, body, frame_max)
+    )
+
+
+def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    payload = _ACK_PREFIX + _deliver_tail.pack(delivery_tag, multiple)
+    return _frame_head.pack(FRAME_METHOD, channel, 13) + payload + b"\xce"
+
+
+def nack_frame(channel: int, delivery_tag: int, multiple: bool, requeue: bool = False) -> bytes:
+    payload = _NACK_PREFIX + _deliver_tail.pack(delivery_tag, multiple | requeue << 1)
+    return _frame_head.pack(FRAME_METHOD, channel, 13) + payload + b"\xce"
+
+
+def decode_ack(payload: bytes) -> tuple[int, bool]:
+    """Basic.Ack from a client: (delivery_tag, multiple)."""
+    if len(payload) != 13:
+        raise exceptions.AMQPSyntaxError("SYNTAX_ERROR - Basic.Ack has the wrong length")
+    tag, bits = _deliver_tail.unpack_from(payload, 4)
+    return tag, bool(bits & 1)
+
+
+ACK_INDEX = commands.Basic.Ack.index

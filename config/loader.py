@@ -1,0 +1,280 @@
+"""Load and validate a server's YAML configuration.
+
+Owns: the configuration schema (keys, types, defaults, ranges) and error messages
+that name the file, the key and the problem. Returns plain frozen dataclasses.
+
+Must not know: the broker, sockets, the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROLES = ("primary", "backup")
+USER_TAGS = ("administrator", "peering", "monitoring")
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as ``FILE: KEY: PROBLEM``."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        super().__init__(f"{path}: {key}: {problem}")
+        self.path, self.key, self.problem = path, key, problem
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    password: str
+    vhosts: tuple[str, ...] = ("/",)
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FailoverConfig:
+    role: str | None = None
+    peer: str | None = None  # host:port of the other server, as this server reaches it
+    heartbeat: float = 0.2
+    timeout: float = 0.6
+    peer_user: str = "peering"
+
+
+@dataclass(frozen=True)
+class Limits:
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat: int = 60
+    max_message_size: int = 128 * 1024 * 1024
+    memory_high_watermark: int = 2 * 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str = "amqha"
+    host: str = "127.0.0.1"
+    port: int = 5672
+    advertise: str | None = None  # host:port clients should be sent to; defaults to listen
+    data_dir: str = "var/amqha"
+    events_path: str | None = None
+    users: tuple[User, ...] = (User("guest", "guest"),)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
+    limits: Limits = field(default_factory=Limits)
+    source: str = "<defaults>"
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def public_address(self) -> str:
+        return self.advertise or self.listen
+
+    @property
+    def event_log_path(self) -> str:
+        return self.events_path or os.path.join(self.data_dir, "events.jsonl")
+
+    def user(self, name: str) -> User | None:
+        return next((u for u in self.users if u.name == name), None)
+
+
+def parse_host_port(path: str, key: str, value: Any) -> tuple[str, int]:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(path, key, f"expected 'host:port', got {value!r}")
+    host, _, port_text = value.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(path, key, f"port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(path, key, f"port {port} is out of range 0..65535")
+    if not host:
+        raise ConfigError(path, key, "host is empty")
+    return host, port
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+               "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+class _Section:
+    """Reads one mapping, remembering which keys were used so unknown ones are reported."""
+
+    def __init__(self, path: str, prefix: str, data: Any) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(path, prefix or "(top level)", f"expected a mapping, got {type(data).__name__}")
+        self.path, self.prefix, self.data, self.used = path, prefix, data, set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        self.used.add(name)
+        if name not in self.data or self.data[name] is None:
+            return default
+        value = self.data[name]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and kind is not bool:
+            raise ConfigError(self.path, self.key(name), f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise ConfigError(self.path, self.key(name), f"expected {_kind_name(kind)}, got {value!r}")
+        return value
+
+    def positive(self, name: str, kind: type, default: Any, minimum: float = 0) -> Any:
+        value = self.get(name, kind, default)
+        if value <= minimum:
+            raise ConfigError(self.path, self.key(name), f"must be greater than {minimum}, got {value}")
+        return value
+
+    def size(self, name: str, default: int) -> int:
+        self.used.add(name)
+        value = self.data.get(name, default)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        if isinstance(value, str):
+            text = value.strip().lower().replace(" ", "")
+            number = text.rstrip("kmgib")
+            unit = text[len(number):]
+            if unit in _SIZE_UNITS:
+                try:
+                    parsed = int(float(number) * _SIZE_UNITS[unit])
+                except ValueError:
+                    parsed = 0
+                if parsed > 0:
+                    return parsed
+        raise ConfigError(self.path, self.key(name), f"expected a size like 1048576 or '512MiB', got {value!r}")
+
+    def section(self, name: str) -> _Section:
+        self.used.add(name)
+        return _Section(self.path, self.key(name), self.data.get(name))
+
+    def check_unknown(self) -> None:
+        unknown = sorted(set(map(str, self.data)) - self.used)
+        if unknown:
+            raise ConfigError(self.path, self.key(unknown[0]), "unknown key")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+             list: "a list", dict: "a mapping"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)
+
+
+def _users(path: str, value: Any) -> tuple[User, ...]:
+    if value is None:
+        return (User("guest", "guest"),)
+    if not isinstance(value, list) or not value:
+        raise ConfigError(path, "users", "expected a non-empty list of users")
+    users = []
+    for index, item in enumerate(value):
+        section = _Section(path, f"users[{index}]", item)
+        name = section.get("name", str, None)
+        if not name:
+            raise ConfigError(path, f"users[{index}].name", "missing")
+        password = section.get("password", str, None)
+        if password is None:
+            raise ConfigError(path, f"users[{index}].password", "missing")
+        vhosts = section.get("vhosts", list, ["/"])
+        tags = section.get("tags", list, [])
+        for tag in tags:
+            if tag not in USER_TAGS:
+                raise ConfigError(path, f"users[{index}].tags", f"unknown tag {tag!r} (known: {', '.join(USER_TAGS)})")
+        if any(u.name == name for u in users):
+            raise ConfigError(path, f"users[{index}].name", f"duplicate user {name!r}")
+        section.check_unknown()
+        users.append(User(name, password, tuple(map(str, vhosts)), tuple(tags)))
+    return tuple(users)
+
+
+def load_config(path: str | os.PathLike[str], role: str | None = None) -> ServerConfig:
+    """Read and validate ``path``; ``role`` (from the command line) overrides failover.role."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(path, "(file)", f"cannot read: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(file)"
+        raise ConfigError(path, where, f"not valid YAML: {getattr(error, 'problem', error)}") from None
+    top = _Section(path, "", data)
+    server = top.section("server")
+    name = server.get("name", str, "amqha")
+    host, port = parse_host_port(path, "server.listen", server.get("listen", str, "127.0.0.1:5672"))
+    advertise = server.get("advertise", str, None)
+    if advertise is not None:
+        parse_host_port(path, "server.advertise", advertise)
+    data_dir = server.get("data_dir", str, f"var/{name}")
+    server.check_unknown()
+    users = _users(path, top.data.get("users"))
+    top.used.add("users")
+
+    failover = top.section("failover")
+    configured_role = failover.get("role", str, None)
+    role = role or configured_role
+    if role is not None and role not in ROLES:
+        raise ConfigError(path, "failover.role", f"expected 'primary' or 'backup', got {role!r}")
+    peer = failover.get("peer", str, None)
+    if peer is not None:
+        parse_host_port(path, "failover.peer", peer)
+    heartbeat = failover.positive("heartbeat", float, 0.2)
+    timeout = failover.positive("timeout", float, 0.6)
+    if timeout <= heartbeat:
+        raise ConfigError(path, "failover.timeout", f"must be greater than failover.heartbeat ({heartbeat}), got {timeout}")
+    peer_user = failover.get("peer_user", str, "peering")
+    if peer is not None:
+        user = next((u for u in users if u.name == peer_user), None)
+        if user is None:
+            raise ConfigError(path, "failover.peer_user", f"no user {peer_user!r} in users")
+        if "peering" not in user.tags:
+            raise ConfigError(path, "failover.peer_user", f"user {peer_user!r} needs the tag 'peering'")
+    failover.check_unknown()
+
+    events = top.section("events")
+    events_path = events.get("path", str, None)
+    events.check_unknown()
+
+    limits_section = top.section("limits")
+    defaults = Limits()
+    frame_max = limits_section.get("frame_max", int, defaults.frame_max)
+    if not 4096 <= frame_max <= 1024 * 1024 * 16:
+        raise ConfigError(path, "limits.frame_max", f"must be between 4096 and 16777216, got {frame_max}")
+    channel_max = limits_section.get("channel_max", int, defaults.channel_max)
+    if not 1 <= channel_max <= 65535:
+        raise ConfigError(path, "limits.channel_max", f"must be between 1 and 65535, got {channel_max}")
+    heartbeat_s = limits_section.get("heartbeat", int, defaults.heartbeat)
+    if not 0 <= heartbeat_s <= 65535:
+        raise ConfigError(path, "limits.heartbeat", f"must be between 0 and 65535, got {heartbeat_s}")
+    limits = Limits(
+        frame_max=frame_max,
+        channel_max=channel_max,
+        heartbeat=heartbeat_s,
+        max_message_size=limits_section.size("max_message_size", defaults.max_message_size),
+        memory_high_watermark=limits_section.size("memory_high_watermark", defaults.memory_high_watermark),
+    )
+    limits_section.check_unknown()
+    top.check_unknown()
+    return ServerConfig(
+        name=name,
+        host=host,
+        port=port,
+        advertise=advertise,
+        data_dir=data_dir,
+        events_path=events_path,
+        users=users,
+        failover=FailoverConfig(role, peer, heartbeat, timeout, peer_user),
+        limits=limits,
+        source=path,
+    )
