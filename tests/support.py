@@ -1,0 +1,146 @@
+"""Test harness: real ``amqha`` processes on loopback, free ports, bounded waits.
+
+Every process is started here and stopped here, by its own pid; nothing else is
+ever signalled. Every wait is bounded in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+USERS = [
+    {"name": "guest", "password": "guest", "vhosts": ["/", "other"]},
+    {"name": "admin", "password": "admin", "vhosts": ["/"], "tags": ["administrator"]},
+    {"name": "peering", "password": "peering", "vhosts": ["/"], "tags": ["peering"]},
+    {"name": "limited", "password": "limited", "vhosts": ["other"]},
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout} s")
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns a truthy value, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not true after {timeout} s: {what or predicate}")
+        time.sleep(interval)
+
+
+class ServerProcess:
+    """One ``amqha start`` process with its own config file, data dir and log."""
+
+    def __init__(self, workdir: Path, name: str, port: int | None = None, **overrides: Any) -> None:
+        self.workdir = Path(workdir)
+        self.name = name
+        self.port = port or free_port()
+        self.data_dir = self.workdir / name
+        self.config_path = self.workdir / f"{name}.yaml"
+        self.log_path = self.workdir / f"{name}.log"
+        self.config: dict[str, Any] = {
+            "server": {"name": name, "listen": f"127.0.0.1:{self.port}", "data_dir": str(self.data_dir)},
+            "users": USERS,
+        }
+        for section, values in overrides.items():
+            if isinstance(values, dict):
+                self.config.setdefault(section, {}).update(values)
+            else:
+                self.config[section] = values
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def events_path(self) -> Path:
+        return Path(self.config.get("events", {}).get("path", self.data_dir / "events.jsonl"))
+
+    def start(self, wait: bool = True, extra_args: tuple[str, ...] = ()) -> ServerProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "amqha", "start", "--config", str(self.config_path), *extra_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+        )
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"{self.name} not listening on {self.port} after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no flush, exactly like a crash."""
+        if self.alive:
+            assert self.process is not None
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        assert self.process is not None
+        if self.alive:
+            os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def stop(self) -> None:
+        if self.alive:
+            with contextlib.suppress(Exception):
+                self.terminate(timeout=5)
+            self.kill()
