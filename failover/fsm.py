@@ -1,0 +1,466 @@
+"""The active/passive failover state machine of one server in a primary/backup pair.
+
+Owns: the roles, states and events of DESIGN.md §3, the single transition table that maps
+every (state, event) pair to a handler, the client vote, epochs, dual-active resolution,
+misconfiguration detection and the manual failback. `step()` is the only entry point: it takes
+a `Machine` value, an event and the current monotonic time, and returns an `Outcome` value
+carrying the new machine, the transition (if any), the answer to whoever asked (a client, the
+console, the peer's handover) and the actions the host must carry out.
+
+Must not know: sockets, asyncio, clocks, logging, files, AMQP or the shape of the amq.peer
+message. Time is passed in; persistence, sending and logging are returned as action values
+for the failover controller to perform, in order, before it acts on the decision.
+
+Decisions where DESIGN.md is silent or self-contradictory:
+
+- Start-up grace. A freshly started server counts its peer as alive for one timeout
+  (`peer_expiry = now + timeout`), so a primary restarting while the backup serves hears the
+  backup before any client vote can make it ACTIVE ("wait a timeout first"). Without it the
+  first client to reach a restarted primary would make it ACTIVE at once and, epochs being
+  equal, take the service back from the backup: an automatic failback.
+- PASSIVE backup + PEER_PRIMARY stays PASSIVE. The table's PRIMARY + PEER_PASSIVE row already
+  makes the restarted primary ACTIVE when it sees us PASSIVE; if the backup also went ACTIVE on
+  PEER_PRIMARY, two state messages crossing on the wire would give a dual active on a healthy
+  link. The primary leading is the pair's normal shape and never leaves it without a server.
+  (A PASSIVE primary + PEER_BACKUP still goes ACTIVE: the backup only stays in that case.)
+- Epoch adoption (Raft's term rule). On every correctly configured peer message the machine
+  takes `epoch = max(own, peer's)`, after the table has run, and persists it when it grows. So
+  a server that restarts never serves in an epoch below one it has seen, as §3 requires, even
+  one it only heard of. Dual active compares the raw epochs before adoption.
+- Misconfiguration. A message from a peer with our name, our role, or a start state that
+  contradicts its role is reported (`LogMisconfigured`, once per distinct reason), never
+  paired: it refreshes neither `peer` nor `peer_expiry` and changes no state or epoch. While
+  the last peer message was misconfigured, nothing takes this server to ACTIVE: the client
+  vote, HANDOVER and MANUAL_RECOVER are refused with the reason. Only a correctly configured
+  peer's state message clears it (or a restart). A misconfigured peer going quiet does not:
+  it may only be cut off, and two servers of one role could never resolve a dual active.
+  A server that is already ACTIVE keeps serving; a stray second primary or backup refuses
+  its own clients, since it sees the same misconfiguration.
+- Dual active is logged on both sides (`LogDualActive`): the loser also closes its clients
+  with a redirect to the winner.
+- Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
+  is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
+  and otherwise redirects to nobody ("no active server, retry later").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    PRIMARY = "primary"
+    BACKUP = "backup"
+
+
+class State(StrEnum):
+    PRIMARY = "PRIMARY"
+    BACKUP = "BACKUP"
+    ACTIVE = "ACTIVE"
+    PASSIVE = "PASSIVE"
+
+
+class Event(StrEnum):
+    PEER_PRIMARY = "PEER_PRIMARY"
+    PEER_BACKUP = "PEER_BACKUP"
+    PEER_ACTIVE = "PEER_ACTIVE"
+    PEER_PASSIVE = "PEER_PASSIVE"
+    CLIENT_REQUEST = "CLIENT_REQUEST"
+    MANUAL_RECOVER = "MANUAL_RECOVER"
+    HANDOVER = "HANDOVER"
+
+
+# The event a peer's state message raises: named here, not by coincidence of enum values.
+PEER_EVENT: dict[State, Event] = {
+    State.PRIMARY: Event.PEER_PRIMARY,
+    State.BACKUP: Event.PEER_BACKUP,
+    State.ACTIVE: Event.PEER_ACTIVE,
+    State.PASSIVE: Event.PEER_PASSIVE,
+}
+
+_START_STATE: dict[Role, State] = {Role.PRIMARY: State.PRIMARY, Role.BACKUP: State.BACKUP}
+_ROLE_OF_START_STATE: dict[State, Role] = {state: role for role, state in _START_STATE.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """The peer as its latest amq.peer state message describes it."""
+
+    name: str
+    role: Role
+    state: State
+    epoch: int
+    listen: str  # the host:port clients should use to reach the peer
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """One server's failover state. Immutable: `step()` returns a new one."""
+
+    name: str
+    role: Role
+    state: State
+    epoch: int
+    timeout: float
+    # Monotonic time after which the peer counts as gone; starts one timeout after start-up.
+    peer_expiry: float
+    peer: PeerInfo | None = None  # the last correctly configured peer message; None: never
+    misconfigured: str | None = None  # why the last peer message was refused, if it was
+
+    @classmethod
+    def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
+        """A server just started: PRIMARY or BACKUP by role, peer unheard but given a timeout."""
+        if timeout <= 0:
+            raise ValueError(f"failover timeout must be positive, got {timeout}")
+        if epoch < 0:
+            raise ValueError(f"epoch must not be negative, got {epoch}")
+        return cls(name, role, _START_STATE[role], epoch, timeout, peer_expiry=now + timeout)
+
+    def peer_alive(self, now: float) -> bool:
+        """Whether a correctly configured peer has been heard within the last timeout."""
+        return self.peer is not None and now < self.peer_expiry
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    from_state: State
+    to_state: State
+    trigger: Event
+    reason: str
+
+
+# Decisions: the answer to whoever raised the event (client, console, peer's handover).
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """Serve the client / the console command or handover took effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """Send the client to `to`, the live ACTIVE peer's listen address; None: none is known."""
+
+    to: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Refuse the client or command, with a reason for a person to read."""
+
+    reason: str
+
+
+Decision = Accept | Redirect | Refuse
+
+
+# Actions: what the controller carries out, in tuple order, before it answers the decision.
+
+
+@dataclass(frozen=True, slots=True)
+class PersistEpoch:
+    """Store `epoch` durably in the data dir before serving or sending it in a state message."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendHandover:
+    """Publish HANDOVER to the peer's amq.peer: the peer becomes ACTIVE (manual failback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RedirectClients:
+    """Close this server's client connections with a redirect to `to` (None: no target).
+
+    Peering and console connections stay: they bypass the failover gate.
+    """
+
+    to: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogDualActive:
+    """Write a `dual_active` event-log record."""
+
+    peer: str
+    peer_epoch: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogMisconfigured:
+    """Write a `misconfigured` event-log record and an error line."""
+
+    peer: str
+    peer_epoch: int
+    reason: str
+
+
+Action = PersistEpoch | SendHandover | RedirectClients | LogDualActive | LogMisconfigured
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    machine: Machine
+    transition: Transition | None = None
+    decision: Decision | None = None  # None for peer state messages: nobody waits on them
+    actions: tuple[Action, ...] = ()
+
+
+Handler = Callable[[Machine, Event, float], Outcome]
+
+_ACCEPT = Accept()
+
+
+def step(machine: Machine, event: Event, now: float, peer: PeerInfo | None = None) -> Outcome:
+    """Feed one event to the machine at monotonic time `now`.
+
+    Peer events must carry the peer's state message as `peer`, and `event` must be
+    `PEER_EVENT[peer.state]`; other events carry no peer. Cheap enough for every
+    Connection.Open: a dict lookup and one small allocation on the hot path.
+    """
+    if peer is None:
+        if event in _PEER_EVENTS:
+            raise ValueError(f"{event} needs the peer's state message")
+        return TRANSITIONS[(machine.state, event)](machine, event, now)
+    if PEER_EVENT[peer.state] is not event:
+        raise ValueError(f"{event} does not match a peer in state {peer.state}")
+    reason = _misconfiguration(machine, peer)
+    if reason is not None:
+        return _report_misconfiguration(machine, peer, reason)
+    heard = replace(machine, peer=peer, peer_expiry=now + machine.timeout, misconfigured=None)
+    outcome = TRANSITIONS[(machine.state, event)](heard, event, now)
+    return _adopt_epoch(outcome, peer.epoch)
+
+
+_PEER_EVENTS = frozenset(PEER_EVENT.values())
+
+
+def _misconfiguration(machine: Machine, peer: PeerInfo) -> str | None:
+    if peer.name == machine.name:
+        return f"peer has our name {peer.name!r}: two servers must not share a name"
+    if peer.role is machine.role:
+        return f"peer {peer.name!r} is also {peer.role}: a pair needs one primary, one backup"
+    started_as = _ROLE_OF_START_STATE.get(peer.state)
+    if started_as is not None and started_as is not peer.role:
+        return f"peer {peer.name!r} reports {peer.state} but is configured {peer.role}"
+    return None
+
+
+def _report_misconfiguration(machine: Machine, peer: PeerInfo, reason: str) -> Outcome:
+    if machine.misconfigured == reason:
+        return Outcome(machine)
+    report = LogMisconfigured(peer.name, peer.epoch, reason)
+    return Outcome(replace(machine, misconfigured=reason), actions=(report,))
+
+
+def _adopt_epoch(outcome: Outcome, peer_epoch: int) -> Outcome:
+    if peer_epoch <= outcome.machine.epoch:
+        return outcome
+    return replace(
+        outcome,
+        machine=replace(outcome.machine, epoch=peer_epoch),
+        actions=(*outcome.actions, PersistEpoch(peer_epoch)),
+    )
+
+
+def _move(
+    machine: Machine,
+    to: State,
+    trigger: Event,
+    reason: str,
+    decision: Decision | None = None,
+    actions: tuple[Action, ...] = (),
+) -> Outcome:
+    moved = replace(machine, state=to)
+    return Outcome(moved, Transition(machine.state, to, trigger, reason), decision, actions)
+
+
+def _become_active(
+    machine: Machine, trigger: Event, reason: str, decision: Decision | None = None
+) -> Outcome:
+    # A new term: above every epoch this server has held or heard, durable before serving.
+    known = machine.peer.epoch if machine.peer is not None else 0
+    epoch = max(machine.epoch, known) + 1
+    active = replace(machine, state=State.ACTIVE, epoch=epoch)
+    return Outcome(
+        active,
+        Transition(machine.state, State.ACTIVE, trigger, reason),
+        decision,
+        (PersistEpoch(epoch),),
+    )
+
+
+def _not_serving(machine: Machine, now: float) -> Decision:
+    peer = machine.peer
+    if peer is not None and peer.state is State.ACTIVE and now < machine.peer_expiry:
+        return Redirect(peer.listen)
+    if machine.misconfigured is not None:
+        return Refuse(machine.misconfigured)
+    return Redirect(None)
+
+
+# Handler factories: each table entry names its "why", which becomes the handler's docstring
+# and, for transitions, the reason written to the event log.
+
+
+def _stay(why: str) -> Handler:
+    def stay(machine: Machine, event: Event, now: float) -> Outcome:
+        return Outcome(machine)
+
+    stay.__doc__ = why
+    return stay
+
+
+def _go_active(why: str) -> Handler:
+    def go_active(machine: Machine, event: Event, now: float) -> Outcome:
+        return _become_active(machine, event, why)
+
+    go_active.__doc__ = why
+    return go_active
+
+
+def _go_passive(why: str) -> Handler:
+    def go_passive(machine: Machine, event: Event, now: float) -> Outcome:
+        return _move(machine, State.PASSIVE, event, why)
+
+    go_passive.__doc__ = why
+    return go_passive
+
+
+def _refuse(why: str) -> Handler:
+    refusal = Refuse(why)
+
+    def refuse(machine: Machine, event: Event, now: float) -> Outcome:
+        return Outcome(machine, decision=refusal)
+
+    refuse.__doc__ = why
+    return refuse
+
+
+# Handlers whose result depends on more than the cell.
+
+
+def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
+    """No peer heard for a timeout: the client's request makes us ACTIVE (failover)."""
+    if now < machine.peer_expiry or machine.misconfigured is not None:
+        return Outcome(machine, decision=_not_serving(machine, now))
+    return _become_active(machine, event, "no peer heard for a timeout: client vote", _ACCEPT)
+
+
+def _backup_never_serves_first(machine: Machine, event: Event, now: float) -> Outcome:
+    """A backup that has not seen an ACTIVE primary never serves first."""
+    return Outcome(machine, decision=_not_serving(machine, now))
+
+
+def _accept_client(machine: Machine, event: Event, now: float) -> Outcome:
+    """Serving clients is the ACTIVE server's job."""
+    return Outcome(machine, decision=_ACCEPT)
+
+
+def _resolve_dual_active(machine: Machine, event: Event, now: float) -> Outcome:
+    """Split brain healed: the higher epoch stays ACTIVE, on equal epochs the primary."""
+    peer = machine.peer
+    assert peer is not None  # step() remembered the peer before calling us
+    if machine.epoch != peer.epoch:
+        we_stay = machine.epoch > peer.epoch
+        rule = "the higher epoch stays"
+    else:
+        we_stay = machine.role is Role.PRIMARY
+        rule = "equal epochs: the primary stays"
+    if we_stay:
+        reason = f"peer {peer.name} also ACTIVE in epoch {peer.epoch}; we stay ({rule})"
+        return Outcome(machine, actions=(LogDualActive(peer.name, peer.epoch, reason),))
+    reason = f"peer {peer.name} also ACTIVE in epoch {peer.epoch}; we yield ({rule})"
+    return _move(
+        machine,
+        State.PASSIVE,
+        event,
+        reason,
+        actions=(LogDualActive(peer.name, peer.epoch, reason), RedirectClients(peer.listen)),
+    )
+
+
+def _manual_recover(machine: Machine, event: Event, now: float) -> Outcome:
+    """Failback: an ACTIVE backup hands the service to its healthy PASSIVE primary."""
+    peer = machine.peer
+    if machine.role is not Role.BACKUP:
+        return Outcome(machine, decision=Refuse("the primary is already ACTIVE: nothing to do"))
+    if machine.misconfigured is not None:
+        return Outcome(machine, decision=Refuse(machine.misconfigured))
+    if peer is None or not machine.peer_alive(now):
+        return Outcome(machine, decision=Refuse("the primary is not heard from: keep serving"))
+    if peer.state is not State.PASSIVE:
+        return Outcome(machine, decision=Refuse(f"the primary is {peer.state}, not PASSIVE"))
+    return _move(
+        machine,
+        State.PASSIVE,
+        event,
+        "manual recovery: handing the service back to the primary",
+        decision=_ACCEPT,
+        actions=(SendHandover(), RedirectClients(peer.listen)),
+    )
+
+
+def _take_handover(machine: Machine, event: Event, now: float) -> Outcome:
+    """The failback's other half: the ACTIVE peer has stepped down in our favour."""
+    if machine.misconfigured is not None:
+        return Outcome(machine, decision=Refuse(machine.misconfigured))
+    return _become_active(machine, event, "the peer handed the service over", _ACCEPT)
+
+
+def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
+    """Both PASSIVE: the primary takes ACTIVE, the backup stays; never leave no server."""
+    if machine.role is Role.PRIMARY:
+        return _become_active(machine, event, "both servers PASSIVE: the primary leads")
+    return Outcome(machine)
+
+
+def _same_role(machine: Machine, event: Event, now: float) -> Outcome:
+    """A peer in our own start state shares our role: step() reports it before the table."""
+    raise AssertionError(f"{machine.state} + {event}: a misconfigured peer reached the table")
+
+
+_RECOVER_ON_ACTIVE_BACKUP = "recover runs on the backup while it is ACTIVE; this server is "
+_HANDOVER_ONLY_PASSIVE = "a handover is taken only while PASSIVE; this server is "
+
+# The whole machine. Every (state, event) pair is a key: a missing one is a bug, not a no-op.
+TRANSITIONS: dict[tuple[State, Event], Handler] = {
+    # PRIMARY: the primary has started and not yet heard its peer.
+    (State.PRIMARY, Event.PEER_PRIMARY): _same_role,
+    (State.PRIMARY, Event.PEER_BACKUP): _go_active("the peer is a fresh backup: we lead"),
+    (State.PRIMARY, Event.PEER_ACTIVE): _go_passive("the backup took over while we were down"),
+    (State.PRIMARY, Event.PEER_PASSIVE): _go_active("the backup waits PASSIVE, none ACTIVE"),
+    (State.PRIMARY, Event.CLIENT_REQUEST): _client_vote,
+    (State.PRIMARY, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PRIMARY"),
+    (State.PRIMARY, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),
+    # BACKUP: the backup has started and not yet seen an ACTIVE primary.
+    (State.BACKUP, Event.PEER_PRIMARY): _stay("the primary will take ACTIVE"),
+    (State.BACKUP, Event.PEER_BACKUP): _same_role,
+    (State.BACKUP, Event.PEER_ACTIVE): _go_passive("the primary is ACTIVE: normal start"),
+    (State.BACKUP, Event.PEER_PASSIVE): _stay("the primary goes ACTIVE when it sees a BACKUP"),
+    (State.BACKUP, Event.CLIENT_REQUEST): _backup_never_serves_first,
+    (State.BACKUP, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "BACKUP"),
+    (State.BACKUP, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "BACKUP"),
+    # ACTIVE: this server serves clients.
+    (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
+    (State.ACTIVE, Event.PEER_BACKUP): _stay("the restarted backup follows us"),
+    (State.ACTIVE, Event.PEER_ACTIVE): _resolve_dual_active,
+    (State.ACTIVE, Event.PEER_PASSIVE): _stay("the peer follows us"),
+    (State.ACTIVE, Event.CLIENT_REQUEST): _accept_client,
+    (State.ACTIVE, Event.MANUAL_RECOVER): _manual_recover,
+    (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
+    # PASSIVE: the peer serves (or did until recently); this server stands by.
+    (State.PASSIVE, Event.PEER_PRIMARY): _stay(
+        "the restarted primary goes ACTIVE on seeing us PASSIVE; both would race"
+    ),
+    (State.PASSIVE, Event.PEER_BACKUP): _go_active("the backup restarted: we hold the service"),
+    (State.PASSIVE, Event.PEER_ACTIVE): _stay("normal passive duty"),
+    (State.PASSIVE, Event.PEER_PASSIVE): _primary_leads,
+    (State.PASSIVE, Event.CLIENT_REQUEST): _client_vote,
+    (State.PASSIVE, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PASSIVE"),
+    (State.PASSIVE, Event.HANDOVER): _take_handover,
+}

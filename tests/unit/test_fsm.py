@@ -1,0 +1,1059 @@
+"""The failover state machine: one test per table cell, then two machines run against each
+other over a simulated peer link with a fake clock (no event loop, no sleeping)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from itertools import product
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from failover.fsm import (
+    PEER_EVENT,
+    TRANSITIONS,
+    Accept,
+    Action,
+    Decision,
+    Event,
+    LogDualActive,
+    LogMisconfigured,
+    Machine,
+    Outcome,
+    PeerInfo,
+    PersistEpoch,
+    Redirect,
+    RedirectClients,
+    Refuse,
+    Role,
+    SendHandover,
+    State,
+    Transition,
+    step,
+)
+
+TIMEOUT = 3.0
+HEARTBEAT = 1.0
+NOW = 100.0
+HEARD_AT = NOW - HEARTBEAT  # the peer's last state message, comfortably within the timeout
+EXPIRED = HEARD_AT + TIMEOUT  # the first instant the peer counts as gone
+
+NAME = {Role.PRIMARY: "alpha", Role.BACKUP: "beta"}
+LISTEN = {"alpha": "alpha.example:5672", "beta": "beta.example:5673"}
+
+
+def ours(
+    role: Role,
+    state: State,
+    *,
+    epoch: int = 1,
+    peer: PeerInfo | None = None,
+    misconfigured: str | None = None,
+) -> Machine:
+    """This server, its peer last heard at HEARD_AT."""
+    return Machine(NAME[role], role, state, epoch, TIMEOUT, HEARD_AT + TIMEOUT, peer, misconfigured)
+
+
+def peer(role: Role, state: State, epoch: int = 1, name: str | None = None) -> PeerInfo:
+    name = name or NAME[role]
+    return PeerInfo(name, role, state, epoch, LISTEN.get(name, f"{name}.example:5670"))
+
+
+def hear(machine: Machine, info: PeerInfo, now: float = NOW) -> Outcome:
+    return step(machine, PEER_EVENT[info.state], now, info)
+
+
+def assert_unchanged(outcome: Outcome, machine: Machine) -> None:
+    assert outcome.machine is machine
+    assert outcome.transition is None
+    assert outcome.actions == ()
+
+
+def assert_heard(outcome: Outcome, info: PeerInfo, now: float = NOW) -> None:
+    assert outcome.machine.peer == info
+    assert outcome.machine.peer_expiry == now + TIMEOUT
+    assert outcome.machine.misconfigured is None
+
+
+# --- the table, cell by cell -------------------------------------------------------------
+
+CELL_TESTS: dict[tuple[State, Event], Callable[[], None]] = {}
+
+
+def cell(state: State, event: Event) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    def register(test: Callable[[], None]) -> Callable[[], None]:
+        assert (state, event) not in CELL_TESTS, f"two tests claim {state} + {event}"
+        CELL_TESTS[(state, event)] = test
+        return test
+
+    return register
+
+
+@cell(State.PRIMARY, Event.PEER_PRIMARY)
+def test_primary_hears_primary_is_misconfigured_and_never_reaches_the_table() -> None:
+    machine = Machine.start("alpha", Role.PRIMARY, 1, TIMEOUT, now=NOW)
+    stray = peer(Role.PRIMARY, State.PRIMARY, epoch=4, name="gamma")
+    outcome = hear(machine, stray)
+    reason = "peer 'gamma' is also primary: a pair needs one primary, one backup"
+    assert outcome.machine == replace(machine, misconfigured=reason)
+    assert outcome.transition is None and outcome.decision is None
+    assert outcome.actions == (LogMisconfigured("gamma", 4, reason),)
+    with pytest.raises(AssertionError):
+        TRANSITIONS[(State.PRIMARY, Event.PEER_PRIMARY)](machine, Event.PEER_PRIMARY, NOW)
+
+
+@cell(State.PRIMARY, Event.PEER_BACKUP)
+def test_primary_hears_fresh_backup_and_leads_in_a_new_epoch() -> None:
+    machine = ours(Role.PRIMARY, State.PRIMARY, epoch=4)
+    backup = peer(Role.BACKUP, State.BACKUP, epoch=6)
+    outcome = hear(machine, backup)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.machine.epoch == 7
+    assert outcome.transition == Transition(
+        State.PRIMARY, State.ACTIVE, Event.PEER_BACKUP, "the peer is a fresh backup: we lead"
+    )
+    assert outcome.actions == (PersistEpoch(7),)
+    assert outcome.decision is None
+    assert_heard(outcome, backup)
+
+
+@cell(State.PRIMARY, Event.PEER_ACTIVE)
+def test_primary_hears_active_backup_and_follows_adopting_its_epoch() -> None:
+    machine = ours(Role.PRIMARY, State.PRIMARY, epoch=1)
+    backup = peer(Role.BACKUP, State.ACTIVE, epoch=3)
+    outcome = hear(machine, backup)
+    assert outcome.machine.state is State.PASSIVE
+    assert outcome.machine.epoch == 3
+    assert outcome.transition == Transition(
+        State.PRIMARY,
+        State.PASSIVE,
+        Event.PEER_ACTIVE,
+        "the backup took over while we were down",
+    )
+    assert outcome.actions == (PersistEpoch(3),)
+    assert_heard(outcome, backup)
+
+
+@cell(State.PRIMARY, Event.PEER_PASSIVE)
+def test_primary_hears_passive_backup_with_no_active_and_leads() -> None:
+    machine = ours(Role.PRIMARY, State.PRIMARY, epoch=2)
+    backup = peer(Role.BACKUP, State.PASSIVE, epoch=2)
+    outcome = hear(machine, backup)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.machine.epoch == 3
+    assert outcome.transition == Transition(
+        State.PRIMARY, State.ACTIVE, Event.PEER_PASSIVE, "the backup waits PASSIVE, none ACTIVE"
+    )
+    assert outcome.actions == (PersistEpoch(3),)
+
+
+@cell(State.PRIMARY, Event.CLIENT_REQUEST)
+def test_started_primary_waits_a_timeout_then_the_client_vote_makes_it_active() -> None:
+    machine = Machine.start("alpha", Role.PRIMARY, 0, TIMEOUT, now=0.0)
+
+    waiting = step(machine, Event.CLIENT_REQUEST, TIMEOUT - 0.001)
+    assert_unchanged(waiting, machine)
+    assert waiting.decision == Redirect(None)
+
+    voted = step(machine, Event.CLIENT_REQUEST, TIMEOUT)
+    assert voted.decision == Accept()
+    assert voted.machine.state is State.ACTIVE
+    assert voted.machine.epoch == 1
+    assert voted.actions == (PersistEpoch(1),)
+    assert voted.transition == Transition(
+        State.PRIMARY,
+        State.ACTIVE,
+        Event.CLIENT_REQUEST,
+        "no peer heard for a timeout: client vote",
+    )
+
+    misconfigured = replace(machine, misconfigured="two primaries")
+    refused = step(misconfigured, Event.CLIENT_REQUEST, 10 * TIMEOUT)
+    assert_unchanged(refused, misconfigured)
+    assert refused.decision == Refuse("two primaries")
+
+
+@cell(State.PRIMARY, Event.MANUAL_RECOVER)
+def test_recover_is_refused_on_a_started_primary() -> None:
+    machine = ours(Role.PRIMARY, State.PRIMARY)
+    outcome = step(machine, Event.MANUAL_RECOVER, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse(
+        "recover runs on the backup while it is ACTIVE; this server is PRIMARY"
+    )
+
+
+@cell(State.PRIMARY, Event.HANDOVER)
+def test_handover_is_refused_on_a_started_primary() -> None:
+    machine = ours(Role.PRIMARY, State.PRIMARY)
+    outcome = step(machine, Event.HANDOVER, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse(
+        "a handover is taken only while PASSIVE; this server is PRIMARY"
+    )
+
+
+@cell(State.BACKUP, Event.PEER_PRIMARY)
+def test_backup_hears_started_primary_and_waits_for_it_to_lead() -> None:
+    machine = ours(Role.BACKUP, State.BACKUP, epoch=1)
+    primary = peer(Role.PRIMARY, State.PRIMARY, epoch=5)
+    outcome = hear(machine, primary)
+    assert outcome.machine.state is State.BACKUP
+    assert outcome.transition is None
+    assert outcome.machine.epoch == 5  # adopted: a restart must not serve below it
+    assert outcome.actions == (PersistEpoch(5),)
+    assert_heard(outcome, primary)
+
+
+@cell(State.BACKUP, Event.PEER_BACKUP)
+def test_backup_hears_backup_is_misconfigured_and_never_reaches_the_table() -> None:
+    machine = Machine.start("beta", Role.BACKUP, 2, TIMEOUT, now=NOW)
+    stray = peer(Role.BACKUP, State.BACKUP, epoch=1, name="delta")
+    outcome = hear(machine, stray)
+    reason = "peer 'delta' is also backup: a pair needs one primary, one backup"
+    assert outcome.machine == replace(machine, misconfigured=reason)
+    assert outcome.transition is None
+    assert outcome.actions == (LogMisconfigured("delta", 1, reason),)
+    with pytest.raises(AssertionError):
+        TRANSITIONS[(State.BACKUP, Event.PEER_BACKUP)](machine, Event.PEER_BACKUP, NOW)
+
+
+@cell(State.BACKUP, Event.PEER_ACTIVE)
+def test_backup_hears_active_primary_and_goes_passive() -> None:
+    machine = ours(Role.BACKUP, State.BACKUP, epoch=0)
+    primary = peer(Role.PRIMARY, State.ACTIVE, epoch=1)
+    outcome = hear(machine, primary)
+    assert outcome.machine.state is State.PASSIVE
+    assert outcome.machine.epoch == 1
+    assert outcome.transition == Transition(
+        State.BACKUP, State.PASSIVE, Event.PEER_ACTIVE, "the primary is ACTIVE: normal start"
+    )
+    assert outcome.actions == (PersistEpoch(1),)
+    assert_heard(outcome, primary)
+
+
+@cell(State.BACKUP, Event.PEER_PASSIVE)
+def test_backup_hears_passive_primary_and_waits_for_it_to_lead() -> None:
+    machine = ours(Role.BACKUP, State.BACKUP, epoch=2)
+    primary = peer(Role.PRIMARY, State.PASSIVE, epoch=2)
+    outcome = hear(machine, primary)
+    assert outcome.machine.state is State.BACKUP
+    assert outcome.transition is None
+    assert outcome.actions == ()
+    assert_heard(outcome, primary)
+
+
+@cell(State.BACKUP, Event.CLIENT_REQUEST)
+def test_started_backup_never_serves_first() -> None:
+    machine = Machine.start("beta", Role.BACKUP, 0, TIMEOUT, now=0.0)
+    long_after = step(machine, Event.CLIENT_REQUEST, 100 * TIMEOUT)
+    assert_unchanged(long_after, machine)
+    assert long_after.decision == Redirect(None)
+
+    heard_primary = ours(Role.BACKUP, State.BACKUP, peer=peer(Role.PRIMARY, State.PRIMARY))
+    assert step(heard_primary, Event.CLIENT_REQUEST, NOW).decision == Redirect(None)
+
+    misconfigured = replace(machine, misconfigured="two backups")
+    refused = step(misconfigured, Event.CLIENT_REQUEST, NOW)
+    assert_unchanged(refused, misconfigured)
+    assert refused.decision == Refuse("two backups")
+
+
+@cell(State.BACKUP, Event.MANUAL_RECOVER)
+def test_recover_is_refused_on_a_started_backup() -> None:
+    machine = ours(Role.BACKUP, State.BACKUP)
+    outcome = step(machine, Event.MANUAL_RECOVER, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse(
+        "recover runs on the backup while it is ACTIVE; this server is BACKUP"
+    )
+
+
+@cell(State.BACKUP, Event.HANDOVER)
+def test_handover_is_refused_on_a_started_backup() -> None:
+    machine = ours(Role.BACKUP, State.BACKUP)
+    outcome = step(machine, Event.HANDOVER, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse(
+        "a handover is taken only while PASSIVE; this server is BACKUP"
+    )
+
+
+@cell(State.ACTIVE, Event.PEER_PRIMARY)
+def test_active_backup_hears_restarted_primary_and_stays() -> None:
+    machine = ours(Role.BACKUP, State.ACTIVE, epoch=3)
+    primary = peer(Role.PRIMARY, State.PRIMARY, epoch=2)
+    outcome = hear(machine, primary)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.machine.epoch == 3
+    assert outcome.transition is None and outcome.actions == ()
+    assert_heard(outcome, primary)
+
+
+@cell(State.ACTIVE, Event.PEER_BACKUP)
+def test_active_primary_hears_restarted_backup_and_stays() -> None:
+    machine = ours(Role.PRIMARY, State.ACTIVE, epoch=3)
+    backup = peer(Role.BACKUP, State.BACKUP, epoch=3)
+    outcome = hear(machine, backup)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.transition is None and outcome.actions == ()
+    assert_heard(outcome, backup)
+
+
+@cell(State.ACTIVE, Event.PEER_ACTIVE)
+def test_dual_active_higher_epoch_stays_and_on_equal_epochs_the_primary() -> None:
+    primary_ahead = hear(
+        ours(Role.PRIMARY, State.ACTIVE, epoch=5), peer(Role.BACKUP, State.ACTIVE, 4)
+    )
+    stay_reason = "peer beta also ACTIVE in epoch 4; we stay (the higher epoch stays)"
+    assert primary_ahead.machine.state is State.ACTIVE
+    assert primary_ahead.transition is None
+    assert primary_ahead.actions == (LogDualActive("beta", 4, stay_reason),)
+
+    backup = peer(Role.BACKUP, State.ACTIVE, epoch=6)
+    primary_behind = hear(ours(Role.PRIMARY, State.ACTIVE, epoch=5), backup)
+    yield_reason = "peer beta also ACTIVE in epoch 6; we yield (the higher epoch stays)"
+    assert primary_behind.machine.state is State.PASSIVE
+    assert primary_behind.machine.epoch == 6
+    assert primary_behind.transition == Transition(
+        State.ACTIVE, State.PASSIVE, Event.PEER_ACTIVE, yield_reason
+    )
+    assert primary_behind.actions == (
+        LogDualActive("beta", 6, yield_reason),
+        RedirectClients("beta.example:5673"),
+        PersistEpoch(6),
+    )
+
+    primary_tied = hear(
+        ours(Role.PRIMARY, State.ACTIVE, epoch=5), peer(Role.BACKUP, State.ACTIVE, 5)
+    )
+    tied_stay = "peer beta also ACTIVE in epoch 5; we stay (equal epochs: the primary stays)"
+    assert primary_tied.machine.state is State.ACTIVE
+    assert primary_tied.actions == (LogDualActive("beta", 5, tied_stay),)
+
+    backup_tied = hear(
+        ours(Role.BACKUP, State.ACTIVE, epoch=5), peer(Role.PRIMARY, State.ACTIVE, 5)
+    )
+    tied_reason = "peer alpha also ACTIVE in epoch 5; we yield (equal epochs: the primary stays)"
+    assert backup_tied.machine.state is State.PASSIVE
+    assert backup_tied.machine.epoch == 5
+    assert backup_tied.actions == (
+        LogDualActive("alpha", 5, tied_reason),
+        RedirectClients("alpha.example:5672"),
+    )
+
+
+@cell(State.ACTIVE, Event.PEER_PASSIVE)
+def test_active_hears_passive_peer_and_stays() -> None:
+    machine = ours(Role.PRIMARY, State.ACTIVE, epoch=3)
+    backup = peer(Role.BACKUP, State.PASSIVE, epoch=3)
+    outcome = hear(machine, backup)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.transition is None and outcome.actions == ()
+    assert_heard(outcome, backup)
+
+
+@cell(State.ACTIVE, Event.CLIENT_REQUEST)
+def test_active_accepts_clients() -> None:
+    machine = ours(Role.BACKUP, State.ACTIVE, epoch=2)
+    outcome = step(machine, Event.CLIENT_REQUEST, NOW + 100 * TIMEOUT)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Accept()
+
+
+@cell(State.ACTIVE, Event.MANUAL_RECOVER)
+def test_recover_hands_an_active_backup_back_to_its_healthy_passive_primary() -> None:
+    primary = peer(Role.PRIMARY, State.PASSIVE, epoch=2)
+    machine = ours(Role.BACKUP, State.ACTIVE, epoch=2, peer=primary)
+    outcome = step(machine, Event.MANUAL_RECOVER, NOW)
+    assert outcome.decision == Accept()
+    assert outcome.machine.state is State.PASSIVE
+    assert outcome.machine.epoch == 2
+    assert outcome.transition == Transition(
+        State.ACTIVE,
+        State.PASSIVE,
+        Event.MANUAL_RECOVER,
+        "manual recovery: handing the service back to the primary",
+    )
+    assert outcome.actions == (SendHandover(), RedirectClients("alpha.example:5672"))
+
+    refusals = {
+        "the primary is already ACTIVE: nothing to do": ours(
+            Role.PRIMARY, State.ACTIVE, peer=peer(Role.BACKUP, State.PASSIVE)
+        ),
+        "the primary is not heard from: keep serving": ours(Role.BACKUP, State.ACTIVE),
+        "the primary is PRIMARY, not PASSIVE": ours(
+            Role.BACKUP, State.ACTIVE, peer=peer(Role.PRIMARY, State.PRIMARY)
+        ),
+        "two backups": ours(Role.BACKUP, State.ACTIVE, peer=primary, misconfigured="two backups"),
+    }
+    for reason, refusing in refusals.items():
+        refused = step(refusing, Event.MANUAL_RECOVER, NOW)
+        assert_unchanged(refused, refusing)
+        assert refused.decision == Refuse(reason)
+
+    expired = step(machine, Event.MANUAL_RECOVER, EXPIRED)
+    assert_unchanged(expired, machine)
+    assert expired.decision == Refuse("the primary is not heard from: keep serving")
+
+
+@cell(State.ACTIVE, Event.HANDOVER)
+def test_handover_is_refused_when_already_active() -> None:
+    machine = ours(Role.PRIMARY, State.ACTIVE)
+    outcome = step(machine, Event.HANDOVER, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse(
+        "a handover is taken only while PASSIVE; this server is ACTIVE"
+    )
+
+
+@cell(State.PASSIVE, Event.PEER_PRIMARY)
+def test_passive_backup_hears_restarted_primary_and_lets_it_lead() -> None:
+    machine = ours(Role.BACKUP, State.PASSIVE, epoch=3)
+    primary = peer(Role.PRIMARY, State.PRIMARY, epoch=3)
+    outcome = hear(machine, primary)
+    assert outcome.machine.state is State.PASSIVE
+    assert outcome.transition is None and outcome.actions == ()
+    assert_heard(outcome, primary)
+
+
+@cell(State.PASSIVE, Event.PEER_BACKUP)
+def test_passive_primary_hears_restarted_backup_and_holds_the_service() -> None:
+    machine = ours(Role.PRIMARY, State.PASSIVE, epoch=2)
+    backup = peer(Role.BACKUP, State.BACKUP, epoch=2)
+    outcome = hear(machine, backup)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.machine.epoch == 3
+    assert outcome.transition == Transition(
+        State.PASSIVE,
+        State.ACTIVE,
+        Event.PEER_BACKUP,
+        "the backup restarted: we hold the service",
+    )
+    assert outcome.actions == (PersistEpoch(3),)
+
+
+@cell(State.PASSIVE, Event.PEER_ACTIVE)
+def test_passive_hears_active_peer_and_stays() -> None:
+    machine = ours(Role.BACKUP, State.PASSIVE, epoch=1)
+    primary = peer(Role.PRIMARY, State.ACTIVE, epoch=1)
+    outcome = hear(machine, primary)
+    assert outcome.machine.state is State.PASSIVE
+    assert outcome.transition is None and outcome.actions == ()
+    assert_heard(outcome, primary)
+
+
+@cell(State.PASSIVE, Event.PEER_PASSIVE)
+def test_both_passive_the_primary_takes_active_and_the_backup_stays() -> None:
+    primary = hear(ours(Role.PRIMARY, State.PASSIVE, epoch=3), peer(Role.BACKUP, State.PASSIVE, 3))
+    assert primary.machine.state is State.ACTIVE
+    assert primary.machine.epoch == 4
+    assert primary.transition == Transition(
+        State.PASSIVE,
+        State.ACTIVE,
+        Event.PEER_PASSIVE,
+        "both servers PASSIVE: the primary leads",
+    )
+    assert primary.actions == (PersistEpoch(4),)
+
+    backup = hear(ours(Role.BACKUP, State.PASSIVE, epoch=3), peer(Role.PRIMARY, State.PASSIVE, 3))
+    assert backup.machine.state is State.PASSIVE
+    assert backup.transition is None and backup.actions == ()
+
+
+@cell(State.PASSIVE, Event.CLIENT_REQUEST)
+def test_passive_redirects_to_the_active_until_it_expires_then_the_client_vote() -> None:
+    active = peer(Role.PRIMARY, State.ACTIVE, epoch=4)
+    machine = ours(Role.BACKUP, State.PASSIVE, epoch=4, peer=active)
+
+    redirected = step(machine, Event.CLIENT_REQUEST, EXPIRED - 0.001)
+    assert_unchanged(redirected, machine)
+    assert redirected.decision == Redirect("alpha.example:5672")
+
+    voted = step(machine, Event.CLIENT_REQUEST, EXPIRED)
+    assert voted.decision == Accept()
+    assert voted.machine.state is State.ACTIVE
+    assert voted.machine.epoch == 5
+    assert voted.actions == (PersistEpoch(5),)
+    assert voted.transition == Transition(
+        State.PASSIVE,
+        State.ACTIVE,
+        Event.CLIENT_REQUEST,
+        "no peer heard for a timeout: client vote",
+    )
+
+    handing_over = replace(machine, peer=peer(Role.PRIMARY, State.PASSIVE, epoch=4))
+    assert step(handing_over, Event.CLIENT_REQUEST, NOW).decision == Redirect(None)
+
+    misconfigured = replace(machine, misconfigured="same name")
+    refused = step(misconfigured, Event.CLIENT_REQUEST, EXPIRED)
+    assert_unchanged(refused, misconfigured)
+    assert refused.decision == Refuse("same name")
+
+
+@cell(State.PASSIVE, Event.MANUAL_RECOVER)
+def test_recover_is_refused_on_a_passive_server() -> None:
+    machine = ours(Role.PRIMARY, State.PASSIVE, peer=peer(Role.BACKUP, State.ACTIVE))
+    outcome = step(machine, Event.MANUAL_RECOVER, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse(
+        "recover runs on the backup while it is ACTIVE; this server is PASSIVE"
+    )
+
+
+@cell(State.PASSIVE, Event.HANDOVER)
+def test_passive_takes_the_handover_in_a_new_epoch() -> None:
+    machine = ours(Role.PRIMARY, State.PASSIVE, epoch=2, peer=peer(Role.BACKUP, State.PASSIVE, 3))
+    outcome = step(machine, Event.HANDOVER, NOW)
+    assert outcome.decision == Accept()
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.machine.epoch == 4
+    assert outcome.actions == (PersistEpoch(4),)
+    assert outcome.transition == Transition(
+        State.PASSIVE, State.ACTIVE, Event.HANDOVER, "the peer handed the service over"
+    )
+
+    misconfigured = replace(machine, misconfigured="same name")
+    refused = step(misconfigured, Event.HANDOVER, NOW)
+    assert_unchanged(refused, misconfigured)
+    assert refused.decision == Refuse("same name")
+
+
+def test_the_table_has_every_state_event_pair_and_each_has_its_own_test() -> None:
+    every_pair = set(product(State, Event))
+    assert set(TRANSITIONS) == every_pair
+    assert set(CELL_TESTS) == every_pair
+
+
+def test_every_handler_says_why() -> None:
+    for (state, event), handler in TRANSITIONS.items():
+        assert handler.__doc__, f"{state} + {event} has no why"
+
+
+CONSOLE_AND_CLIENT_EVENTS = (Event.CLIENT_REQUEST, Event.MANUAL_RECOVER, Event.HANDOVER)
+
+
+@pytest.mark.parametrize("state", list(State))
+@pytest.mark.parametrize("event", CONSOLE_AND_CLIENT_EVENTS)
+def test_a_refused_event_leaves_the_machine_unchanged(state: State, event: Event) -> None:
+    # The misconfiguration closes every route to ACTIVE, and only an ACTIVE backup recovers:
+    # so everything here is refused except the ACTIVE server's own client.
+    role = Role.BACKUP if state is State.BACKUP else Role.PRIMARY
+    other = Role.BACKUP if role is Role.PRIMARY else Role.PRIMARY
+    machine = ours(role, state, peer=peer(other, State.PASSIVE), misconfigured="misconfigured")
+    outcome = step(machine, event, EXPIRED + 100 * TIMEOUT)
+    if (state, event) == (State.ACTIVE, Event.CLIENT_REQUEST):
+        assert outcome.decision == Accept()
+    else:
+        assert isinstance(outcome.decision, Refuse)
+    assert_unchanged(outcome, machine)
+
+
+# --- step's own rules ----------------------------------------------------------------------
+
+
+def test_peer_events_need_a_matching_state_message_and_others_none() -> None:
+    machine = ours(Role.PRIMARY, State.ACTIVE)
+    with pytest.raises(ValueError, match="needs the peer's state message"):
+        step(machine, Event.PEER_ACTIVE, NOW)
+    with pytest.raises(ValueError, match="does not match"):
+        step(machine, Event.PEER_ACTIVE, NOW, peer(Role.BACKUP, State.PASSIVE))
+    with pytest.raises(ValueError, match="does not match"):
+        step(machine, Event.CLIENT_REQUEST, NOW, peer(Role.BACKUP, State.PASSIVE))
+
+
+def test_a_peer_with_our_name_is_misconfigured() -> None:
+    machine = ours(Role.PRIMARY, State.PRIMARY)
+    twin = peer(Role.BACKUP, State.BACKUP, name="alpha")
+    outcome = hear(machine, twin)
+    reason = "peer has our name 'alpha': two servers must not share a name"
+    assert outcome.machine.state is State.PRIMARY
+    assert outcome.machine.misconfigured == reason
+    assert outcome.machine.peer is None
+    assert outcome.actions == (LogMisconfigured("alpha", 1, reason),)
+
+
+def test_a_peer_whose_start_state_contradicts_its_role_is_misconfigured() -> None:
+    machine = ours(Role.BACKUP, State.BACKUP)
+    confused = peer(Role.PRIMARY, State.BACKUP, name="alpha")
+    outcome = hear(machine, confused)
+    assert outcome.machine.misconfigured == "peer 'alpha' reports BACKUP but is configured primary"
+    assert outcome.machine.state is State.BACKUP
+
+
+def test_a_misconfiguration_is_reported_once_and_changes_neither_peer_nor_epoch() -> None:
+    machine = Machine.start("alpha", Role.PRIMARY, 2, TIMEOUT, now=0.0)
+    stray = peer(Role.PRIMARY, State.ACTIVE, epoch=9, name="gamma")
+    first = hear(machine, stray, now=1.0)
+    again = hear(first.machine, stray, now=2.0)
+    assert len(first.actions) == 1
+    assert_unchanged(again, first.machine)
+    assert again.machine.epoch == 2
+    assert again.machine.peer is None
+    assert again.machine.peer_expiry == TIMEOUT
+
+
+def test_a_correctly_configured_peer_clears_a_misconfiguration() -> None:
+    machine = ours(Role.PRIMARY, State.PRIMARY, misconfigured="two primaries")
+    backup = peer(Role.BACKUP, State.BACKUP)
+    outcome = hear(machine, backup)
+    assert outcome.machine.state is State.ACTIVE
+    assert_heard(outcome, backup)
+
+
+def test_an_active_server_keeps_serving_when_a_stray_appears() -> None:
+    machine = ours(Role.PRIMARY, State.ACTIVE, peer=peer(Role.BACKUP, State.PASSIVE))
+    stray = peer(Role.PRIMARY, State.PRIMARY, name="gamma")
+    outcome = hear(machine, stray)
+    assert outcome.machine.state is State.ACTIVE
+    assert step(outcome.machine, Event.CLIENT_REQUEST, NOW).decision == Accept()
+
+
+def test_start_sets_the_start_state_and_a_timeout_of_grace() -> None:
+    primary = Machine.start("alpha", Role.PRIMARY, 7, TIMEOUT, now=10.0)
+    assert primary == Machine("alpha", Role.PRIMARY, State.PRIMARY, 7, TIMEOUT, 10.0 + TIMEOUT)
+    assert Machine.start("beta", Role.BACKUP, 0, TIMEOUT, now=0.0).state is State.BACKUP
+    assert not primary.peer_alive(10.0)
+    with pytest.raises(ValueError, match="timeout"):
+        Machine.start("alpha", Role.PRIMARY, 0, 0.0, now=0.0)
+    with pytest.raises(ValueError, match="epoch"):
+        Machine.start("alpha", Role.PRIMARY, -1, TIMEOUT, now=0.0)
+
+
+def test_peer_alive_until_the_expiry() -> None:
+    machine = ours(Role.BACKUP, State.PASSIVE, peer=peer(Role.PRIMARY, State.ACTIVE))
+    assert machine.peer_alive(EXPIRED - 0.001)
+    assert not machine.peer_alive(EXPIRED)
+
+
+def test_enum_values_are_the_wire_and_log_spellings() -> None:
+    assert [role.value for role in Role] == ["primary", "backup"]
+    assert [state.value for state in State] == ["PRIMARY", "BACKUP", "ACTIVE", "PASSIVE"]
+    assert all(event.value == event.name for event in Event)
+
+
+# --- two machines against each other --------------------------------------------------------
+
+HANDOVER_MESSAGE = "HANDOVER"
+
+
+@dataclass
+class Server:
+    """One server as its controller would drive it: the machine plus the effects of actions."""
+
+    name: str
+    role: Role
+    listen: str
+    machine: Machine
+    persisted: int = 0
+    alive: bool = True
+    clients: int = 0
+    inbox: list[PeerInfo | str] = field(default_factory=list)
+    reports: list[Action] = field(default_factory=list)
+
+    def state_message(self) -> PeerInfo:
+        machine = self.machine
+        return PeerInfo(self.name, self.role, machine.state, machine.epoch, self.listen)
+
+
+class PeerLink:
+    """Two servers, a fake monotonic clock and the peer link between them.
+
+    Every heartbeat each running server publishes its state to the other (both messages are
+    taken before either is delivered, so they cross on the wire) unless the link is cut.
+    Messages in flight are lost when the link is cut or their receiver crashes.
+
+    After every step it checks: epochs never fall; a server persists its epoch before it
+    serves or publishes it; a server leaving ACTIVE has redirected its clients; and once a
+    heartbeat has crossed the link both ways since the last cut or crash, at most one server
+    is ACTIVE.
+    """
+
+    def __init__(
+        self,
+        *servers: tuple[str, Role],
+        started: bool = True,
+        wire_names: dict[str, str] | None = None,
+    ) -> None:
+        # Servers are keyed by a label; `wire_names` lets two of them claim the same name.
+        self.now = 0.0
+        self.up = True
+        self.exchanged = False
+        self.servers: dict[str, Server] = {}
+        for label, role in servers:
+            name = (wire_names or {}).get(label, label)
+            listen = LISTEN.get(label, f"{label}.example:5670")
+            machine = self._fresh(name, role, 0)
+            self.servers[label] = Server(name, role, listen, machine, alive=started)
+
+    def _fresh(self, name: str, role: Role, epoch: int) -> Machine:
+        return Machine.start(name, role, epoch, TIMEOUT, self.now)
+
+    def __getitem__(self, name: str) -> Server:
+        return self.servers[name]
+
+    def other(self, server: Server) -> Server:
+        (other,) = (s for s in self.servers.values() if s is not server)
+        return other
+
+    def states(self) -> dict[str, State | None]:
+        return {label: s.machine.state if s.alive else None for label, s in self.servers.items()}
+
+    def running(self) -> list[Server]:
+        return [s for s in self.servers.values() if s.alive]
+
+    # Operations: each returns what a client or console would see, then checks invariants.
+
+    def tick(self, heartbeats: int = 1) -> None:
+        for _ in range(heartbeats):
+            self.now += HEARTBEAT
+            running = self.running()
+            crossing = self.up and len(running) == 2
+            if crossing:
+                messages = [(self.other(s), s.state_message()) for s in running]
+                for receiver, message in messages:
+                    receiver.inbox.append(message)
+            for server in running:
+                self._deliver(server)
+            self.exchanged = self.exchanged or crossing
+            self._check()
+
+    def client(self, name: str) -> Decision | None:
+        server = self[name]
+        if not server.alive:
+            return None
+        outcome = self._apply(server, step(server.machine, Event.CLIENT_REQUEST, self.now))
+        if isinstance(outcome.decision, Accept):
+            assert server.persisted == server.machine.epoch, "served before persisting"
+            server.clients += 1
+        return outcome.decision
+
+    def recover(self, name: str) -> Decision | None:
+        server = self[name]
+        if not server.alive:
+            return None
+        return self._apply(server, step(server.machine, Event.MANUAL_RECOVER, self.now)).decision
+
+    def crash(self, name: str) -> None:
+        server = self[name]
+        server.alive = False
+        server.inbox.clear()
+        server.clients = 0
+        self.exchanged = False
+        self._check()
+
+    def start(self, name: str, role: Role | None = None) -> None:
+        server = self[name]
+        assert not server.alive
+        server.role = role or server.role
+        server.machine = self._fresh(server.name, server.role, server.persisted)
+        server.alive = True
+        self._check()
+
+    def cut(self) -> None:
+        self.up = False
+        self.exchanged = False
+        for server in self.servers.values():
+            server.inbox.clear()
+        self._check()
+
+    def heal(self) -> None:
+        self.up = True
+        self._check()
+
+    def _deliver(self, server: Server) -> None:
+        inbox, server.inbox = server.inbox, []
+        for message in inbox:
+            if message == HANDOVER_MESSAGE:
+                self._apply(server, step(server.machine, Event.HANDOVER, self.now))
+            else:
+                assert isinstance(message, PeerInfo)
+                event = PEER_EVENT[message.state]
+                self._apply(server, step(server.machine, event, self.now, message))
+
+    def _apply(self, server: Server, outcome: Outcome) -> Outcome:
+        before, after = server.machine, outcome.machine
+        assert after.epoch >= before.epoch, "epoch went down"
+        for action in outcome.actions:
+            if isinstance(action, PersistEpoch):
+                server.persisted = action.epoch
+            elif isinstance(action, SendHandover):
+                receiver = self.other(server)
+                if self.up and receiver.alive:
+                    receiver.inbox.append(HANDOVER_MESSAGE)
+            elif isinstance(action, RedirectClients):
+                server.clients = 0
+            else:
+                server.reports.append(action)
+        assert server.persisted == after.epoch, "epoch changed without PersistEpoch"
+        if after.state is not State.ACTIVE:
+            assert server.clients == 0, "a server that is not ACTIVE kept its clients"
+        server.machine = after
+        return outcome
+
+    def _check(self) -> None:
+        if self.exchanged:
+            active = [s.name for s in self.running() if s.machine.state is State.ACTIVE]
+            assert len(active) <= 1, f"dual active on a healthy link at {self.now}: {active}"
+
+
+def pair(started: bool = True) -> PeerLink:
+    return PeerLink(("alpha", Role.PRIMARY), ("beta", Role.BACKUP), started=started)
+
+
+def settled(link: PeerLink) -> PeerLink:
+    link.tick(2)
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    return link
+
+
+def test_started_together_the_primary_leads() -> None:
+    link = pair()
+    link.tick()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.BACKUP}
+    link.tick()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    assert link["alpha"].machine.epoch == 1
+    assert link.client("beta") == Redirect("alpha.example:5672")
+    assert link.client("alpha") == Accept()
+
+
+def test_primary_started_first_serves_after_a_timeout_and_the_backup_joins_passive() -> None:
+    link = pair(started=False)
+    link.start("alpha")
+    assert link.client("alpha") == Redirect(None)
+    link.tick(int(TIMEOUT))
+    assert link.client("alpha") == Accept()
+    link.start("beta")
+    link.tick()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    assert link["alpha"].clients == 1
+
+
+def test_backup_started_first_never_serves_and_the_primary_leads_when_it_comes() -> None:
+    link = pair(started=False)
+    link.start("beta")
+    link.tick(10)
+    assert link.client("beta") == Redirect(None)
+    assert link.states() == {"alpha": None, "beta": State.BACKUP}
+    link.start("alpha")
+    link.tick(2)
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+
+
+def test_primary_crash_backup_waits_for_a_client_after_the_timeout() -> None:
+    link = settled(pair())
+    link.client("alpha")
+    link.crash("alpha")
+    assert link.client("beta") == Redirect("alpha.example:5672")  # not yet expired
+    link.tick(10)
+    assert link.states() == {"alpha": None, "beta": State.PASSIVE}  # no client, no failover
+    assert link.client("beta") == Accept()
+    assert link.states() == {"alpha": None, "beta": State.ACTIVE}
+    assert link["beta"].machine.epoch == 2 == link["beta"].persisted
+
+
+def test_backup_crash_leaves_the_primary_serving_and_it_rejoins_passive() -> None:
+    link = settled(pair())
+    link.crash("beta")
+    link.tick(10)
+    assert link.client("alpha") == Accept()
+    link.start("beta")
+    link.tick(2)
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    assert link["alpha"].machine.epoch == 1
+
+
+def test_primary_restarted_after_failover_comes_back_passive() -> None:
+    link = settled(pair())
+    link.crash("alpha")
+    link.tick(int(TIMEOUT))
+    link.client("beta")
+    link.start("alpha")
+    assert link.client("alpha") == Redirect(None)  # its grace: it has not heard beta yet
+    link.tick()
+    assert link.states() == {"alpha": State.PASSIVE, "beta": State.ACTIVE}
+    assert link.client("alpha") == Redirect("beta.example:5673")
+    assert link["alpha"].machine.epoch == 2  # adopted from the backup's term
+
+
+def test_primary_restarted_before_failover_leads_again_without_dual_active() -> None:
+    link = settled(pair())
+    link.crash("alpha")
+    link.start("alpha")
+    link.tick()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    assert link["alpha"].machine.epoch == 2
+    link.tick()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+
+
+def test_link_cut_with_clients_only_at_the_active_the_passive_never_serves() -> None:
+    link = settled(pair())
+    link.cut()
+    for _ in range(10):
+        link.tick()
+        assert link.client("alpha") == Accept()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    link.heal()
+    link.tick()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    assert link["alpha"].clients == 10
+
+
+def test_link_cut_with_clients_only_at_the_passive_it_alone_serves_then_keeps_them() -> None:
+    link = settled(pair())
+    link.cut()
+    link.tick(int(TIMEOUT))
+    assert link.client("beta") == Accept()
+    assert link["alpha"].clients == 0
+    link.heal()
+    link.tick()
+    assert link.states() == {"alpha": State.PASSIVE, "beta": State.ACTIVE}
+    assert link["beta"].clients == 1
+
+
+def test_link_cut_with_clients_on_both_sides_heals_by_epoch() -> None:
+    link = settled(pair())
+    link.cut()
+    link.tick(int(TIMEOUT))
+    assert link.client("alpha") == Accept()
+    assert link.client("beta") == Accept()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.ACTIVE}
+    assert (link["alpha"].machine.epoch, link["beta"].machine.epoch) == (1, 2)
+    link.heal()
+    link.tick()
+    assert link.states() == {"alpha": State.PASSIVE, "beta": State.ACTIVE}
+    assert (link["alpha"].clients, link["beta"].clients) == (0, 1)
+    assert [type(report) for report in link["alpha"].reports] == [LogDualActive]
+    assert [type(report) for report in link["beta"].reports] == [LogDualActive]
+    assert link.client("alpha") == Redirect("beta.example:5673")
+
+
+def test_failback_by_manual_recover_and_handover() -> None:
+    link = settled(pair())
+    link.crash("alpha")
+    link.tick(int(TIMEOUT))
+    link.client("beta")
+    link.start("alpha")
+    link.tick(2)  # beta must hear alpha PASSIVE, not the PRIMARY it restarted as
+    assert link.recover("alpha") == Refuse(
+        "recover runs on the backup while it is ACTIVE; this server is PASSIVE"
+    )
+    assert link.recover("beta") == Accept()
+    assert link.states() == {"alpha": State.PASSIVE, "beta": State.PASSIVE}
+    assert link["beta"].clients == 0
+    link.tick()
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    assert link["alpha"].machine.epoch == 3
+    link.tick()  # beta hears alpha ACTIVE
+    assert link.client("beta") == Redirect("alpha.example:5672")
+    assert link.client("alpha") == Accept()
+
+
+def test_recover_is_refused_while_the_primary_is_down() -> None:
+    link = settled(pair())
+    link.crash("alpha")
+    link.tick(int(TIMEOUT))
+    link.client("beta")
+    assert link.recover("beta") == Refuse("the primary is not heard from: keep serving")
+    assert link.states() == {"alpha": None, "beta": State.ACTIVE}
+
+
+@pytest.mark.parametrize(
+    ("roles", "wire_names"),
+    [
+        ((Role.PRIMARY, Role.PRIMARY), {}),
+        ((Role.BACKUP, Role.BACKUP), {}),
+        ((Role.PRIMARY, Role.BACKUP), {"left": "twin", "right": "twin"}),
+    ],
+    ids=["two primaries", "two backups", "same names"],
+)
+def test_a_misconfigured_pair_never_pairs_and_never_serves(
+    roles: tuple[Role, Role], wire_names: dict[str, str]
+) -> None:
+    link = PeerLink(("left", roles[0]), ("right", roles[1]), wire_names=wire_names)
+    link.tick(10)
+    for label, server in link.servers.items():
+        assert server.machine.state in (State.PRIMARY, State.BACKUP)
+        assert server.machine.peer is None
+        assert [type(report) for report in server.reports] == [LogMisconfigured]
+        decision = link.client(label)
+        assert isinstance(decision, Refuse)
+        assert decision.reason == server.machine.misconfigured
+
+
+def test_a_misconfigured_pair_pairs_once_one_server_is_restarted_correctly() -> None:
+    link = PeerLink(("alpha", Role.PRIMARY), ("beta", Role.PRIMARY))
+    link.tick(10)
+    assert link.states() == {"alpha": State.PRIMARY, "beta": State.PRIMARY}
+    link.crash("beta")
+    link.start("beta", Role.BACKUP)
+    link.tick(2)
+    assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
+    assert link["alpha"].machine.misconfigured is None
+
+
+# Weights make the interesting schedules (failover, dual active, failback) common: a failover
+# needs a crash or cut, a timeout of heartbeats and a client, all before the next restart.
+OPERATION_WEIGHTS = {
+    "tick": 3,
+    "wait": 2,  # a whole timeout of heartbeats
+    "client alpha": 3,
+    "client beta": 3,
+    "crash alpha": 1,
+    "crash beta": 1,
+    "start alpha": 2,
+    "start beta": 2,
+    "cut": 1,
+    "heal": 1,
+    "recover alpha": 1,
+    "recover beta": 2,
+}
+OPERATIONS = tuple(op for op, weight in OPERATION_WEIGHTS.items() for _ in range(weight))
+
+
+def run(link: PeerLink, operation: str) -> None:
+    verb, _, name = operation.partition(" ")
+    if verb in ("crash", "start") and link[name].alive is (verb == "start"):
+        return
+    actions: dict[str, Callable[[], object]] = {
+        "tick": link.tick,
+        "wait": lambda: link.tick(int(TIMEOUT)),
+        "client": lambda: link.client(name),
+        "crash": lambda: link.crash(name),
+        "start": lambda: link.start(name),
+        "cut": link.cut,
+        "heal": link.heal,
+        "recover": lambda: link.recover(name),
+    }
+    actions[verb]()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(OPERATIONS), min_size=20, max_size=100))
+def test_any_interleaving_keeps_one_active_on_a_healthy_link(operations: list[str]) -> None:
+    """For any schedule of heartbeats, clients, crashes, restarts, cuts, heals and recovers:
+
+    - once a heartbeat has crossed the link both ways since the last cut or crash, at most
+      one server is ACTIVE, checked after every operation (so a dual active born while the
+      link was down lasts at most until the first heartbeat after the heal);
+    - epochs never fall, and a server persists its epoch before serving or publishing it;
+    - a server leaving ACTIVE has redirected its clients;
+    - with the link healed and both servers running, two heartbeats leave exactly one
+      ACTIVE and one PASSIVE server.
+    """
+    link = pair()
+    for operation in operations:
+        run(link, operation)
+    link.heal()
+    for server in link.servers.values():
+        if not server.alive:
+            link.start(server.name)
+    link.tick(2)
+    assert sorted(state for state in link.states().values() if state) == [
+        State.ACTIVE,
+        State.PASSIVE,
+    ]
