@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 OPEN, CLOSING = "open", "closing"
 
+# The user_id bit of the content header's property flags (low byte of the flag word).
+_USER_ID_FLAG = 0x10
+
 # An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
 Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
 
@@ -51,6 +54,10 @@ class ChannelConsumer:
         self.exclusive = exclusive
         self.prefetch = prefetch
         self.unacked = 0
+
+    def cancelled(self) -> None:
+        """The queue went away under this consumer."""
+        self.channel.consumer_gone(self)
 
     def ready(self) -> bool:
         channel = self.channel
@@ -209,6 +216,11 @@ class Channel:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"
             )
+        if exchange.publish_tag is not None and exchange.publish_tag not in self.connection.user.tags:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - publishing to '{publish.exchange}' needs a user tagged "
+                f"'{exchange.publish_tag}'"
+            )
         if publish.immediate:
             raise exceptions.AMQPNotImplemented("NOT_IMPLEMENTED - immediate=true")
         self.pending = PendingPublish(publish, exchange)
@@ -222,10 +234,22 @@ class Channel:
                 f"PRECONDITION_FAILED - message size {body_size} is larger than "
                 f"configured max size {limit}"
             )
+        if payload[13] & _USER_ID_FLAG:
+            self._check_user_id(payload)
         pending.header = payload
         pending.body_size = body_size
         if body_size == 0:
             self._complete(pending, b"")
+
+    def _check_user_id(self, header: bytes) -> None:
+        """As in RabbitMQ, a user_id property must name the user who publishes."""
+        user_id = Message(b"", header, b"").properties().user_id
+        if user_id != self.connection.user.name:
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but "
+                f"authenticated user was '{self.connection.user.name}'"
+            )
 
     def _on_body(self, pending: PendingPublish, payload: bytes) -> None:
         received = pending.received + len(payload)

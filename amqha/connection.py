@@ -45,9 +45,10 @@ class Accept:
 class Redirect:
     """The gate sends the client to another server (``to`` may be None: none known)."""
 
-    def __init__(self, to: str | None, known_hosts: str = "") -> None:
+    def __init__(self, to: str | None, known_hosts: str = "", reason: str | None = None) -> None:
         self.to = to
         self.known_hosts = known_hosts
+        self.reason = reason  # why no server can be named (a misconfigured pair), if known
 
 
 ACCEPT = Accept()
@@ -370,11 +371,12 @@ class Connection(asyncio.Protocol):
             # The client closes on reading the redirect; if it does not, we do.
             self.close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._drop)
             return
-        text = (
-            f"NOT_ACTIVE - active server is {decision.to}"
-            if decision.to
-            else "NOT_ACTIVE - no active server"
-        )
+        if decision.to:
+            text = f"NOT_ACTIVE - active server is {decision.to}"
+        elif decision.reason:
+            text = f"NOT_ACTIVE - no active server: {decision.reason}"
+        else:
+            text = "NOT_ACTIVE - no active server"
         self.fail(exceptions.AMQPConnectionForced(text))
 
     def on_close(self, method: commands.Connection.Close) -> None:

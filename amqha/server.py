@@ -30,7 +30,7 @@ from . import __version__, wire
 from .connection import ACCEPT, OPEN, Accept, Connection, Redirect
 from .core.message import Message
 from .core.queue import Queue
-from .core.vhost import VHost
+from .core.vhost import INTERNAL_QUEUE_PREFIX, VHost
 
 log = logging.getLogger("amqha.server")
 
@@ -139,8 +139,26 @@ class Broker:
     def _queue_deleted(self, queue: Queue) -> None:
         self.timed_queues.discard(queue)
         for consumer in list(queue.consumers):
-            consumer.channel.consumer_gone(consumer)  # type: ignore[attr-defined]
+            consumer.cancelled()  # type: ignore[attr-defined]
         queue.consumers.clear()
+
+    def subscribe_internal(
+        self, exchange: str, callback: Callable[[Message], None], vhost: str = "/"
+    ) -> Queue:
+        """Consume ``exchange`` in-process: its messages go to ``callback``, in order.
+
+        The queue is owned by the broker itself, so no client can consume, purge or delete it.
+        """
+        host = self.vhost(vhost)
+        queue = host.declare_queue(
+            "", self, self.now(), exclusive=True, arguments={"x-max-length": 10000}
+        )
+        del host.queues[queue.name]
+        queue.name = INTERNAL_QUEUE_PREFIX + exchange
+        host.queues[queue.name] = queue
+        host.bind_queue(queue.name, exchange, "", {}, self)
+        queue.add_consumer(InternalConsumer(queue.name, callback), self.now())
+        return queue
 
     def queued_bytes(self) -> int:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
@@ -241,6 +259,28 @@ class Broker:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.abort()
+
+
+class InternalConsumer:
+    """A consumer inside the server: always ready, settles on delivery."""
+
+    exclusive = True
+
+    def __init__(self, tag: str, callback: Callable[[Message], None]) -> None:
+        self.tag = tag
+        self.callback = callback
+
+    def ready(self) -> bool:
+        return True
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        try:
+            self.callback(message)
+        except Exception:
+            log.exception("internal consumer %s failed on a message; dropped", self.tag)
+
+    def cancelled(self) -> None:
+        log.error("internal queue %s was deleted", self.tag)
 
 
 def install_uvloop() -> bool:

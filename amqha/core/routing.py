@@ -37,6 +37,8 @@ class Exchange:
     """An exchange's identity and bindings; subclasses say how keys match."""
 
     kind = ""
+    # Only users with this tag may publish here (amq.peer: peering, amq.console: administrator).
+    publish_tag: str | None = None
 
     def __init__(
         self,

@@ -34,6 +34,12 @@ STANDARD_EXCHANGES = (
     (CONSOLE_EXCHANGE, "direct"),
 )
 
+# Who may publish to the reserved exchanges: the pair's peers, and the pair's admins.
+PUBLISH_TAGS = {PEER_EXCHANGE: "peering", CONSOLE_EXCHANGE: "administrator"}
+
+# Queues the server makes for itself (amq.peer and amq.console consumers).
+INTERNAL_QUEUE_PREFIX = "amq.internal."
+
 # Exchanges no client may delete, declare differently or bind into the default exchange.
 UNDELETABLE = frozenset(name for name, _ in STANDARD_EXCHANGES) | {""}
 
@@ -64,7 +70,9 @@ class VHost:
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues)}
         for exchange_name, kind in STANDARD_EXCHANGES:
-            self.exchanges[exchange_name] = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
+            exchange = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
+            exchange.publish_tag = PUBLISH_TAGS.get(exchange_name)
+            self.exchanges[exchange_name] = exchange
         # Exchanges that have at least one exchange as a destination: routing through
         # them needs the recursive walk, all others take the one-hop fast path.
         self._has_exchange_destinations: set[str] = set()

@@ -1,0 +1,179 @@
+"""One peering: keep an AMQP connection to a remote server open, and publish over it.
+
+Owns: connecting (aiormq) as the peering user, reconnecting with capped exponential
+backoff after any failure (refused, reset, cut, remote restart, a connect that
+hangs), one channel for publishing, and up/down notifications.
+
+Must not know: what is published (failover state, later replication), the failover
+state machine, the local broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiormq
+from pamqp.commands import Basic
+
+log = logging.getLogger("amqha.peering")
+# aiormq logs every refused connect at ERROR; a peering retries by design and logs its own
+# link up/down lines, so only aiormq's critical messages are kept.
+logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
+
+
+@dataclass
+class PeeringStatus:
+    connected: bool = False
+    attempts: int = 0
+    connects: int = 0
+    last_error: str | None = None
+    published: int = 0
+    dropped: int = 0
+
+
+class Peering:
+    """A robust directed connection to ``url``; ``publish`` is fire-and-forget.
+
+    Messages published while the link is down are dropped (and counted): state
+    messages are periodic and only the newest matters.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        name: str = "peering",
+        backoff_initial: float = 0.05,
+        backoff_max: float = 1.0,
+        connect_timeout: float = 2.0,
+        heartbeat: int = 5,
+        on_up: Callable[[], None] | None = None,
+        on_down: Callable[[str], None] | None = None,
+        client_properties: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.name = name
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.heartbeat = heartbeat
+        self.on_up = on_up
+        self.on_down = on_down
+        self.client_properties = {"connection_name": name, **(client_properties or {})}
+        self.status = PeeringStatus()
+        self._connection: aiormq.abc.AbstractConnection | None = None
+        self._channel: aiormq.abc.AbstractChannel | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def connected(self) -> bool:
+        return self._channel is not None and not self._channel.is_closed
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await self._close_connection()
+
+    def publish(
+        self,
+        exchange: str,
+        body: bytes,
+        routing_key: str = "",
+        content_type: str = "application/json",
+        message_type: str | None = None,
+    ) -> bool:
+        """Send one message if the link is up; False (and counted) if it is not."""
+        channel = self._channel
+        if channel is None or channel.is_closed:
+            self.status.dropped += 1
+            return False
+        properties = Basic.Properties(content_type=content_type, message_type=message_type)
+        task = asyncio.ensure_future(
+            channel.basic_publish(body, exchange=exchange, routing_key=routing_key, properties=properties)
+        )
+        task.add_done_callback(self._published)
+        return True
+
+    def _published(self, task: asyncio.Future[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self.status.dropped += 1
+        else:
+            self.status.published += 1
+
+    async def _run(self) -> None:
+        delay = self.backoff_initial
+        while not self._stopping:
+            self.status.attempts += 1
+            try:
+                connection = await asyncio.wait_for(
+                    aiormq.connect(
+                        f"{self.url}{'&' if '?' in self.url else '?'}heartbeat={self.heartbeat}",
+                        client_properties=self.client_properties,
+                    ),
+                    timeout=self.connect_timeout,
+                )
+                self._connection = connection
+                self._channel = await asyncio.wait_for(connection.channel(), self.connect_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                await self._close_connection()
+                self.status.last_error = f"{type(error).__name__}: {error}"
+                log.debug("%s: connect to %s failed: %s", self.name, _censor(self.url), error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
+                continue
+            delay = self.backoff_initial
+            self.status.connected = True
+            self.status.connects += 1
+            self.status.last_error = None
+            log.info("%s: link up to %s", self.name, _censor(self.url))
+            if self.on_up is not None:
+                self.on_up()
+            reason = await self._wait_closed(connection)
+            self.status.connected = False
+            self._channel = None
+            self._connection = None
+            if self._stopping:
+                return
+            self.status.last_error = reason
+            log.info("%s: link down (%s), reconnecting", self.name, reason)
+            if self.on_down is not None:
+                self.on_down(reason)
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    async def _wait_closed(connection: aiormq.abc.AbstractConnection) -> str:
+        try:
+            await connection.closing
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return "closed"
+
+    async def _close_connection(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 1.0)
+
+
+def _censor(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
