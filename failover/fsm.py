@@ -213,6 +213,7 @@ class Outcome:
 Handler = Callable[[Machine, Event, float], Outcome]
 
 _ACCEPT = Accept()
+_NO_ACTIVE_KNOWN = Redirect(None)
 
 
 def step(machine: Machine, event: Event, now: float, peer: PeerInfo | None = None) -> Outcome:
@@ -226,7 +227,7 @@ def step(machine: Machine, event: Event, now: float, peer: PeerInfo | None = Non
         if event in _PEER_EVENTS:
             raise ValueError(f"{event} needs the peer's state message")
         return TRANSITIONS[(machine.state, event)](machine, event, now)
-    if PEER_EVENT[peer.state] is not event:
+    if PEER_EVENT[peer.state] != event:
         raise ValueError(f"{event} does not match a peer in state {peer.state}")
     reason = _misconfiguration(machine, peer)
     if reason is not None:
@@ -242,10 +243,10 @@ _PEER_EVENTS = frozenset(PEER_EVENT.values())
 def _misconfiguration(machine: Machine, peer: PeerInfo) -> str | None:
     if peer.name == machine.name:
         return f"peer has our name {peer.name!r}: two servers must not share a name"
-    if peer.role is machine.role:
+    if peer.role == machine.role:
         return f"peer {peer.name!r} is also {peer.role}: a pair needs one primary, one backup"
     started_as = _ROLE_OF_START_STATE.get(peer.state)
-    if started_as is not None and started_as is not peer.role:
+    if started_as is not None and started_as != peer.role:
         return f"peer {peer.name!r} reports {peer.state} but is configured {peer.role}"
     return None
 
@@ -296,11 +297,11 @@ def _become_active(
 
 def _not_serving(machine: Machine, now: float) -> Decision:
     peer = machine.peer
-    if peer is not None and peer.state is State.ACTIVE and now < machine.peer_expiry:
+    if peer is not None and peer.state == State.ACTIVE and now < machine.peer_expiry:
         return Redirect(peer.listen)
     if machine.misconfigured is not None:
         return Refuse(machine.misconfigured)
-    return Redirect(None)
+    return _NO_ACTIVE_KNOWN
 
 
 # Handler factories: each table entry names its "why", which becomes the handler's docstring
@@ -393,8 +394,10 @@ def _manual_recover(machine: Machine, event: Event, now: float) -> Outcome:
         return Outcome(machine, decision=Refuse(machine.misconfigured))
     if peer is None or not machine.peer_alive(now):
         return Outcome(machine, decision=Refuse("the primary is not heard from: keep serving"))
-    if peer.state is not State.PASSIVE:
+    if peer.state != State.PASSIVE:
         return Outcome(machine, decision=Refuse(f"the primary is {peer.state}, not PASSIVE"))
+    # Clients sent on before HANDOVER reaches the primary are told "no active server" (or
+    # sent back here) for that moment; they retry, as after any failover.
     return _move(
         machine,
         State.PASSIVE,
@@ -455,7 +458,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _stay(
-        "the restarted primary goes ACTIVE on seeing us PASSIVE; both would race"
+        "the restarted primary goes ACTIVE on seeing us PASSIVE; racing it risks dual active"
     ),
     (State.PASSIVE, Event.PEER_BACKUP): _go_active("the backup restarted: we hold the service"),
     (State.PASSIVE, Event.PEER_ACTIVE): _stay("normal passive duty"),
