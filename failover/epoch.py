@@ -1,0 +1,62 @@
+"""Durable storage of this server's failover epoch (DESIGN.md §3).
+
+Owns: the one-line `epoch` file in the server's data dir, written atomically so that a crash
+at any moment leaves either the old epoch or the new one, never a torn file.
+
+Must not know: when or why the epoch changes (the state machine decides and asks, through
+`PersistEpoch`), nor anything about the peer.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+EPOCH_FILE = "epoch"
+
+
+class EpochFileError(ValueError):
+    """The epoch file exists but does not hold a non-negative integer."""
+
+
+def load_epoch(data_dir: str | os.PathLike[str]) -> int:
+    """The stored epoch, or 0 if none was ever stored."""
+    path = Path(data_dir) / EPOCH_FILE
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        return 0
+    except UnicodeDecodeError as exc:
+        raise EpochFileError(f"{path}: not an epoch file (non-ASCII bytes)") from exc
+    try:
+        epoch = int(text.strip())
+    except ValueError as exc:
+        raise EpochFileError(f"{path}: expected one integer, found {text[:40]!r}") from exc
+    if epoch < 0:
+        raise EpochFileError(f"{path}: epoch must not be negative, found {epoch}")
+    return epoch
+
+
+def store_epoch(data_dir: str | os.PathLike[str], epoch: int) -> None:
+    """Replace the stored epoch durably: temp file, fsync, rename, fsync the directory."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    directory = Path(data_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{EPOCH_FILE}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as temp:
+            temp.write(f"{epoch}\n")
+            temp.flush()
+            os.fsync(temp.fileno())
+        os.replace(temp_name, directory / EPOCH_FILE)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    # The rename is durable only once the directory entry is.
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
