@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -87,12 +88,10 @@ def pair(config_dir: str) -> None:
                 process.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
+    # Runs while either server lives: killing one to watch the other take over is the point.
     try:
-        while all(p.poll() is None for p in processes):
-            try:
-                processes[0].wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
+        while any(p.poll() is None for p in processes):
+            time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     stop()
