@@ -15,6 +15,8 @@ import click
 
 from config import ConfigError, load_config
 
+from .console import console
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="amqha")
@@ -110,6 +112,8 @@ def _relay(name: str, process: subprocess.Popen[bytes]) -> None:
         sys.stdout.write(f"[{name:7}] {line.decode(errors='replace')}")
         sys.stdout.flush()
 
+
+main.add_command(console)
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,7 @@ from config import ServerConfig, User
 
 from . import __version__, wire
 from .connection import ACCEPT, OPEN, Accept, Connection, Redirect
+from .console import ConsoleService
 from .core.message import Message
 from .core.queue import Queue
 from .core.vhost import INTERNAL_QUEUE_PREFIX, VHost
@@ -119,12 +120,14 @@ class Broker:
         expiration = None if expiration_ms is None else expiration_ms / 1000.0
         accepted = True
         for queue in queues:
-            if queue.limits.max_length is not None or queue.limits.max_length_bytes is not None:
-                if queue.would_reject(message):
-                    accepted = False
-                    if queue.limits.overflow == "reject-publish-dlx":
-                        queue.reject(message)
-                    continue
+            limits = queue.limits
+            if (
+                limits.max_length is not None or limits.max_length_bytes is not None
+            ) and queue.would_reject(message):
+                accepted = False
+                if limits.overflow == "reject-publish-dlx":
+                    queue.reject(message)
+                continue
             queue.enqueue(message, now, expiration)
             if expiration is not None:
                 self.timed_queues.add(queue)
@@ -299,6 +302,7 @@ async def serve(config: ServerConfig, ready: Callable[[Broker], None] | None = N
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     broker = Broker(config)
+    ConsoleService(broker).start()
     services = []
     if config.failover.role is not None and config.failover.peer is not None:
         from failover.controller import FailoverController

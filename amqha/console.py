@@ -1,0 +1,371 @@
+"""The admin console: requests over the reserved ``amq.console`` exchange, and the CLI.
+
+Owns, server side: ``ConsoleService``, which consumes amq.console in-process and
+answers JSON requests (status, recover, connections, queues, events, controller
+stop|start) to the requester's reply queue. Only users tagged ``administrator``
+may publish to amq.console (the channel refuses others with 403), and the
+user_id property, checked by the channel, names who asked.
+
+Owns, client side: ``ConsoleClient`` (aio-pika) and the ``amqha console`` command
+with its interactive prompt.
+
+Must not know: how failover decides (it asks the controller), frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import aio_pika
+import click
+from pamqp import commands
+from pamqp.header import ContentHeader
+
+from .core.message import Message
+from .core.vhost import CONSOLE_EXCHANGE
+from .wire import address_of
+
+COMMANDS = ("status", "recover", "connections", "queues", "events", "controller")
+
+
+class ConsoleService:
+    """Answers console requests inside the server."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.handlers: dict[str, Callable[[dict[str, Any], str], Any]] = {
+            "status": self.on_status,
+            "recover": self.on_recover,
+            "connections": self.on_connections,
+            "queues": self.on_queues,
+            "events": self.on_events,
+            "controller": self.on_controller,
+        }
+
+    def start(self) -> None:
+        self.broker.subscribe_internal(CONSOLE_EXCHANGE, self.on_request)
+
+    def on_request(self, message: Message) -> None:
+        properties = message.properties()
+        reply_to = properties.reply_to
+        user = properties.user_id or "?"
+        try:
+            request = json.loads(message.body)
+            command = request["command"]
+            handler = self.handlers[command]
+            answer = {"ok": True, "result": handler(request.get("args") or {}, user)}
+        except (ValueError, KeyError, TypeError) as error:
+            answer = {"ok": False, "error": f"bad request: {error!r}"}
+        except ConsoleRefused as error:
+            answer = {"ok": False, "error": str(error)}
+        if reply_to:
+            self._reply(reply_to, properties.correlation_id, answer)
+
+    def _reply(self, reply_to: str, correlation_id: str | None, answer: dict[str, Any]) -> None:
+        queue = self.broker.vhost("/").queues.get(reply_to)
+        if queue is None:
+            return
+        body = json.dumps(answer, default=str).encode()
+        header = ContentHeader(
+            body_size=len(body),
+            properties=commands.Basic.Properties(
+                content_type="application/json", correlation_id=correlation_id
+            ),
+        ).marshal()
+        self.broker.enqueue(Message(address_of("", reply_to), header, body), (queue,))
+
+    # -- commands -------------------------------------------------------------------------
+
+    def on_status(self, args: dict[str, Any], user: str) -> dict[str, Any]:
+        broker = self.broker
+        failover = getattr(broker, "failover", None)
+        status = failover.status() if failover is not None else broker.pair_info()
+        status.update(
+            clients=len(broker.client_connections()),
+            connections=len(broker.connections),
+            queues=sum(len(v.queues) for v in broker.vhosts.values()),
+            queued_messages=sum(
+                q.message_count for v in broker.vhosts.values() for q in v.queues.values()
+            ),
+            uptime=round(time.time() - broker.started, 1),
+        )
+        return status
+
+    def on_recover(self, args: dict[str, Any], user: str) -> dict[str, Any]:
+        failover = self._failover()
+        ok, result = failover.recover(user)
+        if not ok:
+            raise ConsoleRefused(f"recover refused: {result}")
+        return {"result": result, "state": failover.machine.state.value}
+
+    def on_connections(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
+        return [c.describe() for c in self.broker.connections]
+
+    def on_queues(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
+        return [
+            {
+                "vhost": vhost.name,
+                "name": q.name,
+                "messages": q.message_count,
+                "unacked": q.unacked,
+                "consumers": q.consumer_count,
+                "durable": q.durable,
+                "exclusive": q.exclusive_owner is not None,
+            }
+            for vhost in self.broker.vhosts.values()
+            for q in vhost.queues.values()
+            if not q.name.startswith("amq.internal.")
+        ]
+
+    def on_events(self, args: dict[str, Any], user: str) -> dict[str, Any]:
+        """Whole event-log lines from byte ``offset`` (the tail if negative) and the next offset."""
+        path = self.broker.config.event_log_path
+        offset = int(args.get("offset", -1))
+        limit = min(int(args.get("limit", 50)), 1000)
+        try:
+            with open(path, "rb") as log:
+                size = log.seek(0, 2)
+                tail = offset < 0 or offset > size
+                start = max(0, size - 64 * 1024) if tail else offset
+                log.seek(start)
+                data = log.read(1024 * 1024)
+        except FileNotFoundError:
+            return {"events": [], "offset": 0}
+        end = data.rfind(b"\n") + 1  # only whole lines; a line being written waits
+        lines = data[:end].splitlines()
+        if tail:
+            if start > 0:
+                lines = lines[1:]  # the tail window may begin mid-line
+            lines = lines[-limit:]
+        else:
+            lines = lines[:limit]
+            end = sum(len(line) + 1 for line in lines)
+        events = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return {"events": events, "offset": start + end}
+
+    def on_controller(self, args: dict[str, Any], user: str) -> str:
+        action = args.get("action")
+        if action not in ("stop", "start"):
+            raise ConsoleRefused("controller takes 'stop' or 'start'")
+        failover = self._failover()
+        result = failover.set_running(action == "start")
+        failover._write("console", user=user, command=f"controller {action}", result=result)
+        return result
+
+    def _failover(self) -> Any:
+        failover = getattr(self.broker, "failover", None)
+        if failover is None:
+            raise ConsoleRefused("this server runs standalone: no failover controller")
+        return failover
+
+
+class ConsoleRefused(Exception):
+    """A console command that cannot be carried out; the text goes back to the admin."""
+
+
+# -- client side --------------------------------------------------------------------------
+
+
+class ConsoleClient:
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.connection: aio_pika.abc.AbstractConnection | None = None
+
+    async def __aenter__(self) -> ConsoleClient:
+        self.connection = await aio_pika.connect(self.url, timeout=self.timeout)
+        self.channel = await self.connection.channel()
+        self.replies = await self.channel.declare_queue(exclusive=True)
+        self.user = self.connection.url.user or "guest"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.connection is not None:
+            await self.connection.close()
+
+    async def call(self, command: str, **args: Any) -> Any:
+        correlation_id = uuid.uuid4().hex
+        exchange = await self.channel.get_exchange(CONSOLE_EXCHANGE, ensure=False)
+        await exchange.publish(
+            aio_pika.Message(
+                json.dumps({"command": command, "args": args}).encode(),
+                content_type="application/json",
+                reply_to=self.replies.name,
+                correlation_id=correlation_id,
+                user_id=self.user,
+            ),
+            routing_key="",
+        )
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            message = await self.replies.get(fail=False, no_ack=True)
+            if message is None:
+                await asyncio.sleep(0.02)
+                continue
+            if message.correlation_id != correlation_id:
+                continue
+            answer = json.loads(message.body)
+            if not answer.get("ok"):
+                raise click.ClickException(answer.get("error", "refused"))
+            return answer["result"]
+        raise click.ClickException(f"no answer from {self.url} within {self.timeout} s")
+
+
+DEFAULT_SERVERS = ("amqp://admin:admin@127.0.0.1:5672/", "amqp://admin:admin@127.0.0.1:5673/")
+
+
+async def _status_all(servers: tuple[str, ...], timeout: float) -> list[tuple[str, Any]]:
+    results = []
+    for url in servers:
+        try:
+            async with ConsoleClient(url, timeout) as console:
+                results.append((url, await console.call("status")))
+        except click.ClickException as error:
+            results.append((url, {"error": error.message}))
+        except Exception as error:
+            results.append((url, {"error": f"{type(error).__name__}: {error}"}))
+    return results
+
+
+def _print_status(results: list[tuple[str, Any]]) -> None:
+    header = f"{'server':24} {'name':10} {'role':8} {'state':8} {'epoch':>5} {'peer':22} {'clients':>7} {'queues':>6}"
+    click.echo(header)
+    for url, status in results:
+        where = url.rsplit("@", 1)[-1].rstrip("/")
+        if "error" in status:
+            click.echo(f"{where:24} {status['error']}")
+            continue
+        peer = status.get("peer") or {}
+        peer_text = f"{peer.get('name')} {peer.get('state')}{'' if peer.get('alive') else ' (lost)'}" if peer else "not seen"
+        click.echo(
+            f"{where:24} {status.get('name', ''):10} {status.get('role', ''):8} {status.get('state', ''):8} "
+            f"{status.get('epoch', 0):>5} {peer_text:22} {status.get('clients', 0):>7} {status.get('queues', 0):>6}"
+        )
+
+
+async def run_command(servers: tuple[str, ...], words: list[str], timeout: float, as_json: bool) -> None:
+    if not words:
+        raise click.UsageError(f"commands: {', '.join(COMMANDS)}")
+    command, rest = words[0], words[1:]
+    if command == "status":
+        results = await _status_all(servers, timeout)
+        if as_json:
+            click.echo(json.dumps(dict(results), indent=2, default=str))
+        else:
+            _print_status(results)
+        return
+    if command == "recover":
+        results = await _status_all(servers, timeout)
+        target = next(
+            (url for url, s in results if s.get("role") == "backup" and s.get("state") == "ACTIVE"),
+            None,
+        )
+        if target is None:
+            raise click.ClickException(
+                "recover needs the backup ACTIVE and the primary PASSIVE; status is:\n"
+                + "\n".join(f"  {u.rsplit('@', 1)[-1]}: {s.get('name', '?')} {s.get('state', s.get('error'))}" for u, s in results)
+            )
+        async with ConsoleClient(target, timeout) as console:
+            result = await console.call("recover")
+        click.echo(f"recover: {result['result']}")
+        return
+    if command not in COMMANDS:
+        raise click.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+    url = servers[0]
+    async with ConsoleClient(url, timeout) as console:
+        if command == "controller":
+            if rest not in (["stop"], ["start"]):
+                raise click.UsageError("controller stop|start")
+            click.echo(await console.call("controller", action=rest[0]))
+        elif command == "events":
+            await _events(console, follow="--follow" in rest or "-f" in rest, as_json=as_json)
+        else:
+            result = await console.call(command)
+            if as_json:
+                click.echo(json.dumps(result, indent=2, default=str))
+            else:
+                _print_rows(result)
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        click.echo("(none)")
+        return
+    keys = list(rows[0])
+    widths = {k: max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys}
+    click.echo("  ".join(k.ljust(widths[k]) for k in keys))
+    for row in rows:
+        click.echo("  ".join(str(row.get(k, "")).ljust(widths[k]) for k in keys))
+
+
+def _format_event(event: dict[str, Any]) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.get("ts", 0)))
+    extra = {k: v for k, v in event.items() if k not in ("v", "ts", "node", "role", "epoch", "state", "event")}
+    details = " ".join(f"{k}={v}" for k, v in extra.items())
+    return f"{stamp} {event.get('node')} [{event.get('state')} e{event.get('epoch')}] {event.get('event')} {details}"
+
+
+async def _events(console: ConsoleClient, follow: bool, as_json: bool) -> None:
+    answer = await console.call("events", offset=-1, limit=50)
+    while True:
+        for event in answer["events"]:
+            click.echo(json.dumps(event) if as_json else _format_event(event))
+        if not follow:
+            return
+        await asyncio.sleep(0.5)
+        answer = await console.call("events", offset=answer["offset"], limit=200)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--server", "servers", multiple=True, metavar="URL",
+              help="Server to talk to, as an administrator (repeat for both; default: the loopback pair).")
+@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print raw JSON.")
+@click.argument("words", nargs=-1, type=click.UNPROCESSED)
+def console(servers: tuple[str, ...], timeout: float, as_json: bool, words: tuple[str, ...]) -> None:
+    """Administer the pair: status, recover, connections, queues, events [--follow],
+    controller stop|start. With no command, an interactive prompt.
+
+    \b
+    amqha console status                 both servers: role, state, epoch, peer, clients
+    amqha console recover                fail back to the primary (backup ACTIVE -> PASSIVE)
+    amqha console --server URL queues    one server's queues
+    amqha console events --follow        the event log as it grows
+    """
+    servers = servers or DEFAULT_SERVERS
+    if words:
+        asyncio.run(run_command(servers, list(words), timeout, as_json))
+        return
+    click.echo(f"amqha console ({', '.join(s.rsplit('@', 1)[-1] for s in servers)}); 'help' lists commands, 'quit' leaves")
+    while True:
+        try:
+            line = input("amqha> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            click.echo()
+            return
+        if line in ("quit", "exit"):
+            return
+        if not line:
+            continue
+        if line == "help":
+            click.echo("status | recover | connections | queues | events [--follow] | controller stop|start | quit")
+            continue
+        try:
+            asyncio.run(run_command(servers, shlex.split(line), timeout, as_json))
+        except (click.ClickException, click.UsageError) as error:
+            click.echo(f"error: {error.format_message()}", err=True)
+        except KeyboardInterrupt:
+            click.echo()
+        sys.stdout.flush()
