@@ -18,7 +18,21 @@ from config import ConfigError, load_config
 from .console import console
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """Loads ``report`` (the Spark side) only when it is asked for: a server never imports it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), "report"})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name == "report":
+            from spark.cli import report
+
+            return report
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="amqha")
 def main() -> None:
     """amqha: an AMQP 0-9-1 broker that runs as a primary/backup high-availability pair.
