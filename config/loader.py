@@ -86,6 +86,10 @@ def parse_host_port(path: str, key: str, value: Any) -> tuple[str, int]:
     if not isinstance(value, str) or ":" not in value:
         raise ConfigError(path, key, f"expected 'host:port', got {value!r}")
     host, _, port_text = value.rpartition(":")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ConfigError(
+            path, key, f"an IPv6 address needs brackets, as in '[::1]:5672', got {value!r}"
+        )
     host = host.strip("[]")
     try:
         port = int(port_text)
@@ -146,7 +150,7 @@ class _Section:
             if unit in _SIZE_UNITS:
                 try:
                     parsed = int(float(number) * _SIZE_UNITS[unit])
-                except ValueError:
+                except (ValueError, OverflowError):
                     parsed = 0
                 if parsed > 0:
                     return parsed

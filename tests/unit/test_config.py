@@ -1,0 +1,312 @@
+"""config.loader: a valid file loads; every bad one names the file, the key and the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config import ConfigError, load_config
+from config.loader import Limits
+
+ROOT = Path(__file__).resolve().parents[2]
+
+VALID: dict[str, Any] = {
+    "server": {"name": "alpha", "listen": "127.0.0.1:5999", "data_dir": "/tmp/alpha"},
+    "users": [
+        {"name": "guest", "password": "guest", "vhosts": ["/", "other"]},
+        {"name": "peer", "password": "secret", "tags": ["peering"]},
+        {"name": "root", "password": "root", "tags": ["administrator", "monitoring"]},
+    ],
+    "failover": {
+        "role": "primary",
+        "peer": "127.0.0.1:6000",
+        "heartbeat": 0.5,
+        "timeout": 2,
+        "peer_user": "peer",
+    },
+    "events": {"path": "/tmp/alpha/events.jsonl"},
+    "limits": {
+        "frame_max": 8192,
+        "channel_max": 100,
+        "heartbeat": 10,
+        "max_message_size": "16MiB",
+        "memory_high_watermark": "1.5GB",
+    },
+}
+
+
+def write(tmp_path: Path, data: Any, name: str = "server.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def with_change(section: str, key: str, value: Any) -> dict[str, Any]:
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    data[section][key] = value
+    return data
+
+
+def test_valid_file_loads(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, VALID))
+    assert (config.name, config.host, config.port) == ("alpha", "127.0.0.1", 5999)
+    assert config.listen == "127.0.0.1:5999" and config.public_address == "127.0.0.1:5999"
+    assert config.data_dir == "/tmp/alpha"
+    assert [u.name for u in config.users] == ["guest", "peer", "root"]
+    assert config.user("guest").vhosts == ("/", "other")  # type: ignore[union-attr]
+    assert config.user("root").tags == ("administrator", "monitoring")  # type: ignore[union-attr]
+    assert config.user("nobody") is None
+    failover = config.failover
+    assert (failover.role, failover.peer, failover.heartbeat, failover.timeout) == (
+        "primary",
+        "127.0.0.1:6000",
+        0.5,
+        2.0,
+    )
+    assert isinstance(failover.timeout, float)
+    assert config.event_log_path == "/tmp/alpha/events.jsonl"
+    assert config.limits == Limits(8192, 100, 10, 16 * 1024 * 1024, 1_500_000_000)
+    assert config.source == str(tmp_path / "server.yaml")
+
+
+def test_role_from_the_command_line_wins(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, VALID), role="backup").failover.role == "backup"
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, ""))
+    assert config.listen == "127.0.0.1:5672"
+    assert config.limits == Limits()
+    assert [u.name for u in config.users] == ["guest"]
+    assert config.failover.role is None
+    assert config.event_log_path == "var/amqha/events.jsonl"
+
+
+@pytest.mark.parametrize("name", ["primary.yaml", "backup.yaml"])
+def test_shipped_pair_configs_load(name: str) -> None:
+    config = load_config(ROOT / "config" / name)
+    assert config.failover.role == name.split(".")[0]
+    assert config.failover.peer is not None
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [
+        (1048576, 1048576),
+        ("512", 512),
+        ("1kb", 1000),
+        ("2 KiB", 2048),
+        ("3MB", 3_000_000),
+        ("1.5MiB", 1572864),
+        ("2GiB", 2 * 1024**3),
+        ("7b", 7),
+    ],
+)
+def test_size_strings(tmp_path: Path, size: Any, expected: int) -> None:
+    config = load_config(write(tmp_path, with_change("limits", "max_message_size", size)))
+    assert config.limits.max_message_size == expected
+
+
+def assert_error(tmp_path: Path, data: Any, key: str, *problem: str) -> ConfigError:
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    error = caught.value
+    message = str(error)
+    assert message.startswith(f"{path}: {key}: "), message
+    assert error.path == str(path) and error.key == key
+    for fragment in problem:
+        assert fragment in error.problem, message
+    return error
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "problem"),
+    [
+        ({**VALID, "extra": 1}, "extra", "unknown key"),
+        (with_change("server", "colour", "red"), "server.colour", "unknown key"),
+        (with_change("failover", "hearbeat", 1), "failover.hearbeat", "unknown key"),
+        (with_change("limits", "frame-max", 1), "limits.frame-max", "unknown key"),
+        (with_change("events", "file", "x"), "events.file", "unknown key"),
+        (
+            {**VALID, "users": [{"name": "a", "password": "b", "role": "x"}]},
+            "users[0].role",
+            "unknown key",
+        ),
+    ],
+    ids=["top", "server", "failover", "limits", "events", "user"],
+)
+def test_unknown_key(tmp_path: Path, data: dict, key: str, problem: str) -> None:
+    assert_error(tmp_path, data, key, problem)
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "problem"),
+    [
+        (with_change("server", "name", 5), "server.name", "expected a string, got 5"),
+        (with_change("limits", "frame_max", "big"), "limits.frame_max", "expected an integer"),
+        (with_change("limits", "frame_max", 8192.0), "limits.frame_max", "expected an integer"),
+        (with_change("limits", "channel_max", True), "limits.channel_max", "got a boolean"),
+        (with_change("failover", "heartbeat", "fast"), "failover.heartbeat", "expected a number"),
+        (with_change("failover", "timeout", False), "failover.timeout", "got a boolean"),
+        ({**VALID, "server": ["not", "a", "mapping"]}, "server", "expected a mapping, got list"),
+        ({**VALID, "users": {"name": "x"}}, "users", "non-empty list"),
+        ({**VALID, "users": []}, "users", "non-empty list"),
+        ({**VALID, "users": ["guest"]}, "users[0]", "expected a mapping"),
+        (
+            {**VALID, "users": [{"name": "a", "password": 1234}]},
+            "users[0].password",
+            "expected a string, got 1234",
+        ),
+        (
+            {**VALID, "users": [{"name": "a", "password": "b", "vhosts": "/"}]},
+            "users[0].vhosts",
+            "expected a list",
+        ),
+        ({**VALID, "users": [{"password": "b"}]}, "users[0].name", "missing"),
+        ({**VALID, "users": [{"name": "a"}]}, "users[0].password", "missing"),
+        (
+            {**VALID, "users": [{"name": "a", "password": "b", "tags": ["root"]}]},
+            "users[0].tags",
+            "unknown tag 'root'",
+        ),
+        (
+            {**VALID, "users": [{"name": "a", "password": "b"}, {"name": "a", "password": "c"}]},
+            "users[1].name",
+            "duplicate user 'a'",
+        ),
+        (["a", "list"], "(top level)", "expected a mapping"),
+    ],
+)
+def test_wrong_type_or_shape(tmp_path: Path, data: Any, key: str, problem: str) -> None:
+    assert_error(tmp_path, data, key, problem)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "problem"),
+    [
+        ("server", "listen", "localhost", "expected 'host:port'"),
+        ("server", "listen", 5672, "expected a string"),
+        ("server", "listen", "127.0.0.1:http", "is not a number"),
+        ("server", "listen", "127.0.0.1:70000", "out of range"),
+        ("server", "listen", ":5672", "host is empty"),
+        ("server", "listen", "::1", "brackets"),
+        ("server", "advertise", "example.org", "expected 'host:port'"),
+        ("failover", "peer", "127.0.0.1:", "is not a number"),
+        ("failover", "peer", "[::1]:-1", "out of range"),
+    ],
+)
+def test_bad_host_port(tmp_path: Path, section: str, key: str, value: Any, problem: str) -> None:
+    assert_error(tmp_path, with_change(section, key, value), f"{section}.{key}", problem)
+
+
+def test_bracketed_ipv6_listen(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, with_change("server", "listen", "[::1]:5999")))
+    assert (config.host, config.port) == ("::1", 5999)
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "timeout", "key", "problem"),
+    [
+        (1.0, 1.0, "failover.timeout", "must be greater than failover.heartbeat (1.0)"),
+        (1.0, 0.5, "failover.timeout", "must be greater than failover.heartbeat"),
+        (0, 1.0, "failover.heartbeat", "must be greater than 0"),
+        (-1, 1.0, "failover.heartbeat", "must be greater than 0"),
+        (0.2, 0, "failover.timeout", "must be greater than 0"),
+    ],
+)
+def test_failover_timing(
+    tmp_path: Path, heartbeat: float, timeout: float, key: str, problem: str
+) -> None:
+    data = with_change("failover", "heartbeat", heartbeat)
+    data["failover"]["timeout"] = timeout
+    assert_error(tmp_path, data, key, problem)
+
+
+def test_failover_role_must_be_known(tmp_path: Path) -> None:
+    assert_error(
+        tmp_path,
+        with_change("failover", "role", "leader"),
+        "failover.role",
+        "expected 'primary' or 'backup'",
+        "'leader'",
+    )
+
+
+def test_peer_user_missing(tmp_path: Path) -> None:
+    assert_error(
+        tmp_path,
+        with_change("failover", "peer_user", "ghost"),
+        "failover.peer_user",
+        "no user 'ghost'",
+    )
+
+
+def test_peer_user_without_the_peering_tag(tmp_path: Path) -> None:
+    assert_error(
+        tmp_path,
+        with_change("failover", "peer_user", "guest"),
+        "failover.peer_user",
+        "user 'guest' needs the tag 'peering'",
+    )
+
+
+def test_peer_user_is_not_checked_without_a_peer(tmp_path: Path) -> None:
+    data = with_change("failover", "peer_user", "ghost")
+    del data["failover"]["peer"]
+    assert load_config(write(tmp_path, data)).failover.peer_user == "ghost"
+
+
+@pytest.mark.parametrize(
+    "size",
+    ["lots", "12 parsecs", "-5", "0", 0, -1, "MiB", "1.5.5MB", "nan", "inf", "1e999GB", True, [1]],
+)
+def test_bad_size(tmp_path: Path, size: Any) -> None:
+    assert_error(
+        tmp_path,
+        with_change("limits", "memory_high_watermark", size),
+        "limits.memory_high_watermark",
+        "expected a size like",
+        repr(size),
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("frame_max", 4095, "between 4096 and 16777216, got 4095"),
+        ("frame_max", 16777217, "between 4096 and 16777216"),
+        ("channel_max", 0, "between 1 and 65535, got 0"),
+        ("channel_max", 65536, "between 1 and 65535"),
+        ("heartbeat", -1, "between 0 and 65535"),
+        ("heartbeat", 65536, "between 0 and 65535"),
+    ],
+)
+def test_limits_ranges(tmp_path: Path, key: str, value: int, problem: str) -> None:
+    assert_error(tmp_path, with_change("limits", key, value), f"limits.{key}", problem)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    text = "server:\n  name: alpha\n  listen: [127.0.0.1:5999\nusers: []\n"
+    error = assert_error(tmp_path, text, "line 4", "not valid YAML")
+    assert "line 4" in str(error)
+
+
+def test_yaml_bad_indentation_names_the_line(tmp_path: Path) -> None:
+    text = "server:\n  name: alpha\n listen: 127.0.0.1:1\n"
+    assert_error(tmp_path, text, "line 3", "not valid YAML")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{path}: (file): cannot read: No such file or directory"
+
+
+def test_directory_instead_of_a_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r": \(file\): cannot read"):
+        load_config(tmp_path)
