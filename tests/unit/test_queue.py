@@ -1,0 +1,380 @@
+"""Queue: order, round-robin, requeue, TTL, length limits, overflow, x-expires, arguments.
+
+Time is a number passed in; nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pamqp import commands
+from pamqp.header import ContentHeader
+
+from amqha.core.message import Message
+from amqha.core.queue import Queue, QueueArgumentError
+from amqha.wire import address_of
+
+
+def message(body: bytes | str, **properties: Any) -> Message:
+    data = body.encode() if isinstance(body, str) else body
+    header = ContentHeader(0, len(data), commands.Basic.Properties(**properties)).marshal()
+    return Message(address_of("", "q"), header, data)
+
+
+class FakeConsumer:
+    def __init__(self, tag: str, credit: int = 10**6, exclusive: bool = False) -> None:
+        self.tag = tag
+        self.exclusive = exclusive
+        self.credit = credit
+        self.got: list[tuple[bytes, bool]] = []
+
+    def ready(self) -> bool:
+        return self.credit > 0
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        self.credit -= 1
+        self.got.append((message.body, redelivered))
+
+    @property
+    def bodies(self) -> list[bytes]:
+        return [body for body, _ in self.got]
+
+
+class DeadLetters:
+    def __init__(self) -> None:
+        self.got: list[tuple[str, bytes, str]] = []
+
+    def __call__(self, queue: Queue, message: Message, reason: str) -> None:
+        self.got.append((queue.name, message.body, reason))
+
+
+def dlx_queue(**arguments: Any) -> tuple[Queue, DeadLetters]:
+    queue = Queue("q", arguments={"x-dead-letter-exchange": "dlx", **arguments})
+    dead = DeadLetters()
+    queue.on_dead_letter = dead
+    return queue, dead
+
+
+def bodies(queue: Queue, now: float = 0.0) -> list[bytes]:
+    out = []
+    while (got := queue.get(now)) is not None:
+        out.append(got[0].body)
+    return out
+
+
+def test_fifo_and_counts() -> None:
+    queue = Queue("q")
+    for number in range(5):
+        queue.enqueue(message(str(number)), 0.0)
+    assert queue.message_count == 5
+    assert queue.bytes == 5
+    assert bodies(queue) == [b"0", b"1", b"2", b"3", b"4"]
+    assert queue.message_count == 0 and queue.bytes == 0
+    assert queue.get(0.0) is None
+
+
+def test_round_robin_among_ready_consumers() -> None:
+    queue = Queue("q")
+    consumers = [FakeConsumer(tag) for tag in "abc"]
+    for consumer in consumers:
+        queue.add_consumer(consumer, 0.0)
+    for number in range(7):
+        queue.enqueue(message(str(number)), 0.0)
+    queue.drain(0.0)
+    assert [c.bodies for c in consumers] == [[b"0", b"3", b"6"], [b"1", b"4"], [b"2", b"5"]]
+    assert queue.message_count == 0
+
+
+def test_consumers_not_ready_are_skipped_and_the_rest_waits() -> None:
+    queue = Queue("q")
+    busy, free = FakeConsumer("busy", credit=0), FakeConsumer("free", credit=2)
+    queue.add_consumer(busy, 0.0)
+    queue.add_consumer(free, 0.0)
+    for number in range(4):
+        queue.enqueue(message(str(number)), 0.0)
+    queue.drain(0.0)
+    assert busy.got == [] and free.bodies == [b"0", b"1"]
+    assert queue.message_count == 2
+    busy.credit = 5
+    queue.drain(0.0)
+    assert busy.bodies == [b"2", b"3"]
+
+
+def test_single_consumer_not_ready_keeps_messages() -> None:
+    queue = Queue("q")
+    consumer = FakeConsumer("c", credit=1)
+    queue.add_consumer(consumer, 0.0)
+    queue.enqueue(message("a"), 0.0)
+    queue.enqueue(message("b"), 0.0)
+    queue.drain(0.0)
+    assert consumer.bodies == [b"a"] and queue.message_count == 1
+
+
+def test_requeue_goes_to_the_head_in_original_order_marked_redelivered() -> None:
+    queue = Queue("q")
+    first, second, third = message("1"), message("2"), message("3")
+    queue.enqueue(third, 0.0)
+    queue.requeue([first, second], 0.0)
+    assert queue.bytes == 3
+    got = [queue.get(0.0) for _ in range(3)]
+    assert [(m.body, redelivered) for m, redelivered in got] == [  # type: ignore[misc]
+        (b"1", True),
+        (b"2", True),
+        (b"3", False),
+    ]
+
+
+def test_remove_consumer_reports_auto_delete() -> None:
+    queue = Queue("q", auto_delete=True)
+    consumer = FakeConsumer("c")
+    queue.add_consumer(consumer, 0.0)
+    assert queue.remove_consumer(consumer, 1.0) is True
+    assert queue.remove_consumer(consumer, 1.0) is False
+    plain = Queue("p")
+    plain.add_consumer(consumer, 0.0)
+    assert plain.remove_consumer(consumer, 1.0) is False
+
+
+def test_exclusive_consumer_flag() -> None:
+    queue = Queue("q")
+    queue.add_consumer(FakeConsumer("a"), 0.0)
+    assert not queue.has_exclusive_consumer()
+    queue.add_consumer(FakeConsumer("b", exclusive=True), 0.0)
+    assert queue.has_exclusive_consumer()
+
+
+# -- TTL --------------------------------------------------------------------------------
+
+
+def test_per_queue_ttl_expires_at_the_deadline() -> None:
+    queue, dead = dlx_queue(**{"x-message-ttl": 1000})
+    queue.enqueue(message("a"), 10.0)
+    queue.enqueue(message("b"), 10.5)
+    assert queue.next_expiry() == 11.0
+    assert queue.expire(10.999) == 0
+    assert queue.expire(11.0) == 1
+    assert dead.got == [("q", b"a", "expired")]
+    assert queue.next_expiry() == 11.5
+    assert bodies(queue, 11.2) == [b"b"]
+
+
+def test_get_skips_expired_messages() -> None:
+    queue = Queue("q", arguments={"x-message-ttl": 100})
+    queue.enqueue(message("old"), 0.0)
+    queue.enqueue(message("new"), 0.5)
+    got = queue.get(0.3)
+    assert got is not None and got[0].body == b"new"
+
+
+def test_per_message_ttl_is_honoured_only_at_the_head() -> None:
+    queue, dead = dlx_queue()
+    queue.enqueue(message("long"), 0.0, expiration=10.0)
+    queue.enqueue(message("short"), 0.0, expiration=1.0)
+    # The short-lived one is behind a live message: it waits (as in RabbitMQ).
+    assert queue.expire(5.0) == 0
+    assert queue.message_count == 2
+    assert queue.expire(10.0) == 2
+    assert dead.got == [("q", b"long", "expired"), ("q", b"short", "expired")]
+
+
+def test_the_smaller_of_queue_and_message_ttl_wins() -> None:
+    queue = Queue("q", arguments={"x-message-ttl": 5000})
+    queue.enqueue(message("a"), 0.0, expiration=1.0)
+    queue.enqueue(message("b"), 0.0, expiration=60.0)
+    assert queue.next_expiry() == 1.0
+    queue.expire(1.0)
+    assert queue.next_expiry() == 5.0
+
+
+def test_ttl_zero_expires_at_once_when_nobody_takes_it() -> None:
+    queue, dead = dlx_queue(**{"x-message-ttl": 0})
+    queue.enqueue(message("a"), 3.0)
+    assert queue.expire(3.0) == 1
+    assert dead.got == [("q", b"a", "expired")]
+
+
+def test_message_ttl_appearing_later_keeps_earlier_messages_forever() -> None:
+    queue = Queue("q")
+    queue.enqueue(message("forever"), 0.0)
+    queue.enqueue(message("brief"), 0.0, expiration=1.0)
+    assert queue.next_expiry() is None
+    assert queue.expire(100.0) == 0
+    assert queue.get(100.0)[0].body == b"forever"  # type: ignore[index]
+    assert queue.next_expiry() == 1.0
+    assert queue.get(100.0) is None
+
+
+def test_requeued_messages_do_not_expire() -> None:
+    queue = Queue("q", arguments={"x-message-ttl": 1000})
+    queue.enqueue(message("a"), 0.0)
+    got = queue.get(0.0)
+    assert got is not None
+    queue.requeue([got[0]], 0.5)
+    assert queue.expire(100.0) == 0
+    assert queue.get(100.0) is not None
+
+
+def test_drain_expires_before_delivering() -> None:
+    queue = Queue("q", arguments={"x-message-ttl": 1000})
+    queue.enqueue(message("stale"), 0.0)
+    queue.enqueue(message("fresh"), 5.0)
+    consumer = FakeConsumer("c")
+    queue.add_consumer(consumer, 5.5)
+    queue.drain(5.5)
+    assert consumer.bodies == [b"fresh"]
+
+
+def test_expired_without_dead_letter_exchange_is_dropped() -> None:
+    queue = Queue("q", arguments={"x-message-ttl": 10})
+    called = []
+    queue.on_dead_letter = lambda *args: called.append(args)
+    queue.enqueue(message("a"), 0.0)
+    assert queue.expire(1.0) == 1
+    assert called == [] and queue.message_count == 0 and queue.bytes == 0
+
+
+# -- length limits and overflow -----------------------------------------------------------
+
+
+def test_max_length_drops_the_head_and_dead_letters_it_as_maxlen() -> None:
+    queue, dead = dlx_queue(**{"x-max-length": 2})
+    for body in "abcd":
+        assert not queue.would_reject(message(body))
+        queue.enqueue(message(body), 0.0)
+    assert dead.got == [("q", b"a", "maxlen"), ("q", b"b", "maxlen")]
+    assert bodies(queue) == [b"c", b"d"]
+
+
+def test_max_length_zero_keeps_nothing() -> None:
+    queue, dead = dlx_queue(**{"x-max-length": 0})
+    queue.enqueue(message("a"), 0.0)
+    assert queue.message_count == 0 and dead.got == [("q", b"a", "maxlen")]
+
+
+def test_max_length_bytes_drops_until_it_fits() -> None:
+    queue, dead = dlx_queue(**{"x-max-length-bytes": 10})
+    queue.enqueue(message(b"x" * 4), 0.0)
+    queue.enqueue(message(b"y" * 4), 0.0)
+    queue.enqueue(message(b"z" * 5), 0.0)
+    assert [body for _, body, _ in dead.got] == [b"x" * 4]
+    assert queue.bytes == 9
+    queue.enqueue(message(b"w" * 11), 0.0)
+    assert queue.message_count == 0 and queue.bytes == 0
+    assert [reason for _, _, reason in dead.got] == ["maxlen"] * 4
+
+
+def test_drop_head_keeps_expiry_bookkeeping_in_step() -> None:
+    queue = Queue("q", arguments={"x-max-length": 1, "x-message-ttl": 1000})
+    queue.enqueue(message("a"), 0.0)
+    queue.enqueue(message("b"), 0.5)
+    assert queue.next_expiry() == 1.5
+
+
+@pytest.mark.parametrize("mode", ["reject-publish", "reject-publish-dlx"])
+def test_reject_publish_refuses_instead_of_dropping(mode: str) -> None:
+    queue, dead = dlx_queue(**{"x-max-length": 2, "x-overflow": mode})
+    for body in "ab":
+        assert not queue.would_reject(message(body))
+        queue.enqueue(message(body), 0.0)
+    assert queue.would_reject(message("c"))
+    assert dead.got == []
+    queue.get(0.0)
+    assert not queue.would_reject(message("c"))
+
+
+def test_reject_publish_by_bytes() -> None:
+    queue = Queue("q", arguments={"x-max-length-bytes": 5, "x-overflow": "reject-publish"})
+    queue.enqueue(message(b"abc"), 0.0)
+    assert not queue.would_reject(message(b"de"))
+    assert queue.would_reject(message(b"def"))
+
+
+def test_drop_head_never_rejects() -> None:
+    queue = Queue("q", arguments={"x-max-length": 0})
+    assert not queue.would_reject(message("a"))
+
+
+def test_reject_dead_letters_as_rejected() -> None:
+    queue, dead = dlx_queue()
+    queue.reject(message("r"))
+    assert dead.got == [("q", b"r", "rejected")]
+
+
+def test_purge() -> None:
+    queue = Queue("q", arguments={"x-message-ttl": 1000})
+    for body in "abc":
+        queue.enqueue(message(body), 0.0)
+    assert queue.purge() == 3
+    assert queue.message_count == 0 and queue.bytes == 0 and queue.next_expiry() is None
+
+
+# -- x-expires -------------------------------------------------------------------------
+
+
+def test_x_expires_counts_from_last_use() -> None:
+    queue = Queue("q", arguments={"x-expires": 2000}, now=10.0)
+    assert not queue.is_idle_expired(11.9)
+    assert queue.is_idle_expired(12.0)
+    queue.get(11.0)
+    assert not queue.is_idle_expired(12.5)
+    assert queue.is_idle_expired(13.0)
+
+
+def test_x_expires_never_while_consumed() -> None:
+    queue = Queue("q", arguments={"x-expires": 1000}, now=0.0)
+    consumer = FakeConsumer("c")
+    queue.add_consumer(consumer, 0.0)
+    assert not queue.is_idle_expired(100.0)
+    queue.remove_consumer(consumer, 100.0)
+    assert not queue.is_idle_expired(100.5)
+    assert queue.is_idle_expired(101.0)
+
+
+def test_no_x_expires_never_expires() -> None:
+    assert not Queue("q").is_idle_expired(10**9)
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fragment"),
+    [
+        ({"x-message-ttl": -1}, "x-message-ttl"),
+        ({"x-message-ttl": "10"}, "x-message-ttl"),
+        ({"x-message-ttl": True}, "x-message-ttl"),
+        ({"x-message-ttl": 1.5}, "x-message-ttl"),
+        ({"x-expires": 0}, "x-expires"),
+        ({"x-max-length": -1}, "x-max-length"),
+        ({"x-max-length-bytes": "big"}, "x-max-length-bytes"),
+        ({"x-overflow": "drop-tail"}, "x-overflow"),
+        ({"x-overflow": 3}, "x-overflow"),
+        ({"x-dead-letter-exchange": 5}, "x-dead-letter-exchange"),
+        ({"x-dead-letter-routing-key": "k"}, "x-dead-letter-routing-key"),
+    ],
+)
+def test_invalid_arguments(arguments: dict, fragment: str) -> None:
+    with pytest.raises(QueueArgumentError, match=fragment):
+        Queue("q", arguments=arguments)
+
+
+def test_valid_arguments_are_parsed() -> None:
+    queue = Queue(
+        "q",
+        arguments={
+            "x-message-ttl": 1500,
+            "x-expires": 60000,
+            "x-max-length": 10,
+            "x-max-length-bytes": 1000,
+            "x-overflow": b"reject-publish",
+            "x-dead-letter-exchange": b"dlx",
+            "x-dead-letter-routing-key": "dead",
+            "x-unknown-is-ignored": object(),
+        },
+    )
+    limits = queue.limits
+    assert (limits.message_ttl, limits.expires) == (1.5, 60.0)
+    assert (limits.max_length, limits.max_length_bytes) == (10, 1000)
+    assert limits.overflow == "reject-publish"
+    assert (limits.dead_letter_exchange, limits.dead_letter_routing_key) == ("dlx", "dead")

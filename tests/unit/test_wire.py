@@ -1,0 +1,466 @@
+"""amqha.wire against pamqp: framing, decoding errors, and the hand-written encoders.
+
+Every fast encoder must produce exactly the bytes pamqp produces for the same frames;
+the reference frames here are built only with pamqp.frame.marshal and pamqp's classes.
+"""
+
+from __future__ import annotations
+
+import struct
+import typing
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pamqp import base, commands, exceptions, frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader, ProtocolHeader
+from pamqp.heartbeat import Heartbeat
+
+from amqha import wire
+
+
+class Redirect(base.Frame):
+    """Connection.Redirect (AMQP 0-9, class 10 method 42), declared the way pamqp declares
+    its own methods so that pamqp's generic marshal encodes it."""
+
+    __slots__: typing.ClassVar[list[str]] = ["host", "known_hosts"]
+    frame_id = 42
+    index = 0x000A002A
+    name = "Connection.Redirect"
+    _host = "shortstr"
+    _known_hosts = "shortstr"
+
+    def __init__(self, host: str, known_hosts: str) -> None:
+        self.host = host
+        self.known_hosts = known_hosts
+
+
+def reference_content(
+    channel: int, properties: commands.Basic.Properties, body: bytes, frame_max: int
+) -> bytes:
+    """Content header and body frames as pamqp marshals them, the body cut at frame_max."""
+    parts = [frame.marshal(ContentHeader(0, len(body), properties), channel)]
+    chunk = frame_max - 8
+    for start in range(0, len(body), chunk):
+        parts.append(frame.marshal(ContentBody(body[start : start + chunk]), channel))
+    return b"".join(parts)
+
+
+def header_payload(properties: commands.Basic.Properties, body: bytes) -> bytes:
+    return ContentHeader(0, len(body), properties).marshal()
+
+
+# -- split_frames ---------------------------------------------------------------------
+
+
+def marshalled(*frames: tuple[object, int]) -> bytes:
+    return b"".join(frame.marshal(value, channel) for value, channel in frames)  # type: ignore[arg-type]
+
+
+SAMPLE = marshalled(
+    (commands.Channel.Open(), 1),
+    (commands.Basic.Publish(exchange="amq.direct", routing_key="k"), 1),
+    (ContentHeader(0, 5, commands.Basic.Properties(content_type="text/plain")), 1),
+    (ContentBody(b"hello"), 1),
+    (Heartbeat(), 0),
+)
+
+
+def test_split_several_frames_at_once() -> None:
+    frames, used = wire.split_frames(SAMPLE, 131072)
+    assert used == len(SAMPLE)
+    assert [(f.kind, f.channel) for f in frames] == [(1, 1), (1, 1), (2, 1), (3, 1), (8, 0)]
+    assert frames[3].payload == b"hello"
+    assert frames[0].payload == struct.pack(">I", commands.Channel.Open.index) + b"\x010"
+
+
+def test_split_byte_by_byte_gives_the_same_frames() -> None:
+    buffer = bytearray()
+    got = []
+    for byte in SAMPLE:
+        buffer.append(byte)
+        frames, used = wire.split_frames(buffer, 131072)
+        got += frames
+        del buffer[:used]
+    assert not buffer
+    whole, _ = wire.split_frames(SAMPLE, 131072)
+    assert [(f.kind, f.channel, f.payload) for f in got] == [
+        (f.kind, f.channel, f.payload) for f in whole
+    ]
+
+
+def test_split_leaves_a_partial_frame_unconsumed() -> None:
+    first = marshalled((commands.Channel.Open(), 1))
+    data = first + SAMPLE[len(first) : len(first) + 9]
+    frames, used = wire.split_frames(data, 131072)
+    assert len(frames) == 1 and used == len(first)
+    # A frame complete except for its end byte is still partial.
+    frames, used = wire.split_frames(first[:-1], 131072)
+    assert (frames, used) == ([], 0)
+
+
+def test_frame_max_is_checked_on_the_header_alone() -> None:
+    huge_header = struct.pack(">BHI", 1, 1, 0xFFFFFFF0)
+    with pytest.raises(exceptions.AMQPFrameError, match="exceeds frame_max"):
+        wire.split_frames(huge_header, 4096)
+
+
+def test_frame_max_counts_the_whole_frame() -> None:
+    exact = frame.marshal(ContentBody(b"x" * (4096 - 8)), 1)
+    frames, used = wire.split_frames(exact, 4096)
+    assert len(frames) == 1 and used == 4096
+    over = frame.marshal(ContentBody(b"x" * (4096 - 7)), 1)
+    with pytest.raises(exceptions.AMQPFrameError):
+        wire.split_frames(over[:7], 4096)
+
+
+def test_bad_end_byte_is_a_frame_error() -> None:
+    good = marshalled((commands.Channel.Open(), 1))
+    bad = good[:-1] + b"\x00"
+    with pytest.raises(exceptions.AMQPFrameError, match="end byte"):
+        wire.split_frames(good + bad, 131072)
+    assert exceptions.AMQPFrameError.value == 501
+
+
+# -- decode_method --------------------------------------------------------------------
+
+
+def test_decode_method_round_trips_pamqp() -> None:
+    sent = commands.Queue.Declare(queue="q1", durable=True, arguments={"x-max-length": 3})
+    payload = frame.marshal(sent, 1)[7:-1]
+    method = wire.decode_method(payload)
+    assert isinstance(method, commands.Queue.Declare)
+    assert (method.queue, method.durable, method.arguments) == ("q1", True, {"x-max-length": 3})
+
+
+def test_unknown_class_is_540() -> None:
+    with pytest.raises(exceptions.AMQPNotImplemented):
+        wire.decode_method(struct.pack(">HH", 99, 10))
+    assert exceptions.AMQPNotImplemented.value == 540
+
+
+def test_unknown_method_of_a_known_class_is_503() -> None:
+    with pytest.raises(exceptions.AMQPCommandInvalid):
+        wire.decode_method(struct.pack(">HH", 60, 999))
+    assert exceptions.AMQPCommandInvalid.value == 503
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"\x00\x32",
+        # Queue.Declare whose arguments table has an unknown type tag.
+        struct.pack(">HHH", 50, 10, 0) + b"\x01q\x00" + struct.pack(">I", 4) + b"\x01k?\x00",
+        # ... and one whose table length runs past the end of the frame.
+        struct.pack(">HHH", 50, 10, 0) + b"\x01q\x00" + struct.pack(">I", 400) + b"\x01kt\x01",
+        # A shortstr that is not UTF-8.
+        struct.pack(">HHH", 50, 10, 0) + b"\x02\xff\xfe\x00" + struct.pack(">I", 0),
+        # Connection.Tune cut short.
+        struct.pack(">HH", 10, 30) + b"\x00",
+    ],
+    ids=["empty", "half-index", "bad-tag", "table-too-long", "not-utf8", "truncated"],
+)
+def test_undecodable_arguments_are_502(payload: bytes) -> None:
+    with pytest.raises(exceptions.AMQPSyntaxError):
+        wire.decode_method(payload)
+    assert exceptions.AMQPSyntaxError.value == 502
+
+
+# -- decode_publish -------------------------------------------------------------------
+
+EXCHANGE_NAMES = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@#,/+ ",
+    max_size=127,
+)
+ROUTING_KEYS = st.text(max_size=60).filter(lambda s: len(s.encode()) <= 255)
+
+
+@settings(max_examples=300, deadline=None)
+@given(EXCHANGE_NAMES, ROUTING_KEYS, st.booleans(), st.booleans(), st.integers(0, 65535))
+def test_decode_publish_equals_pamqp(
+    exchange: str, routing_key: str, mandatory: bool, immediate: bool, ticket: int
+) -> None:
+    method = commands.Basic.Publish(0, exchange, routing_key, mandatory, immediate)
+    # The ticket is deprecated (pamqp only encodes 0) but must still be skipped when read.
+    payload = bytearray(frame.marshal(method, 1)[7:-1])
+    payload[4:6] = struct.pack(">H", ticket)
+    payload = bytes(payload)
+    fast = wire.decode_publish(payload)
+    slow = wire.decode_method(payload)
+    assert isinstance(slow, commands.Basic.Publish)
+    assert (fast.exchange, fast.routing_key, fast.mandatory, fast.immediate) == (
+        slow.exchange,
+        slow.routing_key,
+        slow.mandatory,
+        slow.immediate,
+    )
+    assert fast.address == wire.address_of(exchange, routing_key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40))
+def test_decode_publish_on_random_arguments(arguments: bytes) -> None:
+    """Whatever the fast path accepts, pamqp decodes to the same values."""
+    payload = struct.pack(">I", commands.Basic.Publish.index) + arguments
+    try:
+        fast = wire.decode_publish(payload)
+    except exceptions.AMQPSyntaxError:
+        return
+    slow = commands.Basic.Publish()
+    slow.unmarshal(payload[4:])
+    assert (fast.exchange, fast.routing_key, fast.mandatory, fast.immediate) == (
+        slow.exchange,
+        slow.routing_key,
+        slow.mandatory,
+        slow.immediate,
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        b"",
+        b"\x00\x00",
+        b"\x00\x00\x05ab",
+        b"\x00\x00\x00\x03k",
+        b"\x00\x00\x00\x00\x00\x00",
+        b"\x00\x00\x01\xff\x00\x00",
+    ],
+    ids=["empty", "ticket-only", "short-exchange", "short-key", "trailing", "not-utf8"],
+)
+def test_decode_publish_rejects_malformed(arguments: bytes) -> None:
+    with pytest.raises(exceptions.AMQPSyntaxError):
+        wire.decode_publish(struct.pack(">I", commands.Basic.Publish.index) + arguments)
+
+
+def test_content_body_size_and_its_errors() -> None:
+    payload = header_payload(commands.Basic.Properties(), b"x" * 70000)
+    assert wire.content_body_size(payload) == 70000
+    with pytest.raises(exceptions.AMQPFrameError):
+        wire.content_body_size(payload[:13])
+    with pytest.raises(exceptions.AMQPFrameError):
+        wire.content_body_size(struct.pack(">H", 50) + payload[2:])
+
+
+def test_decode_ack() -> None:
+    payload = frame.marshal(commands.Basic.Ack(77, True), 1)[7:-1]
+    assert wire.decode_ack(payload) == (77, True)
+    with pytest.raises(exceptions.AMQPSyntaxError):
+        wire.decode_ack(payload + b"\x00")
+
+
+# -- encoders -------------------------------------------------------------------------
+
+PROPERTIES = st.builds(
+    commands.Basic.Properties,
+    content_type=st.sampled_from([None, "text/plain", "application/json"]),
+    headers=st.one_of(
+        st.none(),
+        st.dictionaries(st.text("abcxyz", min_size=1, max_size=5), st.integers(-5, 5), max_size=3),
+    ),
+    delivery_mode=st.sampled_from([None, 1, 2]),
+    priority=st.one_of(st.none(), st.integers(0, 9)),
+    correlation_id=st.one_of(st.none(), st.text("0123456789abcdef", max_size=16)),
+    expiration=st.one_of(st.none(), st.integers(0, 10**6).map(str)),
+    message_id=st.one_of(st.none(), st.text(max_size=10).filter(lambda s: len(s.encode()) < 256)),
+)
+FRAME_MAX = st.integers(4096, 9000)
+BODIES = st.one_of(st.binary(max_size=64), st.binary(min_size=4000, max_size=20000))
+# pamqp encodes a longlong as signed, so its reference stops at 2**63 - 1.
+TAGS = st.integers(1, 2**63 - 1)
+CONSUMER_TAGS = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 65535),
+    CONSUMER_TAGS,
+    TAGS,
+    st.booleans(),
+    EXCHANGE_NAMES,
+    ROUTING_KEYS,
+    PROPERTIES,
+    BODIES,
+    FRAME_MAX,
+)
+def test_deliver_frames_equal_pamqp(
+    channel: int,
+    consumer_tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    properties: commands.Basic.Properties,
+    body: bytes,
+    frame_max: int,
+) -> None:
+    ours = wire.deliver_frames(
+        channel,
+        wire.shortstr(consumer_tag),
+        delivery_tag,
+        redelivered,
+        wire.address_of(exchange, routing_key),
+        header_payload(properties, body),
+        body,
+        frame_max,
+    )
+    deliver = commands.Basic.Deliver(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
+    reference = frame.marshal(deliver, channel) + reference_content(
+        channel, properties, body, frame_max
+    )
+    assert ours == reference
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 65535),
+    TAGS,
+    st.booleans(),
+    EXCHANGE_NAMES,
+    ROUTING_KEYS,
+    st.integers(0, 2**32 - 1),
+    PROPERTIES,
+    BODIES,
+    FRAME_MAX,
+)
+def test_get_ok_frames_equal_pamqp(
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    message_count: int,
+    properties: commands.Basic.Properties,
+    body: bytes,
+    frame_max: int,
+) -> None:
+    ours = wire.get_ok_frames(
+        channel,
+        delivery_tag,
+        redelivered,
+        wire.address_of(exchange, routing_key),
+        message_count,
+        header_payload(properties, body),
+        body,
+        frame_max,
+    )
+    get_ok = commands.Basic.GetOk(delivery_tag, redelivered, exchange, routing_key, message_count)
+    assert ours == frame.marshal(get_ok, channel) + reference_content(
+        channel, properties, body, frame_max
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 65535),
+    st.sampled_from([312, 313]),
+    st.text(max_size=50).filter(lambda s: len(s.encode()) <= 255),
+    EXCHANGE_NAMES,
+    ROUTING_KEYS,
+    PROPERTIES,
+    BODIES,
+    FRAME_MAX,
+)
+def test_return_frames_equal_pamqp(
+    channel: int,
+    reply_code: int,
+    reply_text: str,
+    exchange: str,
+    routing_key: str,
+    properties: commands.Basic.Properties,
+    body: bytes,
+    frame_max: int,
+) -> None:
+    ours = wire.return_frames(
+        channel,
+        reply_code,
+        reply_text,
+        wire.address_of(exchange, routing_key),
+        header_payload(properties, body),
+        body,
+        frame_max,
+    )
+    returned = commands.Basic.Return(reply_code, reply_text, exchange, routing_key)
+    assert ours == frame.marshal(returned, channel) + reference_content(
+        channel, properties, body, frame_max
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 65535), TAGS, st.booleans(), st.booleans())
+def test_ack_and_nack_frames_equal_pamqp(
+    channel: int, delivery_tag: int, multiple: bool, requeue: bool
+) -> None:
+    assert wire.ack_frame(channel, delivery_tag, multiple) == frame.marshal(
+        commands.Basic.Ack(delivery_tag, multiple), channel
+    )
+    assert wire.nack_frame(channel, delivery_tag, multiple, requeue) == frame.marshal(
+        commands.Basic.Nack(delivery_tag, multiple, requeue), channel
+    )
+
+
+def test_nack_defaults_to_no_requeue() -> None:
+    assert wire.nack_frame(3, 9, False) == frame.marshal(commands.Basic.Nack(9, False, False), 3)
+
+
+@pytest.mark.parametrize("frame_max", [4096, 4097, 10000])
+@pytest.mark.parametrize("size", [0, 1, 4087, 4088, 4089, 8176, 8177, 30000])
+def test_content_frames_split_at_frame_max(frame_max: int, size: int) -> None:
+    body = bytes(i % 251 for i in range(size))
+    properties = commands.Basic.Properties(content_type="application/octet-stream")
+    ours = wire.content_frames(5, header_payload(properties, body), body, frame_max)
+    assert ours == reference_content(5, properties, body, frame_max)
+    frames, used = wire.split_frames(ours, frame_max)
+    assert used == len(ours)
+    assert all(len(f.payload) + 8 <= frame_max for f in frames)
+    assert b"".join(f.payload for f in frames[1:]) == body
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        commands.Connection.Close(501, "FRAME_ERROR - x", 0, 0),
+        commands.Channel.Close(406, "PRECONDITION_FAILED - y", 50, 10),
+        commands.Queue.DeclareOk("q", 3, 1),
+        commands.Basic.ConsumeOk("ctag"),
+        commands.Connection.Tune(2047, 131072, 60),
+        commands.Connection.Start(
+            server_properties={"product": "amqha", "capabilities": {"basic.nack": True}},
+            mechanisms="PLAIN AMQPLAIN",
+            locales="en_US",
+        ),
+    ],
+    ids=lambda m: m.name,
+)
+def test_method_frame_equals_pamqp(method: base.Frame) -> None:
+    assert wire.method_frame(7, method) == frame.marshal(method, 7)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=60), st.text(max_size=120))
+def test_redirect_frame_equals_pamqp(host: str, known_hosts: str) -> None:
+    if len(host.encode()) > 255 or len(known_hosts.encode()) > 255:
+        with pytest.raises(ValueError):
+            wire.redirect_frame(host, known_hosts)
+        return
+    assert wire.redirect_frame(host, known_hosts) == frame.marshal(Redirect(host, known_hosts), 0)
+
+
+def test_redirect_frame_decodes_as_class_10_method_42() -> None:
+    data = wire.redirect_frame("127.0.0.1:5673", "127.0.0.1:5672,127.0.0.1:5673")
+    (raw,), _ = wire.split_frames(data, 4096)
+    assert (raw.kind, raw.channel) == (1, 0)
+    assert struct.unpack_from(">HH", raw.payload) == wire.REDIRECT_CLASS_METHOD
+    redirect = Redirect("", "")
+    redirect.unmarshal(raw.payload[4:])
+    assert (redirect.host, redirect.known_hosts) == (
+        "127.0.0.1:5673",
+        "127.0.0.1:5672,127.0.0.1:5673",
+    )
+
+
+def test_heartbeat_and_protocol_header_constants() -> None:
+    assert Heartbeat().marshal() == wire.HEARTBEAT_FRAME
+    assert frame.marshal(ProtocolHeader(), 0) == wire.PROTOCOL_HEADER
