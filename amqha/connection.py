@@ -137,6 +137,8 @@ class Connection(asyncio.Protocol):
                 self._drop()
                 return
             data = data[8:]
+            # The header is consumed: what the buffer still holds must not be parsed again.
+            self.buffer = bytearray()
             self._send_start()
         try:
             frames, used = wire.split_frames(data, self.frame_max)
