@@ -34,6 +34,9 @@ log = logging.getLogger("amqha.connection")
 # Handshake states, in order.
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
+KNOWN_FRAME_TYPES = frozenset(
+    (wire.FRAME_METHOD, wire.FRAME_HEADER, wire.FRAME_BODY, wire.FRAME_HEARTBEAT)
+)
 CLOSE_OK_TIMEOUT = 3.0
 HANDSHAKE_TIMEOUT = 10.0
 
@@ -219,6 +222,8 @@ class Connection(asyncio.Protocol):
     def _handle(self, frame: wire.RawFrame) -> None:
         number = frame.channel
         try:
+            if frame.kind not in KNOWN_FRAME_TYPES:
+                raise exceptions.AMQPFrameError(f"FRAME_ERROR - unknown frame type {frame.kind}")
             if frame.kind == wire.FRAME_HEARTBEAT:
                 if number != 0:
                     raise exceptions.AMQPFrameError(
