@@ -131,6 +131,7 @@ class Channel:
         self.transaction_acks: list[Unacked] = []
         self.pending: PendingPublish | None = None
         self.handlers: dict[type, Callable[[Any], None]] = {
+            commands.Channel.Open: self.on_channel_open,
             commands.Channel.Close: self.on_channel_close,
             commands.Channel.CloseOk: self.on_channel_close_ok,
             commands.Channel.Flow: self.on_channel_flow,
@@ -602,6 +603,11 @@ class Channel:
         self.reply(commands.Tx.RollbackOk())
 
     # -- flow and close -------------------------------------------------------------
+
+    def on_channel_open(self, method: commands.Channel.Open) -> None:
+        raise exceptions.AMQPChannelError(
+            f"CHANNEL_ERROR - second 'channel.open' seen on channel {self.number}"
+        )
 
     def on_channel_flow(self, method: commands.Channel.Flow) -> None:
         self.can_deliver = method.active

@@ -1,0 +1,549 @@
+"""Bad input never breaks the broker.
+
+A raw client (asyncio streams on 127.0.0.1, frames built with pamqp.frame.marshal and
+read back with pamqp.frame.unmarshal) sends one kind of broken input per test and
+checks exactly what the server answers. After every case a connection opened before
+the bad one (``bystander``) and a fresh aio-pika connection both still publish and
+consume, and the server process is alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aio_pika
+import pytest
+from pamqp import commands, frame
+from pamqp.base import Frame as Method
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+from pamqp.heartbeat import Heartbeat
+
+from tests.support import ServerProcess
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+READ_TIMEOUT = 5.0
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class Closed(Exception):
+    """The server closed the socket."""
+
+
+class RawConnection:
+    """An AMQP peer that sends exactly what a test tells it to; every read is bounded."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def connect(cls, port: int) -> RawConnection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                await self.writer.wait_closed()
+        except (OSError, TimeoutError):
+            pass
+
+    # -- sending ------------------------------------------------------------------
+
+    async def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def send(self, channel: int, *values: Any) -> None:
+        await self.send_raw(b"".join(frame.marshal(value, channel) for value in values))
+
+    # -- reading ------------------------------------------------------------------
+
+    async def read_exactly(self, count: int) -> bytes:
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                return await self.reader.readexactly(count)
+        except asyncio.IncompleteReadError as error:
+            raise Closed(f"closed after {error.partial!r}") from None
+        except ConnectionResetError as error:
+            raise Closed(str(error)) from None
+
+    async def read_frame(self) -> tuple[int, Any]:
+        """The next frame (heartbeats skipped) as (channel, pamqp object)."""
+        while True:
+            head = await self.read_exactly(7)
+            (size,) = struct.unpack_from(">I", head, 3)
+            rest = await self.read_exactly(size + 1)
+            _, channel, value = frame.unmarshal(head + rest)
+            if not isinstance(value, Heartbeat):
+                return channel, value
+
+    async def expect(self, kind: type, channel: int = 0) -> Any:
+        got_channel, value = await self.read_frame()
+        assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r}"
+        assert got_channel == channel, f"{kind.__name__} on channel {got_channel}, not {channel}"
+        return value
+
+    async def expect_eof(self) -> bytes:
+        """Everything the server still sends until it closes the socket."""
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                return await self.reader.read()
+        except ConnectionResetError:
+            return b""
+
+    async def expect_connection_close(
+        self, code: int, class_id: int | None = None, method_id: int | None = None
+    ) -> commands.Connection.Close:
+        """The next frame is Connection.Close with ``code``; answer Close-Ok, see the socket go."""
+        close = await self.expect(commands.Connection.Close)
+        assert close.reply_code == code, f"closed with {close.reply_code} {close.reply_text}"
+        if class_id is not None:
+            assert (close.class_id, close.method_id) == (class_id, method_id)
+        await self.send(0, commands.Connection.CloseOk())
+        assert await self.expect_eof() == b""
+        return close
+
+    # -- conversations ------------------------------------------------------------
+
+    async def handshake(self, frame_max: int = 0, vhost: str = "/") -> commands.Connection.Tune:
+        await self.send_raw(PROTOCOL_HEADER)
+        await self.expect(commands.Connection.Start)
+        await self.send(
+            0,
+            commands.Connection.StartOk(
+                client_properties={"product": "bad-input-test"},
+                mechanism="PLAIN",
+                response="\0guest\0guest",
+                locale="en_US",
+            ),
+        )
+        tune = await self.expect(commands.Connection.Tune)
+        await self.send(
+            0,
+            commands.Connection.TuneOk(
+                channel_max=tune.channel_max, frame_max=frame_max or tune.frame_max, heartbeat=0
+            ),
+            commands.Connection.Open(virtual_host=vhost),
+        )
+        await self.expect(commands.Connection.OpenOk)
+        return tune
+
+    async def open_channel(self, number: int = 1) -> None:
+        await self.send(number, commands.Channel.Open())
+        await self.expect(commands.Channel.OpenOk, number)
+
+
+def method_frame(channel: int, class_id: int, method_id: int, arguments: bytes = b"") -> bytes:
+    payload = struct.pack(">HH", class_id, method_id) + arguments
+    return struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce"
+
+
+def raw_frame(kind: int, channel: int, payload: bytes, end: bytes = b"\xce") -> bytes:
+    return struct.pack(">BHI", kind, channel, len(payload)) + payload + end
+
+
+def content_header(channel: int, size: int) -> bytes:
+    return frame.marshal(ContentHeader(0, size, commands.Basic.Properties()), channel)
+
+
+def publish(channel: int, routing_key: str = "nowhere") -> bytes:
+    return frame.marshal(commands.Basic.Publish(exchange="", routing_key=routing_key), channel)
+
+
+# -- the server and the well-behaved clients ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """This module's own broker: a bug found here cannot take the shared one down."""
+    process = ServerProcess(tmp_path_factory.mktemp("bad-input"), "badinput")
+    process.start()
+    yield process
+    process.stop()
+
+
+async def round_trip(channel: aio_pika.abc.AbstractChannel, body: bytes) -> None:
+    queue = await channel.declare_queue(unique("alive"), auto_delete=True)
+    await channel.default_exchange.publish(aio_pika.Message(body), routing_key=queue.name)
+    async with asyncio.timeout(READ_TIMEOUT):
+        async with queue.iterator() as messages:
+            async for message in messages:
+                async with message.process():
+                    assert message.body == body
+                break
+    await queue.delete(if_unused=False, if_empty=False)
+
+
+class Bystander:
+    """A connection opened before the bad input; it must not notice anything.
+
+    ``declare_queue`` uses a channel of its own, so a test may provoke a channel error
+    with it without closing the channel that ``round_trip`` checks.
+    """
+
+    def __init__(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        self.connection = connection
+        self.channel: aio_pika.abc.AbstractChannel | None = None
+
+    async def declare_queue(self, name: str, **options: Any) -> aio_pika.abc.AbstractQueue:
+        channel = await self.connection.channel()
+        return await channel.declare_queue(name, **options)
+
+
+@pytest.fixture
+async def bystander(server: ServerProcess) -> AsyncIterator[Bystander]:
+    connection = await aio_pika.connect(server.url)
+    watcher = Bystander(connection)
+    watcher.channel = await connection.channel(publisher_confirms=True)
+    await round_trip(watcher.channel, b"before")
+    yield watcher
+    await connection.close()
+
+
+@pytest.fixture
+async def raw(server: ServerProcess, bystander: Bystander) -> AsyncIterator[RawConnection]:
+    connection = await RawConnection.connect(server.port)
+    yield connection
+    await connection.close()
+    assert server.alive, server.log()
+    assert bystander.channel is not None
+    await round_trip(bystander.channel, b"bystander after")
+    fresh = await aio_pika.connect(server.url)
+    async with fresh:
+        await round_trip(await fresh.channel(), b"fresh after")
+
+
+# -- before the handshake -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"AMQP\x01\x01\x00\x09",  # AMQP 0-9 framing
+        b"AMQP\x00\x00\x09\x00",  # 0-9-0
+        b"AMQP\x00\x01\x00\x00",  # AMQP 1.0
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+    ids=["0-9", "0-9-0", "1.0", "http"],
+)
+async def test_wrong_protocol_header_gets_ours_and_a_close(
+    raw: RawConnection, header: bytes
+) -> None:
+    await raw.send_raw(header)
+    assert await raw.expect_eof() == PROTOCOL_HEADER
+
+
+async def test_random_bytes_instead_of_a_header(raw: RawConnection) -> None:
+    await raw.send_raw(bytes.fromhex("9f3c07e1d2aa5b60c4f81e2d3344556677") * 4)
+    assert await raw.expect_eof() == PROTOCOL_HEADER
+
+
+async def test_header_in_pieces_then_a_split_start_ok(raw: RawConnection) -> None:
+    """The header arrives in two reads and the second also holds part of Start-Ok."""
+    start_ok = frame.marshal(
+        commands.Connection.StartOk(
+            client_properties={}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
+        ),
+        0,
+    )
+    await raw.send_raw(PROTOCOL_HEADER[:4])
+    await asyncio.sleep(0.05)
+    await raw.send_raw(PROTOCOL_HEADER[4:] + start_ok[:10])
+    await raw.expect(commands.Connection.Start)
+    await raw.send_raw(start_ok[10:])
+    await raw.expect(commands.Connection.Tune)
+
+
+async def test_truncated_handshake_frame_then_eof(raw: RawConnection) -> None:
+    await raw.send_raw(PROTOCOL_HEADER)
+    await raw.expect(commands.Connection.Start)
+    start_ok = frame.marshal(
+        commands.Connection.StartOk(
+            client_properties={}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
+        ),
+        0,
+    )
+    await raw.send_raw(start_ok[: len(start_ok) // 2])
+    raw.writer.write_eof()
+    assert await raw.expect_eof() == b""
+
+
+# -- framing ----------------------------------------------------------------------------------
+
+
+async def test_random_bytes_after_the_handshake_are_a_frame_error(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.send_raw(bytes.fromhex("9f3c07e1d2aa5b60c4f81e2d3344556677"))
+    await raw.expect_connection_close(501)
+
+
+async def test_truncated_frame_then_eof_leaves_no_trace(
+    raw: RawConnection, bystander: Bystander
+) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    name = unique("never-declared")
+    declare = frame.marshal(commands.Queue.Declare(queue=name), 1)
+    await raw.send_raw(declare[:-3])
+    raw.writer.write_eof()
+    assert await raw.expect_eof() == b""
+    with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+        await bystander.declare_queue(name, passive=True)
+
+
+async def test_oversized_frame_is_refused_on_its_header(raw: RawConnection) -> None:
+    """Only the 7-byte header is sent: the Close must come without waiting for a payload."""
+    tune = await raw.handshake()
+    assert tune.frame_max == 131072
+    await raw.send_raw(struct.pack(">BHI", 1, 0, 0x7FFFFFF0))
+    close = await raw.expect_connection_close(501)
+    assert "frame_max" in close.reply_text
+
+
+async def test_oversized_frame_on_a_channel_before_the_payload(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(publish(1) + struct.pack(">BHI", 3, 1, 131072 - 7))
+    await raw.expect_connection_close(501)
+
+
+async def test_frame_max_negotiated_in_tune_ok_applies(raw: RawConnection) -> None:
+    await raw.handshake(frame_max=4096)
+    await raw.open_channel()
+    queue = unique("fm")
+    await raw.send(1, commands.Queue.Declare(queue=queue, auto_delete=True))
+    await raw.expect(commands.Queue.DeclareOk, 1)
+    # A body frame of exactly frame_max is fine ...
+    fits = b"x" * (4096 - 8)
+    await raw.send_raw(publish(1, queue) + content_header(1, len(fits)) + raw_frame(3, 1, fits))
+    await raw.send(1, commands.Basic.Get(queue=queue, no_ack=True))
+    get_ok = await raw.expect(commands.Basic.GetOk, 1)
+    assert get_ok.routing_key == queue
+    await raw.expect(ContentHeader, 1)
+    assert (await raw.expect(ContentBody, 1)).value == fits
+    # ... one byte more is not.
+    await raw.send_raw(publish(1, queue) + content_header(1, 4089) + raw_frame(3, 1, b"x" * 4089))
+    await raw.expect_connection_close(501)
+
+
+async def test_bad_end_byte_is_501(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.send_raw(raw_frame(1, 1, frame.marshal(commands.Channel.Open(), 1)[7:-1], b"\x00"))
+    close = await raw.expect_connection_close(501)
+    assert "end byte" in close.reply_text
+
+
+async def test_heartbeat_on_a_channel_is_501(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(raw_frame(8, 1, b""))
+    await raw.expect_connection_close(501)
+
+
+@pytest.mark.parametrize("channel", [0, 1])
+async def test_unknown_frame_type_is_501(raw: RawConnection, channel: int) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(raw_frame(5, channel, b"\x00\x00"))
+    await raw.expect_connection_close(501)
+
+
+# -- methods ------------------------------------------------------------------------------
+
+
+async def test_unknown_class_is_540(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(method_frame(1, 99, 10))
+    await raw.expect_connection_close(540, 99, 10)
+
+
+async def test_unknown_class_on_channel_zero_is_540(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.send_raw(method_frame(0, 77, 1, b"\x00"))
+    await raw.expect_connection_close(540, 77, 1)
+
+
+async def test_unknown_method_of_a_known_class_is_503(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(method_frame(1, 50, 99))
+    await raw.expect_connection_close(503, 50, 99)
+
+
+QUEUE_DECLARE_HEAD = struct.pack(">H", 0) + b"\x05bad-q" + b"\x00"
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        # One entry "k" with the type tag '?', which no table value has.
+        QUEUE_DECLARE_HEAD + struct.pack(">I", 4) + b"\x01k?\x00",
+        # A table announcing 1000 bytes in a frame that has 7.
+        QUEUE_DECLARE_HEAD + struct.pack(">I", 1000) + b"\x01kt\x01",
+        # A key longer than the table.
+        QUEUE_DECLARE_HEAD + struct.pack(">I", 3) + b"\x09ab",
+        # The queue name is not UTF-8.
+        struct.pack(">H", 0) + b"\x02\xc3\x28" + b"\x00" + struct.pack(">I", 0),
+        # Cut off in the middle of the queue name.
+        struct.pack(">H", 0) + b"\x05ba",
+    ],
+    ids=["bad-type-tag", "table-too-long", "key-too-long", "not-utf8", "cut-short"],
+)
+async def test_undecodable_queue_declare_is_502(raw: RawConnection, arguments: bytes) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(method_frame(1, 50, 10, arguments))
+    await raw.expect_connection_close(502, 50, 10)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"\x00\x3c", b"\x00\x3c\x00\x28\x00\x00\x01"],
+    ids=["empty", "half-index", "publish-cut-short"],
+)
+async def test_short_method_payload_is_502(raw: RawConnection, payload: bytes) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(raw_frame(1, 1, payload))
+    await raw.expect_connection_close(502)
+
+
+# -- content sequence -----------------------------------------------------------------------
+
+
+async def test_content_header_without_publish_is_505(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(content_header(1, 3))
+    await raw.expect_connection_close(505)
+
+
+async def test_body_without_publish_is_505(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(raw_frame(3, 1, b"abc"))
+    await raw.expect_connection_close(505)
+
+
+async def test_body_before_header_is_505(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(publish(1) + raw_frame(3, 1, b"abc"))
+    await raw.expect_connection_close(505)
+
+
+@pytest.mark.parametrize("after_header", [False, True], ids=["before-header", "mid-body"])
+async def test_method_while_content_is_expected_is_505(
+    raw: RawConnection, after_header: bool
+) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    sequence = publish(1)
+    if after_header:
+        sequence += content_header(1, 10) + raw_frame(3, 1, b"12345")
+    await raw.send_raw(sequence + frame.marshal(commands.Queue.Declare(queue=unique("q")), 1))
+    await raw.expect_connection_close(505, 50, 10)
+
+
+async def test_content_header_on_channel_zero_is_505(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.send_raw(content_header(0, 3))
+    await raw.expect_connection_close(505)
+
+
+async def test_body_longer_than_announced_is_501(
+    raw: RawConnection, bystander: Bystander
+) -> None:
+    queue = await bystander.declare_queue(unique("too-long"), auto_delete=True)
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(
+        publish(1, queue.name)
+        + content_header(1, 4)
+        + raw_frame(3, 1, b"12")
+        + raw_frame(3, 1, b"345")
+    )
+    await raw.expect_connection_close(501)
+    # Nothing of the broken message reached the queue.
+    declared = await bystander.declare_queue(queue.name, passive=True)
+    assert declared.declaration_result.message_count == 0
+    await queue.delete()
+
+
+async def test_second_header_is_505(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    await raw.send_raw(publish(1) + content_header(1, 4) + content_header(1, 4))
+    await raw.expect_connection_close(505)
+
+
+# -- channels -----------------------------------------------------------------------------
+
+
+async def test_method_on_a_channel_never_opened_is_504(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.send(7, commands.Queue.Declare(queue=unique("q")))
+    await raw.expect_connection_close(504, 50, 10)
+
+
+async def test_content_on_a_channel_never_opened_is_504(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.send_raw(content_header(3, 1))
+    await raw.expect_connection_close(504)
+
+
+async def test_channel_open_twice_is_504(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel(1)
+    await raw.send(1, commands.Channel.Open())
+    await raw.expect_connection_close(504, 20, 10)
+
+
+async def test_channel_reopened_after_close_is_fine(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel(1)
+    await raw.send(1, commands.Channel.Close(200, "bye", 0, 0))
+    await raw.expect(commands.Channel.CloseOk, 1)
+    await raw.open_channel(1)
+
+
+async def test_channel_above_channel_max_is_refused(raw: RawConnection) -> None:
+    tune = await raw.handshake()
+    await raw.send(tune.channel_max + 1, commands.Channel.Open())
+    await raw.expect_connection_close(530, 20, 10)
+
+
+async def test_channel_method_before_open_ok_is_refused(raw: RawConnection) -> None:
+    await raw.send_raw(PROTOCOL_HEADER)
+    await raw.expect(commands.Connection.Start)
+    await raw.send(1, commands.Channel.Open())
+    close = await raw.expect(commands.Connection.Close)
+    assert close.reply_code == 504
+    await raw.send(0, commands.Connection.CloseOk())
+    assert await raw.expect_eof() == b""
+
+
+async def test_soft_error_closes_only_the_channel(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel(1)
+    await raw.open_channel(2)
+    await raw.send(1, commands.Queue.Declare(queue=unique("missing"), passive=True))
+    close = await raw.expect(commands.Channel.Close, 1)
+    assert (close.reply_code, close.class_id, close.method_id) == (404, 50, 10)
+    # Frames on the closing channel are dropped until Close-Ok; channel 2 carries on.
+    await raw.send(1, commands.Queue.Declare(queue=unique("ignored")))
+    await raw.send(2, commands.Queue.Declare(queue=unique("ok"), auto_delete=True))
+    await raw.expect(commands.Queue.DeclareOk, 2)
+    await raw.send(1, commands.Channel.CloseOk())
+    await raw.open_channel(1)
