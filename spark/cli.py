@@ -1,0 +1,137 @@
+"""``amqha report``: the command line of the failover report.
+
+Owns: option parsing, time and skew syntax, progress lines on stderr and turning input
+problems into a clear message with a non-zero exit. The work is ``spark.job.run_report``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+
+import click
+
+from spark.model import ReportError, parse_skew
+
+
+def _time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    """Seconds since the epoch, or an ISO 8601 time (UTC unless it says otherwise)."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter("expected epoch seconds or an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _conf(items: tuple[str, ...]) -> dict[str, str]:
+    conf = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--conf")
+        conf[key] = value
+    return conf
+
+
+@click.command(
+    "report",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  amqha report --events var/primary --events var/backup --out report-out
+  amqha report --events 'logs/*/events.jsonl*' --out r --since 2024-05-01T00:00Z
+  amqha report --events hdfs://nn/amqha/*/events.jsonl --out /shared/r \\
+               --master spark://spark-master:7077
+""",
+)
+@click.option(
+    "--events",
+    "paths",
+    multiple=True,
+    required=True,
+    metavar="PATH",
+    help="Event log to read (repeatable): a file, a directory (its *.jsonl* files), a glob, "
+    "a .gz file, or any Hadoop path (hdfs://, s3a://, ...).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, writable=True),
+    help="Directory for the tables (<table>/parquet/ and <table>/<table>.csv), summary.json, "
+    "timeline.png and spark.log.",
+)
+@click.option(
+    "--master",
+    default=None,
+    help="Spark master URL. Default local[*] (bound to 127.0.0.1), or the one spark-submit "
+    "was given.",
+)
+@click.option("--since", callback=_time, help="Window start: epoch seconds or ISO 8601 (UTC).")
+@click.option("--until", callback=_time, help="Window end: epoch seconds or ISO 8601 (UTC).")
+@click.option(
+    "--skew",
+    multiple=True,
+    metavar="NODE=SECONDS",
+    help="How far NODE's clock runs ahead of the primary's (repeatable); overrides the "
+    "estimate from peer_up/peer_lost records.",
+)
+@click.option(
+    "--no-skew-estimate",
+    is_flag=True,
+    help="Trust the clocks: only --skew corrects them.",
+)
+@click.option(
+    "--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark setting (repeatable)."
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
+def report(
+    paths: tuple[str, ...],
+    out: str,
+    master: str | None,
+    since: float | None,
+    until: float | None,
+    skew: tuple[str, ...],
+    no_skew_estimate: bool,
+    conf: tuple[str, ...],
+    quiet: bool,
+) -> None:
+    """Availability report from the failover event logs of both servers.
+
+    Reads the JSON Lines event logs (schema v1) with Spark and writes: failover incidents with
+    detection and takeover delays, client-visible outages (no server ACTIVE), dual-active
+    intervals, time in each state per server, redirects and refusals per minute, manual
+    recoveries, misconfigurations, availability over the window, and a timeline picture.
+    Bad lines are counted, never fatal; an unknown schema version is an error.
+    """
+    from spark.job import run_report  # Spark loads only when the command runs
+
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[*]"
+
+    def progress(message: str) -> None:
+        if not quiet:
+            click.echo(f"report: {message}", err=True)
+
+    try:
+        run_report(
+            paths,
+            out,
+            master=master,
+            since=since,
+            until=until,
+            skew=parse_skew(skew),
+            estimate_skew=not no_skew_estimate,
+            conf=_conf(conf),
+            progress=progress,
+            echo=lambda text: click.echo(text, nl=False),
+        )
+    except ReportError as error:
+        raise click.ClickException(str(error)) from None

@@ -1,0 +1,756 @@
+"""The failover report as a Spark job.
+
+Owns: the Spark session (quiet, loopback-only and UI-less when local), reading the event logs
+with an explicit schema, every metric as DataFrame operations, and writing the report (Parquet
+and CSV tables, ``summary.json``, ``timeline.png``). Per-node state intervals come from window
+functions (lead/lag and running sums over a node's records ordered by time); no Python UDFs,
+so executors run no Python. Only aggregates and the small tables (state runs, outages,
+incidents, recoveries: their size follows the number of failovers, not of events) reach the
+driver. The definitions are in ``spark.model`` and are checked against ``spark.reference``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark import timeline
+from spark.model import (
+    CORRUPT_COLUMN,
+    DOWN,
+    FIELDS,
+    MINUTE,
+    PEER_EVENTS,
+    RANK_MARKER,
+    RANK_ORIGIN,
+    RANK_RECORD,
+    RANK_STARTED,
+    RANK_STOPPED,
+    RECOVER_COMMAND,
+    RECOVERY_TRIGGERS,
+    REPORT_STATES,
+    SCHEMA_VERSION,
+    STATES,
+    TABLES,
+    ReportError,
+    UnknownVersionError,
+    build_summary,
+    crashed_at_tail,
+    estimate_offsets,
+    expand_paths,
+    local_path,
+    reference_node,
+    render_text,
+    report_window,
+    write_csv,
+)
+
+_TYPES = {"long": T.LongType(), "double": T.DoubleType(), "string": T.StringType()}
+SCHEMA = T.StructType(
+    [T.StructField(name, _TYPES[kind]) for name, kind in FIELDS]
+    + [T.StructField(CORRUPT_COLUMN, T.StringType())]
+)
+_BULK = ("redirect", "refuse")
+_ORDER = ("ts", "rank", "event", "state")  # a node's points, as in spark.reference
+_INF = float("inf")
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    """Progress sink that prints nothing."""
+
+
+# ---------------------------------------------------------------- session
+
+
+def is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+@contextmanager
+def _stderr_to(path: str):
+    """Point file descriptor 2 at ``path`` while the JVM starts: it inherits it, so Spark's own
+    console output (log4j, JVM warnings, progress bars) lands in the file for good."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def build_session(
+    master: str | None = "local[*]",
+    log_file: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A session for the report. ``master=None`` keeps the one spark-submit chose.
+
+    Locally, Spark binds to 127.0.0.1 and the UI is off. ``log_file`` receives everything the
+    JVM would print on the console; None leaves it on the console.
+    """
+    builder = SparkSession.builder.appName("amqha-report")
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if master is not None:
+        builder = builder.master(master)
+        if is_local(master):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            settings.update(
+                {
+                    "spark.driver.host": "127.0.0.1",
+                    "spark.driver.bindAddress": "127.0.0.1",
+                    "spark.driver.memory": "4g",
+                    "spark.sql.shuffle.partitions": str(2 * (os.cpu_count() or 1)),
+                }
+            )
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    if log_file is None:
+        session = builder.getOrCreate()
+    else:
+        with _stderr_to(log_file):
+            session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _uri(path: str) -> str:
+    return Path(path).as_uri() if os.path.isabs(path) else path
+
+
+def read_events(spark: SparkSession, files: Sequence[str]) -> DataFrame:
+    """Every line as a row: the v1 fields, ``file`` and ``good`` (parsed, typed, complete)."""
+    if files:
+        raw = (
+            spark.read.schema(SCHEMA)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+            .option("allowSingleQuotes", "false")
+            .json([_uri(f) for f in files])
+            .withColumn("file", F.col("_metadata.file_path"))
+        )
+    else:
+        raw = spark.createDataFrame([], SCHEMA).withColumn("file", F.lit(None).cast("string"))
+    ts, last_seen = F.col("ts"), F.col("last_seen")
+    good = (
+        F.col(CORRUPT_COLUMN).isNull()
+        & (F.col("v") == SCHEMA_VERSION)
+        & (F.abs(ts) < _INF)  # also false for null and NaN
+        & (F.length("node") > 0)
+        & (F.length("event") > 0)
+        & F.col("state").isin(*STATES)
+        & (last_seen.isNull() | (F.abs(last_seen) < _INF))
+    )
+    return raw.select(
+        *[F.col(f"`{name}`") for name, _ in FIELDS if name not in ("listen", "client")],
+        "file",
+        F.coalesce(good, F.lit(False)).alias("good"),
+    )
+
+
+def _rank(event: Column) -> Column:
+    return (
+        F.when(event == "started", RANK_STARTED)
+        .when(event == "stopped", RANK_STOPPED)
+        .otherwise(RANK_RECORD)
+    )
+
+
+def _lookup(values: Mapping[str, float], key: Column, default: float) -> Column:
+    if not values:
+        return F.lit(default)
+    table = F.create_map(*[x for k, v in values.items() for x in (F.lit(k), F.lit(v))])
+    return F.coalesce(table[key], F.lit(default))
+
+
+def _running(order: Window) -> Window:
+    return order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+
+
+def _typed(name: str, df: DataFrame) -> DataFrame:
+    columns, _ = TABLES[name]
+    return df.select(*[F.col(c).cast(_TYPES[k]).alias(c) for c, k in columns])
+
+
+def _sorted(name: str, df: DataFrame) -> DataFrame:
+    """One partition in the table's order (tables are written and read back in that order)."""
+    _, order = TABLES[name]
+    return df.repartition(1).sortWithinPartitions(*order)
+
+
+def _rows(name: str, df: DataFrame) -> list[dict[str, Any]]:
+    _, order = TABLES[name]
+    rows = [row.asDict() for row in df.collect()]
+    rows.sort(key=lambda row: tuple(row[c] for c in order))
+    return rows
+
+
+@dataclass
+class SparkReport:
+    summary: dict
+    tables: dict[str, DataFrame]  # typed as spark.model.TABLES says, cached
+    small: dict[str, list[dict[str, Any]]]  # every table but redirects_per_minute, collected
+    activity: list[dict[str, Any]]  # redirects + refusals per node in at most ~1500 buckets
+
+
+@dataclass
+class _Scan:
+    """What one pass over the parsed lines tells: enough to choose clocks and the window."""
+
+    bad_by_file: dict[str, int]
+    nodes: list[str]
+    count: int
+    first: dict[str, float]
+    last: dict[str, float]
+    primaries: list[str]
+    bounds: dict[tuple[str, str], float]
+
+
+def _scan(lines: DataFrame) -> _Scan:
+    """Bad lines per file, the schema version check, per-node extent and role, and the
+    causal clock bounds, in one aggregation (a row per file, node and peer)."""
+    good = F.col("good")
+    version_error = F.col("v").isNotNull() & (F.col("v") != SCHEMA_VERSION)
+    about_peer = (
+        good
+        & F.col("event").isin(*PEER_EVENTS)
+        & F.col("last_seen").isNotNull()
+        & (F.col("peer") != F.col("node"))
+    )
+    rows = (
+        lines.groupBy(
+            "file",
+            F.when(good, F.col("node")).alias("node"),
+            F.when(about_peer, F.col("peer")).alias("peer"),
+        )
+        .agg(
+            F.sum((~good & ~version_error).cast("int")).alias("bad"),
+            F.min(F.when(version_error, F.col("v"))).alias("bad_version"),
+            F.sum(good.cast("int")).alias("n"),
+            F.min(F.when(good, F.col("ts"))).alias("first"),
+            F.max(F.when(good, F.col("ts"))).alias("last"),
+            F.max(good & (F.col("role") == "primary")).alias("primary"),
+            F.max(F.when(about_peer, F.col("last_seen") - F.col("ts"))).alias("bound"),
+        )
+        .collect()
+    )
+    versions = sorted(
+        (local_path(r["file"]), r["bad_version"]) for r in rows if r["bad_version"] is not None
+    )
+    if versions:
+        raise UnknownVersionError(*versions[0])
+    scan = _Scan({}, [], 0, {}, {}, [], {})
+    for r in rows:
+        if r["bad"]:
+            path = local_path(r["file"])
+            scan.bad_by_file[path] = scan.bad_by_file.get(path, 0) + r["bad"]
+        node = r["node"]
+        if node is None:
+            continue
+        scan.count += r["n"]
+        scan.first[node] = min(scan.first.get(node, r["first"]), r["first"])
+        scan.last[node] = max(scan.last.get(node, r["last"]), r["last"])
+        if r["primary"]:
+            scan.primaries.append(node)
+    scan.nodes = sorted(scan.first)
+    for r in rows:
+        pair = (r["node"], r["peer"])
+        if r["peer"] in scan.first:
+            scan.bounds[pair] = max(scan.bounds.get(pair, r["bound"]), r["bound"])
+    return scan
+
+
+def _crashed_at_tail(ev: DataFrame, lost: DataFrame) -> list[str]:
+    """The nodes ``spark.model.crashed_at_tail`` takes as dead after their last sign of
+    life: one aggregation over each node's records and its peers' peer_lost about it."""
+    nothing = F.lit(None)
+    facts = ev.select(
+        "node", *_ORDER, nothing.cast("double").alias("claim"), nothing.cast("double").alias("seen")
+    ).unionByName(
+        lost.select(
+            F.col("peer").alias("node"),
+            nothing.cast("double").alias("ts"),
+            nothing.cast("int").alias("rank"),
+            nothing.cast("string").alias("event"),
+            nothing.cast("string").alias("state"),
+            F.col("ts").alias("claim"),
+            F.col("last_seen").alias("seen"),
+        )
+    )
+    key = F.when(F.col("event").isNotNull(), F.struct(*_ORDER))
+    is_peer = F.col("event").isin(*PEER_EVENTS)
+    rows = (
+        facts.groupBy("node")
+        .agg(
+            F.max("ts").alias("last"),
+            F.max_by("event", key).alias("last_event"),
+            F.max_by(F.when(is_peer, F.col("event")), F.when(is_peer, key)).alias("last_peer"),
+            F.max("claim").alias("claim"),
+            F.max("seen").alias("seen"),
+        )
+        .collect()
+    )
+    return [
+        r["node"]
+        for r in rows
+        if r["last"] is not None
+        and crashed_at_tail(
+            r["last_event"],
+            r["last"] if r["seen"] is None else max(r["last"], r["seen"]),
+            r["claim"],
+            r["last_peer"],
+        )
+    ]
+
+
+def _node_order() -> Window:
+    """A node's points in time order (the same order as ``spark.reference``)."""
+    return Window.partitionBy("node").orderBy(*_ORDER)
+
+
+def _state_intervals(
+    ev: DataFrame,
+    lost: DataFrame,
+    node_names: DataFrame,
+    crashed: Sequence[str],
+    window: tuple[float, float],
+) -> DataFrame:
+    """Each node's states as maximal runs clipped to the window.
+
+    A node's points are its records, an origin before them all (DOWN), and the signs of life
+    its peers' peer_lost records give (their last_seen: the state carries on to there). A
+    point holds its state until the next point, except that the gap before a ``started``
+    is DOWN (a crash leaves no ``stopped``) and so is the tail of a node that crashed at the
+    end of its log.
+    """
+    lo, hi = window
+    blank = F.lit("")
+    points = (
+        ev.select(
+            "node",
+            *_ORDER,
+            F.when(F.col("event") == "stopped", F.lit(DOWN))
+            .otherwise(F.col("state"))
+            .alias("carried"),
+        )
+        .unionByName(
+            lost.filter(F.col("last_seen").isNotNull()).select(
+                F.col("peer").alias("node"),
+                F.col("last_seen").alias("ts"),
+                F.lit(RANK_MARKER).alias("rank"),
+                blank.alias("event"),
+                blank.alias("state"),
+                F.lit(None).cast("string").alias("carried"),
+            )
+        )
+        .unionByName(
+            node_names.select(
+                "node",
+                F.lit(-_INF).alias("ts"),
+                F.lit(RANK_ORIGIN).alias("rank"),
+                blank.alias("event"),
+                blank.alias("state"),
+                F.lit(DOWN).alias("carried"),
+            )
+        )
+    )
+    next_ts = F.lead("ts").over(_node_order())
+    held = (
+        F.when(F.lead("rank").over(_node_order()) == RANK_STARTED, F.lit(DOWN))
+        .when(next_ts.isNull() & F.col("node").isin(*crashed), F.lit(DOWN))
+        .otherwise(F.last("carried", ignorenulls=True).over(_running(_node_order())))
+    )
+    pieces = points.select(
+        "node",
+        *_ORDER,
+        held.alias("state_held"),
+        F.greatest("ts", F.lit(lo)).alias("start"),
+        F.least(F.coalesce(next_ts, F.lit(hi)), F.lit(hi)).alias("end"),
+    ).filter(F.col("end") > F.col("start"))
+    held_before = F.lag("state_held").over(_node_order())
+    changed = F.coalesce(held_before != F.col("state_held"), F.lit(True)).cast("int")
+    return (
+        pieces.withColumn("run", F.sum(changed).over(_running(_node_order())))
+        .groupBy("node", "run")
+        .agg(
+            F.min("state_held").alias("state"),
+            F.min("start").alias("start"),
+            F.max("end").alias("end"),
+        )
+        .withColumn("duration_s", F.col("end") - F.col("start"))
+    )
+
+
+def _state_time(
+    spark: SparkSession, intervals: DataFrame, node_names: DataFrame, window: tuple[float, float]
+) -> DataFrame:
+    lo, hi = window
+    states = spark.range(1).select(
+        F.explode(F.array(*[F.lit(s) for s in REPORT_STATES])).alias("state")
+    )
+    seconds = F.coalesce(F.col("seconds"), F.lit(0.0))
+    return (
+        node_names.crossJoin(states)
+        .join(
+            intervals.groupBy("node", "state").agg(F.sum("duration_s").alias("seconds")),
+            ["node", "state"],
+            "left",
+        )
+        .select(
+            "node",
+            "state",
+            seconds.alias("seconds"),
+            (seconds / F.lit(hi - lo) if hi > lo else F.lit(None)).alias("fraction"),
+        )
+    )
+
+
+def _spells(spark: SparkSession, intervals: DataFrame, window: tuple[float, float]) -> DataFrame:
+    """Outages (no node ACTIVE) and dual-active spells (two or more), as ``kind``, start,
+    end: a sweep over the ACTIVE runs' edges with a running count, then consecutive segments
+    of one kind merged. The edges are few (two per ACTIVE run): one partition is fine."""
+    lo, hi = window
+    active = intervals.filter(F.col("state") == "ACTIVE")
+    edges = (
+        active.select(F.col("start").alias("t"), F.lit(1).alias("d"))
+        .unionByName(active.select(F.col("end").alias("t"), F.lit(-1).alias("d")))
+        .unionByName(
+            spark.range(1).select(
+                F.explode(F.array(F.lit(lo), F.lit(hi))).alias("t"), F.lit(0).alias("d")
+            )
+        )
+        .groupBy("t")
+        .agg(F.sum("d").alias("d"))
+    )
+    sweep = Window.orderBy("t")
+    count = F.sum("d").over(_running(sweep))
+    segments = edges.select(
+        F.col("t").alias("start"),
+        F.lead("t").over(sweep).alias("end"),
+        F.when(count == 0, F.lit("outage")).when(count >= 2, F.lit("dual")).alias("kind"),
+    ).filter(F.col("end").isNotNull())
+    by_start = Window.orderBy("start")
+    changed = F.coalesce(~F.lag("kind").over(by_start).eqNullSafe(F.col("kind")), F.lit(True)).cast(
+        "int"
+    )
+    return (
+        segments.withColumn("spell", F.sum(changed).over(_running(by_start)))
+        .filter(F.col("kind").isNotNull())
+        .groupBy("kind", "spell")
+        .agg(F.min("start").alias("start"), F.max("end").alias("end"))
+        .withColumn("duration_s", F.col("end") - F.col("start"))
+    )
+
+
+def _incidents(specials: DataFrame, in_window: Column) -> DataFrame:
+    """Each peer_lost and what the survivor did next: ACTIVE already, a transition to
+    ACTIVE (takeover), a restart or stop (survivor down), or nothing yet (unresolved)."""
+    resolvers = specials.filter(
+        F.col("event").isin("peer_lost", "started", "stopped")
+        | ((F.col("event") == "transition") & (F.col("state") == "ACTIVE"))
+    )
+    was_active = F.col("state") == "ACTIVE"
+    took_over = ~was_active & (F.col("next_event") == "transition")
+    return (
+        resolvers.select(
+            "*",
+            F.lead("event").over(_node_order()).alias("next_event"),
+            F.lead("ts").over(_node_order()).alias("next_ts"),
+            F.lead("trigger").over(_node_order()).alias("next_trigger"),
+        )
+        .filter((F.col("event") == "peer_lost") & in_window)
+        .select(
+            "node",
+            "peer",
+            "peer_state",
+            "epoch",
+            "last_seen",
+            F.col("ts").alias("lost_ts"),
+            (F.col("ts") - F.col("last_seen")).alias("detection_delay_s"),
+            F.when(was_active, F.col("ts")).when(took_over, F.col("next_ts")).alias("active_ts"),
+            F.when(was_active, F.lit("already_active"))
+            .when(took_over, F.lit("takeover"))
+            .when(F.col("next_event").isin("started", "stopped"), F.lit("survivor_down"))
+            .otherwise(F.lit("unresolved"))
+            .alias("outcome"),
+            F.when(took_over, F.col("next_trigger")).alias("trigger"),
+        )
+        .withColumn("takeover_delay_s", F.col("active_ts") - F.col("lost_ts"))
+    )
+
+
+def _per_minute(ev: DataFrame, in_window: Column) -> DataFrame:
+    minute = (F.floor(F.col("ts") / MINUTE) * MINUTE).alias("minute_start")
+    return (
+        ev.filter(F.col("event").isin(*_BULK) & in_window)
+        .groupBy("node", minute)
+        .agg(
+            F.sum((F.col("event") == "redirect").cast("long")).alias("redirects"),
+            F.sum((F.col("event") == "refuse").cast("long")).alias("refusals"),
+        )
+        .withColumn(
+            "minute",
+            F.date_format(F.timestamp_seconds("minute_start"), "yyyy-MM-dd'T'HH:mm:00'Z'"),
+        )
+    )
+
+
+def compute(
+    spark: SparkSession,
+    paths: Iterable[str],
+    since: float | None = None,
+    until: float | None = None,
+    skew: Mapping[str, float] | None = None,
+    estimate_skew: bool = True,
+    progress: Progress = _quiet,
+) -> SparkReport:
+    started = time.monotonic()
+
+    def step(message: str) -> None:
+        progress(f"[{time.monotonic() - started:7.1f}s] {message}")
+
+    files = expand_paths(paths)
+    step(f"reading {len(files)} file(s)")
+    lines = read_events(spark, files).cache()
+    transient = [lines]  # cached while the tables are computed
+    try:
+        scan = _scan(lines)
+    except UnknownVersionError:
+        lines.unpersist()
+        raise
+    nodes = scan.nodes
+    step(
+        f"{scan.count} events from {len(nodes)} node(s),"
+        f" {sum(scan.bad_by_file.values())} bad line(s)"
+    )
+
+    given = dict(skew or {})
+    offsets: dict = {}
+    warnings: list[str] = []
+    base = 0.0
+    if nodes:
+        reference = reference_node(nodes, scan.primaries)
+        offsets, warnings = estimate_offsets(nodes, reference, scan.bounds, given, estimate_skew)
+        base = given.get(reference, 0.0)
+    shifts = {node: o.seconds for node, o in offsets.items()}
+    if any(shifts.values()):
+        step(
+            "clock offsets: "
+            + ", ".join(f"{n} {o.seconds:+.6f}s ({o.source})" for n, o in offsets.items())
+        )
+    window = report_window(
+        since,
+        until,
+        min((scan.first[n] - shifts[n] for n in nodes), default=None),
+        max((scan.last[n] - shifts[n] for n in nodes), default=None),
+    )
+
+    ev = lines.filter("good").select(
+        "node",
+        (F.col("ts") - _lookup(shifts, F.col("node"), base)).alias("ts"),
+        _rank(F.col("event")).alias("rank"),
+        "event",
+        "state",
+        "peer",
+        "peer_state",
+        "epoch",
+        (F.col("last_seen") - _lookup(shifts, F.col("peer"), base)).alias("last_seen"),
+        "trigger",
+        F.col("`from`").alias("from_state"),
+        F.col("`to`").alias("to_state"),
+        "user",
+        "command",
+        "result",
+        "peer_epoch",
+        "reason",
+    )
+    specials = ev.filter(~F.col("event").isin(*_BULK)).cache()
+    transient.append(specials)
+    tables = {name: spark.createDataFrame([], _schema(name)) for name in TABLES}
+    dual_events = 0
+
+    if window is not None:
+        lo, hi = window
+        in_window = F.col("ts").between(lo, hi)
+        step(f"window {lo:.3f} .. {hi:.3f} ({hi - lo:.3f}s); building state intervals")
+        lost = specials.filter(
+            (F.col("event") == "peer_lost")
+            & F.col("peer").isin(*nodes)
+            & (F.col("peer") != F.col("node"))
+        )
+        crashed = _crashed_at_tail(ev, lost)
+        node_names = spark.createDataFrame([(n,) for n in nodes], "node string")
+        intervals = _typed(
+            "state_intervals", _state_intervals(ev, lost, node_names, crashed, window)
+        ).cache()
+        tables["state_intervals"] = intervals
+        tables["state_time"] = _typed(
+            "state_time", _state_time(spark, intervals, node_names, window)
+        )
+        spells = _spells(spark, intervals, window).cache()
+        transient.append(spells)
+        tables["outages"] = _typed("outages", spells.filter(F.col("kind") == "outage"))
+        tables["dual_active"] = _typed("dual_active", spells.filter(F.col("kind") == "dual"))
+
+        step("incidents, redirects, recoveries")
+        tables["incidents"] = _typed("incidents", _incidents(specials, in_window))
+        tables["redirects_per_minute"] = _typed("redirects_per_minute", _per_minute(ev, in_window))
+        windowed = specials.filter(in_window)
+        tables["recoveries"] = _typed(
+            "recoveries",
+            windowed.filter(
+                ((F.col("event") == "console") & F.col("command").rlike(RECOVER_COMMAND))
+                | ((F.col("event") == "transition") & F.col("trigger").isin(*RECOVERY_TRIGGERS))
+            ),
+        )
+        tables["misconfigurations"] = _typed(
+            "misconfigurations", windowed.filter(F.col("event") == "misconfigured")
+        )
+        dual_events = windowed.filter(F.col("event") == "dual_active").count()
+
+    # Cache every table and fill the caches before letting go of the parsed events: writing a
+    # table later must not read the logs again.
+    tables = {name: df if df.is_cached else df.cache() for name, df in tables.items()}
+    small = {name: _rows(name, df) for name, df in tables.items() if name != "redirects_per_minute"}
+    totals = (
+        tables["redirects_per_minute"]
+        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
+        .first()
+    )
+    activity = _activity(tables["redirects_per_minute"], window)
+    summary = build_summary(
+        files=files,
+        events=scan.count,
+        bad_lines_by_file=scan.bad_by_file,
+        nodes=nodes,
+        offsets=offsets,
+        warnings=warnings,
+        window=window,
+        tables=small,
+        redirects=(totals["redirects"] or 0) if totals else 0,
+        refusals=(totals["refusals"] or 0) if totals else 0,
+        dual_active_events=dual_events,
+    )
+    for df in transient:
+        df.unpersist()
+    step("computed")
+    return SparkReport(summary, tables, small, activity)
+
+
+def _schema(name: str) -> T.StructType:
+    columns, _ = TABLES[name]
+    return T.StructType([T.StructField(c, _TYPES[k]) for c, k in columns])
+
+
+def _activity(per_minute: DataFrame, window: tuple[float, float] | None) -> list[dict[str, Any]]:
+    """Redirects and refusals per node, in buckets of whole minutes, few enough to plot."""
+    if window is None:
+        return []
+    minutes = max(1, math.ceil((window[1] - window[0]) / MINUTE / 1500))
+    width = minutes * MINUTE
+    buckets = [
+        row.asDict()
+        for row in per_minute.groupBy(
+            "node", (F.floor(F.col("minute_start") / width) * width).alias("bucket")
+        )
+        .agg((F.sum("redirects") + F.sum("refusals")).alias("count"))
+        .withColumn("width", F.lit(width))
+        .collect()
+    ]
+    return sorted(buckets, key=lambda row: (row["node"], row["bucket"]))
+
+
+# ---------------------------------------------------------------- output
+
+
+def write_report(report: SparkReport, out: str, progress: Progress = _quiet) -> None:
+    """Tables as ``<out>/<table>/parquet/`` (Spark) and ``<out>/<table>/<table>.csv``, then
+    ``summary.json`` and ``timeline.png``. ``out`` is a directory on the driver; on a
+    cluster it must be on a file system the executors share (they write the Parquet parts)."""
+    os.makedirs(out, exist_ok=True)
+    for name, df in report.tables.items():
+        progress(f"writing {name}")
+        folder = os.path.join(out, name)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        ordered = _sorted(name, df)
+        ordered.write.parquet(_uri(os.path.abspath(os.path.join(folder, "parquet"))))
+        rows = (
+            ([r[c] for c in df.columns] for r in report.small[name])
+            if name in report.small
+            else (tuple(r) for r in ordered.toLocalIterator())
+        )
+        write_csv(os.path.join(folder, f"{name}.csv"), df.columns, rows)
+    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as stream:
+        json.dump(report.summary, stream, indent=2, sort_keys=False)
+        stream.write("\n")
+    progress("drawing timeline.png")
+    timeline.render(
+        os.path.join(out, "timeline.png"),
+        report.summary,
+        report.small,
+        report.activity,
+    )
+
+
+def run_report(
+    paths: Iterable[str],
+    out: str,
+    master: str | None = "local[*]",
+    since: float | None = None,
+    until: float | None = None,
+    skew: Mapping[str, float] | None = None,
+    estimate_skew: bool = True,
+    conf: Mapping[str, str] | None = None,
+    progress: Progress = _quiet,
+    echo: Callable[[str], None] | None = None,
+) -> dict:
+    """Compute the report, write it to ``out`` and return the summary.
+
+    Reuses an active Spark session (a test's, spark-submit's) and leaves it running; otherwise
+    starts one on ``master`` with Spark's console output in ``<out>/spark.log`` and stops it.
+    ``echo`` receives the human summary.
+    """
+    paths = list(paths)
+    if not paths:
+        raise ReportError("no --events given")
+    os.makedirs(out, exist_ok=True)
+    spark = SparkSession.getActiveSession()
+    owned = spark is None
+    if spark is None:
+        progress(f"starting Spark ({master or 'from spark-submit'}); its log: {out}/spark.log")
+        spark = build_session(master, os.path.join(out, "spark.log"), conf)
+    try:
+        report = compute(spark, paths, since, until, skew, estimate_skew, progress)
+        write_report(report, out, progress)
+    finally:
+        if owned:
+            spark.stop()
+    if echo is not None:
+        echo(render_text(report.summary, report.small))
+    return report.summary

@@ -1,0 +1,47 @@
+"""Hand-built failover event logs (schema v1) for the report's tests: a small writer that
+appends records per server the way the servers do, with an optional clock skew."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z; minute 1699999980 starts 20 s before
+
+
+class Server:
+    """One server's log. ``at`` is true time in seconds after T0; ``skew`` is how far this
+    server's clock runs ahead, so its records say ``T0 + at + skew``."""
+
+    def __init__(self, name: str, role: str, skew: float = 0.0) -> None:
+        self.name, self.role, self.skew = name, role, skew
+        self.lines: list[str] = []
+
+    def clock(self, at: float) -> float:
+        return T0 + at + self.skew
+
+    def record(self, at: float, event: str, state: str, epoch: int = 0, **fields) -> Server:
+        record = {
+            "v": 1,
+            "ts": self.clock(at),
+            "node": self.name,
+            "role": self.role,
+            "epoch": epoch,
+            "state": state,
+            "event": event,
+            **fields,
+        }
+        self.lines.append(json.dumps(record))
+        return self
+
+    def raw(self, text: str) -> Server:
+        self.lines.append(text)
+        return self
+
+    def write(self, folder: Path, torn: str | None = None) -> Path:
+        """Write ``<folder>/<name>/events.jsonl``; ``torn`` is a last line cut mid-write."""
+        path = folder / self.name / "events.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = "".join(line + "\n" for line in self.lines)
+        path.write_text(text + (torn or ""), encoding="utf-8")
+        return path

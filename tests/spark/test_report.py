@@ -1,0 +1,377 @@
+"""The failover report on hand-built logs: the reference gives the answers worked out by hand
+below, and the Spark job gives exactly the reference's tables and summary.
+
+Times are seconds after ``T0``; the scenarios are described in ``tests.spark.scenarios``.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from spark import job, reference
+from spark.model import REPORT_STATES, UnknownVersionError
+from tests.spark import scenarios
+from tests.spark.compare import assert_same_report, same
+from tests.spark.logs import T0
+
+MINUTE_0 = 1_699_999_980  # the minute holding T0 .. T0 + 40 s
+MINUTE_1 = 1_700_000_040  # T0 + 40 s .. T0 + 100 s
+
+
+@dataclass
+class Known:
+    """A scenario's answers, worked out by hand from its story."""
+
+    window: float
+    availability: float
+    outages: list[tuple[float, float]]
+    state_seconds: dict[str, dict[str, float]]
+    incidents: list[tuple]  # node, peer, detection, outcome, takeover, trigger
+    per_minute: list[tuple]  # node, minute start, redirects, refusals
+    events: int
+    dual_active: list[tuple[float, float]] = field(default_factory=list)
+    recoveries: list[tuple] = field(default_factory=list)  # at, node, event, trigger
+    misconfigurations: int = 0
+    dual_active_events: int = 0
+    bad_lines: int = 0
+
+
+def write(servers, folder: Path) -> list[str]:
+    return [str(server.write(folder)) for server in servers]
+
+
+CASES = {
+    # Primary killed at ~10 s (last heard 9.5 s): DOWN from then, as the backup's peer_lost
+    # says; outage until the client vote makes the backup ACTIVE at 14 s.
+    "crash_takeover": Known(
+        window=20.0,
+        availability=1 - (1.01 + 4.5) / 20,
+        outages=[(0.0, 1.01), (9.5, 14.0)],
+        state_seconds={
+            "primary": {"PRIMARY": 1.01, "ACTIVE": 8.49, "DOWN": 10.5},
+            "backup": {"DOWN": 0.5, "BACKUP": 0.6, "PASSIVE": 12.9, "ACTIVE": 6.0},
+        },
+        incidents=[("backup", "primary", 3.0, "takeover", 1.5, "CLIENT_REQUEST")],
+        per_minute=[("backup", MINUTE_0, 2, 0)],
+        events=11,
+    ),
+    # Then the primary restarts at 30 s (DOWN 9.5 .. 30), PRIMARY until it sees the ACTIVE
+    # backup and goes PASSIVE at 31.01 s; stopped at 58 s.
+    "restart_passive": Known(
+        window=60.0,
+        availability=1 - (1.01 + 4.5) / 60,
+        outages=[(0.0, 1.01), (9.5, 14.0)],
+        state_seconds={
+            "primary": {"PRIMARY": 2.02, "ACTIVE": 8.49, "DOWN": 20.5 + 2.0, "PASSIVE": 26.99},
+            "backup": {"DOWN": 0.5, "BACKUP": 0.6, "PASSIVE": 12.9, "ACTIVE": 46.0},
+        },
+        incidents=[("backup", "primary", 3.0, "takeover", 1.5, "CLIENT_REQUEST")],
+        per_minute=[("backup", MINUTE_0, 2, 0), ("primary", MINUTE_1, 2, 1)],
+        events=19,
+    ),
+    # Failback at 45 s: no server ACTIVE between the backup's MANUAL_RECOVER (45.01 s) and
+    # the primary's HANDOVER (45.05 s).
+    "console_recovery": Known(
+        window=60.0,
+        availability=1 - (1.01 + 4.5 + 0.04) / 60,
+        outages=[(0.0, 1.01), (9.5, 14.0), (45.01, 45.05)],
+        state_seconds={
+            "primary": {"PRIMARY": 2.02, "ACTIVE": 8.49 + 14.95, "DOWN": 20.5, "PASSIVE": 14.04},
+            "backup": {"DOWN": 0.5 + 1.0, "BACKUP": 0.6, "PASSIVE": 12.9 + 13.99, "ACTIVE": 31.01},
+        },
+        incidents=[("backup", "primary", 3.0, "takeover", 1.5, "CLIENT_REQUEST")],
+        per_minute=[
+            ("backup", MINUTE_0, 2, 0),
+            ("backup", MINUTE_1, 1, 0),
+            ("primary", MINUTE_1, 2, 0),
+        ],
+        recoveries=[
+            (35.0, "backup", "console", None),
+            (45.0, "backup", "console", None),
+            (45.01, "backup", "transition", "MANUAL_RECOVER"),
+            (45.05, "primary", "transition", "HANDOVER"),
+        ],
+        events=24,
+    ),
+    # Both sides lose each other; the primary stays ACTIVE, the backup goes ACTIVE at 15 s:
+    # dual active until the primary steps down at 20.02 s. Nobody is DOWN in between.
+    "link_cut": Known(
+        window=31.0,
+        availability=1 - 1.01 / 31,
+        outages=[(0.0, 1.01)],
+        dual_active=[(15.0, 20.02)],
+        state_seconds={
+            "primary": {"PRIMARY": 1.01, "ACTIVE": 19.01, "PASSIVE": 9.98, "DOWN": 1.0},
+            "backup": {"DOWN": 0.5, "BACKUP": 0.6, "PASSIVE": 13.9, "ACTIVE": 16.0},
+        },
+        incidents=[
+            ("backup", "primary", 3.0, "takeover", 2.5, "CLIENT_REQUEST"),
+            ("primary", "backup", 3.0, "already_active", 0.0, None),
+        ],
+        per_minute=[("backup", MINUTE_0, 2, 0), ("primary", MINUTE_0, 2, 0)],
+        misconfigurations=1,
+        dual_active_events=1,
+        events=20,
+    ),
+}
+
+
+def build(name: str, folder: Path) -> list[str]:
+    return write(getattr(scenarios, name)(), folder)
+
+
+def check_known(report: reference.Report, known: Known) -> None:
+    summary, tables = report.summary, report.tables
+    same(summary["window"]["seconds"], known.window, "window")
+    same(summary["availability"], known.availability, "availability")
+    same([(o["start"] - T0, o["end"] - T0) for o in tables["outages"]], known.outages, "outages")
+    same(
+        [(d["start"] - T0, d["end"] - T0) for d in tables["dual_active"]],
+        known.dual_active,
+        "dual_active",
+    )
+    expected_seconds = {
+        node: {state: states.get(state, 0.0) for state in REPORT_STATES}
+        for node, states in known.state_seconds.items()
+    }
+    same(summary["state_seconds"], expected_seconds, "state_seconds")
+    same(
+        [
+            (
+                i["node"],
+                i["peer"],
+                i["detection_delay_s"],
+                i["outcome"],
+                i["takeover_delay_s"],
+                i["trigger"],
+            )
+            for i in tables["incidents"]
+        ],
+        known.incidents,
+        "incidents",
+    )
+    same(
+        [
+            (r["node"], r["minute_start"], r["redirects"], r["refusals"])
+            for r in tables["redirects_per_minute"]
+        ],
+        known.per_minute,
+        "redirects_per_minute",
+    )
+    same(
+        [(r["ts"] - T0, r["node"], r["event"], r["trigger"]) for r in tables["recoveries"]],
+        known.recoveries,
+        "recoveries",
+    )
+    assert summary["misconfigurations"] == known.misconfigurations
+    assert summary["dual_active"]["events"] == known.dual_active_events
+    assert summary["events"] == known.events
+    assert summary["bad_lines"] == known.bad_lines
+    # Time in states adds up to the window for every server.
+    for node, states in summary["state_seconds"].items():
+        same(sum(states.values()), known.window, f"{node} total")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_reference_gives_the_known_answer(name: str, tmp_path: Path) -> None:
+    check_known(reference.compute(build(name, tmp_path)), CASES[name])
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("name", CASES)
+def test_spark_equals_reference(name: str, tmp_path: Path, spark_session) -> None:
+    paths = build(name, tmp_path)
+    assert_same_report(job.compute(spark_session, paths), reference.compute(paths))
+
+
+def test_console_recovery_details(tmp_path: Path) -> None:
+    report = reference.compute(build("console_recovery", tmp_path))
+    assert report.summary["manual_recoveries"] == {
+        "recover_commands": 2,
+        "manual_recover_transitions": 1,
+        "handovers": 1,
+    }
+    refused, accepted = (r for r in report.tables["recoveries"] if r["event"] == "console")
+    assert refused["result"].startswith("refused")
+    assert (accepted["user"], accepted["command"], accepted["result"]) == ("admin", "recover", "ok")
+
+
+def test_link_cut_misconfiguration(tmp_path: Path) -> None:
+    (row,) = reference.compute(build("link_cut", tmp_path)).tables["misconfigurations"]
+    assert (row["ts"] - T0, row["node"], row["peer"], row["peer_epoch"]) == (
+        5.0,
+        "primary",
+        "primary-2",
+        0,
+    )
+
+
+# ---------------------------------------------------------------- torn and garbage lines
+
+
+def torn_logs(folder: Path) -> list[str]:
+    """crash_takeover with the primary's last line torn by the kill, a garbage line in the
+    middle of the backup's log, and the backup's log rotated to gzip."""
+    primary, backup = scenarios.crash_takeover()
+    backup.lines.insert(3, "this is not JSON")
+    primary_path = primary.write(folder, torn='{"v":1,"ts":1700000009.9,"node":"prim')
+    backup_path = backup.write(folder)
+    gz = backup_path.with_name("events.jsonl.1.gz")
+    gz.write_bytes(gzip.compress(backup_path.read_bytes()))
+    backup_path.unlink()
+    return [str(primary_path), str(gz.parent)]
+
+
+def test_torn_last_line_is_counted_not_fatal(tmp_path: Path) -> None:
+    report = reference.compute(torn_logs(tmp_path))
+    check_known(report, _with_bad_lines(2))
+    assert report.summary["bad_lines_by_file"] == {
+        str(tmp_path / "primary" / "events.jsonl"): 1,
+        str(tmp_path / "backup" / "events.jsonl.1.gz"): 1,
+    }
+
+
+def _with_bad_lines(count: int) -> Known:
+    known = CASES["crash_takeover"]
+    return Known(**{**known.__dict__, "bad_lines": count})
+
+
+@pytest.mark.spark
+def test_torn_last_line_spark_equals_reference(tmp_path: Path, spark_session) -> None:
+    paths = torn_logs(tmp_path)
+    assert_same_report(job.compute(spark_session, paths), reference.compute(paths))
+
+
+# ---------------------------------------------------------------- empty input
+
+
+def empty_logs(folder: Path) -> list[str]:
+    (folder / "primary").mkdir()
+    (folder / "primary" / "events.jsonl").write_bytes(b"")
+    (folder / "backup").mkdir()  # a server that never wrote its log
+    return [str(folder / "primary"), str(folder / "backup")]
+
+
+def test_empty_input(tmp_path: Path) -> None:
+    report = reference.compute(empty_logs(tmp_path))
+    summary = report.summary
+    assert (summary["events"], summary["bad_lines"], summary["nodes"]) == (0, 0, [])
+    assert summary["window"] is None and summary["availability"] is None
+    assert all(rows == [] for rows in report.tables.values())
+
+
+def test_empty_input_with_a_window_is_all_outage(tmp_path: Path) -> None:
+    report = reference.compute(empty_logs(tmp_path), since=T0, until=T0 + 10)
+    assert report.summary["availability"] == 0.0
+    same([(o["start"] - T0, o["end"] - T0) for o in report.tables["outages"]], [(0.0, 10.0)])
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("window", [(None, None), (T0, T0 + 10)])
+def test_empty_input_spark_equals_reference(tmp_path: Path, spark_session, window) -> None:
+    paths = empty_logs(tmp_path)
+    assert_same_report(
+        job.compute(spark_session, paths, *window), reference.compute(paths, *window)
+    )
+
+
+# ---------------------------------------------------------------- skewed clocks
+
+
+def skewed_logs(folder: Path) -> list[str]:
+    """link_cut with the backup's clock 30 s ahead of the primary's."""
+    return write(scenarios.link_cut(backup_skew=30.0), folder)
+
+
+def test_skew_is_estimated_from_peer_messages(tmp_path: Path) -> None:
+    report = reference.compute(skewed_logs(tmp_path))
+    offset = report.summary["clock_offsets"]["backup"]
+    assert offset["source"] == "estimated"
+    # Both directions take 0.1 s: primary heard the backup 0.1 s after it sent (lower bound
+    # 30 - 0.1), the backup heard the primary 0.1 s after (upper bound 30 + 0.1).
+    same((offset["lower"], offset["upper"], offset["seconds"]), (29.9, 30.1, 30.0))
+    check_known(report, CASES["link_cut"])
+
+
+def test_given_skew_overrides_the_estimate(tmp_path: Path) -> None:
+    report = reference.compute(skewed_logs(tmp_path), skew={"backup": 30.0})
+    assert report.summary["clock_offsets"]["backup"]["source"] == "given"
+    check_known(report, CASES["link_cut"])
+
+
+def test_uncorrected_skew_distorts_the_report(tmp_path: Path) -> None:
+    report = reference.compute(skewed_logs(tmp_path), estimate_skew=False)
+    backup_incident = next(i for i in report.tables["incidents"] if i["node"] == "backup")
+    # The backup's loss looks 30 s later than its peer's last message plus the timeout.
+    same(backup_incident["detection_delay_s"], 33.0)
+    assert report.summary["window"]["seconds"] == pytest.approx(61.0)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    "options", [{}, {"skew": {"backup": 30.0}}, {"estimate_skew": False}], ids=str
+)
+def test_skewed_spark_equals_reference(tmp_path: Path, spark_session, options) -> None:
+    paths = skewed_logs(tmp_path)
+    assert_same_report(
+        job.compute(spark_session, paths, **options), reference.compute(paths, **options)
+    )
+
+
+# ---------------------------------------------------------------- report window
+
+
+WINDOW = (T0 + 10.0, T0 + 50.0)
+
+
+def test_window_clips_everything(tmp_path: Path) -> None:
+    report = reference.compute(build("console_recovery", tmp_path), *WINDOW)
+    tables = report.tables
+    same([(o["start"] - T0, o["end"] - T0) for o in tables["outages"]], [(10.0, 14.0), (45.01, 45.05)])
+    same(report.summary["availability"], 1 - 4.04 / 40)
+    same(
+        report.summary["state_seconds"]["primary"],
+        {"PRIMARY": 1.01, "BACKUP": 0.0, "ACTIVE": 4.95, "PASSIVE": 14.04, "DOWN": 20.0},
+    )
+    assert [(r["node"], r["redirects"]) for r in tables["redirects_per_minute"]] == [
+        ("backup", 1),
+        ("primary", 2),
+    ]
+    assert len(tables["incidents"]) == 1 and len(tables["recoveries"]) == 4
+
+
+@pytest.mark.spark
+def test_window_spark_equals_reference(tmp_path: Path, spark_session) -> None:
+    paths = build("console_recovery", tmp_path)
+    assert_same_report(
+        job.compute(spark_session, paths, *WINDOW), reference.compute(paths, *WINDOW)
+    )
+
+
+# ---------------------------------------------------------------- unknown version
+
+
+def future_logs(folder: Path) -> tuple[list[str], Path]:
+    primary, backup = scenarios.crash_takeover()
+    backup.raw('{"v":2,"ts":1700000021.0,"node":"backup","event":"started","state":"BACKUP"}')
+    paths = write((primary, backup), folder)
+    return paths, folder / "backup" / "events.jsonl"
+
+
+def test_unknown_version_is_an_error_naming_file_and_version(tmp_path: Path) -> None:
+    paths, culprit = future_logs(tmp_path)
+    with pytest.raises(UnknownVersionError, match="version 2") as error:
+        reference.compute(paths)
+    assert str(culprit) in str(error.value)
+
+
+@pytest.mark.spark
+def test_unknown_version_spark(tmp_path: Path, spark_session) -> None:
+    paths, culprit = future_logs(tmp_path)
+    with pytest.raises(UnknownVersionError, match="version 2") as error:
+        job.compute(spark_session, paths)
+    assert str(culprit) in str(error.value)
