@@ -235,6 +235,7 @@ class Channel:
                 f"PRECONDITION_FAILED - message size {body_size} is larger than "
                 f"configured max size {limit}"
             )
+        wire.check_properties(payload)
         if payload[13] & _USER_ID_FLAG:
             self._check_user_id(payload)
         pending.header = payload

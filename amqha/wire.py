@@ -16,6 +16,7 @@ import struct
 
 from pamqp import commands, constants, exceptions
 from pamqp.base import Frame as Method
+from pamqp.header import ContentHeader
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -182,6 +183,65 @@ def content_body_size(header_payload: bytes) -> int:
     if class_id != commands.Basic.frame_id:
         raise exceptions.AMQPFrameError(f"FRAME_ERROR - content header for class {class_id}")
     return body_size
+
+
+# Basic's properties in flag order (bit 15 down to bit 2) with their pamqp type names.
+_PROPERTY_TYPES = tuple(
+    (flag, commands.Basic.Properties.amqp_type(name))
+    for name, flag in commands.Basic.Properties.flags.items()
+)
+# A timestamp or a second flag word: rare enough to leave to pamqp.
+_PAMQP_CHECKS_FLAGS = commands.Basic.Properties.flags["timestamp"] | 0x0003
+_EMPTY_TABLE = b"\x00\x00\x00\x00"
+
+
+def check_properties(header_payload: bytes) -> None:
+    """Refuse (502) a content header whose properties pamqp could not decode.
+
+    The header is forwarded verbatim and decoded only later (dead-lettering, headers
+    routing), far from the publisher: it must be known to decode when it arrives.
+    Shortstrs, octets and empty tables are walked here; anything else goes to pamqp.
+    """
+    (flags,) = _short.unpack_from(header_payload, 12)
+    if flags & _PAMQP_CHECKS_FLAGS:
+        _decode_properties(header_payload)
+        return
+    at, size, remaining = 14, len(header_payload), flags
+    try:
+        for flag, kind in _PROPERTY_TYPES:
+            if not remaining & flag:
+                if not remaining:
+                    break
+                continue
+            remaining ^= flag
+            if kind == "shortstr":
+                end = at + 1 + header_payload[at]
+                if end > size:
+                    raise IndexError("shortstr runs past the header")
+                header_payload[at + 1 : end].decode()
+                at = end
+            elif kind == "octet":
+                if at >= size:
+                    raise IndexError("octet missing")
+                at += 1
+            elif header_payload[at : at + 4] == _EMPTY_TABLE:
+                at += 4
+            else:
+                _decode_properties(header_payload)
+                return
+    except (IndexError, UnicodeDecodeError) as error:
+        raise exceptions.AMQPSyntaxError(
+            f"SYNTAX_ERROR - cannot decode message properties: {error}"
+        ) from error
+
+
+def _decode_properties(header_payload: bytes) -> None:
+    try:
+        ContentHeader().unmarshal(header_payload)
+    except Exception as error:  # pamqp raises ValueError, struct.error, OverflowError...
+        raise exceptions.AMQPSyntaxError(
+            f"SYNTAX_ERROR - cannot decode message properties: {error}"
+        ) from error
 
 
 def method_frame(channel: int, method: Method) -> bytes:

@@ -18,7 +18,6 @@ from typing import Any
 import aio_pika
 import pytest
 from pamqp import commands, frame
-from pamqp.base import Frame as Method
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
@@ -462,9 +461,7 @@ async def test_content_header_on_channel_zero_is_505(raw: RawConnection) -> None
     await raw.expect_connection_close(505)
 
 
-async def test_body_longer_than_announced_is_501(
-    raw: RawConnection, bystander: Bystander
-) -> None:
+async def test_body_longer_than_announced_is_501(raw: RawConnection, bystander: Bystander) -> None:
     queue = await bystander.declare_queue(unique("too-long"), auto_delete=True)
     await raw.handshake()
     await raw.open_channel()
@@ -479,6 +476,39 @@ async def test_body_longer_than_announced_is_501(
     declared = await bystander.declare_queue(queue.name, passive=True)
     assert declared.declaration_result.message_count == 0
     await queue.delete()
+
+
+async def test_malformed_properties_are_refused_before_anyone_decodes_them(
+    raw: RawConnection, bystander: Bystander
+) -> None:
+    """A header whose properties cannot be decoded would poison whoever decodes it
+    later (dead-lettering in the broker's sweep, a consumer's client): it is a 502 at once."""
+    queue = await bystander.declare_queue(
+        unique("bad-props"),
+        auto_delete=True,
+        arguments={"x-message-ttl": 20, "x-dead-letter-exchange": "amq.fanout"},
+    )
+    await raw.handshake()
+    await raw.open_channel()
+    content_type_without_bytes = struct.pack(">HHQH", 60, 0, 3, 0x8000)
+    await raw.send_raw(
+        publish(1, queue.name)
+        + raw_frame(2, 1, content_type_without_bytes)
+        + raw_frame(3, 1, b"abc")
+    )
+    await raw.expect_connection_close(502)
+    # Message TTL (the broker's periodic sweep) still works for everyone.
+    probe = await bystander.declare_queue(
+        unique("ttl-probe"), auto_delete=True, arguments={"x-message-ttl": 20}
+    )
+    assert bystander.channel is not None
+    await bystander.channel.default_exchange.publish(aio_pika.Message(b"x"), probe.name)
+    async with asyncio.timeout(READ_TIMEOUT):
+        while True:
+            declared = await bystander.declare_queue(probe.name, passive=True)
+            if declared.declaration_result.message_count == 0:
+                break
+            await asyncio.sleep(0.02)
 
 
 async def test_second_header_is_505(raw: RawConnection) -> None:

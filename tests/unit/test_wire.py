@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import typing
+from datetime import datetime
 
 import pytest
 from hypothesis import given, settings
@@ -464,3 +465,73 @@ def test_redirect_frame_decodes_as_class_10_method_42() -> None:
 def test_heartbeat_and_protocol_header_constants() -> None:
     assert Heartbeat().marshal() == wire.HEARTBEAT_FRAME
     assert frame.marshal(ProtocolHeader(), 0) == wire.PROTOCOL_HEADER
+
+
+# -- check_properties -------------------------------------------------------------------
+
+HEADER_PREFIX = struct.pack(">HHQ", 60, 0, 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    PROPERTIES,
+    st.one_of(st.none(), st.datetimes(datetime(1971, 1, 1), datetime(2100, 1, 1))),
+    st.sampled_from([None, "", "u", "é"]),
+)
+def test_check_properties_accepts_what_pamqp_marshals(
+    properties: commands.Basic.Properties, timestamp: typing.Any, user_id: str | None
+) -> None:
+    properties.timestamp = timestamp
+    properties.user_id = user_id
+    wire.check_properties(header_payload(properties, b"abc"))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.one_of(
+        st.integers(0, 0xFFFF),
+        st.sets(st.sampled_from(list(commands.Basic.Properties.flags.values())), max_size=3).map(
+            sum
+        ),
+    ),
+    st.binary(max_size=40),
+)
+def test_check_properties_passes_only_what_pamqp_decodes(flags: int, rest: bytes) -> None:
+    payload = HEADER_PREFIX + struct.pack(">H", flags) + rest
+    try:
+        wire.check_properties(payload)
+    except exceptions.AMQPSyntaxError:
+        return
+    ContentHeader().unmarshal(payload)
+
+
+@pytest.mark.parametrize(
+    ("flags", "rest"),
+    [
+        (0x8000, b""),  # content_type flagged, no bytes
+        (0x8000, b"\x05abc"),  # content_type shorter than its length
+        (0x8000, b"\x02\xc3\x28"),  # content_type not UTF-8
+        (0x1000, b""),  # delivery_mode missing
+        (0x2000, struct.pack(">I", 4) + b"\x01k?\x00"),  # headers with a bad type tag
+        (0x2000, struct.pack(">I", 99) + b"\x01kt\x01"),  # headers longer than the frame
+        (0x2000, b"\x00\x00"),  # headers table length cut short
+        (0x0040, b"\x00\x00\x01"),  # timestamp cut short
+        (0x0001, b""),  # a second flag word announced, not there
+        (0x0010, b"\x04gu"),  # user_id cut short
+    ],
+    ids=[
+        "no-bytes",
+        "short-string",
+        "not-utf8",
+        "no-octet",
+        "bad-tag",
+        "table-too-long",
+        "table-length-cut",
+        "timestamp-cut",
+        "flag-word-missing",
+        "user-id-cut",
+    ],
+)
+def test_check_properties_refuses_malformed(flags: int, rest: bytes) -> None:
+    with pytest.raises(exceptions.AMQPSyntaxError):
+        wire.check_properties(HEADER_PREFIX + struct.pack(">H", flags) + rest)
