@@ -1,0 +1,539 @@
+"""Pair harness: a primary and a backup as real ``amqha`` processes, peered through proxies.
+
+Owns: building the two configs (free ports picked first, each server's ``failover.peer``
+pointing at a proxy that forwards to the other server), starting and stopping both
+processes and proxies, reading a server's state from its event log (sync) or its console
+(async), bounded waits on those states, client helpers, and turning the two event logs
+plus the kill times into intervals during which each server was ACTIVE.
+
+Clients always reach both servers directly; only the peer link goes through the proxies,
+so ``cut()`` partitions the peers and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pika
+import pika.exceptions
+from pamqp import commands, frame
+from pamqp.heartbeat import Heartbeat
+
+from amqha.client import connect as ha_connect
+from amqha.console import ConsoleClient
+from failover.epoch import load_epoch
+from failover.events import read_events
+from tests.proxy import TcpProxy
+from tests.support import ServerProcess, free_port
+
+ADMIN = ("admin", "admin")
+PEERING = ("peering", "peering")
+
+
+def url_of(server: ServerProcess, user: tuple[str, str] = ("guest", "guest")) -> str:
+    return f"amqp://{user[0]}:{user[1]}@127.0.0.1:{server.port}/"
+
+
+def failover_section(role: str, peer_port: int, heartbeat: float, timeout: float) -> dict[str, Any]:
+    return {
+        "role": role,
+        "peer": f"127.0.0.1:{peer_port}",
+        "heartbeat": heartbeat,
+        "timeout": timeout,
+        "peer_user": "peering",
+    }
+
+
+@dataclass
+class Kill:
+    """A kill -9 of one server: the wall-clock instants just before and after it."""
+
+    node: str
+    before: float
+    after: float
+
+
+class Pair:
+    """Two servers of one pair (configurable roles and names, to build misconfigured ones)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        heartbeat: float = 0.1,
+        timeout: float = 0.4,
+        proxied: bool = True,
+        roles: tuple[str, str] = ("primary", "backup"),
+        names: tuple[str, str] | None = None,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.heartbeat = heartbeat
+        self.timeout = timeout
+        names = names or roles
+        ports = (free_port(), free_port())
+        self.proxies: list[TcpProxy] = []
+        if proxied:
+            # proxies[i] is how server i reaches the other one.
+            self.proxies = [TcpProxy(ports[1]).start(), TcpProxy(ports[0]).start()]
+            peer_ports = (self.proxies[0].port, self.proxies[1].port)
+        else:
+            peer_ports = (ports[1], ports[0])
+        # Equal names would share a data dir and a config file: give each its own folder.
+        dirs = (
+            (self.workdir / "a", self.workdir / "b")
+            if names[0] == names[1]
+            else (self.workdir,) * 2
+        )
+        self.servers = [
+            ServerProcess(
+                dirs[i],
+                names[i],
+                port=ports[i],
+                failover=failover_section(roles[i], peer_ports[i], heartbeat, timeout),
+            )
+            for i in range(2)
+        ]
+        self.kills: list[Kill] = []
+
+    @property
+    def primary(self) -> ServerProcess:
+        return self.servers[0]
+
+    @property
+    def backup(self) -> ServerProcess:
+        return self.servers[1]
+
+    def other(self, server: ServerProcess) -> ServerProcess:
+        return self.servers[1] if server is self.servers[0] else self.servers[0]
+
+    # -- processes --------------------------------------------------------------------------
+
+    def start(self, first: str = "primary") -> Pair:
+        order = self.servers if first == "primary" else list(reversed(self.servers))
+        for server in order:
+            server.start()
+        return self
+
+    def kill(self, server: ServerProcess) -> Kill:
+        before = time.time()
+        server.kill()
+        kill = Kill(server.name, before, time.time())
+        self.kills.append(kill)
+        return kill
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        for proxy in self.proxies:
+            proxy.stop()
+
+    # -- the peer link ----------------------------------------------------------------------
+
+    def cut(self, mode: str = "refuse") -> None:
+        for proxy in self.proxies:
+            proxy.cut(mode)
+
+    def heal(self) -> None:
+        for proxy in self.proxies:
+            proxy.heal()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def events(self, server: ServerProcess) -> list[dict[str, Any]]:
+        return read_events(server.events_path) if server.events_path.exists() else []
+
+    def state(self, server: ServerProcess) -> str | None:
+        """The server's state by its event log: the last ``started`` or ``transition`` record.
+
+        Other records carry the state too, but one written by the same step just before
+        its transition record (``dual_active``) would show the new state early.
+        """
+        state = None
+        for record in self.events(server):
+            if record["event"] == "started":
+                state = record["state"]
+            elif record["event"] == "transition":
+                state = record["to"]
+        return state
+
+    def states(self) -> tuple[str | None, str | None]:
+        return self.state(self.primary), self.state(self.backup)
+
+    def epoch(self, server: ServerProcess) -> int:
+        return load_epoch(server.data_dir)
+
+    async def wait_states(
+        self, primary: str | None, backup: str | None, timeout: float = 10.0
+    ) -> None:
+        """Until the event logs show these states (None: either), at most ``timeout`` s."""
+
+        def reached() -> bool:
+            now = self.states()
+            return (primary is None or now[0] == primary) and (backup is None or now[1] == backup)
+
+        await poll(reached, timeout, f"states {primary}/{backup}, logs say {{}}", self.states)
+
+    async def status(self, server: ServerProcess) -> dict[str, Any]:
+        async with ConsoleClient(url_of(server, ADMIN)) as console:
+            return await console.call("status")
+
+    def log_lines(self, server: ServerProcess, needle: str) -> list[str]:
+        return [line for line in server.log().splitlines() if needle in line]
+
+    # -- the ACTIVE intervals ---------------------------------------------------------------
+
+    def active_intervals(self, now: float | None = None) -> dict[str, list[tuple[float, float]]]:
+        return {
+            server.name: active_intervals(
+                self.events(server),
+                [k.after for k in self.kills if k.node == server.name],
+                time.time() if now is None else now,
+            )
+            for server in self.servers
+        }
+
+
+def lifetime(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of the server's current (last started) process."""
+    starts = [i for i, e in enumerate(events) if e["event"] == "started"]
+    return events[starts[-1] :] if starts else []
+
+
+def active_intervals(
+    events: Iterable[dict[str, Any]], kill_times: Iterable[float], now: float
+) -> list[tuple[float, float]]:
+    """[start, end) wall-clock intervals during which one server was ACTIVE.
+
+    An interval opens at a transition to ACTIVE and closes at the next transition out of
+    it, at a clean ``stopped`` record, or, when the process died in it, at the end of the
+    first kill after it opened (a killed server writes nothing). One still open is closed
+    at ``now``.
+    """
+    kills = sorted(kill_times)
+    intervals: list[tuple[float, float]] = []
+    opened: float | None = None
+
+    def died_after(start: float) -> float:
+        return next((k for k in kills if k >= start), now)
+
+    for record in events:
+        kind = record.get("event")
+        if kind == "started" and opened is not None:
+            intervals.append((opened, died_after(opened)))
+            opened = None
+        elif kind == "transition":
+            if record.get("to") == "ACTIVE" and opened is None:
+                opened = record["ts"]
+            elif record.get("from") == "ACTIVE" and opened is not None:
+                intervals.append((opened, record["ts"]))
+                opened = None
+        elif kind == "stopped" and opened is not None:
+            intervals.append((opened, record["ts"]))
+            opened = None
+    if opened is not None:
+        intervals.append((opened, died_after(opened)))
+    return intervals
+
+
+def overlaps(
+    first: list[tuple[float, float]], second: list[tuple[float, float]]
+) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    return [(a, b) for a in first for b in second if a[0] < b[1] and b[0] < a[1]]
+
+
+# -- bounded waits and clients --------------------------------------------------------------
+
+
+async def poll(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    describe: Callable[[], Any] | None = None,
+    interval: float = 0.02,
+) -> Any:
+    """Poll a sync predicate from async code, at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            detail = what.format(describe()) if describe is not None else what
+            raise TimeoutError(f"not reached after {timeout} s: {detail}")
+        await asyncio.sleep(interval)
+
+
+def pair_info(connection: aio_pika.abc.AbstractConnection) -> dict[str, Any]:
+    """The ``amqha`` server property of the server this connection ended up on."""
+    transport = connection.transport  # type: ignore[attr-defined]
+    assert transport is not None
+    return dict(transport.connection.server_properties["amqha"])
+
+
+async def client_vote(servers: Iterable[ServerProcess], retry_for: float = 10.0) -> dict[str, Any]:
+    """Open (and close) one amqha.client connection over these servers: a client vote.
+
+    Returns the ``amqha`` properties of the server that accepted it.
+    """
+    connection = await ha_connect(
+        [s.url for s in servers], retry_for=retry_for, attempt_timeout=2.0
+    )
+    try:
+        return pair_info(connection)
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.close()
+
+
+@dataclass
+class Publisher:
+    """A task publishing with confirms through a robust connection; records what happened."""
+
+    connection: aio_pika.abc.AbstractRobustConnection
+    routing_key: str
+    # (wall-clock ts of the confirm, seq, name of the server that confirmed it)
+    confirmed: list[tuple[float, int, str]] = field(default_factory=list)
+    errors: int = 0
+    task: asyncio.Task[None] | None = None
+    stopping: bool = False
+
+    def start(self) -> Publisher:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        # One robust channel: after a failover aio-pika reopens it on the new server. A
+        # publish attempted meanwhile fails; it is counted and retried, never waited on long.
+        channel = await self.connection.channel(publisher_confirms=True)
+        seq = 0
+        while not self.stopping:
+            seq += 1
+            try:
+                await asyncio.wait_for(
+                    channel.default_exchange.publish(
+                        aio_pika.Message(str(seq).encode()), routing_key=self.routing_key
+                    ),
+                    2.0,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.errors += 1
+                await asyncio.sleep(0.01)
+                continue
+            self.confirmed.append((time.time(), seq, self._server_name()))
+            await asyncio.sleep(0.002)
+
+    def _server_name(self) -> str:
+        try:
+            return str(pair_info(self.connection)["name"])
+        except (AssertionError, AttributeError, KeyError):
+            return "?"
+
+    def first_confirmed_after(self, since: float, by: str | None = None) -> float | None:
+        """Wall-clock time of the first publish confirmed after ``since`` (by that server)."""
+        first = None
+        for ts, _, name in reversed(self.confirmed):
+            if ts <= since:
+                break
+            if by is None or name == by:
+                first = ts
+        return first
+
+    async def confirmed_after(self, since: float, timeout: float, by: str | None = None) -> float:
+        return await poll(
+            lambda: self.first_confirmed_after(since, by),
+            timeout,
+            f"a publish confirmed after {since} by {by or 'any server'}",
+        )
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self.task is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self.task, 3.0)
+            if not self.task.done():
+                self.task.cancel()
+
+
+async def hold(predicate: Callable[[], Any], duration: float, what: str) -> None:
+    """Assert ``predicate`` stays true for ``duration`` s, checked every 50 ms."""
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline:
+        assert predicate(), f"no longer true: {what}"
+        await asyncio.sleep(0.05)
+    assert predicate(), f"no longer true: {what}"
+
+
+async def connect_plain(
+    server: ServerProcess, timeout: float = 10.0
+) -> aio_pika.abc.AbstractConnection:
+    """A plain aio-pika connection to this one server, retried until it lets us in."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await aio_pika.connect(server.url, timeout=2.0)
+        except Exception:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+# -- raw AMQP: exactly what the server answers to Connection.Open -----------------------------
+
+
+def raw_open(
+    port: int,
+    redirect_capability: bool = False,
+    user: tuple[str, str] = ("guest", "guest"),
+    timeout: float = 5.0,
+) -> Any:
+    """Handshake with a bare socket; the first method the server sends after Open.
+
+    Connection.OpenOk, Connection.Close (reply_code, reply_text) or, for a client that
+    announces ``connection.redirect``, ``amqha.client.ConnectionRedirect`` (host, known_hosts).
+    """
+    capabilities: dict[str, Any] = {"publisher_confirms": True}
+    if redirect_capability:
+        capabilities["connection.redirect"] = True
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(b"AMQP\x00\x00\x09\x01")
+        reader = _FrameReader(sock)
+        reader.expect(commands.Connection.Start)
+        sock.sendall(
+            frame.marshal(
+                commands.Connection.StartOk(
+                    client_properties={"product": "raw test client", "capabilities": capabilities},
+                    mechanism="PLAIN",
+                    response=f"\0{user[0]}\0{user[1]}",
+                ),
+                0,
+            )
+        )
+        tune = reader.expect(commands.Connection.Tune)
+        sock.sendall(
+            frame.marshal(commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0), 0)
+            + frame.marshal(commands.Connection.Open(virtual_host="/"), 0)
+        )
+        return reader.next_method()
+
+
+class _FrameReader:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def next_method(self) -> Any:
+        while True:
+            if len(self.buffer) >= 7:
+                size = int.from_bytes(self.buffer[3:7], "big")
+                if len(self.buffer) >= size + 8:
+                    _, _, value = frame.unmarshal(self.buffer[: size + 8])
+                    self.buffer = self.buffer[size + 8 :]
+                    if not isinstance(value, Heartbeat):
+                        return value
+                    continue
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the server closed the socket")
+            self.buffer += data
+
+    def expect(self, kind: type) -> Any:
+        method = self.next_method()
+        assert isinstance(method, kind), f"expected {kind.__name__}, got {method!r}"
+        return method
+
+
+def pika_open_error(port: int) -> str | None:
+    """pika's error on opening a connection to this server; None if it was let in.
+
+    pika reports a Connection.Close received in reply to Open as ProbableAccessDeniedError
+    whose text is the repr of the ConnectionClosedByBroker: "(CODE) 'TEXT'".
+    """
+    parameters = pika.ConnectionParameters(
+        "127.0.0.1", port, connection_attempts=1, socket_timeout=5, blocked_connection_timeout=5
+    )
+    try:
+        connection = pika.BlockingConnection(parameters)
+    except pika.exceptions.AMQPConnectionError as error:
+        return f"{type(error).__name__}: {error}"
+    connection.close()
+    return None
+
+
+def pair_factory(tmp_path: Path) -> Iterator[Callable[..., Pair]]:
+    """Body of a test module's ``make_pair`` fixture: build pairs (not started) for one test.
+
+    All are stopped at the end, by pid. On teardown each server's log tail and event log
+    are printed: pytest shows them only when the test failed.
+    """
+    pairs: list[Pair] = []
+
+    def make(**kwargs: Any) -> Pair:
+        pair = Pair(tmp_path / f"pair{len(pairs)}", **kwargs)
+        pairs.append(pair)
+        return pair
+
+    yield make
+    for pair in pairs:
+        pair.stop()
+        for server in pair.servers:
+            print(f"--- {server.name} log (tail) ---")
+            print("\n".join(server.log().splitlines()[-40:]))
+            print(f"--- {server.name} events ---")
+            for record in pair.events(server)[-60:]:
+                print(record)
+
+
+class Knocker:
+    """A thread that keeps opening raw connections to one server and records each answer.
+
+    Answers: ``"open"`` (let in), ``"close <code> <text>"``, ``"redirect <host>"`` or
+    ``"down"`` (no AMQP server answering). Use as a context manager around what is watched.
+    """
+
+    def __init__(self, server: ServerProcess, interval: float = 0.02, limit: float = 60.0) -> None:
+        self.server = server
+        self.interval = interval
+        self.limit = limit
+        self.answers: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"knock-{server.name}", daemon=True)
+
+    def __enter__(self) -> Knocker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    @property
+    def let_in(self) -> int:
+        return self.answers.count("open")
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            self.answers.append(self._knock())
+            self._stop.wait(self.interval)
+
+    def _knock(self) -> str:
+        try:
+            answer = raw_open(self.server.port, timeout=2.0)
+        except (OSError, ConnectionError, AssertionError):
+            return "down"
+        if isinstance(answer, commands.Connection.OpenOk):
+            return "open"
+        if isinstance(answer, commands.Connection.Close):
+            return f"close {answer.reply_code} {answer.reply_text}"
+        return f"other {answer!r}"
