@@ -1,0 +1,1 @@
+"""Benchmarks that print figures side by side with RabbitMQ; never timed asserts."""

@@ -1,0 +1,310 @@
+"""RabbitMQ beside amqha: install Debian's ``rabbitmq-server`` if missing, run a private node.
+
+The node is a child process of the benchmark: its own name (``bench-<pid>@localhost``),
+its own data, log and config in a temporary directory, AMQP on a free loopback port,
+Erlang distribution and a private epmd on loopback ports of their own, no plugins.
+Everything it started, and only that, is stopped at the end: the node by its pid (after
+``rabbitmqctl stop``), the private epmd with ``epmd -kill`` on its own port, and the
+Debian service only if our own ``apt-get install`` is what started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.rawclient import ping
+from tests.support import free_port
+
+SERVER_SCRIPTS = ("/usr/lib/rabbitmq/bin/rabbitmq-server",)
+CTL_SCRIPTS = ("/usr/lib/rabbitmq/bin/rabbitmqctl",)
+INSTALL_TIMEOUT = 900.0
+START_TIMEOUT = 90.0
+STOP_TIMEOUT = 30.0
+
+
+def say(text: str) -> None:
+    print(f"[rabbitmq] {text}", file=sys.stderr, flush=True)
+
+
+def _script(candidates: tuple[str, ...], name: str) -> str | None:
+    for path in candidates:
+        if os.access(path, os.X_OK):
+            return path
+    return shutil.which(name)
+
+
+def _all_pids() -> set[int]:
+    return {int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()}
+
+
+def _service_pids(candidates: set[int]) -> set[int]:
+    """Those of ``candidates`` run by the Debian service users (rabbitmq, epmd)."""
+    uids = set()
+    for name in ("rabbitmq", "epmd"):
+        with contextlib.suppress(KeyError):
+            uids.add(pwd.getpwnam(name).pw_uid)
+    found = set()
+    for pid in candidates:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}").stat().st_uid in uids:
+                found.add(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def ensure_installed() -> tuple[bool, str]:
+    """(available, how): install Debian's package if it is missing and we may."""
+    if _script(SERVER_SCRIPTS, "rabbitmq-server"):
+        return True, "already installed"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return False, "rabbitmq-server is not installed and apt-get as root is not available"
+    say("rabbitmq-server is not installed: apt-get update && apt-get install -y rabbitmq-server")
+    before = _all_pids()
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        for command in (
+            ["apt-get", "update"],
+            ["apt-get", "install", "-y", "--no-install-recommends", "rabbitmq-server"],
+        ):
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT
+            )
+            if done.returncode != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                return False, f"{' '.join(command)} failed ({done.returncode}): {' | '.join(tail)}"
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return False, f"install failed: {error}"
+    finally:
+        _stop_service_started_by_install(before)
+    if not _script(SERVER_SCRIPTS, "rabbitmq-server"):
+        return False, "installed, but no rabbitmq-server script found"
+    return True, "installed by this benchmark from Debian"
+
+
+def _stop_service_started_by_install(before: set[int]) -> None:
+    """apt may start the Debian service (unless policy-rc.d forbids it): stop it only then."""
+    started = _service_pids(_all_pids() - before)
+    if not started:
+        return
+    say(f"the install started the Debian service (pids {sorted(started)}): stopping it")
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(
+            ["invoke-rc.d", "rabbitmq-server", "stop"], capture_output=True, timeout=STOP_TIMEOUT
+        )
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline and any(_alive(pid) for pid in started):
+        time.sleep(0.1)
+    for pid in started:
+        if _alive(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def package_version() -> str | None:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if done.returncode == 0:
+            return done.stdout.strip()
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command may contain spaces or parentheses: the ppid follows the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+class RabbitNode:
+    """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="amqha-bench-rabbitmq-"))
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.nodename = f"bench-{os.getpid()}@localhost"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.version: str | None = None
+        self.erlang_version: str | None = None
+        self.start_seconds: float | None = None
+        self.env = self._environment()
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def _environment(self) -> dict[str, str]:
+        for sub in ("mnesia", "log"):
+            (self.dir / sub).mkdir()
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "loopback_users = none\n"
+            "log.console = false\n"
+            "log.file.level = warning\n"
+        )
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        return dict(
+            os.environ,
+            HOME=str(self.dir),  # the Erlang cookie is written here, not in ours
+            RABBITMQ_NODENAME=self.nodename,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(self.dir / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.dir / "log"),
+            RABBITMQ_CONFIG_FILE=str(self.dir / "rabbitmq.conf"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.dir / "enabled_plugins"),
+            RABBITMQ_PID_FILE=str(self.dir / "rabbit.pid"),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            ERL_EPMD_PORT=str(self.epmd_port),
+        )
+
+    def start(self) -> None:
+        script = _script(SERVER_SCRIPTS, "rabbitmq-server")
+        if script is None:
+            raise RuntimeError("rabbitmq-server is not installed")
+        log = open(self.dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [script], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir
+        )
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"rabbitmq-server exited with {self.process.returncode}: {self.log_tail()}"
+                )
+            properties = ping("127.0.0.1", self.port, limit=1.0)
+            if properties is not None:
+                self.start_seconds = time.perf_counter() - started
+                version = properties.get("version")
+                self.version = version.decode() if isinstance(version, bytes) else version
+                platform = properties.get("platform")
+                self.erlang_version = platform.decode() if isinstance(platform, bytes) else platform
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"RabbitMQ did not serve AMQP in {START_TIMEOUT} s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        texts = []
+        for path in [self.dir / "stdout.log", *sorted((self.dir / "log").glob("*.log"))]:
+            with contextlib.suppress(OSError):
+                texts += path.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(texts[-lines:])
+
+    def beam_pid(self) -> int | None:
+        """The Erlang VM under our rabbitmq-server script (the script may exec it)."""
+        if self.process is None:
+            return None
+        pending = [self.process.pid]
+        for _ in range(4):
+            found = []
+            for pid in pending:
+                if _comm(pid).startswith("beam"):
+                    return pid
+                found += _children(pid)
+            pending = found
+        return None
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        pids = [process.pid]
+        beam = self.beam_pid()
+        if beam is not None and beam not in pids:
+            pids.append(beam)
+        ctl = _script(CTL_SCRIPTS, "rabbitmqctl")
+        if process.poll() is None and ctl is not None:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    [ctl, "-n", self.nodename, "stop"],
+                    env=self.env,
+                    capture_output=True,
+                    timeout=STOP_TIMEOUT,
+                )
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        if beam is not None and _alive(beam) and _comm(beam).startswith("beam"):
+            with contextlib.suppress(OSError):
+                os.kill(beam, signal.SIGKILL)
+        epmd = shutil.which("epmd") or next(
+            iter(sorted(Path("/usr/lib/erlang").glob("erts-*/bin/epmd"))), None
+        )
+        if epmd is not None:
+            # Our private epmd, on our own port: nothing else uses it.
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    [str(epmd), "-port", str(self.epmd_port), "-kill"],
+                    env=self.env,
+                    capture_output=True,
+                    timeout=10,
+                )
+        self.process = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def describe(node: RabbitNode | None, how: str) -> dict[str, Any]:
+    return {
+        "available": node is not None,
+        "how": how,
+        "version": node.version if node else None,
+        "package": package_version(),
+        "platform": node.erlang_version if node else None,
+    }

@@ -1,0 +1,121 @@
+"""``make bench``: run every benchmark module that exists, print one JSON document.
+
+    python -m bench.run [--quick] [--only broker,failover,report] [--out FILE]
+
+Modules: ``bench.broker_bench`` (amqha beside RabbitMQ), ``bench.failover_bench``
+(``run() -> dict``) and ``bench.report_bench`` (``run(sizes) -> dict``). A module
+that is not there is skipped and said so; one that fails is reported with its error,
+and the others still run. The JSON goes to stdout and to ``bench/out/latest.json``;
+a short table goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+BENCHES = {
+    "broker": "bench.broker_bench",
+    "failover": "bench.failover_bench",
+    "report": "bench.report_bench",
+}
+OUT = Path(__file__).resolve().parent / "out" / "latest.json"
+
+
+def _sizes(module: Any, quick: bool) -> Any:
+    """The module's own QUICK_SIZES / DEFAULT_SIZES, when it defines them."""
+    return getattr(module, "QUICK_SIZES" if quick else "DEFAULT_SIZES", None)
+
+
+def run_one(name: str, quick: bool) -> dict[str, Any]:
+    module_name = BENCHES[name]
+    if importlib.util.find_spec(module_name) is None:
+        return {"skipped": f"{module_name} does not exist"}
+    module = importlib.import_module(module_name)
+    parameters = inspect.signature(module.run).parameters
+    sizes = _sizes(module, quick)
+    started = time.perf_counter()
+    if "sizes" in parameters and (
+        sizes is not None or parameters["sizes"].default is inspect.Parameter.empty
+    ):
+        result = module.run(sizes)
+    else:
+        result = module.run()
+    if isinstance(result, dict):
+        result.setdefault("seconds", round(time.perf_counter() - started, 1))
+    return result
+
+
+def _figure(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def print_table(document: dict[str, Any]) -> None:
+    broker = document["benches"].get("broker", {})
+    if "amqha" not in broker:
+        return
+    from bench.broker_bench import summary_rows
+
+    rabbit = broker["rabbitmq"]
+    label = f"RabbitMQ {rabbit.get('version')}" if rabbit.get("available") else "RabbitMQ (n/a)"
+    lines = [f"{'measurement':44} {'amqha':>14} {label:>16} {'ratio(>1 ours)':>15}"]
+    for name, ours, theirs, ratio in summary_rows(broker):
+        lines.append(f"{name:44} {_figure(ours):>14} {_figure(theirs):>16} {_figure(ratio):>15}")
+    lines.append("targets: " + ", ".join(f"{k}={v}" for k, v in broker["targets"].items()))
+    print("\n".join(lines), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument(
+        "--only", default=",".join(BENCHES), help=f"comma-separated subset of {','.join(BENCHES)}"
+    )
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where to save the JSON ({OUT})")
+    args = parser.parse_args(argv)
+    names = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BENCHES]
+    if unknown:
+        parser.error(f"unknown bench {', '.join(unknown)}; known: {', '.join(BENCHES)}")
+    document: dict[str, Any] = {
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "host": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+        "benches": {},
+    }
+    for name in names:
+        print(f"== {name}", file=sys.stderr, flush=True)
+        try:
+            document["benches"][name] = run_one(name, args.quick)
+        except Exception as error:  # one broken bench must not hide the others
+            traceback.print_exc()
+            document["benches"][name] = {"error": f"{type(error).__name__}: {error}"}
+    text = json.dumps(document, indent=2, default=str)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    print(text)
+    print_table(document)
+    return 0 if not any("error" in value for value in document["benches"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
