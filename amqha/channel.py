@@ -212,6 +212,10 @@ class Channel:
     # -- publish -------------------------------------------------------------------
 
     def on_basic_publish(self, publish: wire.Publish) -> None:
+        connection = self.connection
+        if not connection.published:
+            connection.published = True
+            self.broker.throttle(connection)
         exchange = self.vhost.get_exchange(publish.exchange)
         if exchange.internal:
             raise exceptions.AMQPAccessRefused(

@@ -208,7 +208,17 @@ class Broker:
                 else commands.Connection.Unblocked()
             )
             connection.send(wire.method_frame(0, method))
-        if self.blocked and not connection.reading_paused:
+        self.throttle(connection)
+
+    def throttle(self, connection: Connection) -> None:
+        """While blocked, stop reading connections that publish.
+
+        Connections that only consume keep being read: their acks and gets are what
+        drains the queues below the watermark again.
+        """
+        if connection.transport is None:
+            return
+        if self.blocked and connection.published and not connection.reading_paused:
             connection.transport.pause_reading()
             connection.reading_paused = True
         elif not self.blocked and connection.reading_paused:
