@@ -526,7 +526,11 @@ class Channel:
         self.broker.watch_queue(queue)
         connection.last_queue = queue.name
         if not method.nowait:
-            self.reply(commands.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count))
+            connection.send(
+                wire.declare_ok_frame(
+                    self.number, queue.name, queue.message_count, queue.consumer_count
+                )
+            )
 
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
         self.vhost.bind_queue(
@@ -657,4 +661,4 @@ class Channel:
 
 def _reply_text(error: exceptions.AMQPError) -> str:
     text = str(error.args[0]) if error.args else error.name.replace("-", "_")
-    return text[:255]
+    return wire.reply_text(text)

@@ -411,7 +411,7 @@ class Connection(asyncio.Protocol):
             wire.method_frame(
                 0,
                 commands.Connection.Close(
-                    error.value, text[:255], class_id=class_id, method_id=method_id
+                    error.value, wire.reply_text(text), class_id=class_id, method_id=method_id
                 ),
             )
         )

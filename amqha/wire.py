@@ -43,6 +43,8 @@ _GET_OK_PREFIX = _method_index.pack(commands.Basic.GetOk.index)
 _RETURN_PREFIX = _method_index.pack(commands.Basic.Return.index)
 _ACK_PREFIX = _method_index.pack(commands.Basic.Ack.index)
 _NACK_PREFIX = _method_index.pack(commands.Basic.Nack.index)
+_DECLARE_OK_PREFIX = _method_index.pack(commands.Queue.DeclareOk.index)
+_counts = struct.Struct(">II")
 
 # Connection.Redirect exists in AMQP 0-8/0-9 (class 10, method 42) but not in 0-9-1,
 # so pamqp has no class for it: it is encoded here by hand.
@@ -170,6 +172,11 @@ def shortstr(value: str) -> bytes:
     return bytes((len(data),)) + data
 
 
+def reply_text(text: str) -> str:
+    """``text`` cut to fit a shortstr (255 bytes of UTF-8), never inside a character."""
+    return text.encode()[:255].decode(errors="ignore")
+
+
 def address_of(exchange: str, routing_key: str) -> bytes:
     """The (exchange, routing key) pair in wire form, as Publish.address holds it."""
     return shortstr(exchange) + shortstr(routing_key)
@@ -246,6 +253,13 @@ def _decode_properties(header_payload: bytes) -> None:
 
 def method_frame(channel: int, method: Method) -> bytes:
     payload = _method_index.pack(method.index) + method.marshal()
+    return _frame_head.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+
+
+def declare_ok_frame(channel: int, queue: str, message_count: int, consumer_count: int) -> bytes:
+    """Queue.DeclareOk by hand: pamqp refuses to encode a name outside the spec's domain
+    regex, yet clients may declare any UTF-8 name (RabbitMQ takes them all)."""
+    payload = _DECLARE_OK_PREFIX + shortstr(queue) + _counts.pack(message_count, consumer_count)
     return _frame_head.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
 
 

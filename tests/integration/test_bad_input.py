@@ -577,3 +577,69 @@ async def test_soft_error_closes_only_the_channel(raw: RawConnection) -> None:
     await raw.expect(commands.Queue.DeclareOk, 2)
     await raw.send(1, commands.Channel.CloseOk())
     await raw.open_channel(1)
+
+
+# -- names pamqp's own validation would refuse ----------------------------------------------
+
+
+def shortstr(text: str) -> bytes:
+    data = text.encode()
+    return bytes((len(data),)) + data
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["очередь", "queue!$%&", "q" * 255, "é" * 127],
+    ids=["cyrillic", "symbols", "255", "2-byte"],
+)
+async def test_any_utf8_queue_name_is_declared_and_answered(raw: RawConnection, name: str) -> None:
+    """AMQP names are any shortstr (RabbitMQ takes them all); pamqp's domain regex and
+    127-character limit are client-side checks the broker must not trip over."""
+    await raw.handshake()
+    await raw.open_channel()
+    declare = struct.pack(">H", 0) + shortstr(name) + b"\x04" + struct.pack(">I", 0)  # exclusive
+    await raw.send_raw(method_frame(1, 50, 10, declare))
+    declare_ok = await raw.expect(commands.Queue.DeclareOk, 1)
+    assert (declare_ok.queue, declare_ok.message_count, declare_ok.consumer_count) == (name, 0, 0)
+    await raw.send_raw(
+        method_frame(1, 60, 40, struct.pack(">H", 0) + b"\x00" + shortstr(name) + b"\x00")
+        + content_header(1, 2)
+        + raw_frame(3, 1, b"hi")
+    )
+    await raw.send_raw(method_frame(1, 60, 70, struct.pack(">H", 0) + shortstr(name) + b"\x01"))
+    get_ok = await raw.expect(commands.Basic.GetOk, 1)
+    assert get_ok.routing_key == name
+    await raw.expect(ContentHeader, 1)
+    assert (await raw.expect(ContentBody, 1)).value == b"hi"
+
+
+async def test_error_text_naming_a_long_multibyte_name_fits_a_shortstr(raw: RawConnection) -> None:
+    name = "ü" * 127
+    await raw.handshake()
+    await raw.open_channel()
+    passive = struct.pack(">H", 0) + shortstr(name) + b"\x01" + struct.pack(">I", 0)
+    await raw.send_raw(method_frame(1, 50, 10, passive))
+    close = await raw.expect(commands.Channel.Close, 1)
+    assert (close.reply_code, close.class_id, close.method_id) == (404, 50, 10)
+    assert close.reply_text.startswith("NOT_FOUND - no queue 'üü")
+    assert len(close.reply_text.encode()) <= 255
+    await raw.send(1, commands.Channel.CloseOk())
+    await raw.open_channel(1)
+
+
+async def test_connection_error_text_naming_a_long_multibyte_vhost_fits(raw: RawConnection) -> None:
+    vhost = "é" * 127
+    await raw.send_raw(PROTOCOL_HEADER)
+    await raw.expect(commands.Connection.Start)
+    await raw.send(
+        0,
+        commands.Connection.StartOk(
+            client_properties={}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
+        ),
+    )
+    tune = await raw.expect(commands.Connection.Tune)
+    await raw.send(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
+    # Connection.Open: virtual-host, capabilities (empty), insist (off).
+    await raw.send_raw(method_frame(0, 10, 40, shortstr(vhost) + b"\x00\x00"))
+    close = await raw.expect_connection_close(530, 10, 40)
+    assert len(close.reply_text.encode()) <= 255

@@ -535,3 +535,45 @@ def test_check_properties_passes_only_what_pamqp_decodes(flags: int, rest: bytes
 def test_check_properties_refuses_malformed(flags: int, rest: bytes) -> None:
     with pytest.raises(exceptions.AMQPSyntaxError):
         wire.check_properties(HEADER_PREFIX + struct.pack(">H", flags) + rest)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 65535),
+    st.text(alphabet="abcXYZ019-_.:", max_size=200),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+)
+def test_declare_ok_frame_equals_pamqp(
+    channel: int, queue: str, message_count: int, consumer_count: int
+) -> None:
+    assert wire.declare_ok_frame(channel, queue, message_count, consumer_count) == frame.marshal(
+        commands.Queue.DeclareOk(queue, message_count, consumer_count), channel
+    )
+
+
+@pytest.mark.parametrize("queue", ["очередь", "a!b", "é" * 127], ids=["cyrillic", "bang", "254"])
+def test_declare_ok_frame_encodes_names_pamqp_refuses(queue: str) -> None:
+    with pytest.raises(ValueError):
+        commands.Queue.DeclareOk(queue, 1, 2)
+    data = wire.declare_ok_frame(4, queue, 1, 2)
+    _, channel, decoded = frame.unmarshal(data)
+    assert channel == 4
+    assert (decoded.queue, decoded.message_count, decoded.consumer_count) == (queue, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("short", "short"),
+        ("a" * 300, "a" * 255),
+        ("é" * 200, "é" * 127),
+        ("a" + "€" * 100, "a" + "€" * 84),
+    ],
+    ids=["short", "ascii", "two-byte", "three-byte"],
+)
+def test_reply_text_fits_a_shortstr_without_splitting_characters(text: str, expected: str) -> None:
+    fitted = wire.reply_text(text)
+    assert fitted == expected
+    assert len(fitted.encode()) <= 255
+    frame.marshal(commands.Channel.Close(404, fitted, 50, 10), 1)
