@@ -7,6 +7,7 @@ server sends (heartbeats included) with its size on the wire. Every read is boun
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 import uuid
@@ -216,3 +217,29 @@ class RawClient:
     def call(self, channel: int, method: Method, reply: type, timeout: float = 5.0) -> Any:
         self.send(channel, method)
         return self.expect(reply, channel, timeout)
+
+
+async def channel_error(connection: Any, action: Any) -> int:
+    """Run ``action(channel)`` on a fresh aio-pika channel; it must close just that channel.
+
+    Returns the reply code. The connection must stay open and usable.
+    """
+    channel = await connection.channel()
+    try:
+        await action(channel)
+    except aiormq.exceptions.AMQPChannelError as error:
+        code = reply_code(error)
+    else:
+        raise AssertionError("the broker accepted what it should have refused")
+    assert channel.is_closed, "the channel should be closed by the error"
+    assert not connection.is_closed, "a channel error must not close the connection"
+    probe = await connection.channel()
+    await probe.close()
+    return code
+
+
+async def wait_until_async(predicate: Any, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` on the event loop until it is true, at most ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)

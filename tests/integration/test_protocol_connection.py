@@ -26,6 +26,7 @@ from tests.integration.protocol_support import (
     RawClient,
     reply_code,
     unique,
+    wait_until_async,
 )
 from tests.support import ServerProcess
 
@@ -387,12 +388,6 @@ async def test_memory_watermark_blocks_publishers_until_queues_drain(make_server
             publisher.close()
         with contextlib.suppress(Exception):
             await consumer.close()
-
-
-async def wait_until_async(predicate, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 # -- channels -----------------------------------------------------------------------------
