@@ -81,13 +81,17 @@ class FailoverController:
         self.events = EventLog(config.event_log_path, config.name, self.role.value)
         user = config.user(config.failover.peer_user)
         assert user is not None  # the config loader checked it
+        # A restarted peer gives us one timeout of grace before a client vote can make it
+        # ACTIVE: our state must reach it within that. So the link is retried every
+        # heartbeat (no longer), and our state goes out the moment it is up, not a tick later.
         self.peering = Peering(
             f"amqp://{quote(user.name, safe='')}:{quote(user.password, safe='')}@"
             f"{config.failover.peer}/",
             name=f"{config.name}->peer",
             backoff_initial=min(0.05, config.failover.heartbeat),
-            backoff_max=max(config.failover.heartbeat, 0.25),
+            backoff_max=config.failover.heartbeat,
             connect_timeout=max(config.failover.timeout, 1.0),
+            on_up=self._publish_state,
             client_properties={"product": "amqha peering", "amqha_node": config.name},
         )
         self.seq = 0

@@ -1,0 +1,49 @@
+"""A restarted primary must hear the ACTIVE backup before its start-up grace runs out.
+
+The primary counts an unheard peer as alive for one timeout after it starts; a client
+knocking after that makes it ACTIVE (and, epochs being equal, takes the service back
+from the backup: an automatic failback with a dual active). So the backup's state has
+to reach the restarted primary within that timeout, however long the backup's peering
+had been retrying the dead primary. Short timings make the margin thin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pairs import Knocker, Pair, client_vote, hold, lifetime, pair_factory
+
+MakePair = Callable[..., Pair]
+RESTARTS = 8
+
+
+@pytest.fixture
+def make_pair(tmp_path: Path) -> Iterator[MakePair]:
+    yield from pair_factory(tmp_path)
+
+
+async def test_restarted_primary_hears_the_backup_before_its_grace_ends(
+    make_pair: MakePair,
+) -> None:
+    pair = make_pair(heartbeat=0.05, timeout=0.25).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    pair.kill(pair.primary)
+    assert (await client_vote([pair.backup]))["name"] == "backup"
+    for restart in range(RESTARTS):
+        # Down long enough for the backup's reconnect backoff to reach its cap.
+        await hold(lambda: not pair.primary.alive, 1.0, "primary down")
+        with Knocker(pair.primary, interval=0.01) as knocker:
+            pair.primary.start()
+            await pair.wait_states("PASSIVE", "ACTIVE")
+        assert knocker.let_in == 0, f"restart {restart}: a client got into the primary"
+        moves = [
+            (e["from"], e["to"])
+            for e in lifetime(pair.events(pair.primary))
+            if e["event"] == "transition"
+        ]
+        assert moves == [("PRIMARY", "PASSIVE")], f"restart {restart}"
+        pair.kill(pair.primary)
+    assert not [e for e in pair.events(pair.backup) if e["event"] == "dual_active"]
