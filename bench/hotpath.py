@@ -27,7 +27,7 @@ from typing import Any
 from pamqp import commands, frame
 
 from amqha.connection import Connection
-from amqha.server import Broker
+from amqha.server import Broker, tune_gc
 from bench.broker_bench import new_loop
 from bench.rawclient import PROTOCOL_HEADER, ack_frame, publish_frames
 from config import ServerConfig, User
@@ -148,6 +148,7 @@ async def one_run(count: int) -> dict[str, float]:
 
 def run(count: int = 200_000, repeat: int = 5) -> dict[str, Any]:
     best: dict[str, float] = {}
+    tune_gc()  # as ``amqha start`` does
     with asyncio.Runner(loop_factory=new_loop) as runner:
         for _ in range(repeat):
             for key, value in runner.run(one_run(count)).items():
