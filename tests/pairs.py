@@ -73,7 +73,9 @@ class Pair:
         proxied: bool = True,
         roles: tuple[str, str] = ("primary", "backup"),
         names: tuple[str, str] | None = None,
+        **overrides: Any,
     ) -> None:
+        """``overrides``: further config sections for both servers (as ServerProcess takes)."""
         self.workdir = Path(workdir)
         self.heartbeat = heartbeat
         self.timeout = timeout
@@ -98,6 +100,7 @@ class Pair:
                 names[i],
                 port=ports[i],
                 failover=failover_section(roles[i], peer_ports[i], heartbeat, timeout),
+                **overrides,
             )
             for i in range(2)
         ]
