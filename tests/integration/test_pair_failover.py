@@ -178,3 +178,32 @@ async def _more_confirms(publisher: Publisher, count: int) -> None:
     while len(publisher.confirmed) < count:
         assert publisher.task is not None and not publisher.task.done()
         await asyncio.sleep(0.02)
+
+
+async def test_controller_stop_fails_over_without_a_kill_and_start_resolves(
+    make_pair: MakePair,
+) -> None:
+    """The console's ``controller stop|start``: failover and recovery with no process stopped."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    pids = [server.process.pid for server in pair.servers]
+    async with ConsoleClient(url_of(pair.primary, ADMIN)) as admin:
+        assert await admin.call("controller", action="stop") == "controller stopped"
+        # The backup stops hearing the primary; a client's connect makes it ACTIVE.
+        await hold(lambda: pair.state(pair.backup) == "PASSIVE", 2 * pair.timeout, "no vote yet")
+        assert (await client_vote([pair.backup]))["name"] == "backup"
+        assert pair.epoch(pair.backup) == 2
+        started = time.time()
+        assert await admin.call("controller", action="start") == "controller started"
+    # The primary speaks again, ACTIVE in epoch 1: the backup's epoch 2 wins.
+    await pair.wait_states("PASSIVE", "ACTIVE")
+    yielded = [e for e in pair.events(pair.primary) if e["event"] == "dual_active"]
+    assert len(yielded) == 1 and yielded[0]["ts"] >= started and "we yield" in yielded[0]["reason"]
+    console = [e["command"] for e in pair.events(pair.primary) if e["event"] == "console"]
+    assert console == ["controller stop", "controller start"]
+    # And back to normal by hand.
+    async with ConsoleClient(url_of(pair.backup, ADMIN)) as admin:
+        result = await admin.call("recover")
+    assert result["state"] == "PASSIVE"
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    assert [server.process.pid for server in pair.servers] == pids
