@@ -36,6 +36,8 @@ _short = struct.Struct(">H")
 _long_long = struct.Struct(">Q")
 _deliver_tail = struct.Struct(">QB")
 _content_head = struct.Struct(">HHQ")
+# A frame's end byte followed by the next frame's type, channel and size.
+_end_and_head = struct.Struct(">BBHI")
 
 PUBLISH_INDEX = commands.Basic.Publish.index
 _DELIVER_PREFIX = _method_index.pack(commands.Basic.Deliver.index)
@@ -295,6 +297,24 @@ def deliver_frames(
     frame_max: int,
 ) -> bytes:
     """Basic.Deliver + content header + body. ``consumer_tag`` is already a shortstr."""
+    size = len(body)
+    if 0 < size <= frame_max - FRAME_OVERHEAD:
+        # The usual delivery, a body in one frame: one join, each end byte packed
+        # with the next frame's head. 13 = method index, delivery tag, redelivered.
+        return b"".join(
+            (
+                _frame_head.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(address)),
+                _DELIVER_PREFIX,
+                consumer_tag,
+                _deliver_tail.pack(delivery_tag, redelivered),
+                address,
+                _end_and_head.pack(FRAME_END, FRAME_HEADER, channel, len(header_payload)),
+                header_payload,
+                _end_and_head.pack(FRAME_END, FRAME_BODY, channel, size),
+                body,
+                b"\xce",
+            )
+        )
     payload = b"".join(
         (
             _DELIVER_PREFIX,
