@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -91,7 +92,7 @@ class FailoverController:
             backoff_initial=min(0.05, config.failover.heartbeat),
             backoff_max=config.failover.heartbeat,
             connect_timeout=max(config.failover.timeout, 1.0),
-            on_up=self._publish_state,
+            on_up=self._on_link_up,
             client_properties={"product": "amqha peering", "amqha_node": config.name},
         )
         self.seq = 0
@@ -150,6 +151,25 @@ class FailoverController:
             },
             separators=(",", ":"),
         ).encode()
+
+    def _on_link_up(self) -> None:
+        properties = self.peering.server_properties
+        product = properties.get("product")
+        if isinstance(product, bytes):
+            product = product.decode(errors="replace")
+        if product != "amqha" or not isinstance(properties.get("amqha"), dict):
+            reason = (
+                f"the server at {self.config.failover.peer} is not amqha "
+                f"(it announces product {product!r}): it cannot be our peer"
+            )
+            if self.machine.misconfigured != reason:
+                log.error("misconfigured pair: %s", reason)
+                self._write("misconfigured", peer=self.config.failover.peer, peer_epoch=None, reason=reason)
+                # Known from the link itself, not from a state message; a real amqha peer's
+                # first state message clears it, as for any misconfiguration.
+                self.machine = replace(self.machine, misconfigured=reason)
+            return
+        self._publish_state()
 
     def _publish_state(self) -> None:
         if self.running:

@@ -65,6 +65,8 @@ class Peering:
         self.on_down = on_down
         self.client_properties = {"connection_name": name, **(client_properties or {})}
         self.status = PeeringStatus()
+        # What the remote announced in Connection.Start on the current link, for callers to vet.
+        self.server_properties: dict[str, Any] = {}
         self._connection: aiormq.abc.AbstractConnection | None = None
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._task: asyncio.Task[None] | None = None
@@ -141,6 +143,7 @@ class Peering:
             self.status.connects += 1
             self.status.last_error = None
             log.info("%s: link up to %s", self.name, _censor(self.url))
+            self.server_properties = dict(connection.server_properties or {})
             if self.on_up is not None:
                 self.on_up()
             reason = await self._wait_closed(connection)
