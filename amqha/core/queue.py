@@ -292,6 +292,7 @@ class Queue:
         if self.limits.dead_letter_exchange is not None and self.on_dead_letter is not None:
             self.on_dead_letter(self, message, reason)
 
-    def reject(self, message: Message) -> None:
-        """A consumer rejected a message without requeue: dead-letter it if configured."""
-        self._dead_letter(message, "rejected")
+    def reject(self, message: Message, reason: str = "rejected") -> None:
+        """Dead-letter, if configured, a message refused without requeue: by a consumer
+        ("rejected") or by reject-publish-dlx overflow ("maxlen", as RabbitMQ marks it)."""
+        self._dead_letter(message, reason)

@@ -139,7 +139,7 @@ class RawClient:
             number, value = self.read(timeout)
             if isinstance(value, heartbeat.Heartbeat):
                 continue
-            assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r}"
+            assert isinstance(value, kind), f"expected {kind}, got {value!r}"
             if channel is not None:
                 assert number == channel, f"{value.name} on channel {number}, not {channel}"
             return value
@@ -242,4 +242,14 @@ async def wait_until_async(predicate: Any, timeout: float = 10.0) -> None:
     """Poll ``predicate`` on the event loop until it is true, at most ``timeout`` seconds."""
     async with asyncio.timeout(timeout):
         while not predicate():
+            await asyncio.sleep(0.02)
+
+
+async def eventually(check: Any, timeout: float = 10.0) -> Any:
+    """Await ``check()`` until it returns something truthy, at most ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            value = await check()
+            if value:
+                return value
             await asyncio.sleep(0.02)
