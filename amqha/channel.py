@@ -357,10 +357,17 @@ class Channel:
         self._wake_consumers()
 
     def _wake_consumers(self) -> None:
-        if self.consumers:
-            now = self.broker.now()
-            for queue in {c.queue for c in self.consumers.values()}:
-                queue.drain(now)
+        consumers = self.consumers
+        if not consumers:
+            return
+        now = self.broker.now()
+        if len(consumers) == 1:
+            # The usual case, once per ack: no set of queues to build.
+            for consumer in consumers.values():
+                consumer.queue.drain(now)
+            return
+        for queue in {c.queue for c in consumers.values()}:
+            queue.drain(now)
 
     def _return_to_queues(
         self, entries: list[Unacked], requeue: bool
