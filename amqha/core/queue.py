@@ -207,7 +207,9 @@ class Queue:
         """Dead-letter (or drop) expired messages at the head; returns how many."""
         expiries = self.expiries
         count = 0
-        while expiries and expiries[0] <= now:
+        # Strictly past the deadline: a TTL 0 message still goes to a consumer ready at the
+        # instant it arrives, and expires only if there is none (as in RabbitMQ).
+        while expiries and expiries[0] < now:
             self._dead_letter(self._pop_head()[0], "expired")
             count += 1
         return count

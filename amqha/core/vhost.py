@@ -333,7 +333,9 @@ class VHost:
         deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
         for death in deaths:
             if death.get("queue") == queue.name and death.get("reason") == reason:
-                death["count"] = int(death.get("count", 1)) + 1
+                # x-death may come from a publisher: a count that is not an integer restarts.
+                count = death.get("count")
+                death["count"] = (count if type(count) is int else 0) + 1
                 deaths.remove(death)
                 deaths.insert(0, death)
                 break
@@ -356,6 +358,22 @@ class VHost:
         dead = message.rewritten(
             address_of(exchange.name, routing_key), headers, drop_expiration=True
         )
-        targets = self.route(exchange, routing_key, dead)
+        targets = tuple(
+            target
+            for target in self.route(exchange, routing_key, dead)
+            if not _is_cycle(target.name, deaths)
+        )
         if self.deliver_routed is not None and targets:
             self.deliver_routed(dead, targets)
+
+
+def _is_cycle(queue_name: str, deaths: list[dict[str, Any]]) -> bool:
+    """RabbitMQ's rule: a dead letter that would reach a queue it already died in is
+    dropped, unless a consumer rejected it somewhere in between (a deliberate retry
+    loop). Without it, TTL 0 or x-max-length 0 on such a loop recurses without end."""
+    for death in deaths:
+        if death.get("reason") == "rejected":
+            return False
+        if death.get("queue") == queue_name:
+            return True
+    return False

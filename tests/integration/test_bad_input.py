@@ -643,3 +643,73 @@ async def test_connection_error_text_naming_a_long_multibyte_vhost_fits(raw: Raw
     await raw.send_raw(method_frame(0, 10, 40, shortstr(vhost) + b"\x00\x00"))
     close = await raw.expect_connection_close(530, 10, 40)
     assert len(close.reply_text.encode()) <= 255
+
+
+# -- pathological but legal topologies and headers -------------------------------------------
+
+
+async def wait_for_count(bystander: Bystander, queue: str, count: int) -> None:
+    async with asyncio.timeout(READ_TIMEOUT):
+        while True:
+            declared = await bystander.declare_queue(queue, passive=True)
+            if declared.declaration_result.message_count == count:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_dead_letter_loop_with_ttl_zero_and_a_consumer(
+    raw: RawConnection, bystander: Bystander, server: ServerProcess
+) -> None:
+    """A queue that dead-letters to itself with TTL 0 used to recurse until Python gave up,
+    and the publisher was closed with 502."""
+    connection = await aio_pika.connect(server.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        name = unique("ttl0-loop")
+        queue = await channel.declare_queue(
+            name, exclusive=True, arguments={"x-message-ttl": 0, "x-dead-letter-exchange": ""}
+        )
+        received: list[bytes] = []
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            received.append(message.body)
+
+        await queue.consume(on_message, no_ack=True)
+        confirmation = await channel.default_exchange.publish(aio_pika.Message(b"x"), name)
+        assert isinstance(confirmation, commands.Basic.Ack)
+        await channel.default_exchange.publish(aio_pika.Message(b"y"), name)
+        assert not connection.is_closed
+        # TTL 0 still reaches a consumer that is ready when the message arrives.
+        async with asyncio.timeout(READ_TIMEOUT):
+            while len(received) < 2:
+                await asyncio.sleep(0.01)
+        assert received == [b"x", b"y"]
+
+
+async def test_forged_x_death_count_does_not_stop_the_sweep(
+    raw: RawConnection, bystander: Bystander
+) -> None:
+    """x-death comes from the publisher; its count used to go through int(), and a count
+    like "many" raised inside the broker's periodic sweep, which then never ran again."""
+    assert bystander.channel is not None
+    channel = bystander.channel
+    exchange = await channel.declare_exchange(unique("dlx"), "fanout", auto_delete=True)
+    parked = await channel.declare_queue(unique("parked"), auto_delete=True)
+    await parked.bind(exchange)
+    source = await channel.declare_queue(
+        unique("forged"),
+        auto_delete=True,
+        arguments={"x-message-ttl": 20, "x-dead-letter-exchange": exchange.name},
+    )
+    forged = [{"queue": source.name, "reason": "expired", "count": "many"}]
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"forged", headers={"x-death": forged}), source.name
+    )
+    await wait_for_count(bystander, parked.name, 1)
+    message = await parked.get(no_ack=True)
+    assert message.headers["x-death"][0]["count"] == 1
+    probe = await channel.declare_queue(
+        unique("ttl-probe"), auto_delete=True, arguments={"x-message-ttl": 20}
+    )
+    await channel.default_exchange.publish(aio_pika.Message(b"x"), probe.name)
+    await wait_for_count(bystander, probe.name, 0)

@@ -147,13 +147,13 @@ def test_exclusive_consumer_flag() -> None:
 # -- TTL --------------------------------------------------------------------------------
 
 
-def test_per_queue_ttl_expires_at_the_deadline() -> None:
+def test_per_queue_ttl_expires_once_past_the_deadline() -> None:
     queue, dead = dlx_queue(**{"x-message-ttl": 1000})
     queue.enqueue(message("a"), 10.0)
     queue.enqueue(message("b"), 10.5)
     assert queue.next_expiry() == 11.0
-    assert queue.expire(10.999) == 0
-    assert queue.expire(11.0) == 1
+    assert queue.expire(11.0) == 0
+    assert queue.expire(11.001) == 1
     assert dead.got == [("q", b"a", "expired")]
     assert queue.next_expiry() == 11.5
     assert bodies(queue, 11.2) == [b"b"]
@@ -174,7 +174,7 @@ def test_per_message_ttl_is_honoured_only_at_the_head() -> None:
     # The short-lived one is behind a live message: it waits (as in RabbitMQ).
     assert queue.expire(5.0) == 0
     assert queue.message_count == 2
-    assert queue.expire(10.0) == 2
+    assert queue.expire(10.5) == 2
     assert dead.got == [("q", b"long", "expired"), ("q", b"short", "expired")]
 
 
@@ -183,15 +183,31 @@ def test_the_smaller_of_queue_and_message_ttl_wins() -> None:
     queue.enqueue(message("a"), 0.0, expiration=1.0)
     queue.enqueue(message("b"), 0.0, expiration=60.0)
     assert queue.next_expiry() == 1.0
-    queue.expire(1.0)
+    queue.expire(1.5)
     assert queue.next_expiry() == 5.0
 
 
-def test_ttl_zero_expires_at_once_when_nobody_takes_it() -> None:
+def test_ttl_zero_expires_as_soon_as_time_moves_when_nobody_takes_it() -> None:
     queue, dead = dlx_queue(**{"x-message-ttl": 0})
     queue.enqueue(message("a"), 3.0)
-    assert queue.expire(3.0) == 1
+    assert queue.expire(3.0) == 0
+    assert queue.get(3.001) is None
     assert dead.got == [("q", b"a", "expired")]
+
+
+def test_ttl_zero_goes_to_a_consumer_ready_at_that_instant() -> None:
+    queue, dead = dlx_queue(**{"x-message-ttl": 0})
+    ready, busy = FakeConsumer("ready"), FakeConsumer("busy", credit=0)
+    queue.add_consumer(ready, 0.0)
+    queue.enqueue(message("a"), 3.0)
+    queue.drain(3.0)
+    assert ready.bodies == [b"a"] and dead.got == []
+    queue.remove_consumer(ready, 3.0)
+    queue.add_consumer(busy, 3.0)
+    queue.enqueue(message("b"), 4.0)
+    queue.drain(4.0)
+    queue.drain(4.001)
+    assert busy.got == [] and dead.got == [("q", b"b", "expired")]
 
 
 def test_message_ttl_appearing_later_keeps_earlier_messages_forever() -> None:

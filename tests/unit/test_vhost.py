@@ -32,6 +32,8 @@ class Harness:
     def enqueue(self, message: Message, queues: tuple[Queue, ...]) -> None:
         for queue in queues:
             queue.enqueue(message, self.now)
+            if queue.consumers:
+                queue.drain(self.now)
 
     def queue(self, name: str, **arguments: Any) -> Queue:
         return self.vhost.declare_queue(name, OWNER, self.now, arguments=arguments)
@@ -357,6 +359,22 @@ def dead_letter_setup(h: Harness, **arguments: Any) -> tuple[Queue, Queue]:
     return source, parking
 
 
+class Taker:
+    """A consumer that is always ready and keeps what it gets."""
+
+    tag = "taker"
+    exclusive = False
+
+    def __init__(self) -> None:
+        self.got: list[Message] = []
+
+    def ready(self) -> bool:
+        return True
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        self.got.append(message)
+
+
 def take(queue: Queue) -> Message:
     got = queue.get(0.0)
     assert got is not None
@@ -466,3 +484,70 @@ def test_remove_queue_only_removes_that_queue(h: Harness) -> None:
     new = h.queue("q")
     assert h.vhost.remove_queue(old) == 0
     assert h.vhost.queues["q"] is new
+
+
+def test_automatic_dead_letter_cycle_is_dropped(h: Harness) -> None:
+    """Dead-lettering to the default exchange with no routing key loops back to the queue."""
+    loop = h.queue("loop", **{"x-message-ttl": 1000, "x-dead-letter-exchange": ""})
+    h.publish("", "loop")
+    assert loop.expire(5.0) == 1
+    assert loop.message_count == 0
+
+
+def test_max_length_zero_self_loop_terminates(h: Harness) -> None:
+    loop = h.queue("loop", **{"x-max-length": 0, "x-dead-letter-exchange": ""})
+    h.publish("", "loop")
+    assert loop.message_count == 0
+
+
+def test_two_queue_cycle_is_dropped_on_the_second_visit(h: Harness) -> None:
+    h.vhost.declare_exchange("to-a", "fanout")
+    h.vhost.declare_exchange("to-b", "fanout")
+    a = h.queue("a", **{"x-message-ttl": 1000, "x-dead-letter-exchange": "to-b"})
+    b = h.queue("b", **{"x-message-ttl": 1000, "x-dead-letter-exchange": "to-a"})
+    h.vhost.bind_queue("a", "to-a", "", {}, OWNER)
+    h.vhost.bind_queue("b", "to-b", "", {}, OWNER)
+    h.publish("", "a")
+    a.expire(5.0)
+    assert (a.message_count, b.message_count) == (0, 1)
+    b.expire(5.0)
+    assert (a.message_count, b.message_count) == (0, 0)
+
+
+def test_a_rejection_in_the_cycle_keeps_it_going(h: Harness) -> None:
+    h.vhost.declare_exchange("to-a", "fanout")
+    h.vhost.declare_exchange("to-b", "fanout")
+    a = h.queue("a", **{"x-dead-letter-exchange": "to-b"})
+    b = h.queue("b", **{"x-message-ttl": 1000, "x-dead-letter-exchange": "to-a"})
+    h.vhost.bind_queue("a", "to-a", "", {}, OWNER)
+    h.vhost.bind_queue("b", "to-b", "", {}, OWNER)
+    h.publish("", "a")
+    a.reject(take(a))
+    b.expire(5.0)
+    deaths = take(a).headers()["x-death"]
+    assert [(d["queue"], d["reason"]) for d in deaths] == [("b", "expired"), ("a", "rejected")]
+
+
+def test_ttl_zero_self_loop_with_a_consumer_terminates(h: Harness) -> None:
+    """Enqueue drains at once; were the expired message routed back into the same drain
+    forever, this would be a RecursionError."""
+    loop = h.queue("loop", **{"x-message-ttl": 0, "x-dead-letter-exchange": ""})
+    taker = Taker()
+    loop.add_consumer(taker, 0.0)
+    h.publish("", "loop", b"now")
+    assert [m.body for m in taker.got] == [b"now"]
+    taker.ready = lambda: False  # type: ignore[method-assign]
+    h.publish("", "loop", b"later")
+    h.now = 1.0
+    loop.drain(h.now)
+    assert loop.message_count == 0 and len(taker.got) == 1
+
+
+@pytest.mark.parametrize("count", ["many", None, 2.5, True])
+def test_x_death_count_from_a_publisher_that_is_not_an_integer(h: Harness, count: Any) -> None:
+    source, parking = dead_letter_setup(h)
+    h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
+    forged = [{"queue": "work", "reason": "rejected", "count": count}]
+    h.publish("amq.direct", "job", b"m", headers={"x-death": forged})
+    source.reject(take(source))
+    assert take(parking).headers()["x-death"][0]["count"] == 1
