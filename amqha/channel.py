@@ -130,6 +130,8 @@ class Channel:
         # Deliveries acked inside the open transaction: a rollback makes them unacked again.
         self.transaction_acks: list[Unacked] = []
         self.pending: PendingPublish | None = None
+        # An empty queue name in a method means the queue last declared on this channel.
+        self.last_queue = ""
         self.handlers: dict[type, Callable[[Any], None]] = {
             commands.Channel.Open: self.on_channel_open,
             commands.Channel.Close: self.on_channel_close,
@@ -432,7 +434,7 @@ class Channel:
         self._wake_consumers()
 
     def on_basic_consume(self, method: commands.Basic.Consume) -> None:
-        queue = self.vhost.get_queue(method.queue or self.connection.last_queue, self.connection)
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
         tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.consumers:
             raise exceptions.AMQPNotAllowed(
@@ -473,7 +475,7 @@ class Channel:
             self.reply(commands.Basic.Cancel(consumer.tag, nowait=True))
 
     def on_basic_get(self, method: commands.Basic.Get) -> None:
-        queue = self.vhost.get_queue(method.queue or self.connection.last_queue, self.connection)
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
         got = queue.get(self.broker.now())
         if got is None:
             self.reply(commands.Basic.GetEmpty())
@@ -531,7 +533,7 @@ class Channel:
         if queue.exclusive_owner is connection:
             connection.exclusive_queues[queue.name] = queue
         self.broker.watch_queue(queue)
-        connection.last_queue = queue.name
+        self.last_queue = queue.name
         if not method.nowait:
             connection.send(
                 wire.declare_ok_frame(
@@ -541,7 +543,7 @@ class Channel:
 
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
         self.vhost.bind_queue(
-            method.queue or self.connection.last_queue, method.exchange, method.routing_key,
+            method.queue or self.last_queue, method.exchange, method.routing_key,
             dict(method.arguments or {}), self.connection,
         )
         if not method.nowait:
@@ -549,19 +551,19 @@ class Channel:
 
     def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
         self.vhost.unbind_queue(
-            method.queue or self.connection.last_queue, method.exchange, method.routing_key,
+            method.queue or self.last_queue, method.exchange, method.routing_key,
             dict(method.arguments or {}), self.connection,
         )
         self.reply(commands.Queue.UnbindOk())
 
     def on_queue_purge(self, method: commands.Queue.Purge) -> None:
-        queue = self.vhost.get_queue(method.queue or self.connection.last_queue, self.connection)
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
         count = queue.purge()
         if not method.nowait:
             self.reply(commands.Queue.PurgeOk(count))
 
     def on_queue_delete(self, method: commands.Queue.Delete) -> None:
-        name = method.queue or self.connection.last_queue
+        name = method.queue or self.last_queue
         count = self.vhost.delete_queue(
             name, self.connection, method.if_unused, method.if_empty
         )

@@ -71,7 +71,6 @@ class Connection(asyncio.Protocol):
         self.heartbeat = 0
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: dict[str, Queue] = {}
-        self.last_queue = ""
         self.user: Any = None
         self.vhost: VHost = None  # type: ignore[assignment]
         self.client_properties: dict[str, Any] = {}

@@ -184,13 +184,17 @@ async def test_server_named_queues_and_the_empty_name_shortcut(connection) -> No
     second = await channel.declare_queue(exclusive=True)
     assert first.name.startswith("amq.gen-") and second.name.startswith("amq.gen-")
     assert first.name != second.name
+    # Another channel declaring a queue in between does not change this channel's last one.
+    other = await connection.channel()
+    third = await other.declare_queue(exclusive=True)
     underlay = await channel.get_underlay_channel()
-    # An empty queue name means the queue last declared on this channel.
-    await underlay.queue_bind("", "amq.direct", routing_key=f"to-{second.name}")
+    # An empty queue name means the queue last declared on this channel (spec 0-9-1).
+    await underlay.queue_bind("", "amq.direct", routing_key="to-last")
     direct = await channel.get_exchange("amq.direct")
-    await direct.publish(Message(b"via last queue"), routing_key=f"to-{second.name}")
+    await direct.publish(Message(b"via last queue"), routing_key="to-last")
+    await underlay.queue_unbind("", "amq.direct", routing_key="to-last")
     assert await drain(second) == [b"via last queue"]
-    assert await drain(first) == []
+    assert await drain(first) == [] and await drain(third) == []
 
     async def reserved(channel):
         await channel.declare_queue("amq.gen-mine")
