@@ -76,23 +76,29 @@ def split_frames(buffer: bytes | bytearray, frame_max: int) -> tuple[list[RawFra
     a bad end byte is a 501 as well.
     """
     frames: list[RawFrame] = []
+    append = frames.append
     position = 0
     available = len(buffer)
     unpack_head = _frame_head.unpack_from
+    largest_payload = frame_max - FRAME_OVERHEAD
+    if type(buffer) is not bytes:
+        # One copy now (at most a partial frame plus a read) rather than two per frame.
+        buffer = bytes(buffer)
     while available - position >= 7:
         kind, channel, size = unpack_head(buffer, position)
-        if size + FRAME_OVERHEAD > frame_max:
+        if size > largest_payload:
             raise exceptions.AMQPFrameError(
                 f"FRAME_ERROR - frame size {size + FRAME_OVERHEAD} exceeds frame_max {frame_max}"
             )
-        end = position + 7 + size
+        start = position + 7
+        end = start + size
         if end >= available:
             break
-        if buffer[end] != FRAME_END:
+        if buffer[end] != 0xCE:  # FRAME_END, as a literal: this loop runs once per frame
             raise exceptions.AMQPFrameError(
                 f"FRAME_ERROR - bad frame end byte 0x{buffer[end]:02x}"
             )
-        frames.append(RawFrame(kind, channel, bytes(buffer[position + 7 : end])))
+        append(RawFrame(kind, channel, buffer[start:end]))
         position = end + 1
     return frames, position
 
