@@ -27,6 +27,18 @@ def _unshortstr_pair(address: bytes) -> tuple[str, str]:
     return address[1:exchange_end].decode(), address[exchange_end + 1 :].decode()
 
 
+def _encodable(value: Any) -> Any:
+    """pamqp decodes a longstr that is not UTF-8 to bytes but encodes only bytearray
+    (as a byte array): keep such a value binary instead of failing to encode it."""
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, dict):
+        return {key: _encodable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_encodable(item) for item in value]
+    return value
+
+
 class Message:
     """One message. Shared by every queue it was routed to; never mutated after routing."""
 
@@ -86,7 +98,7 @@ class Message:
     ) -> Message:
         """A copy with a new address and headers (dead-lettering uses this)."""
         properties = self.properties()
-        properties.headers = headers
+        properties.headers = _encodable(headers)
         if drop_expiration:
             properties.expiration = None
         content = ContentHeader(body_size=len(self.body), properties=properties)

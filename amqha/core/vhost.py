@@ -11,6 +11,7 @@ queue's owner is an opaque object (the connection) compared by identity.
 from __future__ import annotations
 
 import secrets
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -355,9 +356,14 @@ class VHost:
         headers.setdefault("x-first-death-reason", reason)
         headers.setdefault("x-first-death-queue", queue.name)
         headers.setdefault("x-first-death-exchange", message.exchange)
-        dead = message.rewritten(
-            address_of(exchange.name, routing_key), headers, drop_expiration=True
-        )
+        try:
+            dead = message.rewritten(
+                address_of(exchange.name, routing_key), headers, drop_expiration=True
+            )
+        except (TypeError, ValueError, OverflowError, struct.error):
+            # pamqp cannot encode every value it decodes (a double beyond single
+            # precision): such a message is dropped, as if it had no dead-letter exchange.
+            return
         targets = tuple(
             target
             for target in self.route(exchange, routing_key, dead)

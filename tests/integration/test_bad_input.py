@@ -713,3 +713,34 @@ async def test_forged_x_death_count_does_not_stop_the_sweep(
     )
     await channel.default_exchange.publish(aio_pika.Message(b"x"), probe.name)
     await wait_for_count(bystander, probe.name, 0)
+
+
+async def test_binary_header_is_dead_lettered_by_the_sweep(
+    raw: RawConnection, bystander: Bystander
+) -> None:
+    """A longstr header that is not UTF-8 made re-encoding fail inside the TTL sweep."""
+    assert bystander.channel is not None
+    channel = bystander.channel
+    exchange = await channel.declare_exchange(unique("dlx"), "fanout", auto_delete=True)
+    parked = await channel.declare_queue(unique("parked"), auto_delete=True)
+    await parked.bind(exchange)
+    source = await channel.declare_queue(
+        unique("binary"),
+        auto_delete=True,
+        arguments={"x-message-ttl": 20, "x-dead-letter-exchange": exchange.name},
+    )
+    await raw.handshake()
+    await raw.open_channel()
+    table = b"\x03binS" + struct.pack(">I", 3) + b"\xff\x00\xfe"
+    header = struct.pack(">HHQH", 60, 0, 2, 0x2000) + struct.pack(">I", len(table)) + table
+    await raw.send_raw(publish(1, source.name) + raw_frame(2, 1, header) + raw_frame(3, 1, b"hi"))
+    await wait_for_count(bystander, parked.name, 1)
+    message = await parked.get(no_ack=True)
+    assert message.body == b"hi"
+    assert bytes(message.headers["bin"]) == b"\xff\x00\xfe"
+    assert message.headers["x-death"][0]["reason"] == "expired"
+    probe = await channel.declare_queue(
+        unique("ttl-probe"), auto_delete=True, arguments={"x-message-ttl": 20}
+    )
+    await channel.default_exchange.publish(aio_pika.Message(b"x"), probe.name)
+    await wait_for_count(bystander, probe.name, 0)

@@ -3,6 +3,7 @@ routing through exchange-to-exchange bindings (cycles included), and dead-letter
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import pytest
@@ -551,3 +552,31 @@ def test_x_death_count_from_a_publisher_that_is_not_an_integer(h: Harness, count
     h.publish("amq.direct", "job", b"m", headers={"x-death": forged})
     source.reject(take(source))
     assert take(parking).headers()["x-death"][0]["count"] == 1
+
+
+def with_raw_headers(exchange: str, routing_key: str, table: bytes) -> Message:
+    header = struct.pack(">HHQH", 60, 0, 1, 0x2000) + struct.pack(">I", len(table)) + table
+    return Message(address_of(exchange, routing_key), header, b"m")
+
+
+def test_binary_longstr_header_survives_dead_lettering(h: Harness) -> None:
+    """A longstr that is not UTF-8 (any binary value from a Java client) decodes to bytes,
+    which pamqp cannot encode back; dead-lettering used to raise TypeError."""
+    source, parking = dead_letter_setup(h)
+    h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
+    source.enqueue(
+        with_raw_headers("amq.direct", "job", b"\x03binS" + struct.pack(">I", 2) + b"\xff\xfe"), 0.0
+    )
+    source.reject(take(source))
+    headers = take(parking).headers()
+    assert headers["bin"] == b"\xff\xfe"
+    assert headers["x-death"][0]["reason"] == "rejected"
+
+
+def test_header_pamqp_cannot_encode_drops_the_dead_letter(h: Harness) -> None:
+    source, parking = dead_letter_setup(h)
+    h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
+    huge_double = b"\x03dbld" + struct.pack(">d", 1e300)
+    source.enqueue(with_raw_headers("amq.direct", "job", huge_double), 0.0)
+    source.reject(take(source))
+    assert parking.message_count == 0 and source.message_count == 0
