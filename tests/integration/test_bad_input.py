@@ -309,6 +309,13 @@ async def test_oversized_frame_is_refused_on_its_header(raw: RawConnection) -> N
     assert "frame_max" in close.reply_text
 
 
+async def test_oversized_frame_before_the_handshake_ends(raw: RawConnection) -> None:
+    await raw.send_raw(PROTOCOL_HEADER)
+    await raw.expect(commands.Connection.Start)
+    await raw.send_raw(struct.pack(">BHI", 1, 0, 0xFFFFFFFF))
+    await raw.expect_connection_close(501)
+
+
 async def test_oversized_frame_on_a_channel_before_the_payload(raw: RawConnection) -> None:
     await raw.handshake()
     await raw.open_channel()
