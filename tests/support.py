@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +29,26 @@ USERS = [
 ]
 
 
+# Ports are drawn below the kernel's ephemeral range (32768-60999 by default), where
+# outgoing client sockets take their local ports: a port handed out here cannot be taken
+# by some connection's local end before the server binds it. None is handed out twice.
+_PORT_RANGE = (20000, 32000)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    for _ in range(1000):
+        port = random.randrange(*_PORT_RANGE)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE}")
 
 
 def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
@@ -106,12 +123,15 @@ class ServerProcess:
         return self
 
     def wait_ready(self, timeout: float = 15.0) -> None:
+        """Until this process says it listens (a connect alone could reach another listener)."""
         deadline = time.monotonic() + timeout
+        banner = f"listening on 127.0.0.1:{self.port}"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return
+            if banner in self.log():
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
             time.sleep(0.02)
         raise TimeoutError(f"{self.name} not listening on {self.port} after {timeout} s:\n{self.log()}")
 
