@@ -1,6 +1,6 @@
 """Profile the amqha server with pyinstrument under the raw client's publish or consume load.
 
-    python -m bench.profile_broker publish|consume|confirms [--messages N] [--rounds R]
+    python -m bench.profile_broker publish|confirms|consume|aio-pika [--messages N] [--rounds R]
 
 The server runs as ``python -m pyinstrument -r text -o FILE -m amqha start ...`` on a
 free loopback port; after the load it gets SIGTERM, shuts down cleanly and pyinstrument
@@ -11,6 +11,7 @@ the report shows the share of time under each call.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,7 +19,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import aio_pika
 import yaml
 
 from bench import rawclient
@@ -26,7 +29,35 @@ from bench.broker_bench import BODY, HOST, queue_name, run_async, wait_for_count
 from tests.support import ROOT, USERS, free_port, wait_for_port
 
 
+async def aio_pika_load(port: int, messages: int, rounds: int) -> None:
+    """aio-pika publishing with confirms (100 in flight), then consuming acking each."""
+    connection = await aio_pika.connect(f"amqp://guest:guest@{HOST}:{port}/")
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.set_qos(prefetch_count=1000)
+        queue = await channel.declare_queue(queue_name("profile"))
+        for _ in range(rounds):
+            pending: set[asyncio.Future[Any]] = set()
+            for _ in range(messages):
+                if len(pending) >= 100:
+                    _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                message = aio_pika.Message(BODY)
+                publish = channel.default_exchange.publish(message, routing_key=queue.name)
+                pending.add(asyncio.ensure_future(publish))
+            await asyncio.gather(*pending)
+            received = 0
+            async with queue.iterator() as messages_in:
+                async for message in messages_in:
+                    await message.ack()
+                    received += 1
+                    if received == messages:
+                        break
+
+
 async def load(kind: str, port: int, messages: int, rounds: int) -> None:
+    if kind == "aio-pika":
+        await aio_pika_load(port, messages, rounds)
+        return
     publisher = await rawclient.connect(HOST, port)
     await publisher.open_channel(confirm=kind != "publish")
     queue = queue_name("profile")
@@ -52,7 +83,7 @@ async def load(kind: str, port: int, messages: int, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kind", choices=("publish", "confirms", "consume"))
+    parser.add_argument("kind", choices=("publish", "confirms", "consume", "aio-pika"))
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
