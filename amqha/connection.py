@@ -494,7 +494,7 @@ def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
         except Exception:
             return "", ""
         login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-        as_text = (lambda v: v.decode() if isinstance(v, bytes) else str(v))
+        as_text = (lambda v: v.decode(errors="replace") if isinstance(v, bytes) else str(v))
         return as_text(login), as_text(password)
     raise exceptions.AMQPAccessRefused(
         f"ACCESS_REFUSED - unsupported authentication mechanism '{mechanism}'"

@@ -93,7 +93,8 @@ class Broker:
     def authenticate(self, username: str, password: str) -> User | None:
         user = self._users.get(username)
         if user is None:
-            hmac.compare_digest(password, password)
+            # Same work as a real comparison; bytes, since compare_digest refuses non-ASCII str.
+            hmac.compare_digest(password.encode(), password.encode())
             return None
         return user if hmac.compare_digest(user.password.encode(), password.encode()) else None
 

@@ -263,6 +263,48 @@ async def test_header_in_pieces_then_a_split_start_ok(raw: RawConnection) -> Non
     await raw.expect(commands.Connection.Tune)
 
 
+def start_ok(mechanism: bytes, response: bytes) -> bytes:
+    """Connection.StartOk by hand, so the response can be any bytes."""
+    arguments = (
+        struct.pack(">I", 0)
+        + bytes((len(mechanism),))
+        + mechanism
+        + struct.pack(">I", len(response))
+        + response
+        + b"\x05en_US"
+    )
+    return method_frame(0, 10, 11, arguments)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "response"),
+    [
+        (b"PLAIN", "\0nobody\0pässwörd".encode()),
+        (b"PLAIN", "\0guest\0güest".encode()),
+        (b"PLAIN", b"\0\xff\xfe\0\xff"),
+        (b"PLAIN", b"no separators"),
+        (b"AMQPLAIN", b"\x05LOGINS\x00\x00\x00\x02\xff\xfe\x08PASSWORDS\x00\x00\x00\x01\xff"),
+        (b"AMQPLAIN", b"\x05LOGINS\x00\x00\x00\x05nobody"),
+        (b"CRAM-MD5", b"guest"),
+    ],
+    ids=[
+        "unknown-user-non-ascii",
+        "wrong-non-ascii",
+        "binary",
+        "no-separators",
+        "amqplain-binary",
+        "amqplain-truncated",
+        "unsupported-mechanism",
+    ],
+)
+async def test_refused_login_is_403(raw: RawConnection, mechanism: bytes, response: bytes) -> None:
+    await raw.send_raw(PROTOCOL_HEADER)
+    await raw.expect(commands.Connection.Start)
+    await raw.send_raw(start_ok(mechanism, response))
+    close = await raw.expect_connection_close(403)
+    assert close.reply_text.startswith("ACCESS_REFUSED")
+
+
 async def test_truncated_handshake_frame_then_eof(raw: RawConnection) -> None:
     await raw.send_raw(PROTOCOL_HEADER)
     await raw.expect(commands.Connection.Start)
