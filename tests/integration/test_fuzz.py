@@ -181,6 +181,21 @@ def check_replies(data: bytes, reset: bool, frame_max: int) -> list[Any]:
     return replies
 
 
+def converse_before_open(server: ServerProcess, payload: bytes) -> list[Any]:
+    """Protocol header and Start, then ``payload`` in place of the rest of the handshake."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=SOCKET_TIMEOUT) as sock:
+        sock.sendall(PROTOCOL_HEADER)
+        buffer = bytearray()
+        assert isinstance(recv_frame(sock, buffer)[1], commands.Connection.Start)
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data, reset = read_until_closed(sock)
+    return check_replies(bytes(buffer) + data, reset, 131072)
+
+
 def converse(server: ServerProcess, frame_max: int, payload: bytes) -> list[Any]:
     with socket.create_connection(("127.0.0.1", server.port), timeout=SOCKET_TIMEOUT) as sock:
         negotiated = handshake(sock, frame_max)
@@ -273,11 +288,16 @@ def mutate(draw: st.DrawFn, data: bytearray) -> None:
 
 
 @st.composite
-def mutated_conversation(draw: st.DrawFn) -> bytes:
+def mutated_conversation(
+    draw: st.DrawFn, valid: list[list[tuple[int, int, bytes]]], in_order: bool = False
+) -> bytes:
     """Valid steps, then either the byte stream is damaged anywhere (framing included),
     or one frame's payload is damaged and the frame re-framed with its true size, so the
     damage reaches the method, property and body decoders."""
-    steps = draw(st.lists(st.sampled_from(VALID_FRAMES), min_size=1, max_size=8))
+    if in_order:
+        steps = valid[: draw(st.integers(1, len(valid)))]
+    else:
+        steps = draw(st.lists(st.sampled_from(valid), min_size=1, max_size=8))
     frames = [list(f) for step in steps for f in step]
     if draw(st.booleans()):
         data = bytearray(
@@ -317,8 +337,43 @@ def arbitrary_frame(draw: st.DrawFn) -> bytes:
     return struct.pack(">BHI", kind, channel, size) + payload + end
 
 
+HANDSHAKE_FRAMES = [
+    frames_of(step)
+    for step in (
+        marshal(
+            0,
+            commands.Connection.StartOk(
+                client_properties={"product": "fuzz", "capabilities": {"basic.nack": True}},
+                mechanism="PLAIN",
+                response="\0guest\0guest",
+                locale="en_US",
+            ),
+        ),
+        marshal(0, commands.Connection.TuneOk(2047, 4096, 0)),
+        marshal(0, commands.Connection.Open(virtual_host="/")),
+        marshal(1, commands.Channel.Open()),
+        marshal(1, commands.Queue.Declare(queue="", exclusive=True)),
+    )
+]
+AMQPLAIN_START_OK = frames_of(
+    marshal(
+        0,
+        commands.Connection.StartOk(
+            client_properties={},
+            mechanism="AMQPLAIN",
+            response="\x05LOGINS\x00\x00\x00\x05guest\x08PASSWORDS\x00\x00\x00\x05guest",
+            locale="en_US",
+        ),
+    )
+)
+HANDSHAKE_INPUTS = st.one_of(
+    mutated_conversation(HANDSHAKE_FRAMES, in_order=True),
+    mutated_conversation([AMQPLAIN_START_OK, *HANDSHAKE_FRAMES[1:]], in_order=True),
+    st.lists(arbitrary_frame(), min_size=1, max_size=4).map(b"".join),
+)
+
 INPUTS = st.one_of(
-    mutated_conversation(),
+    mutated_conversation(VALID_FRAMES),
     st.lists(arbitrary_frame(), min_size=1, max_size=6).map(b"".join),
     st.binary(min_size=1, max_size=96),
 )
@@ -356,4 +411,27 @@ def test_server_survives_arbitrary_frames(server: ServerProcess) -> None:
     fuzz()
     assert examples_run > CHECK_EVERY
     fresh_client_round_trip(server, b"after fuzzing")
+    assert "Traceback" not in server.log(), server.log()[-5000:]
+
+
+def test_server_survives_a_broken_handshake(server: ServerProcess) -> None:
+    examples_run = 0
+
+    @settings(
+        max_examples=100,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(payload=HANDSHAKE_INPUTS)
+    def fuzz(payload: bytes) -> None:
+        nonlocal examples_run
+        converse_before_open(server, payload)
+        assert server.alive, server.log()[-3000:]
+        examples_run += 1
+        if examples_run % CHECK_EVERY == 0:
+            fresh_client_round_trip(server, b"still serving %d" % examples_run)
+
+    fuzz()
+    assert examples_run > CHECK_EVERY
+    fresh_client_round_trip(server, b"after fuzzing the handshake")
     assert "Traceback" not in server.log(), server.log()[-5000:]
