@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 OPEN, CLOSING = "open", "closing"
 
+_CLOSE_INDEXES = (
+    wire.method_index_bytes(commands.Channel.Close),
+    wire.method_index_bytes(commands.Channel.CloseOk),
+)
+
 # The user_id bit of the content header's property flags (low byte of the flag word).
 _USER_ID_FLAG = 0x10
 
@@ -41,7 +46,16 @@ Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
 class ChannelConsumer:
     """A Basic.Consume subscription: what the queue sees as a consumer."""
 
-    __slots__ = ("tag", "tag_wire", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked")
+    __slots__ = (
+        "tag",
+        "tag_wire",
+        "channel",
+        "queue",
+        "no_ack",
+        "exclusive",
+        "prefetch",
+        "unacked",
+    )
 
     def __init__(
         self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int
@@ -166,11 +180,11 @@ class Channel:
 
     def handle_frame(self, frame: wire.RawFrame) -> None:
         if self.state is CLOSING:
-            # After our Channel.Close, everything but Close/CloseOk is dropped (spec 2.3.5).
-            if frame.kind == wire.FRAME_METHOD:
+            # After our Channel.Close, everything but Close/CloseOk is dropped unread (spec
+            # 2.3.5): whatever the client had in flight, garbage included, is not an error.
+            if frame.kind == wire.FRAME_METHOD and frame.payload[:4] in _CLOSE_INDEXES:
                 method = wire.decode_method(frame.payload)
-                if isinstance(method, commands.Channel.Close | commands.Channel.CloseOk):
-                    self.handlers[type(method)](method)
+                self.handlers[type(method)](method)
             return
         kind = frame.kind
         pending = self.pending
@@ -223,7 +237,10 @@ class Channel:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"
             )
-        if exchange.publish_tag is not None and exchange.publish_tag not in self.connection.user.tags:
+        if (
+            exchange.publish_tag is not None
+            and exchange.publish_tag not in self.connection.user.tags
+        ):
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - publishing to '{publish.exchange}' needs a user tagged "
                 f"'{exchange.publish_tag}'"
@@ -289,8 +306,13 @@ class Channel:
         if not queues and publish.mandatory:
             connection.send(
                 wire.return_frames(
-                    self.number, 312, "NO_ROUTE", message.address, message.header,
-                    message.body, connection.frame_max,
+                    self.number,
+                    312,
+                    "NO_ROUTE",
+                    message.address,
+                    message.header,
+                    message.body,
+                    connection.frame_max,
                 )
             )
         if self.confirm:
@@ -371,9 +393,7 @@ class Channel:
         for queue in {c.queue for c in consumers.values()}:
             queue.drain(now)
 
-    def _return_to_queues(
-        self, entries: list[Unacked], requeue: bool
-    ) -> None:
+    def _return_to_queues(self, entries: list[Unacked], requeue: bool) -> None:
         self._release(entries)
         now = self.broker.now()
         if requeue:
@@ -409,7 +429,9 @@ class Channel:
         else:
             action()
 
-    def on_basic_recover(self, method: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
+    def on_basic_recover(
+        self, method: commands.Basic.Recover | commands.Basic.RecoverAsync
+    ) -> None:
         self._requeue_all()
         if isinstance(method, commands.Basic.Recover):
             self.reply(commands.Basic.RecoverOk())
@@ -437,9 +459,7 @@ class Channel:
         queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
         tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.consumers:
-            raise exceptions.AMQPNotAllowed(
-                f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'"
-            )
+            raise exceptions.AMQPNotAllowed(f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'")
         if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - queue '{queue.name}' in vhost '{self.vhost.name}' "
@@ -490,8 +510,14 @@ class Channel:
         connection = self.connection
         connection.send(
             wire.get_ok_frames(
-                self.number, tag, redelivered, message.address, queue.message_count,
-                message.header, message.body, connection.frame_max,
+                self.number,
+                tag,
+                redelivered,
+                message.address,
+                queue.message_count,
+                message.header,
+                message.body,
+                connection.frame_max,
             )
         )
 
@@ -499,8 +525,13 @@ class Channel:
 
     def on_exchange_declare(self, method: commands.Exchange.Declare) -> None:
         self.vhost.declare_exchange(
-            method.exchange, method.exchange_type, method.passive, method.durable,
-            method.auto_delete, method.internal, dict(method.arguments or {}),
+            method.exchange,
+            method.exchange_type,
+            method.passive,
+            method.durable,
+            method.auto_delete,
+            method.internal,
+            dict(method.arguments or {}),
         )
         if not method.nowait:
             self.reply(commands.Exchange.DeclareOk())
@@ -527,8 +558,14 @@ class Channel:
     def on_queue_declare(self, method: commands.Queue.Declare) -> None:
         connection = self.connection
         queue = self.vhost.declare_queue(
-            method.queue, connection, self.broker.now(), method.passive, method.durable,
-            method.exclusive, method.auto_delete, dict(method.arguments or {}),
+            method.queue,
+            connection,
+            self.broker.now(),
+            method.passive,
+            method.durable,
+            method.exclusive,
+            method.auto_delete,
+            dict(method.arguments or {}),
         )
         if queue.exclusive_owner is connection:
             connection.exclusive_queues[queue.name] = queue
@@ -543,16 +580,22 @@ class Channel:
 
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
         self.vhost.bind_queue(
-            method.queue or self.last_queue, method.exchange, method.routing_key,
-            dict(method.arguments or {}), self.connection,
+            method.queue or self.last_queue,
+            method.exchange,
+            method.routing_key,
+            dict(method.arguments or {}),
+            self.connection,
         )
         if not method.nowait:
             self.reply(commands.Queue.BindOk())
 
     def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
         self.vhost.unbind_queue(
-            method.queue or self.last_queue, method.exchange, method.routing_key,
-            dict(method.arguments or {}), self.connection,
+            method.queue or self.last_queue,
+            method.exchange,
+            method.routing_key,
+            dict(method.arguments or {}),
+            self.connection,
         )
         self.reply(commands.Queue.UnbindOk())
 
@@ -564,9 +607,7 @@ class Channel:
 
     def on_queue_delete(self, method: commands.Queue.Delete) -> None:
         name = method.queue or self.last_queue
-        count = self.vhost.delete_queue(
-            name, self.connection, method.if_unused, method.if_empty
-        )
+        count = self.vhost.delete_queue(name, self.connection, method.if_unused, method.if_empty)
         self.connection.exclusive_queues.pop(name, None)
         if not method.nowait:
             self.reply(commands.Queue.DeleteOk(count))
@@ -645,7 +686,9 @@ class Channel:
         if self.state is CLOSING:
             self.connection.channels.pop(self.number, None)
 
-    def close_with(self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0) -> None:
+    def close_with(
+        self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0
+    ) -> None:
         """Server-initiated Channel.Close for a soft error."""
         self.release()
         self.state = CLOSING

@@ -44,12 +44,27 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--role", type=click.Choice(["primary", "backup"]), help="Failover role (overrides failover.role).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config file (default: config/<role>.yaml).")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-@click.option("--no-uvloop", is_flag=True, help="Use the standard asyncio loop even if uvloop is installed.")
+@click.option(
+    "--role",
+    type=click.Choice(["primary", "backup"]),
+    help="Failover role (overrides failover.role).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="YAML config file (default: config/<role>.yaml).",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--no-uvloop", is_flag=True, help="Use the standard asyncio loop even if uvloop is installed."
+)
 def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: bool) -> None:
     """Start one broker and serve until SIGTERM or Ctrl-C."""
     from .server import install_uvloop, serve
@@ -76,8 +91,13 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
 
 
 @main.command()
-@click.option("--config-dir", type=click.Path(file_okay=False, exists=True), default="config",
-              show_default=True, help="Folder holding primary.yaml and backup.yaml.")
+@click.option(
+    "--config-dir",
+    type=click.Path(file_okay=False, exists=True),
+    default="config",
+    show_default=True,
+    help="Folder holding primary.yaml and backup.yaml.",
+)
 def pair(config_dir: str) -> None:
     """Run the primary and the backup together on this machine; Ctrl-C stops both.
 

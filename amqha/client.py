@@ -148,13 +148,15 @@ async def connect(
             return await aio_pika.connect(
                 url, client_properties=properties, timeout=attempt_timeout, **kwargs
             )
-        except (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError) as error:
+        except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, OSError) as error:
             last_error = error
             servers.failed(error, redirects)
         finally:
             _redirects.reset(token)
         if loop.time() >= deadline:
-            raise ConnectionError(f"no ACTIVE server among {len(servers.urls)} after {retry_for} s") from last_error
+            raise ConnectionError(
+                f"no ACTIVE server among {len(servers.urls)} after {retry_for} s"
+            ) from last_error
         if servers.redirected is None:
             await asyncio.sleep(retry_interval)
 

@@ -145,9 +145,12 @@ class Connection(asyncio.Protocol):
         try:
             frames, used = wire.split_frames(data, self.frame_max)
         except exceptions.AMQPError as error:
+            # The stream is misaligned from here on: no Close-Ok could be read from it, so
+            # the socket closes as soon as our Connection.Close is written.
             self.buffer = bytearray()
             self.fail(error)
             self.flush()
+            self._drop()
             return
         if used == len(data):
             self.buffer = bytearray()
@@ -481,7 +484,11 @@ def _method_ids(frame: wire.RawFrame) -> tuple[int, int]:
 
 
 def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
-    raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
+    raw = (
+        response.encode("utf-8", "surrogateescape")
+        if isinstance(response, str)
+        else bytes(response)
+    )
     if mechanism == "PLAIN":
         parts = raw.split(b"\x00")
         if len(parts) != 3:
@@ -493,9 +500,11 @@ def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
             _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
         except Exception:
             return "", ""
-        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-        as_text = (lambda v: v.decode(errors="replace") if isinstance(v, bytes) else str(v))
-        return as_text(login), as_text(password)
+        return _as_text(table.get("LOGIN", "")), _as_text(table.get("PASSWORD", ""))
     raise exceptions.AMQPAccessRefused(
         f"ACCESS_REFUSED - unsupported authentication mechanism '{mechanism}'"
     )
+
+
+def _as_text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

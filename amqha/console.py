@@ -248,14 +248,20 @@ def _print_status(results: list[tuple[str, Any]]) -> None:
             click.echo(f"{where:24} {status['error']}")
             continue
         peer = status.get("peer") or {}
-        peer_text = f"{peer.get('name')} {peer.get('state')}{'' if peer.get('alive') else ' (lost)'}" if peer else "not seen"
+        peer_text = (
+            f"{peer.get('name')} {peer.get('state')}{'' if peer.get('alive') else ' (lost)'}"
+            if peer
+            else "not seen"
+        )
         click.echo(
             f"{where:24} {status.get('name', ''):10} {status.get('role', ''):8} {status.get('state', ''):8} "
             f"{status.get('epoch', 0):>5} {peer_text:22} {status.get('clients', 0):>7} {status.get('queues', 0):>6}"
         )
 
 
-async def run_command(servers: tuple[str, ...], words: list[str], timeout: float, as_json: bool) -> None:
+async def run_command(
+    servers: tuple[str, ...], words: list[str], timeout: float, as_json: bool
+) -> None:
     if not words:
         raise click.UsageError(f"commands: {', '.join(COMMANDS)}")
     command, rest = words[0], words[1:]
@@ -275,7 +281,10 @@ async def run_command(servers: tuple[str, ...], words: list[str], timeout: float
         if target is None:
             raise click.ClickException(
                 "recover needs the backup ACTIVE and the primary PASSIVE; status is:\n"
-                + "\n".join(f"  {u.rsplit('@', 1)[-1]}: {s.get('name', '?')} {s.get('state', s.get('error'))}" for u, s in results)
+                + "\n".join(
+                    f"  {u.rsplit('@', 1)[-1]}: {s.get('name', '?')} {s.get('state', s.get('error'))}"
+                    for u, s in results
+                )
             )
         async with ConsoleClient(target, timeout) as console:
             result = await console.call("recover")
@@ -312,7 +321,11 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 def _format_event(event: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(event.get("ts", 0)))
-    extra = {k: v for k, v in event.items() if k not in ("v", "ts", "node", "role", "epoch", "state", "event")}
+    extra = {
+        k: v
+        for k, v in event.items()
+        if k not in ("v", "ts", "node", "role", "epoch", "state", "event")
+    }
     details = " ".join(f"{k}={v}" for k, v in extra.items())
     return f"{stamp} {event.get('node')} [{event.get('state')} e{event.get('epoch')}] {event.get('event')} {details}"
 
@@ -329,12 +342,19 @@ async def _events(console: ConsoleClient, follow: bool, as_json: bool) -> None:
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--server", "servers", multiple=True, metavar="URL",
-              help="Server to talk to, as an administrator (repeat for both; default: the loopback pair).")
+@click.option(
+    "--server",
+    "servers",
+    multiple=True,
+    metavar="URL",
+    help="Server to talk to, as an administrator (repeat for both; default: the loopback pair).",
+)
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print raw JSON.")
 @click.argument("words", nargs=-1, type=click.UNPROCESSED)
-def console(servers: tuple[str, ...], timeout: float, as_json: bool, words: tuple[str, ...]) -> None:
+def console(
+    servers: tuple[str, ...], timeout: float, as_json: bool, words: tuple[str, ...]
+) -> None:
     """Administer the pair: status, recover, connections, queues, events [--follow],
     controller stop|start. With no command, an interactive prompt.
 
@@ -348,7 +368,9 @@ def console(servers: tuple[str, ...], timeout: float, as_json: bool, words: tupl
     if words:
         asyncio.run(run_command(servers, list(words), timeout, as_json))
         return
-    click.echo(f"amqha console ({', '.join(s.rsplit('@', 1)[-1] for s in servers)}); 'help' lists commands, 'quit' leaves")
+    click.echo(
+        f"amqha console ({', '.join(s.rsplit('@', 1)[-1] for s in servers)}); 'help' lists commands, 'quit' leaves"
+    )
     while True:
         try:
             line = input("amqha> ").strip()
@@ -360,7 +382,9 @@ def console(servers: tuple[str, ...], timeout: float, as_json: bool, words: tupl
         if not line:
             continue
         if line == "help":
-            click.echo("status | recover | connections | queues | events [--follow] | controller stop|start | quit")
+            click.echo(
+                "status | recover | connections | queues | events [--follow] | controller stop|start | quit"
+            )
             continue
         try:
             asyncio.run(run_command(servers, shlex.split(line), timeout, as_json))

@@ -174,19 +174,27 @@ class Broker:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
 
     def _sweep(self) -> None:
+        # Rescheduled first: TTL, x-expires and the memory watermark must outlive any one
+        # failure in a queue (an error is logged against that queue, the others go on).
+        self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         now = self.loop.time()
         for queue in list(self.timed_queues):
-            if queue.deleted:
-                self.timed_queues.discard(queue)
-                continue
-            if queue.expiries:
-                queue.expire(now)
-            if queue.is_idle_expired(now):
-                vhost = self._vhost_of(queue)
-                if vhost is not None:
-                    vhost.remove_queue(queue)
+            try:
+                self._sweep_queue(queue, now)
+            except Exception:
+                log.exception("sweep of queue %r failed; it is retried next sweep", queue.name)
         self._check_memory()
-        self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    def _sweep_queue(self, queue: Queue, now: float) -> None:
+        if queue.deleted:
+            self.timed_queues.discard(queue)
+            return
+        if queue.expiries:
+            queue.expire(now)
+        if queue.is_idle_expired(now):
+            vhost = self._vhost_of(queue)
+            if vhost is not None:
+                vhost.remove_queue(queue)
 
     def _vhost_of(self, queue: Queue) -> VHost | None:
         return next((v for v in self.vhosts.values() if v.queues.get(queue.name) is queue), None)

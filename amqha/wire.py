@@ -95,9 +95,7 @@ def split_frames(buffer: bytes | bytearray, frame_max: int) -> tuple[list[RawFra
         if end >= available:
             break
         if buffer[end] != 0xCE:  # FRAME_END, as a literal: this loop runs once per frame
-            raise exceptions.AMQPFrameError(
-                f"FRAME_ERROR - bad frame end byte 0x{buffer[end]:02x}"
-            )
+            raise exceptions.AMQPFrameError(f"FRAME_ERROR - bad frame end byte 0x{buffer[end]:02x}")
         append(RawFrame(kind, channel, buffer[start:end]))
         position = end + 1
     return frames, position
@@ -128,6 +126,11 @@ def decode_method(payload: bytes) -> Method:
             f"SYNTAX_ERROR - cannot decode {method_class.name}: {error}"
         ) from error
     return method
+
+
+def method_index_bytes(method: type[Method]) -> bytes:
+    """The 4 bytes a method frame of this class starts with."""
+    return _method_index.pack(method.index)
 
 
 def method_index(payload: bytes) -> int:

@@ -102,8 +102,16 @@ def parse_host_port(path: str, key: str, value: Any) -> tuple[str, int]:
     return host, port
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
-               "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+}
 
 
 class _Section:
@@ -113,7 +121,9 @@ class _Section:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ConfigError(path, prefix or "(top level)", f"expected a mapping, got {type(data).__name__}")
+            raise ConfigError(
+                path, prefix or "(top level)", f"expected a mapping, got {type(data).__name__}"
+            )
         self.path, self.prefix, self.data, self.used = path, prefix, data, set()
 
     def key(self, name: str) -> str:
@@ -127,15 +137,21 @@ class _Section:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(value, bool) and kind is not bool:
-            raise ConfigError(self.path, self.key(name), f"expected {_kind_name(kind)}, got a boolean")
+            raise ConfigError(
+                self.path, self.key(name), f"expected {_kind_name(kind)}, got a boolean"
+            )
         if not isinstance(value, kind):
-            raise ConfigError(self.path, self.key(name), f"expected {_kind_name(kind)}, got {value!r}")
+            raise ConfigError(
+                self.path, self.key(name), f"expected {_kind_name(kind)}, got {value!r}"
+            )
         return value
 
     def positive(self, name: str, kind: type, default: Any, minimum: float = 0) -> Any:
         value = self.get(name, kind, default)
         if value <= minimum:
-            raise ConfigError(self.path, self.key(name), f"must be greater than {minimum}, got {value}")
+            raise ConfigError(
+                self.path, self.key(name), f"must be greater than {minimum}, got {value}"
+            )
         return value
 
     def size(self, name: str, default: int) -> int:
@@ -146,7 +162,7 @@ class _Section:
         if isinstance(value, str):
             text = value.strip().lower().replace(" ", "")
             number = text.rstrip("kmgib")
-            unit = text[len(number):]
+            unit = text[len(number) :]
             if unit in _SIZE_UNITS:
                 try:
                     parsed = int(float(number) * _SIZE_UNITS[unit])
@@ -154,7 +170,9 @@ class _Section:
                     parsed = 0
                 if parsed > 0:
                     return parsed
-        raise ConfigError(self.path, self.key(name), f"expected a size like 1048576 or '512MiB', got {value!r}")
+        raise ConfigError(
+            self.path, self.key(name), f"expected a size like 1048576 or '512MiB', got {value!r}"
+        )
 
     def section(self, name: str) -> _Section:
         self.used.add(name)
@@ -167,8 +185,14 @@ class _Section:
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-             list: "a list", dict: "a mapping"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        list: "a list",
+        dict: "a mapping",
+    }
     if isinstance(kind, tuple):
         return " or ".join(names.get(k, k.__name__) for k in kind)
     return names.get(kind, kind.__name__)
@@ -192,7 +216,11 @@ def _users(path: str, value: Any) -> tuple[User, ...]:
         tags = section.get("tags", list, [])
         for tag in tags:
             if tag not in USER_TAGS:
-                raise ConfigError(path, f"users[{index}].tags", f"unknown tag {tag!r} (known: {', '.join(USER_TAGS)})")
+                raise ConfigError(
+                    path,
+                    f"users[{index}].tags",
+                    f"unknown tag {tag!r} (known: {', '.join(USER_TAGS)})",
+                )
         if any(u.name == name for u in users):
             raise ConfigError(path, f"users[{index}].name", f"duplicate user {name!r}")
         section.check_unknown()
@@ -212,7 +240,9 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"
-        raise ConfigError(path, where, f"not valid YAML: {getattr(error, 'problem', error)}") from None
+        raise ConfigError(
+            path, where, f"not valid YAML: {getattr(error, 'problem', error)}"
+        ) from None
     top = _Section(path, "", data)
     server = top.section("server")
     name = server.get("name", str, "amqha")
@@ -236,14 +266,20 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     heartbeat = failover.positive("heartbeat", float, 0.2)
     timeout = failover.positive("timeout", float, 0.6)
     if timeout <= heartbeat:
-        raise ConfigError(path, "failover.timeout", f"must be greater than failover.heartbeat ({heartbeat}), got {timeout}")
+        raise ConfigError(
+            path,
+            "failover.timeout",
+            f"must be greater than failover.heartbeat ({heartbeat}), got {timeout}",
+        )
     peer_user = failover.get("peer_user", str, "peering")
     if peer is not None:
         user = next((u for u in users if u.name == peer_user), None)
         if user is None:
             raise ConfigError(path, "failover.peer_user", f"no user {peer_user!r} in users")
         if "peering" not in user.tags:
-            raise ConfigError(path, "failover.peer_user", f"user {peer_user!r} needs the tag 'peering'")
+            raise ConfigError(
+                path, "failover.peer_user", f"user {peer_user!r} needs the tag 'peering'"
+            )
     failover.check_unknown()
 
     events = top.section("events")
@@ -254,19 +290,27 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     defaults = Limits()
     frame_max = limits_section.get("frame_max", int, defaults.frame_max)
     if not 4096 <= frame_max <= 1024 * 1024 * 16:
-        raise ConfigError(path, "limits.frame_max", f"must be between 4096 and 16777216, got {frame_max}")
+        raise ConfigError(
+            path, "limits.frame_max", f"must be between 4096 and 16777216, got {frame_max}"
+        )
     channel_max = limits_section.get("channel_max", int, defaults.channel_max)
     if not 1 <= channel_max <= 65535:
-        raise ConfigError(path, "limits.channel_max", f"must be between 1 and 65535, got {channel_max}")
+        raise ConfigError(
+            path, "limits.channel_max", f"must be between 1 and 65535, got {channel_max}"
+        )
     heartbeat_s = limits_section.get("heartbeat", int, defaults.heartbeat)
     if not 0 <= heartbeat_s <= 65535:
-        raise ConfigError(path, "limits.heartbeat", f"must be between 0 and 65535, got {heartbeat_s}")
+        raise ConfigError(
+            path, "limits.heartbeat", f"must be between 0 and 65535, got {heartbeat_s}"
+        )
     limits = Limits(
         frame_max=frame_max,
         channel_max=channel_max,
         heartbeat=heartbeat_s,
         max_message_size=limits_section.size("max_message_size", defaults.max_message_size),
-        memory_high_watermark=limits_section.size("memory_high_watermark", defaults.memory_high_watermark),
+        memory_high_watermark=limits_section.size(
+            "memory_high_watermark", defaults.memory_high_watermark
+        ),
     )
     limits_section.check_unknown()
     top.check_unknown()

@@ -164,7 +164,9 @@ class FailoverController:
             )
             if self.machine.misconfigured != reason:
                 log.error("misconfigured pair: %s", reason)
-                self._write("misconfigured", peer=self.config.failover.peer, peer_epoch=None, reason=reason)
+                self._write(
+                    "misconfigured", peer=self.config.failover.peer, peer_epoch=None, reason=reason
+                )
                 # Known from the link itself, not from a state message; a real amqha peer's
                 # first state message clears it, as for any misconfiguration.
                 self.machine = replace(self.machine, misconfigured=reason)

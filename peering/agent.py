@@ -104,7 +104,9 @@ class Peering:
             return False
         properties = Basic.Properties(content_type=content_type, message_type=message_type)
         task = asyncio.ensure_future(
-            channel.basic_publish(body, exchange=exchange, routing_key=routing_key, properties=properties)
+            channel.basic_publish(
+                body, exchange=exchange, routing_key=routing_key, properties=properties
+            )
         )
         task.add_done_callback(self._published)
         return True

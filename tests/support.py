@@ -60,7 +60,9 @@ def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> 
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout} s")
 
 
-def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+def wait_until(
+    predicate: Any, timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> Any:
     """Poll ``predicate`` until it returns a truthy value, at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -83,7 +85,11 @@ class ServerProcess:
         self.config_path = self.workdir / f"{name}.yaml"
         self.log_path = self.workdir / f"{name}.log"
         self.config: dict[str, Any] = {
-            "server": {"name": name, "listen": f"127.0.0.1:{self.port}", "data_dir": str(self.data_dir)},
+            "server": {
+                "name": name,
+                "listen": f"127.0.0.1:{self.port}",
+                "data_dir": str(self.data_dir),
+            },
             "users": USERS,
         }
         for section, values in overrides.items():
@@ -111,7 +117,15 @@ class ServerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "amqha", "start", "--config", str(self.config_path), *extra_args],
+            [
+                sys.executable,
+                "-m",
+                "amqha",
+                "start",
+                "--config",
+                str(self.config_path),
+                *extra_args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -128,12 +142,19 @@ class ServerProcess:
         banner = f"listening on 127.0.0.1:{self.port}"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
+                )
             if banner in self.log():
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
+                ):
                     return
             time.sleep(0.02)
-        raise TimeoutError(f"{self.name} not listening on {self.port} after {timeout} s:\n{self.log()}")
+        raise TimeoutError(
+            f"{self.name} not listening on {self.port} after {timeout} s:\n{self.log()}"
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

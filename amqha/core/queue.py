@@ -48,7 +48,9 @@ def _int_argument(arguments: dict[str, Any], key: str, minimum: int) -> int | No
         return None
     value = arguments[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise QueueArgumentError(f"invalid arg '{key}' for queue: {value!r} (need an integer >= {minimum})")
+        raise QueueArgumentError(
+            f"invalid arg '{key}' for queue: {value!r} (need an integer >= {minimum})"
+        )
     return value
 
 
@@ -93,8 +95,7 @@ class QueueLimits:
         self.dead_letter_routing_key = _str_argument(arguments, "x-dead-letter-routing-key")
         if self.dead_letter_routing_key is not None and self.dead_letter_exchange is None:
             raise QueueArgumentError(
-                "invalid arg 'x-dead-letter-routing-key' for queue: "
-                "it needs x-dead-letter-exchange"
+                "invalid arg 'x-dead-letter-routing-key' for queue: it needs x-dead-letter-exchange"
             )
 
 

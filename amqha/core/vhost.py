@@ -115,9 +115,7 @@ class VHost:
                 else "ACCESS_REFUSED - operation not permitted on the default exchange"
             )
         if kind not in EXCHANGE_CLASSES:
-            raise exceptions.AMQPCommandInvalid(
-                f"COMMAND_INVALID - unknown exchange type '{kind}'"
-            )
+            raise exceptions.AMQPCommandInvalid(f"COMMAND_INVALID - unknown exchange type '{kind}'")
         if existing is not None:
             if existing.kind != kind:
                 raise _inequivalent("exchange", name, "type")
@@ -210,9 +208,7 @@ class VHost:
             existing.last_used = now
             return existing
         try:
-            queue = Queue(
-                name, durable, owner if exclusive else None, auto_delete, arguments, now
-            )
+            queue = Queue(name, durable, owner if exclusive else None, auto_delete, arguments, now)
         except QueueArgumentError as error:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
         queue.on_dead_letter = self._dead_letter
@@ -262,8 +258,12 @@ class VHost:
         return self.get_exchange(name)
 
     def bind_queue(
-        self, queue_name: str, exchange_name: str, routing_key: str,
-        arguments: dict[str, Any], owner: object,
+        self,
+        queue_name: str,
+        exchange_name: str,
+        routing_key: str,
+        arguments: dict[str, Any],
+        owner: object,
     ) -> None:
         queue = self.get_queue(queue_name, owner)
         exchange = self._bindable_source(exchange_name)
@@ -273,8 +273,12 @@ class VHost:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
 
     def unbind_queue(
-        self, queue_name: str, exchange_name: str, routing_key: str,
-        arguments: dict[str, Any], owner: object,
+        self,
+        queue_name: str,
+        exchange_name: str,
+        routing_key: str,
+        arguments: dict[str, Any],
+        owner: object,
     ) -> None:
         queue = self.get_queue(queue_name, owner)
         exchange = self._bindable_source(exchange_name)

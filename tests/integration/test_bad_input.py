@@ -793,3 +793,32 @@ async def test_binary_header_is_dead_lettered_by_the_sweep(
     )
     await channel.default_exchange.publish(aio_pika.Message(b"x"), probe.name)
     await wait_for_count(bystander, probe.name, 0)
+
+
+async def test_after_a_framing_error_the_socket_closes_without_waiting_for_close_ok(
+    raw: RawConnection,
+) -> None:
+    # The stream is misaligned after a bad end byte: no Close-Ok could be parsed from it.
+    await raw.handshake()
+    await raw.send_raw(raw_frame(1, 1, frame.marshal(commands.Channel.Open(), 1)[7:-1], b"\x00"))
+    close = await raw.expect(commands.Connection.Close)
+    assert close.reply_code == 501
+    assert await raw.expect_eof() == b""
+
+
+async def test_garbage_on_a_closing_channel_is_dropped_not_escalated(raw: RawConnection) -> None:
+    await raw.handshake()
+    await raw.open_channel()
+    missing = unique("missing")
+    await raw.send(1, commands.Queue.Declare(queue=missing, passive=True))
+    close = await raw.expect(commands.Channel.Close, 1)
+    assert close.reply_code == 404
+    # What the client had in flight before it read our Close: an unknown method, an
+    # undecodable one, a stray body. All dropped; the connection stays up.
+    await raw.send_raw(method_frame(1, 60, 999))
+    await raw.send_raw(method_frame(1, 50, 10, b"\xff\xff"))
+    await raw.send_raw(raw_frame(3, 1, b"stray body"))
+    await raw.send(1, commands.Channel.CloseOk())
+    await raw.open_channel(1)
+    await raw.send(1, commands.Queue.Declare(queue=unique("after"), auto_delete=True))
+    await raw.expect(commands.Queue.DeclareOk, 1)

@@ -101,9 +101,11 @@ def test_a_peer_that_is_not_amqha_is_reported_and_never_paired(tmp_path) -> None
         try:
             server.start()
             misconfigured = wait_until(
-                lambda: [e for e in read_events(server.events_path) if e["event"] == "misconfigured"]
-                if server.events_path.exists()
-                else None,
+                lambda: (
+                    [e for e in read_events(server.events_path) if e["event"] == "misconfigured"]
+                    if server.events_path.exists()
+                    else None
+                ),
                 timeout=15,
                 what="a misconfigured event",
             )
