@@ -123,7 +123,7 @@ def decode_method(payload: bytes) -> Method:
         method.unmarshal(payload[4:])
     except Exception as error:  # pamqp raises struct.error, ValueError, TypeError...
         raise exceptions.AMQPSyntaxError(
-            f"SYNTAX_ERROR - cannot decode {method_class.name}: {error}"
+            f"SYNTAX_ERROR - cannot decode {method.name}: {error}"
         ) from error
     return method
 

@@ -81,8 +81,8 @@ class Message:
             return None
         raw = self.properties().expiration
         try:
-            value = int(raw)
-        except (TypeError, ValueError):
+            value = int(raw) if raw is not None else -1
+        except ValueError:
             value = -1
         if value < 0:
             raise exceptions.AMQPPreconditionFailed(
