@@ -11,6 +11,7 @@ driver. The definitions are in ``spark.model`` and are checked against ``spark.r
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -45,6 +46,7 @@ from spark.model import (
     SCHEMA_VERSION,
     STATES,
     TABLES,
+    ClockEvidence,
     ReportError,
     UnknownVersionError,
     build_summary,
@@ -52,7 +54,6 @@ from spark.model import (
     estimate_offsets,
     expand_paths,
     local_path,
-    reference_node,
     render_text,
     report_window,
     write_csv,
@@ -138,39 +139,79 @@ def build_session(
 
 # ---------------------------------------------------------------- reading
 
+_JSON_OPTIONS = {
+    "mode": "PERMISSIVE",
+    "columnNameOfCorruptRecord": CORRUPT_COLUMN,
+    "allowSingleQuotes": "false",
+}
+
 
 def _uri(path: str) -> str:
     return Path(path).as_uri() if os.path.isabs(path) else path
 
 
-def read_events(spark: SparkSession, files: Sequence[str]) -> DataFrame:
-    """Every line as a row: the v1 fields, ``file`` and ``good`` (parsed, typed, complete)."""
-    if files:
-        raw = (
-            spark.read.schema(SCHEMA)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-            .option("allowSingleQuotes", "false")
-            .json([_uri(f) for f in files])
-            .withColumn("file", F.col("_metadata.file_path"))
-        )
-    else:
-        raw = spark.createDataFrame([], SCHEMA).withColumn("file", F.lit(None).cast("string"))
+def _good() -> Column:
+    """Parsed, typed and complete: what ``spark.reference`` calls a good line."""
     ts, last_seen = F.col("ts"), F.col("last_seen")
-    good = (
+    return F.coalesce(
         F.col(CORRUPT_COLUMN).isNull()
         & (F.col("v") == SCHEMA_VERSION)
         & (F.abs(ts) < _INF)  # also false for null and NaN
         & (F.length("node") > 0)
         & (F.length("event") > 0)
         & F.col("state").isin(*STATES)
-        & (last_seen.isNull() | (F.abs(last_seen) < _INF))
+        & (last_seen.isNull() | (F.abs(last_seen) < _INF)),
+        F.lit(False),
     )
-    return raw.select(
-        *[F.col(f"`{name}`") for name, _ in FIELDS if name not in ("listen", "client")],
-        "file",
-        F.coalesce(good, F.lit(False)).alias("good"),
+
+
+def read_events(spark: SparkSession, uris: Sequence[str]) -> DataFrame:
+    """Every line as a row: the v1 fields (explicit schema, PERMISSIVE, corrupt-record column),
+    ``file`` and ``good``."""
+    if uris:
+        raw = (
+            spark.read.schema(SCHEMA)
+            .options(**_JSON_OPTIONS)
+            .json(list(uris))
+            .withColumn("file", F.col("_metadata.file_path"))
+        )
+    else:
+        raw = spark.createDataFrame([], SCHEMA).withColumn("file", F.lit(None).cast("string"))
+    return raw.withColumn("good", _good())
+
+
+def clock_evidence(spark: SparkSession, uris: Sequence[str]) -> ClockEvidence:
+    """The peer_up/peer_lost records' clock bounds, from a plain-text pass that parses only
+    the lines naming those events (a record whose event name is written with JSON escapes
+    would not be seen; no JSON writer escapes plain ASCII)."""
+    evidence = ClockEvidence()
+    if not uris:
+        return evidence
+    value = F.col("value")
+    candidates = (
+        spark.read.text(list(uris))
+        .filter(value.contains("peer_up") | value.contains("peer_lost"))
+        .select(F.from_json(value, SCHEMA, _JSON_OPTIONS).alias("r"))
+        .select("r.*")
     )
+    # Conditions go into the aggregation rather than a filter: a filter on the parsed fields
+    # would be pushed below the parse, which would then run on every line.
+    wanted = _good() & F.col("event").isin(*PEER_EVENTS)
+    about_peer = wanted & F.col("last_seen").isNotNull() & (F.col("peer") != F.col("node"))
+    for r in (
+        candidates.groupBy(
+            F.when(wanted, F.col("node")).alias("node"),
+            F.when(about_peer, F.col("peer")).alias("peer"),
+        )
+        .agg(
+            F.max(wanted & (F.col("role") == "primary")).alias("primary"),
+            F.max(F.when(about_peer, F.col("last_seen") - F.col("ts"))).alias("bound"),
+        )
+        .collect()
+    ):
+        if r["node"] is not None:
+            evidence.add(r["node"], bool(r["primary"]), r["peer"], r["bound"])
+    return evidence
 
 
 def _rank(event: Column) -> Column:
@@ -192,6 +233,11 @@ def _running(order: Window) -> Window:
     return order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
 
 
+def _node_order() -> Window:
+    """A node's points in time order (the same order as ``spark.reference``)."""
+    return Window.partitionBy("node").orderBy(*_ORDER)
+
+
 def _typed(name: str, df: DataFrame) -> DataFrame:
     columns, _ = TABLES[name]
     return df.select(*[F.col(c).cast(_TYPES[k]).alias(c) for c, k in columns])
@@ -203,93 +249,149 @@ def _sorted(name: str, df: DataFrame) -> DataFrame:
     return df.repartition(1).sortWithinPartitions(*order)
 
 
-def _rows(name: str, df: DataFrame) -> list[dict[str, Any]]:
-    _, order = TABLES[name]
-    rows = [row.asDict() for row in df.collect()]
-    rows.sort(key=lambda row: tuple(row[c] for c in order))
-    return rows
+# ---------------------------------------------------------------- the one pass over events
+
+# The bulk of a log is redirects and refusals. The pass keeps, per node, one-second bucket,
+# minute and state, only their first and last time and their counts; everything else is kept
+# whole. Between its first and last time a bucket's state holds, so the records in between add
+# nothing to the state intervals, unless a record of another state or a start falls in that
+# span too: such "mixed" buckets are read again in full (rare: it takes a state change in the
+# middle of a stream of redirects within one second).
+BUCKET_SECONDS = 1
+_SPECIAL_FIELDS = (
+    "ts",
+    "rank",
+    "event",
+    "state",
+    "epoch",
+    "peer",
+    "peer_state",
+    "last_seen",
+    "trigger",
+    "from_state",
+    "to_state",
+    "user",
+    "command",
+    "result",
+    "peer_epoch",
+    "reason",
+)
+_BUCKET_KEY = ("node", "bucket", "minute", "state")
 
 
-@dataclass
-class SparkReport:
-    summary: dict
-    tables: dict[str, DataFrame]  # typed as spark.model.TABLES says, cached
-    small: dict[str, list[dict[str, Any]]]  # every table but redirects_per_minute, collected
-    activity: list[dict[str, Any]]  # redirects + refusals per node in at most ~1500 buckets
+def _corrected(lines: DataFrame, shifts: Mapping[str, float], base: float) -> DataFrame:
+    """Times on the reference clock; the bucket key of redirects and refusals."""
+    bulk = F.col("good") & F.col("event").isin(*_BULK)
+    ts = F.col("ts") - _lookup(shifts, F.col("node"), base)
+    return lines.select(
+        "file",
+        "good",
+        "v",
+        F.when(F.col("good"), F.col("node")).alias("node"),
+        ts.alias("ts"),
+        _rank(F.col("event")).alias("rank"),
+        "event",
+        "state",
+        "epoch",
+        "peer",
+        "peer_state",
+        (F.col("last_seen") - _lookup(shifts, F.col("peer"), base)).alias("last_seen"),
+        "trigger",
+        F.col("`from`").alias("from_state"),
+        F.col("`to`").alias("to_state"),
+        "user",
+        "command",
+        "result",
+        "peer_epoch",
+        "reason",
+        F.when(F.col("good"), F.floor(ts / BUCKET_SECONDS)).alias("bucket"),
+        F.when(bulk, F.floor(ts / MINUTE) * MINUTE).alias("minute"),
+        bulk.alias("bulk"),
+    )
 
 
-@dataclass
-class _Scan:
-    """What one pass over the parsed lines tells: enough to choose clocks and the window."""
-
-    bad_by_file: dict[str, int]
-    nodes: list[str]
-    count: int
-    first: dict[str, float]
-    last: dict[str, float]
-    primaries: list[str]
-    bounds: dict[tuple[str, str], float]
-
-
-def _scan(lines: DataFrame) -> _Scan:
-    """Bad lines per file, the schema version check, per-node extent and role, and the
-    causal clock bounds, in one aggregation (a row per file, node and peer)."""
-    good = F.col("good")
+def _one_pass(events: DataFrame, since: float | None, until: float | None) -> DataFrame:
+    """The only full pass over the parsed events: a row per file, node, bucket, minute and
+    state of redirects and refusals, and per distinct other record (``special``, with its
+    count ``events``), with bad-line counts, the version check, the first and last time,
+    the bulk records' span and their counts (inside the window given on the command line;
+    without one every record is inside). Every aggregate is fixed-width: a plain hash
+    aggregation, records with text going into the key."""
+    good, bulk, event = F.col("good"), F.col("bulk"), F.col("event")
     version_error = F.col("v").isNotNull() & (F.col("v") != SCHEMA_VERSION)
-    about_peer = (
-        good
-        & F.col("event").isin(*PEER_EVENTS)
-        & F.col("last_seen").isNotNull()
-        & (F.col("peer") != F.col("node"))
+    inside = F.lit(True)
+    if since is not None:
+        inside = inside & (F.col("ts") >= since)
+    if until is not None:
+        inside = inside & (F.col("ts") <= until)
+    counted = bulk & inside
+    return events.groupBy(
+        "file",
+        "node",
+        "bucket",
+        "minute",
+        F.when(bulk, F.col("state")).alias("state"),
+        F.when(good & ~bulk, F.struct(*_SPECIAL_FIELDS)).alias("special"),
+    ).agg(
+        F.sum((~good & ~version_error).cast("long")).alias("bad"),
+        F.min(F.when(version_error, F.col("v"))).alias("bad_version"),
+        F.sum(good.cast("long")).alias("events"),
+        F.min(F.when(good, F.col("ts"))).alias("first"),
+        F.max(F.when(good, F.col("ts"))).alias("last"),
+        F.min(F.when(bulk, F.col("ts"))).alias("start"),
+        F.max(F.when(bulk, F.col("ts"))).alias("end"),
+        F.sum((counted & (event == "redirect")).cast("long")).alias("redirects"),
+        F.sum((counted & (event == "refuse")).cast("long")).alias("refusals"),
     )
-    rows = (
-        lines.groupBy(
-            "file",
-            F.when(good, F.col("node")).alias("node"),
-            F.when(about_peer, F.col("peer")).alias("peer"),
-        )
-        .agg(
-            F.sum((~good & ~version_error).cast("int")).alias("bad"),
-            F.min(F.when(version_error, F.col("v"))).alias("bad_version"),
-            F.sum(good.cast("int")).alias("n"),
-            F.min(F.when(good, F.col("ts"))).alias("first"),
-            F.max(F.when(good, F.col("ts"))).alias("last"),
-            F.max(good & (F.col("role") == "primary")).alias("primary"),
-            F.max(F.when(about_peer, F.col("last_seen") - F.col("ts"))).alias("bound"),
-        )
-        .collect()
-    )
-    versions = sorted(
-        (local_path(r["file"]), r["bad_version"]) for r in rows if r["bad_version"] is not None
-    )
-    if versions:
-        raise UnknownVersionError(*versions[0])
-    scan = _Scan({}, [], 0, {}, {}, [], {})
-    for r in rows:
-        if r["bad"]:
-            path = local_path(r["file"])
-            scan.bad_by_file[path] = scan.bad_by_file.get(path, 0) + r["bad"]
-        node = r["node"]
-        if node is None:
-            continue
-        scan.count += r["n"]
-        scan.first[node] = min(scan.first.get(node, r["first"]), r["first"])
-        scan.last[node] = max(scan.last.get(node, r["last"]), r["last"])
-        if r["primary"]:
-            scan.primaries.append(node)
-    scan.nodes = sorted(scan.first)
-    for r in rows:
-        pair = (r["node"], r["peer"])
-        if r["peer"] in scan.first:
-            scan.bounds[pair] = max(scan.bounds.get(pair, r["bound"]), r["bound"])
-    return scan
 
 
-def _crashed_at_tail(ev: DataFrame, lost: DataFrame) -> list[str]:
+def _mixed_buckets(buckets: DataFrame, specials: DataFrame) -> DataFrame:
+    """Bucket keys whose span also holds another state's bulk records, or a record of another
+    state, or a start: there, dropping the records between first and last would change the
+    intervals."""
+    other = buckets.select(
+        "node",
+        "bucket",
+        F.col("state").alias("other_state"),
+        F.col("start").alias("other_start"),
+        F.col("end").alias("other_end"),
+    )
+    by_state = (
+        buckets.join(other, ["node", "bucket"])
+        .filter(
+            (F.col("state") != F.col("other_state"))
+            & (F.col("start") <= F.col("other_end"))
+            & (F.col("other_start") <= F.col("end"))
+        )
+        .select(*_BUCKET_KEY)
+    )
+    carried = F.when(F.col("event") == "stopped", F.lit(DOWN)).otherwise(F.col("state"))
+    marks = specials.select(
+        "node",
+        F.floor(F.col("ts") / BUCKET_SECONDS).alias("bucket"),
+        F.col("ts").alias("mark"),
+        carried.alias("mark_state"),
+        (F.col("event") == "started").alias("mark_start"),
+    )
+    by_record = (
+        buckets.join(marks, ["node", "bucket"])
+        .filter(
+            F.col("mark").between(F.col("start"), F.col("end"))
+            & ((F.col("mark_state") != F.col("state")) | F.col("mark_start"))
+        )
+        .select(*_BUCKET_KEY)
+    )
+    return by_state.unionByName(by_record).distinct()
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _crashed_at_tail(records: DataFrame, lost: DataFrame) -> list[str]:
     """The nodes ``spark.model.crashed_at_tail`` takes as dead after their last sign of
-    life: one aggregation over each node's records and its peers' peer_lost about it."""
+    life: one aggregation over each node's (compressed) records and its peers' peer_lost."""
     nothing = F.lit(None)
-    facts = ev.select(
+    facts = records.select(
         "node", *_ORDER, nothing.cast("double").alias("claim"), nothing.cast("double").alias("seen")
     ).unionByName(
         lost.select(
@@ -328,13 +430,8 @@ def _crashed_at_tail(ev: DataFrame, lost: DataFrame) -> list[str]:
     ]
 
 
-def _node_order() -> Window:
-    """A node's points in time order (the same order as ``spark.reference``)."""
-    return Window.partitionBy("node").orderBy(*_ORDER)
-
-
 def _state_intervals(
-    ev: DataFrame,
+    records: DataFrame,
     lost: DataFrame,
     node_names: DataFrame,
     crashed: Sequence[str],
@@ -351,7 +448,7 @@ def _state_intervals(
     lo, hi = window
     blank = F.lit("")
     points = (
-        ev.select(
+        records.select(
             "node",
             *_ORDER,
             F.when(F.col("event") == "stopped", F.lit(DOWN))
@@ -504,20 +601,12 @@ def _incidents(specials: DataFrame, in_window: Column) -> DataFrame:
     )
 
 
-def _per_minute(ev: DataFrame, in_window: Column) -> DataFrame:
-    minute = (F.floor(F.col("ts") / MINUTE) * MINUTE).alias("minute_start")
-    return (
-        ev.filter(F.col("event").isin(*_BULK) & in_window)
-        .groupBy("node", minute)
-        .agg(
-            F.sum((F.col("event") == "redirect").cast("long")).alias("redirects"),
-            F.sum((F.col("event") == "refuse").cast("long")).alias("refusals"),
-        )
-        .withColumn(
-            "minute",
-            F.date_format(F.timestamp_seconds("minute_start"), "yyyy-MM-dd'T'HH:mm:00'Z'"),
-        )
-    )
+@dataclass
+class SparkReport:
+    summary: dict
+    tables: dict[str, DataFrame]  # typed as spark.model.TABLES says
+    small: dict[str, list[dict[str, Any]]]  # every table but redirects_per_minute, collected
+    activity: list[dict[str, Any]]  # redirects + refusals per node in at most ~1500 buckets
 
 
 def compute(
@@ -535,30 +624,47 @@ def compute(
         progress(f"[{time.monotonic() - started:7.1f}s] {message}")
 
     files = expand_paths(paths)
-    step(f"reading {len(files)} file(s)")
-    lines = read_events(spark, files).cache()
-    transient = [lines]  # cached while the tables are computed
-    try:
-        scan = _scan(lines)
-    except UnknownVersionError:
-        lines.unpersist()
-        raise
-    nodes = scan.nodes
-    step(
-        f"{scan.count} events from {len(nodes)} node(s),"
-        f" {sum(scan.bad_by_file.values())} bad line(s)"
-    )
-
+    uris = [_uri(f) for f in files]
     given = dict(skew or {})
-    offsets: dict = {}
-    warnings: list[str] = []
-    base = 0.0
-    if nodes:
-        reference = reference_node(nodes, scan.primaries)
-        offsets, warnings = estimate_offsets(nodes, reference, scan.bounds, given, estimate_skew)
-        base = given.get(reference, 0.0)
-    shifts = {node: o.seconds for node, o in offsets.items()}
-    if any(shifts.values()):
+    evidence = ClockEvidence()
+    if estimate_skew:
+        step(f"clock evidence from {len(files)} file(s)")
+        evidence = clock_evidence(spark, uris)
+    reference = evidence.reference()
+    base = given.get(reference, 0.0) if reference is not None else 0.0
+    early, _ = estimate_offsets({*evidence.observers, *given}, evidence, given, estimate_skew)
+    shifts = {node: o.seconds for node, o in early.items()}
+
+    step(f"reading {len(files)} file(s)")
+    lines = read_events(spark, uris)
+    groups = _one_pass(_corrected(lines, shifts, base), since, until).cache()
+    per_file = (
+        groups.groupBy("file")
+        .agg(F.sum("bad").alias("bad"), F.min("bad_version").alias("bad_version"))
+        .collect()
+    )
+    versions = sorted(
+        (local_path(r["file"]), r["bad_version"]) for r in per_file if r["bad_version"] is not None
+    )
+    if versions:
+        groups.unpersist()
+        raise UnknownVersionError(*versions[0])
+    bad_by_file = {local_path(r["file"]): r["bad"] for r in per_file if r["bad"]}
+    per_node = (
+        groups.filter(F.col("node").isNotNull())
+        .groupBy("node")
+        .agg(
+            F.sum("events").alias("events"),
+            F.min("first").alias("first"),
+            F.max("last").alias("last"),
+        )
+        .collect()
+    )
+    nodes = sorted(r["node"] for r in per_node)
+    count = sum(r["events"] for r in per_node)
+    offsets, warnings = estimate_offsets(nodes, evidence, given, estimate_skew)
+    step(f"{count} events from {len(nodes)} node(s), {sum(bad_by_file.values())} bad line(s)")
+    if any(o.seconds for o in offsets.values()):
         step(
             "clock offsets: "
             + ", ".join(f"{n} {o.seconds:+.6f}s ({o.source})" for n, o in offsets.items())
@@ -566,100 +672,155 @@ def compute(
     window = report_window(
         since,
         until,
-        min((scan.first[n] - shifts[n] for n in nodes), default=None),
-        max((scan.last[n] - shifts[n] for n in nodes), default=None),
+        min((r["first"] for r in per_node), default=None),
+        max((r["last"] for r in per_node), default=None),
     )
 
-    ev = lines.filter("good").select(
-        "node",
-        (F.col("ts") - _lookup(shifts, F.col("node"), base)).alias("ts"),
-        _rank(F.col("event")).alias("rank"),
-        "event",
-        "state",
-        "peer",
-        "peer_state",
-        "epoch",
-        (F.col("last_seen") - _lookup(shifts, F.col("peer"), base)).alias("last_seen"),
-        "trigger",
-        F.col("`from`").alias("from_state"),
-        F.col("`to`").alias("to_state"),
-        "user",
-        "command",
-        "result",
-        "peer_epoch",
-        "reason",
+    repeated = F.array_repeat("special", F.col("events").cast("int"))  # identical records
+    specials = (
+        groups.filter(F.col("special").isNotNull())
+        .select("node", F.explode(repeated).alias("r"))
+        .select("node", "r.*")
+        .cache()
     )
-    specials = ev.filter(~F.col("event").isin(*_BULK)).cache()
-    transient.append(specials)
-    tables = {name: spark.createDataFrame([], _schema(name)) for name in TABLES}
-    dual_events = 0
+    buckets = (
+        groups.filter(F.col("state").isNotNull())
+        .groupBy(*_BUCKET_KEY)
+        .agg(
+            F.min("start").alias("start"),
+            F.max("end").alias("end"),
+            F.sum("redirects").alias("redirects"),
+            F.sum("refusals").alias("refusals"),
+        )
+        .cache()
+    )
+    transient = [groups, specials, buckets]
+    frames = {name: spark.createDataFrame([], _schema(name)) for name in TABLES}
+    dual_events = spark.createDataFrame([], "ts double")
+    per_minute = (
+        buckets.groupBy("node", "minute")
+        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
+        .filter((F.col("redirects") + F.col("refusals")) > 0)
+        .select(
+            "node",
+            F.col("minute").alias("minute_start"),
+            F.date_format(F.timestamp_seconds("minute"), "yyyy-MM-dd'T'HH:mm:00'Z'").alias(
+                "minute"
+            ),
+            "redirects",
+            "refusals",
+        )
+    )
 
     if window is not None:
         lo, hi = window
         in_window = F.col("ts").between(lo, hi)
-        step(f"window {lo:.3f} .. {hi:.3f} ({hi - lo:.3f}s); building state intervals")
+        step(f"window {lo:.3f} .. {hi:.3f} ({hi - lo:.3f}s)")
+        mixed = _mixed_buckets(buckets, specials).cache()
+        transient.append(mixed)
+        edges = buckets.join(mixed, list(_BUCKET_KEY), "left_anti").select(
+            "node",
+            F.explode(F.array_distinct(F.array("start", "end"))).alias("ts"),
+            F.lit(RANK_RECORD).alias("rank"),
+            F.lit("redirect").alias("event"),
+            "state",
+        )
+        records = specials.select("node", *_ORDER).unionByName(edges)
+        if not mixed.isEmpty():
+            step("reading mixed buckets again in full")
+            records = records.unionByName(
+                _corrected(lines, shifts, base)
+                .filter("bulk")
+                .join(F.broadcast(mixed), list(_BUCKET_KEY))
+                .select("node", *_ORDER)
+            )
+        records = records.cache()
+        transient.append(records)
         lost = specials.filter(
             (F.col("event") == "peer_lost")
             & F.col("peer").isin(*nodes)
             & (F.col("peer") != F.col("node"))
         )
-        crashed = _crashed_at_tail(ev, lost)
+        crashed = _crashed_at_tail(records, lost)
         node_names = spark.createDataFrame([(n,) for n in nodes], "node string")
         intervals = _typed(
-            "state_intervals", _state_intervals(ev, lost, node_names, crashed, window)
-        ).cache()
-        tables["state_intervals"] = intervals
-        tables["state_time"] = _typed(
-            "state_time", _state_time(spark, intervals, node_names, window)
+            "state_intervals", _state_intervals(records, lost, node_names, crashed, window)
         )
-        spells = _spells(spark, intervals, window).cache()
-        transient.append(spells)
-        tables["outages"] = _typed("outages", spells.filter(F.col("kind") == "outage"))
-        tables["dual_active"] = _typed("dual_active", spells.filter(F.col("kind") == "dual"))
-
-        step("incidents, redirects, recoveries")
-        tables["incidents"] = _typed("incidents", _incidents(specials, in_window))
-        tables["redirects_per_minute"] = _typed("redirects_per_minute", _per_minute(ev, in_window))
+        spells = _spells(spark, intervals, window)
         windowed = specials.filter(in_window)
-        tables["recoveries"] = _typed(
-            "recoveries",
-            windowed.filter(
+        frames = {
+            "incidents": _incidents(specials, in_window),
+            "outages": spells.filter(F.col("kind") == "outage"),
+            "dual_active": spells.filter(F.col("kind") == "dual"),
+            "state_intervals": intervals,
+            "state_time": _state_time(spark, intervals, node_names, window),
+            "redirects_per_minute": per_minute,
+            "recoveries": windowed.filter(
                 ((F.col("event") == "console") & F.col("command").rlike(RECOVER_COMMAND))
                 | ((F.col("event") == "transition") & F.col("trigger").isin(*RECOVERY_TRIGGERS))
             ),
-        )
-        tables["misconfigurations"] = _typed(
-            "misconfigurations", windowed.filter(F.col("event") == "misconfigured")
-        )
-        dual_events = windowed.filter(F.col("event") == "dual_active").count()
+            "misconfigurations": windowed.filter(F.col("event") == "misconfigured"),
+        }
+        frames = {name: _typed(name, df) for name, df in frames.items()}
+        dual_events = windowed.filter(F.col("event") == "dual_active").select("ts")
 
-    # Cache every table and fill the caches before letting go of the parsed events: writing a
-    # table later must not read the logs again.
-    tables = {name: df if df.is_cached else df.cache() for name, df in tables.items()}
-    small = {name: _rows(name, df) for name, df in tables.items() if name != "redirects_per_minute"}
-    totals = (
-        tables["redirects_per_minute"]
-        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
-        .first()
+    step("state intervals, outages, incidents, recoveries")
+    small = _collect_small(
+        {n: df for n, df in frames.items() if n != "redirects_per_minute"},
+        dual_events,
     )
-    activity = _activity(tables["redirects_per_minute"], window)
+    n_dual_events = len(small.pop(_DUAL_EVENTS))
+    step("redirects and refusals per minute")
+    per_minute = frames["redirects_per_minute"].cache()
+    activity = _activity(per_minute, window)  # also fills per_minute's cache
+    for df in transient:
+        df.unpersist()
+    tables = {
+        name: per_minute
+        if name == "redirects_per_minute"
+        else spark.createDataFrame(
+            [tuple(row[c] for c in frames[name].columns) for row in small[name]], _schema(name)
+        )
+        for name in TABLES
+    }
     summary = build_summary(
         files=files,
-        events=scan.count,
-        bad_lines_by_file=scan.bad_by_file,
+        events=count,
+        bad_lines_by_file=bad_by_file,
         nodes=nodes,
         offsets=offsets,
         warnings=warnings,
         window=window,
         tables=small,
-        redirects=(totals["redirects"] or 0) if totals else 0,
-        refusals=(totals["refusals"] or 0) if totals else 0,
-        dual_active_events=dual_events,
+        redirects=sum(a["redirects"] for a in activity),
+        refusals=sum(a["refusals"] for a in activity),
+        dual_active_events=n_dual_events,
     )
-    for df in transient:
-        df.unpersist()
     step("computed")
     return SparkReport(summary, tables, small, activity)
+
+
+_DUAL_EVENTS = "dual_active events"
+
+
+def _collect_small(frames: Mapping[str, DataFrame], dual_events: DataFrame) -> dict[str, list]:
+    """Every small table in one Spark job: rows as JSON, tagged with their table (one job
+    instead of one per table; shuffles shared between tables are computed once)."""
+    tagged = [
+        df.select(F.lit(name).alias("table"), F.to_json(F.struct(*df.columns)).alias("row"))
+        for name, df in {**frames, _DUAL_EVENTS: dual_events}.items()
+    ]
+    found: dict[str, list] = {name: [] for name in (*frames, _DUAL_EVENTS)}
+    union = functools.reduce(DataFrame.unionByName, tagged)
+    if os.environ.get("REPORT_EXPLAIN"):
+        union.explain("formatted")
+    for row in union.collect():
+        found[row["table"]].append(json.loads(row["row"]))
+    for name, df in frames.items():
+        _, order = TABLES[name]
+        rows = [{c: r.get(c) for c in df.columns} for r in found[name]]  # to_json drops nulls
+        found[name] = sorted(rows, key=lambda row: tuple(row[c] for c in order))
+    return found
 
 
 def _schema(name: str) -> T.StructType:
@@ -668,17 +829,16 @@ def _schema(name: str) -> T.StructType:
 
 
 def _activity(per_minute: DataFrame, window: tuple[float, float] | None) -> list[dict[str, Any]]:
-    """Redirects and refusals per node, in buckets of whole minutes, few enough to plot."""
+    """Redirects and refusals per node in buckets of whole minutes, few enough to plot."""
     if window is None:
         return []
-    minutes = max(1, math.ceil((window[1] - window[0]) / MINUTE / 1500))
-    width = minutes * MINUTE
+    width = max(1, math.ceil((window[1] - window[0]) / MINUTE / 1500)) * MINUTE
     buckets = [
         row.asDict()
         for row in per_minute.groupBy(
             "node", (F.floor(F.col("minute_start") / width) * width).alias("bucket")
         )
-        .agg((F.sum("redirects") + F.sum("refusals")).alias("count"))
+        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
         .withColumn("width", F.lit(width))
         .collect()
     ]

@@ -16,7 +16,7 @@ import glob
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -229,39 +229,60 @@ def parse_skew(items: Iterable[str]) -> dict[str, float]:
     return given
 
 
-def reference_node(nodes: Sequence[str], primaries: Iterable[str]) -> str:
-    """Times are reported on the primary's clock (the first primary by name if several)."""
-    candidates = sorted(set(primaries) & set(nodes))
-    return candidates[0] if candidates else sorted(nodes)[0]
+@dataclass
+class ClockEvidence:
+    """What the ``peer_up``/``peer_lost`` records say about the clocks.
+
+    ``bounds[(observer, peer)]`` is the largest ``last_seen - ts`` over the observer's records
+    about the peer: the peer sent its state message (at ``last_seen`` on its clock) before the
+    observer logged receiving it (``ts`` on its own), so
+    ``offset[peer] - offset[observer] >= bound``.
+    """
+
+    bounds: dict[tuple[str, str], float] = field(default_factory=dict)
+    observers: set[str] = field(default_factory=set)  # nodes that wrote such a record
+    primaries: set[str] = field(default_factory=set)  # ... with role primary
+
+    def add(self, observer: str, primary: bool, peer: str | None, bound: float | None) -> None:
+        self.observers.add(observer)
+        if primary:
+            self.primaries.add(observer)
+        if peer is not None and bound is not None and peer != observer:
+            pair = (observer, peer)
+            self.bounds[pair] = max(self.bounds.get(pair, bound), bound)
+
+    def reference(self) -> str | None:
+        """Times are reported on the primary's clock: the first (by name) node that logged a
+        peer record as primary, else the first that logged one; None without evidence."""
+        return min(self.primaries or self.observers, default=None)
 
 
 def estimate_offsets(
-    nodes: Sequence[str],
-    reference: str,
-    bounds: Mapping[tuple[str, str], float],
+    nodes: Iterable[str],
+    evidence: ClockEvidence,
     given: Mapping[str, float],
     estimate: bool = True,
 ) -> tuple[dict[str, Offset], list[str]]:
-    """Clock offsets from causality.
+    """Clock offsets from causality (see ``ClockEvidence``), relative to the reference node.
 
-    ``bounds[(observer, peer)]`` is the largest ``last_seen - ts`` over the observer's
-    ``peer_up``/``peer_lost`` records about the peer: the peer sent its state message (at
-    ``last_seen`` on its clock) before the observer logged receiving it (``ts`` on its own), so
-    ``offset[peer] - offset[observer] >= bound``. Records of both directions bracket the
-    offset between two nodes, and the midpoint is taken, as NTP does; with one direction only,
-    the correction is the smallest one that makes the records causal.
+    Records of both directions bracket a node's offset from the reference's, and the midpoint
+    is taken, as NTP does; with one direction only, the correction is the smallest one that
+    makes the records causal; without evidence a node's clock is taken to agree with the
+    reference's. ``given`` offsets (``--skew``) win.
     """
-    base = given.get(reference, 0.0)
-    offsets = {reference: Offset(base, "given" if reference in given else "reference")}
+    reference = evidence.reference()
+    base = given.get(reference, 0.0) if reference is not None else 0.0
+    offsets: dict[str, Offset] = {}
     warnings: list[str] = []
-    for node in nodes:
-        if node == reference:
-            continue
+    for node in sorted(set(nodes)):
         if node in given:
             offsets[node] = Offset(given[node], "given")
             continue
-        lower = bounds.get((reference, node))
-        against = bounds.get((node, reference))
+        if node == reference:
+            offsets[node] = Offset(base, "reference")
+            continue
+        lower = evidence.bounds.get((reference, node)) if reference is not None else None
+        against = evidence.bounds.get((node, reference)) if reference is not None else None
         upper = None if against is None else -against
         if not estimate or (lower is None and upper is None):
             offsets[node] = Offset(base, "none", lower, upper)

@@ -31,6 +31,7 @@ from spark.model import (
     SCHEMA_VERSION,
     STATES,
     TABLES,
+    ClockEvidence,
     UnknownVersionError,
     build_summary,
     crashed_at_tail,
@@ -38,7 +39,6 @@ from spark.model import (
     expand_paths,
     minute_label,
     record_rank,
-    reference_node,
     report_window,
 )
 
@@ -68,7 +68,6 @@ class _Events:
     bad_version: tuple[str, int] | None = None
     points: dict[str, list[Point]] = field(default_factory=lambda: defaultdict(list))
     records: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
-    primaries: set[str] = field(default_factory=set)
 
 
 def _lines(path: str) -> Iterator[str]:
@@ -153,8 +152,6 @@ def read(paths: Iterable[str]) -> _Events:
             events.points[node].append((obj["ts"], record_rank(event), event, obj["state"]))
             if event not in _BULK:
                 events.records[node].append(obj)
-            if obj.get("role") == "primary":
-                events.primaries.add(node)
         if bad:
             events.bad_by_file[path] = bad
     if events.bad_version is not None:
@@ -201,22 +198,16 @@ def compute(
     nodes = sorted(events.points)
     given = dict(skew or {})
 
-    bounds: dict[tuple[str, str], float] = {}
+    evidence = ClockEvidence()
     for node, records in events.records.items():
         for r in records:
-            if r["event"] in PEER_EVENTS and r.get("last_seen") is not None:
-                peer = r.get("peer")
-                if peer in events.points and peer != node:
-                    bound = r["last_seen"] - r["ts"]
-                    bounds[(node, peer)] = max(bounds.get((node, peer), bound), bound)
-    offsets, warnings = (
-        estimate_offsets(
-            nodes, reference_node(nodes, events.primaries), bounds, given, estimate_skew
-        )
-        if nodes
-        else ({}, [])
-    )
-    base = given.get(reference_node(nodes, events.primaries), 0.0) if nodes else 0.0
+            if estimate_skew and r["event"] in PEER_EVENTS:
+                last_seen = r.get("last_seen")
+                bound = None if last_seen is None else last_seen - r["ts"]
+                evidence.add(node, r.get("role") == "primary", r.get("peer"), bound)
+    offsets, warnings = estimate_offsets(nodes, evidence, given, estimate_skew)
+    reference = evidence.reference()
+    base = given.get(reference, 0.0) if reference is not None else 0.0
 
     def offset_of(name: str | None) -> float:
         return offsets[name].seconds if name in offsets else base

@@ -8,6 +8,7 @@ It draws the small tables it is given and computes nothing; it must not know Spa
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ COLOURS = {
 OUTAGE = "#d62728"
 DUAL = "#8e44ad"
 SERVING = "#b9e3c0"
+NODE_GREYS = ("#555555", "#a0a0a0", "#d0d0d0")
+LABELLED_INCIDENTS = 30  # beyond this, numbers would only clutter
 DAY = 86400.0
 
 
@@ -102,13 +105,14 @@ def render(
         top.plot(_x(incident["lost_ts"]), row + 0.45, "kx", ms=7, mew=2)
         if incident["active_ts"] is not None:
             top.plot(_x(incident["active_ts"]), row + 0.45, "k^", ms=6)
-        top.annotate(
-            f"#{number}",
-            (_x(incident["lost_ts"]), len(rows) - 0.45),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+        if len(tables["incidents"]) <= LABELLED_INCIDENTS:
+            top.annotate(
+                f"#{number}",
+                (_x(incident["lost_ts"]), row + 0.45),
+                xytext=(5, 3),
+                textcoords="offset points",
+                fontsize=8,
+            )
         top.axvline(_x(incident["lost_ts"]), color="k", lw=0.6, ls=":", alpha=0.6)
 
     top.set_yticks(range(len(rows)), rows)
@@ -136,24 +140,33 @@ def render(
         Line2D([], [], color="k", marker="x", ls="", mew=2, label="peer lost"),
         Line2D([], [], color="k", marker="^", ls="", label="survivor ACTIVE"),
     ]
-    top.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -1.05), ncol=6, fontsize=8)
-
-    for node in nodes:
-        mine = [a for a in activity if a["node"] == node]
-        if mine:
-            bottom.step(
-                [_x(a["bucket"]) for a in mine],
-                [a["count"] for a in mine],
-                where="post",
-                label=node,
-            )
     width = activity[0]["width"] if activity else 60
-    bottom.set_ylabel(f"redirects +\nrefusals /{width // 60} min", fontsize=8)
+    heights: dict[float, float] = {}
+    for colour, node in zip(itertools.cycle(NODE_GREYS), nodes):
+        mine = [a for a in activity if a["node"] == node]
+        if not mine:
+            continue
+        starts = [_x(a["bucket"]) for a in mine]
+        below = [heights.get(a["bucket"], 0) for a in mine]
+        bottom.bar(
+            starts,
+            [a["redirects"] + a["refusals"] for a in mine],
+            width=width / DAY,
+            bottom=below,
+            align="edge",
+            color=colour,
+            label=node,
+        )
+        for a in mine:
+            heights[a["bucket"]] = heights.get(a["bucket"], 0) + a["redirects"] + a["refusals"]
+    bottom.set_ylabel(f"redirects +\nrefusals\nper {width // 60} min", fontsize=8)
+    bottom.set_ylim(bottom=0)
     if activity:
         bottom.legend(fontsize=8, loc="upper right")
     bottom.grid(alpha=0.3)
     locator = mdates.AutoDateLocator()
     bottom.xaxis.set_major_locator(locator)
     bottom.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    fig.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=11, fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

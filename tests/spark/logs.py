@@ -34,6 +34,26 @@ class Server:
         self.lines.append(json.dumps(record))
         return self
 
+    def transition(
+        self, at: float, old: str, new: str, epoch: int, trigger: str, reason: str = ""
+    ) -> Server:
+        fields = {"from": old, "to": new, "trigger": trigger, "reason": reason}
+        return self.record(at, "transition", new, epoch, **fields)
+
+    def heard(
+        self,
+        at: float,
+        event: str,
+        state: str,
+        epoch: int,
+        peer: Server,
+        peer_state: str,
+        sent: float,
+    ) -> Server:
+        """peer_up / peer_lost about ``peer``, whose last state message left at ``sent``."""
+        fields = {"peer": peer.name, "peer_state": peer_state, "last_seen": peer.clock(sent)}
+        return self.record(at, event, state, epoch, **fields)
+
     def raw(self, text: str) -> Server:
         self.lines.append(text)
         return self

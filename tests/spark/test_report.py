@@ -117,6 +117,22 @@ CASES = {
         dual_active_events=1,
         events=20,
     ),
+    # Many redirects a second with state changes among them (see the scenario): PRIMARY
+    # 0 .. 0.4, 1.2 .. 1.3 and 3.5 .. 3.9; ACTIVE 2.3 .. 2.4; DOWN from the last redirect
+    # before the restart (3.1) to it (3.5).
+    "dense_bulk": Known(
+        window=6.0,
+        availability=1 - 0.05 / 6,
+        outages=[(0.0, 0.05)],
+        dual_active=[(2.3, 2.4)],
+        state_seconds={
+            "primary": {"PRIMARY": 0.9, "PASSIVE": 4.6, "ACTIVE": 0.1, "DOWN": 0.4},
+            "backup": {"BACKUP": 0.05, "ACTIVE": 5.95},
+        },
+        incidents=[],
+        per_minute=[("primary", MINUTE_0, 17, 4)],
+        events=32,
+    ),
 }
 
 
@@ -331,7 +347,10 @@ WINDOW = (T0 + 10.0, T0 + 50.0)
 def test_window_clips_everything(tmp_path: Path) -> None:
     report = reference.compute(build("console_recovery", tmp_path), *WINDOW)
     tables = report.tables
-    same([(o["start"] - T0, o["end"] - T0) for o in tables["outages"]], [(10.0, 14.0), (45.01, 45.05)])
+    same(
+        [(o["start"] - T0, o["end"] - T0) for o in tables["outages"]],
+        [(10.0, 14.0), (45.01, 45.05)],
+    )
     same(report.summary["availability"], 1 - 4.04 / 40)
     same(
         report.summary["state_seconds"]["primary"],
