@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
@@ -105,6 +106,14 @@ class FailoverController:
         broker.gate = self.gate
         broker.pair_info = self.pair_info
         broker.failover = self
+        # The machine's actions, carried out in the order it returns them.
+        self._actions: dict[type, Callable[[Any], None]] = {
+            fsm.PersistEpoch: self._persist_epoch,
+            fsm.SendHandover: self._send_handover,
+            fsm.RedirectClients: self._redirect_clients,
+            fsm.LogDualActive: self._log_dual_active,
+            fsm.LogMisconfigured: self._log_misconfigured,
+        }
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -276,30 +285,7 @@ class FailoverController:
     def apply(self, outcome: fsm.Outcome) -> None:
         self.machine = outcome.machine
         for action in outcome.actions:
-            if isinstance(action, fsm.PersistEpoch):
-                store_epoch(self.config.data_dir, action.epoch)
-            elif isinstance(action, fsm.SendHandover):
-                self.peering.publish(
-                    PEER_EXCHANGE, self.state_message(), message_type=HANDOVER_TYPE
-                )
-            elif isinstance(action, fsm.RedirectClients):
-                self._close_clients(action.to)
-            elif isinstance(action, fsm.LogDualActive):
-                log.warning("dual active: %s", action.reason)
-                self._write(
-                    "dual_active",
-                    peer=action.peer,
-                    peer_epoch=action.peer_epoch,
-                    reason=action.reason,
-                )
-            elif isinstance(action, fsm.LogMisconfigured):
-                log.error("misconfigured pair: %s", action.reason)
-                self._write(
-                    "misconfigured",
-                    peer=action.peer,
-                    peer_epoch=action.peer_epoch,
-                    reason=action.reason,
-                )
+            self._actions[type(action)](action)
         transition = outcome.transition
         if transition is not None:
             log.warning(
@@ -319,6 +305,28 @@ class FailoverController:
             )
             # Tell the peer at once rather than at the next heartbeat: the pair settles faster.
             self._publish_state()
+
+    def _persist_epoch(self, action: fsm.PersistEpoch) -> None:
+        store_epoch(self.config.data_dir, action.epoch)
+
+    def _send_handover(self, action: fsm.SendHandover) -> None:
+        self.peering.publish(PEER_EXCHANGE, self.state_message(), message_type=HANDOVER_TYPE)
+
+    def _redirect_clients(self, action: fsm.RedirectClients) -> None:
+        self._close_clients(action.to)
+
+    def _log_dual_active(self, action: fsm.LogDualActive) -> None:
+        log.warning("dual active: %s", action.reason)
+        self._log_peer_problem("dual_active", action)
+
+    def _log_misconfigured(self, action: fsm.LogMisconfigured) -> None:
+        log.error("misconfigured pair: %s", action.reason)
+        self._log_peer_problem("misconfigured", action)
+
+    def _log_peer_problem(
+        self, event: str, action: fsm.LogDualActive | fsm.LogMisconfigured
+    ) -> None:
+        self._write(event, peer=action.peer, peer_epoch=action.peer_epoch, reason=action.reason)
 
     def _close_clients(self, to: str | None) -> None:
         text = f"NOT_ACTIVE - active server is {to}" if to else "NOT_ACTIVE - no active server"
