@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shlex
 import sys
 import time
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aio_pika
+import aiormq
 import click
 from pamqp import commands
 from pamqp.header import ContentHeader
@@ -234,6 +236,8 @@ async def _status_all(servers: tuple[str, ...], timeout: float) -> list[tuple[st
                 results.append((url, await console.call("status")))
         except click.ClickException as error:
             results.append((url, {"error": error.message}))
+        except (ConnectionError, OSError, aiormq.exceptions.AMQPConnectionError):
+            results.append((url, {"error": "down (nothing accepts connections there)"}))
         except Exception as error:
             results.append((url, {"error": f"{type(error).__name__}: {error}"}))
     return results
@@ -365,6 +369,8 @@ def console(
     amqha console events --follow        the event log as it grows
     """
     servers = servers or DEFAULT_SERVERS
+    # A server that is down is reported in the table; aiormq's own error lines would repeat it.
+    logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
     if words:
         asyncio.run(run_command(servers, list(words), timeout, as_json))
         return

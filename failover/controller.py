@@ -288,7 +288,16 @@ class FailoverController:
             self._actions[type(action)](action)
         transition = outcome.transition
         if transition is not None:
-            log.warning(
+            # Start-up transitions are routine; a takeover or a step-down is what an operator
+            # needs to see.
+            takeover = transition.trigger is fsm.Event.CLIENT_REQUEST
+            level = (
+                logging.WARNING
+                if takeover or transition.from_state is fsm.State.ACTIVE
+                else logging.INFO
+            )
+            log.log(
+                level,
                 "%s -> %s on %s (epoch %d): %s",
                 transition.from_state.value,
                 transition.to_state.value,
