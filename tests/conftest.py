@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.pairs import MakePair, pair_factory
 from tests.support import ServerProcess
 
 
@@ -30,3 +31,9 @@ def make_server(tmp_path: Path) -> Iterator:
     yield make
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def make_pair(tmp_path: Path) -> Iterator[MakePair]:
+    """Build primary/backup pairs of real processes for one test; all stopped at the end."""
+    yield from pair_factory(tmp_path)

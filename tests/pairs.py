@@ -473,8 +473,11 @@ def pika_open_error(port: int) -> str | None:
     return None
 
 
-def pair_factory(tmp_path: Path) -> Iterator[Callable[..., Pair]]:
-    """Body of a test module's ``make_pair`` fixture: build pairs (not started) for one test.
+MakePair = Callable[..., "Pair"]
+
+
+def pair_factory(tmp_path: Path) -> Iterator[MakePair]:
+    """Body of the ``make_pair`` fixture: build pairs (not started) for one test.
 
     All are stopped at the end, by pid. On teardown each server's log tail and event log
     are printed: pytest shows them only when the test failed.

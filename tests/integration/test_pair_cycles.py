@@ -9,26 +9,13 @@ so the dual-active rule allows no overlap at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.pairs import (
-    Pair,
+    MakePair,
     active_intervals,
     client_vote,
     overlaps,
-    pair_factory,
 )
-
-MakePair = Callable[..., Pair]
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    yield from pair_factory(tmp_path)
-
 
 CYCLES = 50
 

@@ -6,8 +6,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import aio_pika
 import click
@@ -18,24 +16,17 @@ from amqha.console import ConsoleClient
 from tests.pairs import (
     ADMIN,
     Knocker,
+    MakePair,
     Pair,
     Publisher,
     client_vote,
     hold,
     lifetime,
-    pair_factory,
     pair_info,
     pika_open_error,
     url_of,
 )
 from tests.support import ROOT
-
-MakePair = Callable[..., Pair]
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    yield from pair_factory(tmp_path)
 
 
 async def fail_over_to_backup(pair: Pair) -> None:

@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from pamqp import commands
 
 from amqha.client import connect
 from tests.pairs import (
-    Pair,
+    MakePair,
     hold,
-    pair_factory,
     pika_open_error,
     poll,
     raw_open,
 )
-
-MakePair = Callable[..., Pair]
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    yield from pair_factory(tmp_path)
-
 
 CASES = {
     "two primaries": (("primary", "primary"), ("north", "south"), "is also primary"),

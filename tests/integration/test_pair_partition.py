@@ -9,28 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from amqha.client import connect_robust
 from tests.pairs import (
+    MakePair,
     Pair,
     Publisher,
     connect_plain,
     hold,
-    pair_factory,
     pair_info,
     pika_open_error,
 )
-
-MakePair = Callable[..., Pair]
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    yield from pair_factory(tmp_path)
 
 
 def kinds(pair: Pair, server, since: float) -> list[str]:

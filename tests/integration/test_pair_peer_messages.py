@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import aio_pika
 import aiormq.exceptions
@@ -12,19 +10,10 @@ import pytest
 
 from tests.pairs import (
     PEERING,
-    Pair,
+    MakePair,
     client_vote,
-    pair_factory,
     url_of,
 )
-
-MakePair = Callable[..., Pair]
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    yield from pair_factory(tmp_path)
-
 
 # A message that, were it taken, would make the primary yield: the backup ACTIVE in epoch 99.
 TAKEOVER = {

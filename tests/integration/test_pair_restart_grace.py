@@ -9,20 +9,9 @@ had been retrying the dead primary. Short timings make the margin thin.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from tests.pairs import Knocker, MakePair, client_vote, hold, lifetime
 
-import pytest
-
-from tests.pairs import Knocker, Pair, client_vote, hold, lifetime, pair_factory
-
-MakePair = Callable[..., Pair]
 RESTARTS = 8
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    yield from pair_factory(tmp_path)
 
 
 async def test_restarted_primary_hears_the_backup_before_its_grace_ends(

@@ -6,8 +6,6 @@ Two real ``amqha`` processes on loopback, peered through proxies (tests/pairs.py
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import aio_pika
 import pytest
@@ -15,20 +13,13 @@ from pamqp import commands
 
 from amqha.client import ConnectionRedirect, connect, connect_robust
 from tests.pairs import (
+    MakePair,
     Pair,
     hold,
-    pair_factory,
     pair_info,
     pika_open_error,
     raw_open,
 )
-
-MakePair = Callable[..., Pair]
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    yield from pair_factory(tmp_path)
 
 
 def transitions(pair: Pair, server) -> list[tuple[str, str, str]]:
