@@ -190,18 +190,23 @@ class FailoverController:
         if not self.running:
             return
         self._publish_state()
-        now = self.loop.time()
-        if self.peer_heard and not self.machine.peer_alive(now):
-            self.peer_heard = False
-            peer = self.machine.peer
-            log.warning("peer %s silent for %.2f s: lost", peer and peer.name, self.machine.timeout)
-            self._write(
-                "peer_lost",
-                peer=peer.name if peer else None,
-                peer_state=peer.state.value if peer else None,
-                last_seen=self.peer_last_seen,
-            )
+        self._notice_peer_lost(self.loop.time())
         self._tick_handle = self.loop.call_later(self.config.failover.heartbeat, self._tick)
+
+    def _notice_peer_lost(self, now: float) -> None:
+        """Record the loss once, when first noticed: at a heartbeat tick or at a client vote,
+        whichever comes first, so the log shows the loss before any takeover it allows."""
+        if not self.peer_heard or self.machine.peer_alive(now):
+            return
+        self.peer_heard = False
+        peer = self.machine.peer
+        log.warning("peer %s silent for %.2f s: lost", peer and peer.name, self.machine.timeout)
+        self._write(
+            "peer_lost",
+            peer=peer.name if peer else None,
+            peer_state=peer.state.value if peer else None,
+            last_seen=self.peer_last_seen,
+        )
 
     # -- events in ----------------------------------------------------------------------
 
@@ -256,7 +261,10 @@ class FailoverController:
 
     def gate(self, connection: Connection) -> Accept | GateRedirect:
         """Connection.Open from a client: the client vote, or a redirect."""
-        outcome = fsm.step(self.machine, fsm.Event.CLIENT_REQUEST, self.loop.time())
+        now = self.loop.time()
+        if self.running:
+            self._notice_peer_lost(now)
+        outcome = fsm.step(self.machine, fsm.Event.CLIENT_REQUEST, now)
         self.apply(outcome)
         decision = outcome.decision
         if isinstance(decision, fsm.Accept):
