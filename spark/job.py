@@ -180,40 +180,6 @@ def read_events(spark: SparkSession, uris: Sequence[str]) -> DataFrame:
     return raw.withColumn("good", _good())
 
 
-def clock_evidence(spark: SparkSession, uris: Sequence[str]) -> ClockEvidence:
-    """The peer_up/peer_lost records' clock bounds, from a plain-text pass that parses only
-    the lines naming those events (a record whose event name is written with JSON escapes
-    would not be seen; no JSON writer escapes plain ASCII)."""
-    evidence = ClockEvidence()
-    if not uris:
-        return evidence
-    value = F.col("value")
-    candidates = (
-        spark.read.text(list(uris))
-        .filter(value.contains("peer_up") | value.contains("peer_lost"))
-        .select(F.from_json(value, SCHEMA, _JSON_OPTIONS).alias("r"))
-        .select("r.*")
-    )
-    # Conditions go into the aggregation rather than a filter: a filter on the parsed fields
-    # would be pushed below the parse, which would then run on every line.
-    wanted = _good() & F.col("event").isin(*PEER_EVENTS)
-    about_peer = wanted & F.col("last_seen").isNotNull() & (F.col("peer") != F.col("node"))
-    for r in (
-        candidates.groupBy(
-            F.when(wanted, F.col("node")).alias("node"),
-            F.when(about_peer, F.col("peer")).alias("peer"),
-        )
-        .agg(
-            F.max(wanted & (F.col("role") == "primary")).alias("primary"),
-            F.max(F.when(about_peer, F.col("last_seen") - F.col("ts"))).alias("bound"),
-        )
-        .collect()
-    ):
-        if r["node"] is not None:
-            evidence.add(r["node"], bool(r["primary"]), r["peer"], r["bound"])
-    return evidence
-
-
 def _rank(event: Column) -> Column:
     return (
         F.when(event == "started", RANK_STARTED)
@@ -252,17 +218,19 @@ def _sorted(name: str, df: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------- the one pass over events
 
 # The bulk of a log is redirects and refusals. The pass keeps, per node, one-second bucket,
-# minute and state, only their first and last time and their counts; everything else is kept
-# whole. Between its first and last time a bucket's state holds, so the records in between add
-# nothing to the state intervals, unless a record of another state or a start falls in that
-# span too: such "mixed" buckets are read again in full (rare: it takes a state change in the
-# middle of a stream of redirects within one second).
+# minute and state, only their first and last time and their counts; every other record is
+# kept whole. Between its first and last time a bucket's state holds, so the records in
+# between add nothing to the state intervals, unless a record of another state or a start
+# falls in that span too: such "mixed" buckets are read again in full (rare: it takes a state
+# change in the middle of a stream of redirects within one second). The pass works on each
+# node's own clock; offsets are estimated from its output and applied after.
 BUCKET_SECONDS = 1
 _SPECIAL_FIELDS = (
     "ts",
     "rank",
     "event",
     "state",
+    "role",
     "epoch",
     "peer",
     "peer_state",
@@ -279,23 +247,25 @@ _SPECIAL_FIELDS = (
 _BUCKET_KEY = ("node", "bucket", "minute", "state")
 
 
-def _corrected(lines: DataFrame, shifts: Mapping[str, float], base: float) -> DataFrame:
-    """Times on the reference clock; the bucket key of redirects and refusals."""
-    bulk = F.col("good") & F.col("event").isin(*_BULK)
-    ts = F.col("ts") - _lookup(shifts, F.col("node"), base)
+def _keyed(lines: DataFrame) -> DataFrame:
+    """The fields the report uses, the order rank, and the bucket key of redirects and
+    refusals (``bulk``), on the node's own clock."""
+    good = F.col("good")
+    bulk = good & F.col("event").isin(*_BULK)
     return lines.select(
         "file",
         "good",
         "v",
-        F.when(F.col("good"), F.col("node")).alias("node"),
-        ts.alias("ts"),
+        F.when(good, F.col("node")).alias("node"),
+        "ts",
         _rank(F.col("event")).alias("rank"),
         "event",
         "state",
+        "role",
         "epoch",
         "peer",
         "peer_state",
-        (F.col("last_seen") - _lookup(shifts, F.col("peer"), base)).alias("last_seen"),
+        "last_seen",
         "trigger",
         F.col("`from`").alias("from_state"),
         F.col("`to`").alias("to_state"),
@@ -304,27 +274,20 @@ def _corrected(lines: DataFrame, shifts: Mapping[str, float], base: float) -> Da
         "result",
         "peer_epoch",
         "reason",
-        F.when(F.col("good"), F.floor(ts / BUCKET_SECONDS)).alias("bucket"),
-        F.when(bulk, F.floor(ts / MINUTE) * MINUTE).alias("minute"),
+        F.when(good, F.floor(F.col("ts") / BUCKET_SECONDS)).alias("bucket"),
+        F.when(bulk, F.floor(F.col("ts") / MINUTE) * MINUTE).alias("minute"),
         bulk.alias("bulk"),
     )
 
 
-def _one_pass(events: DataFrame, since: float | None, until: float | None) -> DataFrame:
+def _one_pass(events: DataFrame) -> DataFrame:
     """The only full pass over the parsed events: a row per file, node, bucket, minute and
     state of redirects and refusals, and per distinct other record (``special``, with its
-    count ``events``), with bad-line counts, the version check, the first and last time,
-    the bulk records' span and their counts (inside the window given on the command line;
-    without one every record is inside). Every aggregate is fixed-width: a plain hash
-    aggregation, records with text going into the key."""
+    count in ``events``), with bad-line counts, the version check, the first and last time and
+    the bulk records' span and counts. Every aggregate is fixed-width, so this is a plain hash
+    aggregation: the records with text go into the key."""
     good, bulk, event = F.col("good"), F.col("bulk"), F.col("event")
     version_error = F.col("v").isNotNull() & (F.col("v") != SCHEMA_VERSION)
-    inside = F.lit(True)
-    if since is not None:
-        inside = inside & (F.col("ts") >= since)
-    if until is not None:
-        inside = inside & (F.col("ts") <= until)
-    counted = bulk & inside
     return events.groupBy(
         "file",
         "node",
@@ -340,9 +303,26 @@ def _one_pass(events: DataFrame, since: float | None, until: float | None) -> Da
         F.max(F.when(good, F.col("ts"))).alias("last"),
         F.min(F.when(bulk, F.col("ts"))).alias("start"),
         F.max(F.when(bulk, F.col("ts"))).alias("end"),
-        F.sum((counted & (event == "redirect")).cast("long")).alias("redirects"),
-        F.sum((counted & (event == "refuse")).cast("long")).alias("refusals"),
+        F.sum((bulk & (event == "redirect")).cast("long")).alias("redirects"),
+        F.sum((bulk & (event == "refuse")).cast("long")).alias("refusals"),
     )
+
+
+def _clock_evidence(raw_specials: DataFrame) -> ClockEvidence:
+    """The peer_up/peer_lost records' clock bounds (on the records' own clocks)."""
+    evidence = ClockEvidence()
+    peers = raw_specials.filter(F.col("event").isin(*PEER_EVENTS))
+    about_peer = F.col("last_seen").isNotNull() & (F.col("peer") != F.col("node"))
+    for r in (
+        peers.groupBy("node", F.when(about_peer, F.col("peer")).alias("peer"))
+        .agg(
+            F.max(F.col("role") == "primary").alias("primary"),
+            F.max(F.when(about_peer, F.col("last_seen") - F.col("ts"))).alias("bound"),
+        )
+        .collect()
+    ):
+        evidence.add(r["node"], bool(r["primary"]), r["peer"], r["bound"])
+    return evidence
 
 
 def _mixed_buckets(buckets: DataFrame, specials: DataFrame) -> DataFrame:
@@ -368,7 +348,7 @@ def _mixed_buckets(buckets: DataFrame, specials: DataFrame) -> DataFrame:
     carried = F.when(F.col("event") == "stopped", F.lit(DOWN)).otherwise(F.col("state"))
     marks = specials.select(
         "node",
-        F.floor(F.col("ts") / BUCKET_SECONDS).alias("bucket"),
+        "bucket",
         F.col("ts").alias("mark"),
         carried.alias("mark_state"),
         (F.col("event") == "started").alias("mark_start"),
@@ -624,20 +604,9 @@ def compute(
         progress(f"[{time.monotonic() - started:7.1f}s] {message}")
 
     files = expand_paths(paths)
-    uris = [_uri(f) for f in files]
-    given = dict(skew or {})
-    evidence = ClockEvidence()
-    if estimate_skew:
-        step(f"clock evidence from {len(files)} file(s)")
-        evidence = clock_evidence(spark, uris)
-    reference = evidence.reference()
-    base = given.get(reference, 0.0) if reference is not None else 0.0
-    early, _ = estimate_offsets({*evidence.observers, *given}, evidence, given, estimate_skew)
-    shifts = {node: o.seconds for node, o in early.items()}
-
     step(f"reading {len(files)} file(s)")
-    lines = read_events(spark, uris)
-    groups = _one_pass(_corrected(lines, shifts, base), since, until).cache()
+    lines = read_events(spark, [_uri(f) for f in files])
+    groups = _one_pass(_keyed(lines)).cache()
     per_file = (
         groups.groupBy("file")
         .agg(F.sum("bad").alias("bad"), F.min("bad_version").alias("bad_version"))
@@ -662,9 +631,21 @@ def compute(
     )
     nodes = sorted(r["node"] for r in per_node)
     count = sum(r["events"] for r in per_node)
-    offsets, warnings = estimate_offsets(nodes, evidence, given, estimate_skew)
     step(f"{count} events from {len(nodes)} node(s), {sum(bad_by_file.values())} bad line(s)")
-    if any(o.seconds for o in offsets.values()):
+
+    repeated = F.array_repeat("special", F.col("events").cast("int"))  # identical records
+    raw_specials = (
+        groups.filter(F.col("special").isNotNull())
+        .select("node", "bucket", F.explode(repeated).alias("r"))
+        .select("node", "bucket", "r.*")
+    )
+    given = dict(skew or {})
+    evidence = _clock_evidence(raw_specials) if estimate_skew else ClockEvidence()
+    offsets, warnings = estimate_offsets(nodes, evidence, given, estimate_skew)
+    reference = evidence.reference()
+    base = given.get(reference, 0.0) if reference is not None else 0.0
+    shifts = {node: o.seconds for node, o in offsets.items()}
+    if any(shifts.values()):
         step(
             "clock offsets: "
             + ", ".join(f"{n} {o.seconds:+.6f}s ({o.source})" for n, o in offsets.items())
@@ -672,23 +653,29 @@ def compute(
     window = report_window(
         since,
         until,
-        min((r["first"] for r in per_node), default=None),
-        max((r["last"] for r in per_node), default=None),
+        min((r["first"] - shifts[r["node"]] for r in per_node), default=None),
+        max((r["last"] - shifts[r["node"]] for r in per_node), default=None),
     )
+    shift = _lookup(shifts, F.col("node"), base)
 
-    repeated = F.array_repeat("special", F.col("events").cast("int"))  # identical records
+    # What follows works on small frames: few partitions keep the task count down.
+    parallelism = spark.sparkContext.defaultParallelism
     specials = (
-        groups.filter(F.col("special").isNotNull())
-        .select("node", F.explode(repeated).alias("r"))
-        .select("node", "r.*")
+        raw_specials.withColumns(
+            {
+                "ts": F.col("ts") - shift,
+                "last_seen": F.col("last_seen") - _lookup(shifts, F.col("peer"), base),
+            }
+        )
+        .coalesce(parallelism)
         .cache()
     )
     buckets = (
         groups.filter(F.col("state").isNotNull())
         .groupBy(*_BUCKET_KEY)
         .agg(
-            F.min("start").alias("start"),
-            F.max("end").alias("end"),
+            (F.min("start") - shift).alias("start"),
+            (F.max("end") - shift).alias("end"),
             F.sum("redirects").alias("redirects"),
             F.sum("refusals").alias("refusals"),
         )
@@ -697,25 +684,27 @@ def compute(
     transient = [groups, specials, buckets]
     frames = {name: spark.createDataFrame([], _schema(name)) for name in TABLES}
     dual_events = spark.createDataFrame([], "ts double")
-    per_minute = (
-        buckets.groupBy("node", "minute")
-        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
-        .filter((F.col("redirects") + F.col("refusals")) > 0)
-        .select(
-            "node",
-            F.col("minute").alias("minute_start"),
-            F.date_format(F.timestamp_seconds("minute"), "yyyy-MM-dd'T'HH:mm:00'Z'").alias(
-                "minute"
-            ),
-            "redirects",
-            "refusals",
-        )
-    )
 
     if window is not None:
         lo, hi = window
         in_window = F.col("ts").between(lo, hi)
         step(f"window {lo:.3f} .. {hi:.3f} ({hi - lo:.3f}s)")
+        # Minutes are the node's own; a minute is listed when it overlaps the window.
+        minute_start = F.col("minute") - shift
+        per_minute = (
+            buckets.groupBy("node", "minute")
+            .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
+            .filter((minute_start <= hi) & (minute_start + MINUTE > lo))
+            .select(
+                "node",
+                F.col("minute").alias("minute_start"),
+                F.date_format(F.timestamp_seconds("minute"), "yyyy-MM-dd'T'HH:mm:00'Z'").alias(
+                    "minute"
+                ),
+                "redirects",
+                "refusals",
+            )
+        )
         mixed = _mixed_buckets(buckets, specials).cache()
         transient.append(mixed)
         edges = buckets.join(mixed, list(_BUCKET_KEY), "left_anti").select(
@@ -729,12 +718,12 @@ def compute(
         if not mixed.isEmpty():
             step("reading mixed buckets again in full")
             records = records.unionByName(
-                _corrected(lines, shifts, base)
+                _keyed(lines)
                 .filter("bulk")
                 .join(F.broadcast(mixed), list(_BUCKET_KEY))
-                .select("node", *_ORDER)
+                .select("node", (F.col("ts") - shift).alias("ts"), *_ORDER[1:])
             )
-        records = records.cache()
+        records = records.coalesce(parallelism).cache()
         transient.append(records)
         lost = specials.filter(
             (F.col("event") == "peer_lost")
@@ -745,8 +734,9 @@ def compute(
         node_names = spark.createDataFrame([(n,) for n in nodes], "node string")
         intervals = _typed(
             "state_intervals", _state_intervals(records, lost, node_names, crashed, window)
-        )
-        spells = _spells(spark, intervals, window)
+        ).cache()
+        spells = _spells(spark, intervals, window).cache()  # both read by several tables
+        transient += [intervals, spells]
         windowed = specials.filter(in_window)
         frames = {
             "incidents": _incidents(specials, in_window),
@@ -772,7 +762,7 @@ def compute(
     n_dual_events = len(small.pop(_DUAL_EVENTS))
     step("redirects and refusals per minute")
     per_minute = frames["redirects_per_minute"].cache()
-    activity = _activity(per_minute, window)  # also fills per_minute's cache
+    activity = _activity(per_minute, window, shift)  # also fills per_minute's cache
     for df in transient:
         df.unpersist()
     tables = {
@@ -828,8 +818,11 @@ def _schema(name: str) -> T.StructType:
     return T.StructType([T.StructField(c, _TYPES[k]) for c, k in columns])
 
 
-def _activity(per_minute: DataFrame, window: tuple[float, float] | None) -> list[dict[str, Any]]:
-    """Redirects and refusals per node in buckets of whole minutes, few enough to plot."""
+def _activity(
+    per_minute: DataFrame, window: tuple[float, float] | None, shift: Column
+) -> list[dict[str, Any]]:
+    """Redirects and refusals per node in buckets of whole minutes, few enough to plot;
+    ``at`` is a bucket's start on the reference clock."""
     if window is None:
         return []
     width = max(1, math.ceil((window[1] - window[0]) / MINUTE / 1500)) * MINUTE
@@ -839,7 +832,7 @@ def _activity(per_minute: DataFrame, window: tuple[float, float] | None) -> list
             "node", (F.floor(F.col("minute_start") / width) * width).alias("bucket")
         )
         .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
-        .withColumn("width", F.lit(width))
+        .select("*", F.lit(width).alias("width"), (F.col("bucket") - shift).alias("at"))
         .collect()
     ]
     return sorted(buckets, key=lambda row: (row["node"], row["bucket"]))

@@ -438,6 +438,16 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}s"
 
 
+LISTED_ROWS = 10  # per table in the text summary; the CSV files have them all
+
+
+def _listed(rows: Sequence[Mapping], table: str, line) -> list[str]:
+    shown = [line(row) for row in rows[:LISTED_ROWS]]
+    if len(rows) > LISTED_ROWS:
+        shown.append(f"    ... {len(rows) - LISTED_ROWS} more in {table}/{table}.csv")
+    return shown
+
+
 def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> str:
     """The human summary printed on stdout."""
     lines = ["amqha failover report"]
@@ -454,7 +464,8 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
         f" {summary['bad_lines']} bad line(s)"
     )
     for node, offset in summary["clock_offsets"].items():
-        lines.append(f"  clock       {node}: {offset['seconds']:+.6f}s ({offset['source']})")
+        seconds = round(offset["seconds"], 6) + 0.0  # no "-0.000000"
+        lines.append(f"  clock       {node}: {seconds:+.6f}s ({offset['source']})")
     availability = summary["availability"]
     lines.append(
         "  availability "
@@ -479,22 +490,37 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
         f" takeover mean {_seconds(inc['takeover_delay_s']['mean'])}"
         f" max {_seconds(inc['takeover_delay_s']['max'])}"
     )
-    for row in tables["incidents"]:
-        lines.append(
-            f"    {iso(row['lost_ts'])} {row['node']} lost {row['peer']}:"
-            f" detection {_seconds(row['detection_delay_s'])},"
-            f" {row['outcome']} {_seconds(row['takeover_delay_s'])}"
-            + (f" ({row['trigger']})" if row["trigger"] else "")
+    lines.extend(
+        _listed(
+            tables["incidents"],
+            "incidents",
+            lambda row: (
+                f"    {iso(row['lost_ts'])} {row['node']} lost {row['peer']}:"
+                f" detection {_seconds(row['detection_delay_s'])},"
+                f" {row['outcome']} {_seconds(row['takeover_delay_s'])}"
+                + (f" ({row['trigger']})" if row["trigger"] else "")
+            ),
         )
-    for row in tables["outages"]:
-        lines.append(
-            f"    outage {iso(row['start'])} .. {iso(row['end'])} {_seconds(row['duration_s'])}"
+    )
+    lines.extend(
+        _listed(
+            tables["outages"],
+            "outages",
+            lambda row: (
+                f"    outage {iso(row['start'])} .. {iso(row['end'])} {_seconds(row['duration_s'])}"
+            ),
         )
-    for row in tables["dual_active"]:
-        lines.append(
-            f"    dual active {iso(row['start'])} .. {iso(row['end'])}"
-            f" {_seconds(row['duration_s'])}"
+    )
+    lines.extend(
+        _listed(
+            tables["dual_active"],
+            "dual_active",
+            lambda row: (
+                f"    dual active {iso(row['start'])} .. {iso(row['end'])}"
+                f" {_seconds(row['duration_s'])}"
+            ),
         )
+    )
     lines.append("  time in state")
     for node, states in summary["state_seconds"].items():
         lines.append(

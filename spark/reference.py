@@ -212,6 +212,13 @@ def compute(
     def offset_of(name: str | None) -> float:
         return offsets[name].seconds if name in offsets else base
 
+    # Redirects and refusals per minute of the node's own clock, counted before correcting.
+    per_minute: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    for node in nodes:
+        for ts, _, event, _ in events.points[node]:
+            if event in _BULK:
+                per_minute[(node, math.floor(ts / MINUTE) * MINUTE)][event == "refuse"] += 1
+
     points = events.points
     for node in nodes:
         shift = offset_of(node)
@@ -343,12 +350,10 @@ def compute(
                     }
                 )
 
-        per_minute: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-        for node in nodes:
-            for ts, _, event, _ in points[node]:
-                if event in _BULK and since <= ts <= until:
-                    per_minute[(node, math.floor(ts / MINUTE) * MINUTE)][event == "refuse"] += 1
         for (node, minute), (n_redirects, n_refusals) in per_minute.items():
+            start = minute - offset_of(node)
+            if not (start <= until and start + MINUTE > since):
+                continue  # the minute does not overlap the window
             tables["redirects_per_minute"].append(
                 {
                     "node": node,

@@ -141,24 +141,18 @@ def render(
         Line2D([], [], color="k", marker="^", ls="", label="survivor ACTIVE"),
     ]
     width = activity[0]["width"] if activity else 60
-    heights: dict[float, float] = {}
-    for colour, node in zip(itertools.cycle(NODE_GREYS), nodes):
+    share = width / max(len(nodes), 1)
+    for index, (colour, node) in enumerate(zip(itertools.cycle(NODE_GREYS), nodes)):
         mine = [a for a in activity if a["node"] == node]
-        if not mine:
-            continue
-        starts = [_x(a["bucket"]) for a in mine]
-        below = [heights.get(a["bucket"], 0) for a in mine]
-        bottom.bar(
-            starts,
-            [a["redirects"] + a["refusals"] for a in mine],
-            width=width / DAY,
-            bottom=below,
-            align="edge",
-            color=colour,
-            label=node,
-        )
-        for a in mine:
-            heights[a["bucket"]] = heights.get(a["bucket"], 0) + a["redirects"] + a["refusals"]
+        if mine:
+            bottom.bar(
+                [_x(a["at"] + index * share) for a in mine],
+                [a["redirects"] + a["refusals"] for a in mine],
+                width=share / DAY,
+                align="edge",
+                color=colour,
+                label=node,
+            )
     bottom.set_ylabel(f"redirects +\nrefusals\nper {width // 60} min", fontsize=8)
     bottom.set_ylim(bottom=0)
     if activity:

@@ -356,10 +356,11 @@ def test_window_clips_everything(tmp_path: Path) -> None:
         report.summary["state_seconds"]["primary"],
         {"PRIMARY": 1.01, "BACKUP": 0.0, "ACTIVE": 4.95, "PASSIVE": 14.04, "DOWN": 20.0},
     )
-    assert [(r["node"], r["redirects"]) for r in tables["redirects_per_minute"]] == [
-        ("backup", 1),
-        ("primary", 2),
-    ]
+    # Minutes are listed whole when they overlap the window: 22:13 (T0 - 20 s .. T0 + 40 s)
+    # brings the backup's redirects at 5 and 6 s.
+    assert [
+        (r["node"], r["minute_start"], r["redirects"]) for r in tables["redirects_per_minute"]
+    ] == [("backup", MINUTE_0, 2), ("backup", MINUTE_1, 1), ("primary", MINUTE_1, 2)]
     assert len(tables["incidents"]) == 1 and len(tables["recoveries"]) == 4
 
 
