@@ -2,11 +2,14 @@
 
 Owns: the Spark session (quiet, loopback-only and UI-less when local), reading the event logs
 with an explicit schema, every metric as DataFrame operations, and writing the report (Parquet
-and CSV tables, ``summary.json``, ``timeline.png``). Per-node state intervals come from window
-functions (lead/lag and running sums over a node's records ordered by time); no Python UDFs,
-so executors run no Python. Only aggregates and the small tables (state runs, outages,
+and CSV tables, ``summary.json``, ``timeline.png``). The logs are read once, in one hash
+aggregation that keeps every record but the bulk of redirects and refusals, which it reduces to
+per-second spans and counts (see "the one pass"). Per-node state intervals then come from
+window functions (lead/lag and running sums over a node's points in time order). No Python
+UDFs, so executors run no Python. Only aggregates and the small tables (state runs, outages,
 incidents, recoveries: their size follows the number of failovers, not of events) reach the
-driver. The definitions are in ``spark.model`` and are checked against ``spark.reference``.
+driver. The definitions are in ``spark.model``; the results are checked against
+``spark.reference``.
 """
 
 from __future__ import annotations
@@ -122,7 +125,10 @@ def build_session(
                     "spark.driver.host": "127.0.0.1",
                     "spark.driver.bindAddress": "127.0.0.1",
                     "spark.driver.memory": "4g",
+                    # After the one pass every frame is small: a few partitions, and no
+                    # adaptive re-planning, whose per-stage cost is larger than what it saves.
                     "spark.sql.shuffle.partitions": str(2 * (os.cpu_count() or 1)),
+                    "spark.sql.adaptive.enabled": "false",
                 }
             )
     settings.update(conf or {})
@@ -642,8 +648,7 @@ def compute(
     given = dict(skew or {})
     evidence = _clock_evidence(raw_specials) if estimate_skew else ClockEvidence()
     offsets, warnings = estimate_offsets(nodes, evidence, given, estimate_skew)
-    reference = evidence.reference()
-    base = given.get(reference, 0.0) if reference is not None else 0.0
+    base = evidence.default_offset(given)
     shifts = {node: o.seconds for node, o in offsets.items()}
     if any(shifts.values()):
         step(
@@ -801,10 +806,7 @@ def _collect_small(frames: Mapping[str, DataFrame], dual_events: DataFrame) -> d
         for name, df in {**frames, _DUAL_EVENTS: dual_events}.items()
     ]
     found: dict[str, list] = {name: [] for name in (*frames, _DUAL_EVENTS)}
-    union = functools.reduce(DataFrame.unionByName, tagged)
-    if os.environ.get("REPORT_EXPLAIN"):
-        union.explain("formatted")
-    for row in union.collect():
+    for row in functools.reduce(DataFrame.unionByName, tagged).collect():
         found[row["table"]].append(json.loads(row["row"]))
     for name, df in frames.items():
         _, order = TABLES[name]
@@ -851,7 +853,8 @@ def write_report(report: SparkReport, out: str, progress: Progress = _quiet) -> 
         folder = os.path.join(out, name)
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
-        ordered = _sorted(name, df)
+        # Small tables were built on the driver in order: one partition keeps it.
+        ordered = df.coalesce(1) if name in report.small else _sorted(name, df)
         ordered.write.parquet(_uri(os.path.abspath(os.path.join(folder, "parquet"))))
         rows = (
             ([r[c] for c in df.columns] for r in report.small[name])

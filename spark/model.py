@@ -256,6 +256,11 @@ class ClockEvidence:
         peer record as primary, else the first that logged one; None without evidence."""
         return min(self.primaries or self.observers, default=None)
 
+    def default_offset(self, given: Mapping[str, float]) -> float:
+        """The offset of a clock nothing is known about: the reference clock's."""
+        reference = self.reference()
+        return given.get(reference, 0.0) if reference is not None else 0.0
+
 
 def estimate_offsets(
     nodes: Iterable[str],
@@ -271,7 +276,7 @@ def estimate_offsets(
     reference's. ``given`` offsets (``--skew``) win.
     """
     reference = evidence.reference()
-    base = given.get(reference, 0.0) if reference is not None else 0.0
+    base = evidence.default_offset(given)
     offsets: dict[str, Offset] = {}
     warnings: list[str] = []
     for node in sorted(set(nodes)):

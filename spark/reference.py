@@ -47,7 +47,7 @@ _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 _JSON_SPACE = " \t\r\n"
 _DECODER = json.JSONDecoder()
 _RECOVER = re.compile(RECOVER_COMMAND)
-# Records that are kept whole (everything but the bulk of redirects and refusals).
+# Redirects and refusals, the bulk of a log: kept as points only; other records are kept whole.
 _BULK = frozenset({"redirect", "refuse"})
 _NOT_RECORDS = (RANK_ORIGIN, RANK_MARKER)
 
@@ -206,8 +206,7 @@ def compute(
                 bound = None if last_seen is None else last_seen - r["ts"]
                 evidence.add(node, r.get("role") == "primary", r.get("peer"), bound)
     offsets, warnings = estimate_offsets(nodes, evidence, given, estimate_skew)
-    reference = evidence.reference()
-    base = given.get(reference, 0.0) if reference is not None else 0.0
+    base = evidence.default_offset(given)
 
     def offset_of(name: str | None) -> float:
         return offsets[name].seconds if name in offsets else base
