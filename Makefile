@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@command -v java >/dev/null || { echo "installing a Java runtime for Spark"; \
+		apt-get update -qq && apt-get install -y -qq default-jre-headless; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'
