@@ -57,6 +57,18 @@ class Redirect:
 ACCEPT = Accept()
 
 
+def not_active_text(to: str | None, reason: str | None = None) -> str:
+    """The reply text of the 320 close a client gets from a server that is not ACTIVE.
+
+    Programs read it (``amqha.client`` does): keep the ``active server is HOST:PORT`` form.
+    """
+    if to:
+        return f"NOT_ACTIVE - active server is {to}"
+    if reason:
+        return f"NOT_ACTIVE - no active server: {reason}"
+    return "NOT_ACTIVE - no active server"
+
+
 class Connection(asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -380,12 +392,7 @@ class Connection(asyncio.Protocol):
             # The client closes on reading the redirect; if it does not, we do.
             self.close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._drop)
             return
-        if decision.to:
-            text = f"NOT_ACTIVE - active server is {decision.to}"
-        elif decision.reason:
-            text = f"NOT_ACTIVE - no active server: {decision.reason}"
-        else:
-            text = "NOT_ACTIVE - no active server"
+        text = not_active_text(decision.to, decision.reason)
         self.fail(exceptions.AMQPConnectionForced(text))
 
     def on_close(self, method: commands.Connection.Close) -> None:

@@ -332,6 +332,13 @@ def deliver_frames(
             address,
         )
     )
+    return _method_with_content(channel, payload, header_payload, body, frame_max)
+
+
+def _method_with_content(
+    channel: int, payload: bytes, header_payload: bytes, body: bytes, frame_max: int
+) -> bytes:
+    """A method frame carrying ``payload``, then its content header and body frames."""
     return (
         _frame_head.pack(FRAME_METHOD, channel, len(payload))
         + payload
@@ -358,12 +365,7 @@ def get_ok_frames(
             struct.pack(">I", message_count),
         )
     )
-    return (
-        _frame_head.pack(FRAME_METHOD, channel, len(payload))
-        + payload
-        + b"\xce"
-        + content_frames(channel, header_payload, body, frame_max)
-    )
+    return _method_with_content(channel, payload, header_payload, body, frame_max)
 
 
 def return_frames(
@@ -376,12 +378,7 @@ def return_frames(
     frame_max: int,
 ) -> bytes:
     payload = b"".join((_RETURN_PREFIX, _short.pack(reply_code), shortstr(reply_text), address))
-    return (
-        _frame_head.pack(FRAME_METHOD, channel, len(payload))
-        + payload
-        + b"\xce"
-        + content_frames(channel, header_payload, body, frame_max)
-    )
+    return _method_with_content(channel, payload, header_payload, body, frame_max)
 
 
 def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from amqha import __version__
-from amqha.connection import ACCEPT, Accept, Connection
+from amqha.connection import ACCEPT, Accept, Connection, not_active_text
 from amqha.connection import Redirect as GateRedirect
 from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
@@ -346,7 +346,7 @@ class FailoverController:
         self._write(event, peer=action.peer, peer_epoch=action.peer_epoch, reason=action.reason)
 
     def _close_clients(self, to: str | None) -> None:
-        text = f"NOT_ACTIVE - active server is {to}" if to else "NOT_ACTIVE - no active server"
+        text = not_active_text(to)
         clients = self.broker.client_connections()
         for connection in clients:
             connection.close_forced(text)
