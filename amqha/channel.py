@@ -220,7 +220,23 @@ class Channel:
             raise exceptions.AMQPCommandInvalid(
                 f"COMMAND_INVALID - {method.name} is not allowed on channel {self.number}"
             )
+        if self.connection.bypasses_gate and not self.broker.pair.serving():
+            self._check_control_only(method)
         handler(method)
+
+    def _check_control_only(self, method: Method) -> None:
+        """A peering or administrator login on a server that is not serving: the control
+        plane and a private reply queue only, nothing that touches application state."""
+        kind = type(method)
+        allowed = kind in _CONTROL_ONLY_METHODS
+        if kind is commands.Queue.Declare:
+            allowed = method.passive or (method.exclusive and not method.queue)  # type: ignore[attr-defined]
+        elif kind is commands.Exchange.Declare:
+            allowed = method.passive  # type: ignore[attr-defined]
+        elif kind in (commands.Basic.Consume, commands.Basic.Get):
+            allowed = (method.queue or self.last_queue) in self.connection.exclusive_queues  # type: ignore[attr-defined]
+        if not allowed:
+            raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, method.name))
 
     def reply(self, method: Method) -> None:
         self.connection.send(wire.method_frame(self.number, method))
@@ -233,6 +249,8 @@ class Channel:
             connection.published = True
             self.broker.throttle(connection)
         exchange = self.vhost.get_exchange(publish.exchange)
+        if connection.bypasses_gate and not exchange.control and not self.broker.pair.serving():
+            raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, "Basic.Publish"))
         if exchange.internal:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"
@@ -300,6 +318,9 @@ class Channel:
         self._route(pending.exchange, publish, message)
 
     def _route(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
+        if exchange.control:
+            self._to_control_plane(exchange, publish, message)
+            return
         queues = self.vhost.route(exchange, publish.routing_key, message)
         accepted = self.broker.enqueue(message, queues) if queues else True
         connection = self.connection
@@ -323,6 +344,28 @@ class Channel:
                 self.confirmed_upto = self.publish_seq
             else:
                 connection.confirms_due(self)
+
+    def _to_control_plane(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
+        """Straight to the exchange's receiver, with the connection that published it: the
+        receiver reads who published from the login, never from a message property."""
+        receiver = exchange.receiver
+        if receiver is not None:
+            receiver(message, self.connection)
+        elif publish.mandatory:
+            self.connection.send(
+                wire.return_frames(
+                    self.number,
+                    312,
+                    "NO_ROUTE",
+                    message.address,
+                    message.header,
+                    message.body,
+                    self.connection.frame_max,
+                )
+            )
+        if self.confirm:
+            self.publish_seq += 1
+            self.connection.confirms_due(self)
 
     def flush_confirms(self) -> None:
         """Ack every accepted publish not yet confirmed, as one ``multiple`` ack."""
@@ -709,6 +752,34 @@ class Channel:
             self._detach(consumer)
         self._requeue_all()
         self.transaction = None
+
+
+# Methods a peering or administrator login may use on a server that is not serving (some
+# only on their own exclusive reply queue: see Channel._check_control_only).
+_CONTROL_ONLY_METHODS = frozenset(
+    {
+        commands.Channel.Open,
+        commands.Channel.Close,
+        commands.Channel.CloseOk,
+        commands.Channel.Flow,
+        commands.Channel.FlowOk,
+        commands.Basic.Qos,
+        commands.Basic.Cancel,
+        commands.Basic.Nack,
+        commands.Basic.Reject,
+        commands.Basic.Recover,
+        commands.Basic.RecoverAsync,
+        commands.Confirm.Select,
+    }
+)
+
+
+def _control_only_text(broker: Any, what: str) -> str:
+    state = broker.pair.info().get("state", "not ACTIVE")
+    return (
+        f"ACCESS_REFUSED - {what} refused: this server is {state}, not serving; a peering or "
+        "administrator login may only use the control plane here"
+    )
 
 
 def _reply_text(error: exceptions.AMQPError) -> str:

@@ -84,8 +84,13 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
     )
     if not no_uvloop:
         install_uvloop()
+    pair = None
+    if config.failover.role is not None and config.failover.peer is not None:
+        from failover.controller import FailoverController
+
+        pair = FailoverController
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, pair=pair))
     except OSError as error:
         raise click.ClickException(f"cannot listen on {config.listen}: {error.strerror}") from None
 

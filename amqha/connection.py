@@ -23,6 +23,7 @@ from pamqp import commands, decode, exceptions
 from . import wire
 from .channel import CLOSING as CHANNEL_CLOSING
 from .channel import Channel
+from .gate import ACCEPT, Redirect, not_active_text
 
 if TYPE_CHECKING:
     from .core.queue import Queue
@@ -39,34 +40,6 @@ KNOWN_FRAME_TYPES = frozenset(
 )
 CLOSE_OK_TIMEOUT = 3.0
 HANDSHAKE_TIMEOUT = 10.0
-
-
-class Accept:
-    """The gate lets the client in."""
-
-
-class Redirect:
-    """The gate sends the client to another server (``to`` may be None: none known)."""
-
-    def __init__(self, to: str | None, known_hosts: str = "", reason: str | None = None) -> None:
-        self.to = to
-        self.known_hosts = known_hosts
-        self.reason = reason  # why no server can be named (a misconfigured pair), if known
-
-
-ACCEPT = Accept()
-
-
-def not_active_text(to: str | None, reason: str | None = None) -> str:
-    """The reply text of the 320 close a client gets from a server that is not ACTIVE.
-
-    Programs read it (``amqha.client`` does): keep the ``active server is HOST:PORT`` form.
-    """
-    if to:
-        return f"NOT_ACTIVE - active server is {to}"
-    if reason:
-        return f"NOT_ACTIVE - no active server: {reason}"
-    return "NOT_ACTIVE - no active server"
 
 
 class Connection(asyncio.Protocol):
@@ -98,6 +71,7 @@ class Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.close_timer: asyncio.TimerHandle | None = None
         self.bypasses_gate = False
+        self.held_reading = False  # reading paused by a hold (the pair is not serving)
         self.handlers = {
             commands.Connection.StartOk: self.on_start_ok,
             commands.Connection.TuneOk: self.on_tune_ok,
@@ -193,9 +167,16 @@ class Connection(asyncio.Protocol):
     def flush(self) -> None:
         self.flush_scheduled = False
         if self.confirm_channels:
-            for channel in self.confirm_channels:
-                channel.flush_confirms()
-            self.confirm_channels.clear()
+            if self.state >= CLOSING:
+                self.confirm_channels.clear()
+            elif self.bypasses_gate or self.broker.pair.serving():
+                for channel in self.confirm_channels:
+                    channel.flush_confirms()
+                self.confirm_channels.clear()
+            else:
+                # A confirm is a promise: a server that may have lost the service (frozen,
+                # stepping down) keeps it until the pair says it serves.
+                self.broker.hold(self)
         if not self.out or self.transport is None or self.state == CLOSED:
             self.out.clear()
             return
@@ -204,6 +185,23 @@ class Connection(asyncio.Protocol):
         out.clear()
         self.transport.write(data)
         self.last_sent = self.loop.time()
+
+    def hold(self) -> None:
+        if self.transport is not None and not self.reading_paused:
+            self.transport.pause_reading()
+            self.reading_paused = True
+            self.held_reading = True
+
+    def release_hold(self) -> None:
+        if self.state != OPEN:
+            return
+        if self.held_reading:
+            self.held_reading = False
+            self.reading_paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+            self.broker.throttle(self)
+        self.flush()
 
     def _write_now(self, data: bytes) -> None:
         self.send(data)
@@ -372,7 +370,7 @@ class Connection(asyncio.Protocol):
                 f"NOT_ALLOWED - access to vhost '{vhost_name}' refused for user '{self.user.name}'"
             )
         self.bypasses_gate = bool({"peering", "administrator"} & set(self.user.tags))
-        decision = ACCEPT if self.bypasses_gate else self.broker.gate(self)
+        decision = ACCEPT if self.bypasses_gate else self.broker.pair.admit(self.peer)
         if isinstance(decision, Redirect):
             self._redirect(decision)
             return

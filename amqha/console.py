@@ -1,20 +1,22 @@
 """The admin console: requests over the reserved ``amq.console`` exchange, and the CLI.
 
 Owns, server side: ``ConsoleService``, which consumes amq.console in-process and
-answers JSON requests (status, recover, connections, queues, events, controller
-stop|start) to the requester's reply queue. Only users tagged ``administrator``
-may publish to amq.console (the channel refuses others with 403), and the
-user_id property, checked by the channel, names who asked.
+answers JSON requests (status, recover, promote, connections, queues, events,
+controller stop|start) to the requester's own exclusive reply queue. amq.console is a
+control exchange: only users tagged ``administrator`` may publish to it (the channel
+refuses others with 403), nothing can be bound to it, and the request is attributed to
+the user its connection authenticated as (docs/security.md).
 
 Owns, client side: ``ConsoleClient`` (aio-pika) and the ``amqha console`` command
 with its interactive prompt.
 
-Must not know: how failover decides (it asks the controller), frames.
+Must not know: how failover decides (it asks the broker's ``gate.Pair``), frames.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shlex
@@ -32,9 +34,10 @@ from pamqp.header import ContentHeader
 
 from .core.message import Message
 from .core.vhost import CONSOLE_EXCHANGE
+from .gate import ConsoleRefused
 from .wire import address_of
 
-COMMANDS = ("status", "recover", "connections", "queues", "events", "controller")
+COMMANDS = ("status", "recover", "promote", "connections", "queues", "events", "controller")
 
 
 class ConsoleService:
@@ -44,20 +47,21 @@ class ConsoleService:
         self.broker = broker
         self.handlers: dict[str, Callable[[dict[str, Any], str], Any]] = {
             "status": self.on_status,
-            "recover": self.on_recover,
+            "recover": self.on_pair_command("recover"),
+            "promote": self.on_pair_command("promote"),
             "connections": self.on_connections,
             "queues": self.on_queues,
             "events": self.on_events,
-            "controller": self.on_controller,
+            "controller": self.on_pair_command("controller"),
         }
 
     def start(self) -> None:
-        self.broker.subscribe_internal(CONSOLE_EXCHANGE, self.on_request)
+        self.broker.receive_control(CONSOLE_EXCHANGE, self.on_request)
 
-    def on_request(self, message: Message) -> None:
+    def on_request(self, message: Message, connection: Any) -> None:
         properties = message.properties()
         reply_to = properties.reply_to
-        user = properties.user_id or "?"
+        user = connection.user.name
         try:
             request = json.loads(message.body)
             command = request["command"]
@@ -67,13 +71,13 @@ class ConsoleService:
             answer = {"ok": False, "error": f"bad request: {error!r}"}
         except ConsoleRefused as error:
             answer = {"ok": False, "error": str(error)}
-        if reply_to:
-            self._reply(reply_to, properties.correlation_id, answer)
+        # Answers go only to a reply queue the asking connection owns: the console never
+        # writes into application queues.
+        queue = connection.exclusive_queues.get(reply_to) if reply_to else None
+        if queue is not None:
+            self._reply(queue, properties.correlation_id, answer)
 
-    def _reply(self, reply_to: str, correlation_id: str | None, answer: dict[str, Any]) -> None:
-        queue = self.broker.vhost("/").queues.get(reply_to)
-        if queue is None:
-            return
+    def _reply(self, queue: Any, correlation_id: str | None, answer: dict[str, Any]) -> None:
         body = json.dumps(answer, default=str).encode()
         header = ContentHeader(
             body_size=len(body),
@@ -81,14 +85,13 @@ class ConsoleService:
                 content_type="application/json", correlation_id=correlation_id
             ),
         ).marshal()
-        self.broker.enqueue(Message(address_of("", reply_to), header, body), (queue,))
+        self.broker.enqueue(Message(address_of("", queue.name), header, body), (queue,))
 
     # -- commands -------------------------------------------------------------------------
 
     def on_status(self, args: dict[str, Any], user: str) -> dict[str, Any]:
         broker = self.broker
-        failover = getattr(broker, "failover", None)
-        status = failover.status() if failover is not None else broker.pair_info()
+        status = broker.pair.status()
         status.update(
             clients=len(broker.client_connections()),
             connections=len(broker.connections),
@@ -97,15 +100,15 @@ class ConsoleService:
                 q.message_count for v in broker.vhosts.values() for q in v.queues.values()
             ),
             uptime=round(time.time() - broker.started, 1),
+            control_received=broker.control_received,
         )
         return status
 
-    def on_recover(self, args: dict[str, Any], user: str) -> dict[str, Any]:
-        failover = self._failover()
-        ok, result = failover.recover(user)
-        if not ok:
-            raise ConsoleRefused(f"recover refused: {result}")
-        return {"result": result, "state": failover.machine.state.value}
+    def on_pair_command(self, command: str) -> Callable[[dict[str, Any], str], Any]:
+        def on_command(args: dict[str, Any], user: str) -> Any:
+            return self.broker.pair.command(command, args, user)
+
+        return on_command
 
     def on_connections(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
         return [c.describe() for c in self.broker.connections]
@@ -123,7 +126,6 @@ class ConsoleService:
             }
             for vhost in self.broker.vhosts.values()
             for q in vhost.queues.values()
-            if not q.name.startswith("amq.internal.")
         ]
 
     def on_events(self, args: dict[str, Any], user: str) -> dict[str, Any]:
@@ -157,48 +159,45 @@ class ConsoleService:
                 continue
         return {"events": events, "offset": start + end}
 
-    def on_controller(self, args: dict[str, Any], user: str) -> str:
-        action = args.get("action")
-        if action not in ("stop", "start"):
-            raise ConsoleRefused("controller takes 'stop' or 'start'")
-        failover = self._failover()
-        result = failover.set_running(action == "start")
-        failover._write("console", user=user, command=f"controller {action}", result=result)
-        return result
-
-    def _failover(self) -> Any:
-        failover = getattr(self.broker, "failover", None)
-        if failover is None:
-            raise ConsoleRefused("this server runs standalone: no failover controller")
-        return failover
-
-
-class ConsoleRefused(Exception):
-    """A console command that cannot be carried out; the text goes back to the admin."""
-
 
 # -- client side --------------------------------------------------------------------------
 
 
 class ConsoleClient:
+    """One administrator connection; answers are pushed to a private reply queue.
+
+    A command that makes the server step down closes this connection right after the
+    answer: the answer is delivered before the close, so it is read all the same.
+    """
+
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url
         self.timeout = timeout
         self.connection: aio_pika.abc.AbstractConnection | None = None
+        self.pending: dict[str, asyncio.Future[Any]] = {}
 
     async def __aenter__(self) -> ConsoleClient:
         self.connection = await aio_pika.connect(self.url, timeout=self.timeout)
         self.channel = await self.connection.channel()
         self.replies = await self.channel.declare_queue(exclusive=True)
+        await self.replies.consume(self._on_reply, no_ack=True)
         self.user = self.connection.url.user or "guest"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.connection is not None:
-            await self.connection.close()
+        if self.connection is not None and not self.connection.is_closed:
+            with contextlib.suppress(Exception):  # the server may have closed it first
+                await self.connection.close()
+
+    async def _on_reply(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        future = self.pending.pop(message.correlation_id or "", None)
+        if future is not None and not future.done():
+            future.set_result(message.body)
 
     async def call(self, command: str, **args: Any) -> Any:
         correlation_id = uuid.uuid4().hex
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[correlation_id] = future
         exchange = await self.channel.get_exchange(CONSOLE_EXCHANGE, ensure=False)
         await exchange.publish(
             aio_pika.Message(
@@ -210,19 +209,18 @@ class ConsoleClient:
             ),
             routing_key="",
         )
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            message = await self.replies.get(fail=False, no_ack=True)
-            if message is None:
-                await asyncio.sleep(0.02)
-                continue
-            if message.correlation_id != correlation_id:
-                continue
-            answer = json.loads(message.body)
-            if not answer.get("ok"):
-                raise click.ClickException(answer.get("error", "refused"))
-            return answer["result"]
-        raise click.ClickException(f"no answer from {self.url} within {self.timeout} s")
+        try:
+            body = await asyncio.wait_for(future, self.timeout)
+        except TimeoutError:
+            raise click.ClickException(
+                f"no answer from {self.url} within {self.timeout} s"
+            ) from None
+        finally:
+            self.pending.pop(correlation_id, None)
+        answer = json.loads(body)
+        if not answer.get("ok"):
+            raise click.ClickException(answer.get("error", "refused"))
+        return answer["result"]
 
 
 DEFAULT_SERVERS = ("amqp://admin:admin@127.0.0.1:5672/", "amqp://admin:admin@127.0.0.1:5673/")
@@ -294,6 +292,9 @@ async def run_command(
             result = await console.call("recover")
         click.echo(f"recover: {result['result']}")
         return
+    if command == "promote":
+        await _promote(servers, rest, timeout)
+        return
     if command not in COMMANDS:
         raise click.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
     url = servers[0]
@@ -310,6 +311,31 @@ async def run_command(
                 click.echo(json.dumps(result, indent=2, default=str))
             else:
                 _print_rows(result)
+
+
+async def _promote(servers: tuple[str, ...], rest: list[str], timeout: float) -> None:
+    """Make a server ACTIVE by hand: the one named with --server, or else the only server
+    that answers and is not ACTIVE."""
+    if rest not in ([], ["--force"]):
+        raise click.UsageError("promote [--force]")
+    force = rest == ["--force"]
+    results = await _status_all(servers, timeout)
+    if len(servers) == 1:
+        target = servers[0]
+    else:
+        candidates = [url for url, s in results if "error" not in s and s.get("state") != "ACTIVE"]
+        if len(candidates) != 1:
+            raise click.ClickException(
+                "promote: name the server to promote with --server URL; status is:\n"
+                + "\n".join(
+                    f"  {u.rsplit('@', 1)[-1]}: {s.get('name', '?')} {s.get('state', s.get('error'))}"
+                    for u, s in results
+                )
+            )
+        target = candidates[0]
+    async with ConsoleClient(target, timeout) as console:
+        result = await console.call("promote", force=force)
+    click.echo(f"promote: {result['result']}")
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
@@ -359,12 +385,16 @@ async def _events(console: ConsoleClient, follow: bool, as_json: bool) -> None:
 def console(
     servers: tuple[str, ...], timeout: float, as_json: bool, words: tuple[str, ...]
 ) -> None:
-    """Administer the pair: status, recover, connections, queues, events [--follow],
-    controller stop|start. With no command, an interactive prompt.
+    """Administer the pair: status, recover, promote [--force], connections, queues,
+    events [--follow], controller stop|start. With no command, an interactive prompt.
 
     \b
     amqha console status                 both servers: role, state, epoch, peer, clients
     amqha console recover                fail back to the primary (backup ACTIVE -> PASSIVE)
+    amqha console promote                make the server that is not ACTIVE serve, when its
+                                         peer is down (--force: even if the peer is ACTIVE,
+                                         which then steps down; messages queued there stay
+                                         there)
     amqha console --server URL queues    one server's queues
     amqha console events --follow        the event log as it grows
     """
@@ -389,7 +419,8 @@ def console(
             continue
         if line == "help":
             click.echo(
-                "status | recover | connections | queues | events [--follow] | controller stop|start | quit"
+                "status | recover | promote [--force] | connections | queues | events [--follow] "
+                "| controller stop|start | quit"
             )
             continue
         try:

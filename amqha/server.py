@@ -2,12 +2,13 @@
 
 Owns: the TCP listener (the only socket code), the set of connections, users and
 authentication, server properties, the periodic sweep (message TTL, x-expires,
-the memory watermark that blocks publishers), the failover gate hook, and clean
-shutdown (every connection closed with 320, files flushed).
+the memory watermark that blocks publishers), the pair it belongs to (``Broker.pair``,
+a ``gate.Pair``: standalone unless a failover controller attaches itself), the receivers
+of the control exchanges, and clean shutdown (every connection closed with 320, files
+flushed).
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
-failover state machine (it installs a gate and a pair description through
-``Broker.gate`` and ``Broker.pair_info``).
+failover state machine (it only ever sees the ``gate.Pair`` interface).
 """
 
 from __future__ import annotations
@@ -28,15 +29,18 @@ from pamqp import commands
 from config import ServerConfig, User
 
 from . import __version__, wire
-from .connection import ACCEPT, OPEN, Accept, Connection, Redirect
+from .connection import OPEN, Connection
 from .console import ConsoleService
 from .core.message import Message
 from .core.queue import Queue
-from .core.vhost import INTERNAL_QUEUE_PREFIX, VHost
+from .core.vhost import VHost
+from .gate import Pair, Standalone
 
 log = logging.getLogger("amqha.server")
 
 SWEEP_INTERVAL = 0.05
+# While the pair says this server is not serving, held connections are looked at this often.
+HOLD_RECHECK = 0.05
 CLOSE_WAIT = 2.0
 # Queued messages are many small long-lived objects: at the default thresholds (700,
 # 10, 10) the collector walks them over and over while queues fill, a sixth of the
@@ -70,8 +74,11 @@ class Broker:
         self.started = time.time()
         self.server: asyncio.base_events.Server | None = None
         self.sweeper: asyncio.TimerHandle | None = None
-        self.gate: Callable[[Connection], Accept | Redirect] = lambda connection: ACCEPT
-        self.pair_info: Callable[[], dict[str, Any]] = self._standalone_info
+        self.pair: Pair = Standalone(config.name, config.public_address)
+        self.held: set[Connection] = set()
+        # What reached each control exchange's receiver, by authenticated user.
+        self.control_received: dict[str, dict[str, int]] = {}
+        self._held_timer: asyncio.TimerHandle | None = None
         self.on_open: list[Callable[[Connection], None]] = []
         self.on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
@@ -98,14 +105,6 @@ class Broker:
             return None
         return user if hmac.compare_digest(user.password.encode(), password.encode()) else None
 
-    def _standalone_info(self) -> dict[str, Any]:
-        return {
-            "name": self.config.name,
-            "role": "standalone",
-            "state": "ACTIVE",
-            "known_hosts": self.config.public_address,
-        }
-
     def server_properties(self) -> dict[str, Any]:
         return {
             "product": "amqha",
@@ -115,7 +114,7 @@ class Broker:
             "information": "AMQP 0-9-1 broker, primary/backup pair",
             "cluster_name": self.config.name,
             "capabilities": dict(CAPABILITIES),
-            "amqha": self.pair_info(),
+            "amqha": self.pair.info(),
         }
 
     # -- delivery -------------------------------------------------------------------------
@@ -152,23 +151,23 @@ class Broker:
             consumer.cancelled()  # type: ignore[attr-defined]
         queue.consumers.clear()
 
-    def subscribe_internal(
-        self, exchange: str, callback: Callable[[Message], None], vhost: str = "/"
-    ) -> Queue:
-        """Consume ``exchange`` in-process: its messages go to ``callback``, in order.
+    def receive_control(
+        self, exchange: str, receiver: Callable[[Message, Connection], None], vhost: str = "/"
+    ) -> None:
+        """Hand publishes to control exchange ``exchange`` to ``receiver(message, connection)``.
 
-        The queue is owned by the broker itself, so no client can consume, purge or delete it.
+        ``connection`` is the one that published: its login, never a message property,
+        says who asked. Only a user with the exchange's tag can publish there; nothing
+        else reaches the receiver. What arrives is counted by user (console ``status``).
         """
-        host = self.vhost(vhost)
-        queue = host.declare_queue(
-            "", self, self.now(), exclusive=True, arguments={"x-max-length": 10000}
-        )
-        del host.queues[queue.name]
-        queue.name = INTERNAL_QUEUE_PREFIX + exchange
-        host.queues[queue.name] = queue
-        host.bind_queue(queue.name, exchange, "", {}, self)
-        queue.add_consumer(InternalConsumer(queue.name, callback), self.now())
-        return queue
+        received = self.control_received.setdefault(exchange, {})
+
+        def counted(message: Message, connection: Connection) -> None:
+            user = connection.user.name
+            received[user] = received.get(user, 0) + 1
+            receiver(message, connection)
+
+        self.vhost(vhost).set_control_receiver(exchange, counted)
 
     def queued_bytes(self) -> int:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
@@ -240,6 +239,33 @@ class Broker:
             connection.transport.resume_reading()
             connection.reading_paused = False
 
+    # -- holding work while the pair says we are not serving ------------------------------
+
+    def hold(self, connection: Connection) -> None:
+        """Hold a client connection's work: not read, its confirms not sent, until the pair
+        serves again (then ``release_held``) or steps down (then the connection is closed)."""
+        if connection not in self.held:
+            self.held.add(connection)
+            connection.hold()
+        if self._held_timer is None:
+            self._held_timer = self.loop.call_later(HOLD_RECHECK, self._recheck_held)
+
+    def hold_all(self) -> None:
+        for connection in self.client_connections():
+            self.hold(connection)
+
+    def _recheck_held(self) -> None:
+        self._held_timer = None
+        if self.pair.serving():
+            self.release_held()
+        elif self.held:
+            self._held_timer = self.loop.call_later(HOLD_RECHECK, self._recheck_held)
+
+    def release_held(self) -> None:
+        held, self.held = self.held, set()
+        for connection in held:
+            connection.release_hold()
+
     # -- connections ----------------------------------------------------------------------
 
     def connection_opened(self, connection: Connection) -> None:
@@ -250,12 +276,21 @@ class Broker:
 
     def connection_closed(self, connection: Connection) -> None:
         self.connections.discard(connection)
+        self.held.discard(connection)
         for hook in self.on_close:
             hook(connection)
 
     def client_connections(self) -> list[Connection]:
         """Open connections that the failover gate governs (not peers, not admins)."""
         return [c for c in self.connections if c.state == OPEN and not c.bypasses_gate]
+
+    def admin_connections(self) -> list[Connection]:
+        """Open connections of administrators: admitted past the gate, closed on step-down."""
+        return [
+            c
+            for c in self.connections
+            if c.state == OPEN and c.bypasses_gate and "peering" not in c.user.tags
+        ]
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -289,28 +324,6 @@ class Broker:
                 connection.transport.abort()
 
 
-class InternalConsumer:
-    """A consumer inside the server: always ready, settles on delivery."""
-
-    exclusive = True
-
-    def __init__(self, tag: str, callback: Callable[[Message], None]) -> None:
-        self.tag = tag
-        self.callback = callback
-
-    def ready(self) -> bool:
-        return True
-
-    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
-        try:
-            self.callback(message)
-        except Exception:
-            log.exception("internal consumer %s failed on a message; dropped", self.tag)
-
-    def cancelled(self) -> None:
-        log.error("internal queue %s was deleted", self.tag)
-
-
 def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
@@ -324,8 +337,16 @@ def install_uvloop() -> bool:
     return True
 
 
-async def serve(config: ServerConfig, ready: Callable[[Broker], None] | None = None) -> None:
-    """Run one broker until SIGTERM or SIGINT, then shut it down cleanly."""
+async def serve(
+    config: ServerConfig,
+    ready: Callable[[Broker], None] | None = None,
+    pair: Callable[[Broker, ServerConfig], Any] | None = None,
+) -> None:
+    """Run one broker until SIGTERM or SIGINT, then shut it down cleanly.
+
+    ``pair`` builds the broker's ``gate.Pair`` service (a failover controller, with
+    ``start``/``stop``); without it the server runs standalone.
+    """
     tune_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -334,10 +355,10 @@ async def serve(config: ServerConfig, ready: Callable[[Broker], None] | None = N
     broker = Broker(config)
     ConsoleService(broker).start()
     services = []
-    if config.failover.role is not None and config.failover.peer is not None:
-        from failover.controller import FailoverController
-
-        services.append(FailoverController(broker, config))
+    if pair is not None:
+        service = pair(broker, config)
+        broker.pair = service
+        services.append(service)
     await broker.start()
     for service in services:
         await service.start()

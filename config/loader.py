@@ -19,6 +19,9 @@ ROLES = ("primary", "backup")
 USER_TAGS = ("administrator", "peering", "monitoring")
 
 
+MIN_SECRET_LENGTH = 16
+
+
 class ConfigError(Exception):
     """A configuration problem, worded as ``FILE: KEY: PROBLEM``."""
 
@@ -42,6 +45,11 @@ class FailoverConfig:
     heartbeat: float = 0.2
     timeout: float = 0.6
     peer_user: str = "peering"
+    # The pair's shared secret: state messages are signed with it (docs/security.md).
+    secret: bytes = b""
+    peer_name: str | None = None  # the peer's server.name; any other name is refused
+    # Addresses the peer may announce to clients; a redirect never points elsewhere.
+    peer_listen: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -280,6 +288,24 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             raise ConfigError(
                 path, "failover.peer_user", f"user {peer_user!r} needs the tag 'peering'"
             )
+    secret = failover.get("secret", str, None)
+    if secret is not None and len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(
+            path, "failover.secret", f"must be at least {MIN_SECRET_LENGTH} characters"
+        )
+    if role is not None and peer is not None and secret is None:
+        raise ConfigError(
+            path,
+            "failover.secret",
+            "missing: a pair needs a shared secret (the same on both servers) to sign its "
+            "state messages",
+        )
+    peer_name = failover.get("peer_name", str, None)
+    peer_listen = failover.get("peer_listen", list, [])
+    for index, address in enumerate(peer_listen):
+        parse_host_port(path, f"failover.peer_listen[{index}]", address)
+    if peer is not None and not peer_listen:
+        peer_listen = [peer]
     failover.check_unknown()
 
     events = top.section("events")
@@ -322,7 +348,16 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         data_dir=data_dir,
         events_path=events_path,
         users=users,
-        failover=FailoverConfig(role, peer, heartbeat, timeout, peer_user),
+        failover=FailoverConfig(
+            role,
+            peer,
+            heartbeat,
+            timeout,
+            peer_user,
+            secret=(secret or "").encode(),
+            peer_name=peer_name,
+            peer_listen=tuple(peer_listen),
+        ),
         limits=limits,
         source=path,
     )

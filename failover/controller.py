@@ -1,21 +1,26 @@
 """The failover controller: the asyncio shell around the pure state machine.
 
-Owns: feeding the machine (peer state messages from the local amq.peer, every
-client Connection.Open through the broker's gate, console recover/handover),
-carrying out its actions in order (persist the epoch before serving, send the
-handover, close clients with a redirect, log), publishing this server's state to
-the peer's amq.peer every heartbeat over the peering, noticing the peer go quiet,
-and writing the failover event log (DESIGN.md §5).
+Owns: feeding the machine (signed, validated state messages from the peer, every client
+Connection.Open through the broker's gate, the console's recover / promote / controller
+commands), carrying out its actions in order (persist the epoch before serving, and never
+serve if that fails; send the handover; close clients and administrators with a redirect;
+log), the fence after a freeze (a server that was paused holds its clients' work until it
+has heard its peer), noticing the peer go quiet, and writing the failover event log
+(docs/failover.md). It implements the broker's ``gate.Pair``.
 
-Must not know: frames and sockets (the broker and the peering own them), how the
-machine decides (``fsm``).
+The heartbeat (state out, every heartbeat) runs on a thread of its own (``heartbeat``);
+everything else here runs on the broker's loop.
+
+Must not know: frames and sockets (the broker and the peering own them), how the machine
+decides (``fsm``), how a message is signed and checked (``peer_message``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -23,47 +28,21 @@ from typing import Any
 from urllib.parse import quote
 
 from amqha import __version__
-from amqha.connection import ACCEPT, Accept, Connection, not_active_text
-from amqha.connection import Redirect as GateRedirect
 from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
+from amqha.gate import ACCEPT, Accept, ConsoleRefused, Redirect, not_active_text
 from config import ServerConfig
 from peering import Peering
 
-from . import fsm
+from . import fsm, peer_message
 from .epoch import load_epoch, store_epoch
 from .events import EventLog
+from .heartbeat import Heartbeat
+from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
 
 log = logging.getLogger("amqha.failover")
 
-STATE_TYPE = "amqha.peer.state"
-HANDOVER_TYPE = "amqha.peer.handover"
-_REQUIRED = {"name": str, "role": str, "state": str, "epoch": int, "listen": str}
-
-
-class MalformedPeerMessage(ValueError):
-    """An amq.peer message that is not a valid state message: logged and dropped."""
-
-
-def parse_state_message(body: bytes) -> tuple[fsm.PeerInfo, dict[str, Any]]:
-    """Decode a state message into the machine's PeerInfo; unknown fields are ignored."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise MalformedPeerMessage(f"not JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise MalformedPeerMessage("not a JSON object")
-    for key, kind in _REQUIRED.items():
-        value = data.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise MalformedPeerMessage(f"field {key!r} missing or not {kind.__name__}")
-    try:
-        role, state = fsm.Role(data["role"]), fsm.State(data["state"])
-    except ValueError as error:
-        raise MalformedPeerMessage(str(error)) from None
-    if data["epoch"] < 0:
-        raise MalformedPeerMessage("negative epoch")
-    return fsm.PeerInfo(data["name"], role, state, data["epoch"], data["listen"]), data
+MALFORMED_LOG_INTERVAL = 1.0
 
 
 class FailoverController:
@@ -73,6 +52,7 @@ class FailoverController:
         self.config = config
         self.loop = asyncio.get_running_loop()
         self.role = fsm.Role(config.failover.role)
+        self.timeout = config.failover.timeout
         self.machine = fsm.Machine.start(
             config.name,
             self.role,
@@ -81,88 +61,130 @@ class FailoverController:
             self.loop.time(),
         )
         self.events = EventLog(config.event_log_path, config.name, self.role.value)
-        user = config.user(config.failover.peer_user)
-        assert user is not None  # the config loader checked it
-        # A restarted peer gives us one timeout of grace before a client vote can make it
-        # ACTIVE: our state must reach it within that. So the link is retried every
-        # heartbeat (no longer), and our state goes out the moment it is up, not a tick later.
-        self.peering = Peering(
-            f"amqp://{quote(user.name, safe='')}:{quote(user.password, safe='')}@"
-            f"{config.failover.peer}/",
-            name=f"{config.name}->peer",
-            backoff_initial=min(0.05, config.failover.heartbeat),
-            backoff_max=config.failover.heartbeat,
-            connect_timeout=max(config.failover.timeout, 1.0),
-            on_up=self._on_link_up,
-            client_properties={"product": "amqha peering", "amqha_node": config.name},
+        self.expected = peer_message.Expected(
+            config.failover.secret,
+            frozenset(config.failover.peer_listen),
+            config.failover.peer_name,
         )
-        self.seq = 0
+        self.boot = secrets.token_hex(8)
+        self._seq = itertools.count(1)
+        self.last_seq = 0
         self.running = True
         self.peer_heard = False
         self.peer_last_seen: float | None = None  # wall clock of the last peer state message
+        self.peer_boot: str | None = None
+        self.peer_seq = -1
         self.malformed = 0
+        self._malformed_reported: set[str] = set()
         self._last_malformed_log = 0.0
+        self.clients = 0
+        self.takeovers = 0
+        # The fence: after a freeze, work is held until the peer echoes a message we sent
+        # after waking (so its answer is news, not a stale message from our socket buffer)
+        # or a timeout passes with the peer silent.
+        self.fenced: str | None = None
+        self._fence_seq = 0
+        self._fence_deadline = 0.0
+        self._peer_heard_mono = 0.0
         self._tick_handle: asyncio.TimerHandle | None = None
-        broker.gate = self.gate
-        broker.pair_info = self.pair_info
-        broker.failover = self
+        self._tick_due = 0.0
+        user = config.user(config.failover.peer_user)
+        assert user is not None  # the config loader checked it
+        self.heartbeat = Heartbeat(
+            self._make_peering,
+            self._state_message,
+            config.failover.heartbeat,
+            config.failover.timeout,
+            self.loop,
+            self._on_link_up,
+            self._on_pause,
+            self._fence,
+            PEER_EXCHANGE,
+        )
+        self._peer_url = (
+            f"amqp://{quote(user.name, safe='')}:{quote(user.password, safe='')}@"
+            f"{config.failover.peer}/"
+        )
         # The machine's actions, carried out in the order it returns them.
         self._actions: dict[type, Callable[[Any], None]] = {
-            fsm.PersistEpoch: self._persist_epoch,
             fsm.SendHandover: self._send_handover,
             fsm.RedirectClients: self._redirect_clients,
             fsm.LogDualActive: self._log_dual_active,
             fsm.LogMisconfigured: self._log_misconfigured,
         }
+        self._commands: dict[str, Callable[[dict[str, Any], str], Any]] = {
+            "recover": self._command_recover,
+            "promote": self._command_promote,
+            "controller": self._command_controller,
+        }
+
+    def _make_peering(self, on_up: Callable[[], None]) -> Peering:
+        # A restarted peer gives us one timeout of grace before a client vote can make it
+        # ACTIVE: our state must reach it within that. So the link is retried every
+        # heartbeat (no longer), and our state goes out the moment it is up.
+        return Peering(
+            self._peer_url,
+            name=f"{self.config.name}->peer",
+            backoff_initial=min(0.05, self.config.failover.heartbeat),
+            backoff_max=self.config.failover.heartbeat,
+            connect_timeout=max(self.config.failover.timeout, 1.0),
+            on_up=on_up,
+            client_properties={"product": "amqha peering", "amqha_node": self.config.name},
+        )
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
         self._write("started", listen=self.config.public_address, peer=self.config.failover.peer)
-        self.broker.subscribe_internal(PEER_EXCHANGE, self.on_peer_message)
-        await self.peering.start()
-        self._tick()
+        self._check_data_dir()
+        self.broker.receive_control(PEER_EXCHANGE, self.on_peer_message)
+        self.heartbeat.start()
+        self._schedule_tick()
+
+    def _check_data_dir(self) -> None:
+        try:
+            store_epoch(self.config.data_dir, self.machine.epoch)
+        except OSError as error:
+            log.error(
+                "cannot write the epoch file in %s (%s): this server will not become ACTIVE "
+                "until it can",
+                self.config.data_dir,
+                error,
+            )
 
     async def stop(self) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        await self.peering.stop()
+        await self.loop.run_in_executor(None, self.heartbeat.stop)
         self._write("stopped", listen=self.config.public_address, peer=self.config.failover.peer)
         self.events.close()
 
-    def set_running(self, running: bool) -> str:
-        """Console ``controller stop|start``: a stopped controller neither sends nor hears state."""
-        if running == self.running:
-            return f"controller already {'running' if running else 'stopped'}"
-        self.running = running
-        if running:
-            self._tick()
-        elif self._tick_handle is not None:
-            self._tick_handle.cancel()
-        return f"controller {'started' if running else 'stopped'}"
+    # -- state out (the message is built on the heartbeat thread: immutable reads only) --
 
-    # -- state out ----------------------------------------------------------------------
-
-    def state_message(self) -> bytes:
-        self.seq += 1
+    def _state_message(self, kind: str = STATE_TYPE) -> tuple[bytes, str, dict[str, Any]]:
         machine = self.machine
-        return json.dumps(
+        seq = next(self._seq)
+        self.last_seq = seq
+        heard = [self.peer_boot, self.peer_seq] if self.peer_boot is not None else None
+        return peer_message.encode(
+            self.config.failover.secret,
+            kind,
             {
                 "name": machine.name,
                 "role": machine.role.value,
                 "state": machine.state.value,
                 "epoch": machine.epoch,
-                "seq": self.seq,
+                "boot": self.boot,
+                "seq": seq,
+                "heard": heard,
                 "ts": time.time(),
                 "listen": self.config.public_address,
-                "clients": len(self.broker.client_connections()),
+                "clients": self.clients,
                 "version": __version__,
             },
-            separators=(",", ":"),
-        ).encode()
+        )
 
-    def _on_link_up(self) -> None:
-        properties = self.peering.server_properties
+    def _on_link_up(self, properties: dict[str, Any]) -> None:
         product = properties.get("product")
         if isinstance(product, bytes):
             product = product.decode(errors="replace")
@@ -180,21 +202,31 @@ class FailoverController:
                 # first state message clears it, as for any misconfiguration.
                 self.machine = replace(self.machine, misconfigured=reason)
             return
-        self._publish_state()
+        self.heartbeat.poke()
 
-    def _publish_state(self) -> None:
-        if self.running:
-            self.peering.publish(PEER_EXCHANGE, self.state_message(), message_type=STATE_TYPE)
+    def _schedule_tick(self) -> None:
+        interval = self.config.failover.heartbeat
+        self._tick_due = self.loop.time() + interval
+        self._tick_handle = self.loop.call_at(self._tick_due, self._tick)
 
     def _tick(self) -> None:
-        if not self.running:
-            return
-        self._publish_state()
-        self._notice_peer_lost(self.loop.time())
-        self._tick_handle = self.loop.call_later(self.config.failover.heartbeat, self._tick)
+        late = self.loop.time() - self._tick_due
+        self._schedule_tick()
+        self.clients = len(self.broker.client_connections())
+        # A loop this far behind has not yet read what the peer sent meanwhile: judging the
+        # peer now would call a busy link a dead one.
+        if self.running and late < self.config.failover.heartbeat:
+            self._notice_peer_lost(self.loop.time())
+        woke = self._fence_deadline - self.timeout
+        if (
+            self.fenced is not None
+            and time.monotonic() >= self._fence_deadline
+            and self._peer_heard_mono < woke
+        ):
+            self._unfence("the peer stayed silent for a timeout after the pause")
 
     def _notice_peer_lost(self, now: float) -> None:
-        """Record the loss once, when first noticed: at a heartbeat tick or at a client vote,
+        """Record the loss once, when first noticed: at a tick or at a client vote,
         whichever comes first, so the log shows the loss before any takeover it allows."""
         if not self.peer_heard or self.machine.peer_alive(now):
             return
@@ -208,129 +240,299 @@ class FailoverController:
             last_seen=self.peer_last_seen,
         )
 
+    # -- the fence after a freeze --------------------------------------------------------
+
+    def _fence(self, gap: float) -> None:
+        """On the heartbeat thread, the moment it sees the gap: attribute writes only."""
+        if self.machine.state is not fsm.State.ACTIVE:
+            return
+        # Anything we send from now on was sent after waking; an answer that echoes it is news.
+        self._fence_seq = self.last_seq + 1
+        self._fence_deadline = time.monotonic() + self.timeout
+        self.fenced = (
+            f"frozen for {gap:.2f} s: holding work until the peer is heard or a timeout passes"
+        )
+
+    def _on_pause(self, gap: float) -> None:
+        log.warning("this process was frozen for %.2f s (no heartbeat tick)", gap)
+        self._write("paused", gap=round(gap, 3))
+        if self.fenced is not None:
+            self.broker.hold_all()
+        self.heartbeat.poke()
+
+    def _unfence(self, why: str) -> None:
+        if self.fenced is None:
+            return
+        self.fenced = None
+        log.warning("serving again after the pause: %s", why)
+        self.broker.release_held()
+
     # -- events in ----------------------------------------------------------------------
 
-    def on_peer_message(self, message: Message) -> None:
+    def on_peer_message(self, message: Message, connection: Any) -> None:
+        """A publish to amq.peer by a user tagged ``peering`` (the channel checked the tag)."""
         if not self.running:
             return
         properties = message.properties()
         kind = properties.message_type
+        peer_epoch = self.machine.peer.epoch if self.machine.peer is not None else 0
         try:
-            peer, data = parse_state_message(message.body)
+            parsed = peer_message.parse(
+                self.expected,
+                kind,
+                message.body,
+                properties.headers,
+                max(self.machine.epoch, peer_epoch),
+            )
         except MalformedPeerMessage as error:
-            self._malformed(str(error))
+            self._malformed(error.kind, str(error), connection)
             return
+        if parsed.boot == self.peer_boot and parsed.seq <= self.peer_seq:
+            self._malformed("replay", f"replayed or reordered (seq {parsed.seq})", connection)
+            return
+        self.peer_boot, self.peer_seq = parsed.boot, parsed.seq
+        self._peer_heard_mono = time.monotonic()
+        self._malformed_reported.clear()
         now = self.loop.time()
+        peer = parsed.peer
         if kind == HANDOVER_TYPE:
             self._on_handover(peer, now)
-            return
-        if kind not in (STATE_TYPE, None):
-            self._malformed(f"unknown message type {kind!r}")
             return
         outcome = fsm.step(self.machine, fsm.PEER_EVENT[peer.state], now, peer)
         self.apply(outcome)
         if outcome.machine.misconfigured is None and not self.peer_heard:
             self.peer_heard = True
             log.info("peer %s heard: %s epoch %d", peer.name, peer.state.value, peer.epoch)
-            self._write(
-                "peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=data.get("ts")
-            )
+            self._write("peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=parsed.ts)
         if outcome.machine.misconfigured is None:
-            self.peer_last_seen = (
-                data.get("ts") if isinstance(data.get("ts"), float) else time.time()
-            )
+            self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
+        heard = parsed.heard
+        if (
+            self.fenced is not None
+            and heard is not None
+            and heard[0] == self.boot
+            and heard[1] >= self._fence_seq
+        ):
+            if self.machine.state is fsm.State.ACTIVE:
+                self._unfence(f"the peer {peer.name} answered and is {peer.state.value}")
+            else:
+                self.fenced = None
 
     def _on_handover(self, peer: fsm.PeerInfo, now: float) -> None:
         known = self.machine.peer
         if known is None or known.name != peer.name:
-            self._malformed(f"handover from {peer.name!r}, which is not our peer")
+            self._malformed("handover", f"handover from {peer.name!r}, which is not our peer", None)
             return
         outcome = fsm.step(self.machine, fsm.Event.HANDOVER, now)
         self.apply(outcome)
         if isinstance(outcome.decision, fsm.Refuse):
             log.warning("handover from %s refused: %s", peer.name, outcome.decision.reason)
 
-    def _malformed(self, reason: str) -> None:
+    def _malformed(self, kind: str, reason: str, connection: Any) -> None:
+        """Never acted on. Counted; logged at most once a second; recorded in the event log
+        once per kind of problem until a valid message arrives (a flood cannot fill it)."""
         self.malformed += 1
+        sender = getattr(getattr(connection, "user", None), "name", None)
+        where = getattr(connection, "peer", "?")
         now = self.loop.time()
-        if now - self._last_malformed_log >= 1.0:
+        if now - self._last_malformed_log >= MALFORMED_LOG_INTERVAL:
             self._last_malformed_log = now
             log.warning(
-                "dropped a malformed amq.peer message (%d so far): %s", self.malformed, reason
+                "dropped an amq.peer message from user %r at %s (%d so far): %s",
+                sender,
+                where,
+                self.malformed,
+                reason,
+            )
+        if kind not in self._malformed_reported:
+            self._malformed_reported.add(kind)
+            self._write(
+                "misconfigured",
+                peer=sender,
+                peer_epoch=None,
+                reason=f"refused a state message from {where}: {reason}",
             )
 
-    def gate(self, connection: Connection) -> Accept | GateRedirect:
+    # -- the gate (gate.Pair) ------------------------------------------------------------
+
+    def admit(self, client: str) -> Accept | Redirect:
         """Connection.Open from a client: the client vote, or a redirect."""
         now = self.loop.time()
         if self.running:
             self._notice_peer_lost(now)
-        outcome = fsm.step(self.machine, fsm.Event.CLIENT_REQUEST, now)
-        self.apply(outcome)
-        decision = outcome.decision
+        decision = self.apply(fsm.step(self.machine, fsm.Event.CLIENT_REQUEST, now))
         if isinstance(decision, fsm.Accept):
-            return ACCEPT
+            if self.serving():
+                return ACCEPT
+            reason = self.fenced or "this server's heartbeat is late: it may have been frozen"
+            self._write("refuse", client=client, to=None, reason=reason)
+            return Redirect(None, self.known_hosts(), reason)
         if isinstance(decision, fsm.Redirect):
-            self._write(
-                "redirect" if decision.to else "refuse", client=connection.peer, to=decision.to
-            )
-            return GateRedirect(decision.to, self.known_hosts())
+            self._write("redirect" if decision.to else "refuse", client=client, to=decision.to)
+            return Redirect(decision.to, self.known_hosts())
         assert isinstance(decision, fsm.Refuse)
-        self._write("refuse", client=connection.peer, to=None, reason=decision.reason)
-        return GateRedirect(None, self.known_hosts(), decision.reason)
+        self._write("refuse", client=client, to=None, reason=decision.reason)
+        return Redirect(None, self.known_hosts(), decision.reason)
 
-    def recover(self, user: str) -> tuple[bool, str]:
-        """Console ``recover``: the failback, run on the ACTIVE backup."""
-        outcome = fsm.step(self.machine, fsm.Event.MANUAL_RECOVER, self.loop.time())
-        self.apply(outcome)
-        decision = outcome.decision
+    def serving(self) -> bool:
+        # Checked on every confirm: a process that was frozen may run its sockets before its
+        # heartbeat thread notices the gap, and must not confirm in that moment. The tick is
+        # read first: the thread raises the fence before it moves the tick, so no order of
+        # the two threads lets a confirm through between them.
+        if time.monotonic() - self.heartbeat.last_tick > self.timeout:
+            return False
+        return self.machine.state is fsm.State.ACTIVE and self.fenced is None
+
+    def info(self) -> dict[str, Any]:
+        machine = self.machine
+        return {
+            "name": machine.name,
+            "role": machine.role.value,
+            "state": machine.state.value,
+            "epoch": machine.epoch,
+            "known_hosts": self.known_hosts(),
+        }
+
+    def command(self, name: str, args: dict[str, Any], user: str) -> Any:
+        handler = self._commands.get(name)
+        if handler is None:
+            raise ConsoleRefused(f"unknown pair command {name!r}")
+        return handler(args, user)
+
+    # -- console commands ---------------------------------------------------------------
+
+    def _command_recover(self, args: dict[str, Any], user: str) -> dict[str, Any]:
+        """The failback, run on the ACTIVE backup."""
+        decision = self.apply(fsm.step(self.machine, fsm.Event.MANUAL_RECOVER, self.loop.time()))
         ok = isinstance(decision, fsm.Accept)
         result = "handed over to the primary" if ok else getattr(decision, "reason", "refused")
         self._write("console", user=user, command="recover", result=result)
-        return ok, result
+        if not ok:
+            raise ConsoleRefused(f"recover refused: {result}")
+        return {"result": result, "state": self.machine.state.value}
+
+    def _command_promote(self, args: dict[str, Any], user: str) -> dict[str, Any]:
+        force = bool(args.get("force"))
+        event = fsm.Event.FORCE_PROMOTE if force else fsm.Event.PROMOTE
+        command = "promote --force" if force else "promote"
+        before = self.machine
+        decision = self.apply(fsm.step(before, event, self.loop.time()))
+        if not isinstance(decision, fsm.Accept):
+            reason = getattr(decision, "reason", "refused")
+            self._write("console", user=user, command=command, result=f"refused: {reason}")
+            raise ConsoleRefused(f"promote refused: {reason}")
+        peer = before.peer
+        warning = (
+            f"messages queued on {peer.name if peer else 'the peer'} are not here: they come "
+            "back only if that server rejoins with its queues"
+        )
+        result = f"{self.machine.name} is ACTIVE in epoch {self.machine.epoch}; {warning}"
+        self._write("console", user=user, command=command, result=result)
+        return {"result": result, "state": self.machine.state.value}
+
+    def _command_controller(self, args: dict[str, Any], user: str) -> str:
+        """``controller stop|start``: a stopped controller neither sends nor hears state."""
+        action = args.get("action")
+        if action not in ("stop", "start"):
+            raise ConsoleRefused("controller takes 'stop' or 'start'")
+        running = action == "start"
+        if running == self.running:
+            result = f"controller already {'running' if running else 'stopped'}"
+        else:
+            self.running = running
+            self.heartbeat.running = running
+            if running:
+                self.heartbeat.poke()
+            result = f"controller {'started' if running else 'stopped'}"
+        self._write("console", user=user, command=f"controller {action}", result=result)
+        return result
 
     # -- actions ------------------------------------------------------------------------
 
-    def apply(self, outcome: fsm.Outcome) -> None:
+    def apply(self, outcome: fsm.Outcome) -> fsm.Decision | None:
+        """Carry out an outcome; returns the decision, or a refusal if the epoch it needs
+        could not be made durable (then nothing of the outcome takes effect)."""
+        for action in outcome.actions:
+            if isinstance(action, fsm.PersistEpoch):
+                refusal = self._persist_epoch(action, outcome)
+                if refusal is not None:
+                    return refusal
         self.machine = outcome.machine
         for action in outcome.actions:
-            self._actions[type(action)](action)
+            if not isinstance(action, fsm.PersistEpoch):
+                self._actions[type(action)](action)
         transition = outcome.transition
         if transition is not None:
-            # Start-up transitions are routine; a takeover or a step-down is what an operator
-            # needs to see.
-            takeover = transition.trigger is fsm.Event.CLIENT_REQUEST
-            level = (
-                logging.WARNING
-                if takeover or transition.from_state is fsm.State.ACTIVE
-                else logging.INFO
-            )
-            log.log(
-                level,
-                "%s -> %s on %s (epoch %d): %s",
-                transition.from_state.value,
-                transition.to_state.value,
-                transition.trigger.value,
-                self.machine.epoch,
-                transition.reason,
-            )
-            self._write(
-                "transition",
-                **{"from": transition.from_state.value},
-                to=transition.to_state.value,
-                trigger=transition.trigger.value,
-                reason=transition.reason,
-            )
-            # Tell the peer at once rather than at the next heartbeat: the pair settles faster.
-            self._publish_state()
+            self._log_transition(transition)
+        return outcome.decision
 
-    def _persist_epoch(self, action: fsm.PersistEpoch) -> None:
-        store_epoch(self.config.data_dir, action.epoch)
+    def _persist_epoch(self, action: fsm.PersistEpoch, outcome: fsm.Outcome) -> fsm.Refuse | None:
+        try:
+            store_epoch(self.config.data_dir, action.epoch)
+        except OSError as error:
+            reason = f"cannot persist epoch {action.epoch} in {self.config.data_dir}: {error}"
+            log.error("%s", reason)
+            if outcome.machine.state is fsm.State.ACTIVE and self.machine.state is not (
+                fsm.State.ACTIVE
+            ):
+                # Serving in an epoch that a restart could forget risks two ACTIVE servers
+                # in one epoch: the takeover does not happen.
+                self._write("refuse", client=None, to=None, reason=reason)
+                return fsm.Refuse(reason)
+        return None
+
+    def _log_transition(self, transition: fsm.Transition) -> None:
+        if transition.to_state is fsm.State.ACTIVE:
+            self.takeovers += 1
+        # Start-up transitions are routine; a takeover or a step-down is what an operator
+        # needs to see.
+        notable = transition.trigger in (
+            fsm.Event.CLIENT_REQUEST,
+            fsm.Event.PROMOTE,
+            fsm.Event.FORCE_PROMOTE,
+        )
+        level = (
+            logging.WARNING
+            if notable or transition.from_state is fsm.State.ACTIVE
+            else logging.INFO
+        )
+        log.log(
+            level,
+            "%s -> %s on %s (epoch %d): %s",
+            transition.from_state.value,
+            transition.to_state.value,
+            transition.trigger.value,
+            self.machine.epoch,
+            transition.reason,
+        )
+        self._write(
+            "transition",
+            **{"from": transition.from_state.value},
+            to=transition.to_state.value,
+            trigger=transition.trigger.value,
+            reason=transition.reason,
+        )
+        if transition.from_state is fsm.State.ACTIVE:
+            self.fenced = None
+        # Tell the peer at once rather than at the next heartbeat: the pair settles faster.
+        self.heartbeat.poke()
 
     def _send_handover(self, action: fsm.SendHandover) -> None:
-        self.peering.publish(PEER_EXCHANGE, self.state_message(), message_type=HANDOVER_TYPE)
+        self.heartbeat.send(self._state_message(HANDOVER_TYPE))
 
     def _redirect_clients(self, action: fsm.RedirectClients) -> None:
-        self._close_clients(action.to)
+        text = not_active_text(action.to)
+        clients = self.broker.client_connections()
+        for connection in clients:
+            connection.close_forced(text)
+        if clients:
+            log.warning("closed %d client connection(s): %s", len(clients), text)
+        # Administrators go too, but after the current turn: a console command that caused
+        # this step-down gets its answer first. They can do nothing meanwhile: the server is
+        # no longer serving.
+        admins = self.broker.admin_connections()
+        if admins:
+            self.loop.call_soon(_close_all, admins, text)
 
     def _log_dual_active(self, action: fsm.LogDualActive) -> None:
         log.warning("dual active: %s", action.reason)
@@ -345,14 +547,6 @@ class FailoverController:
     ) -> None:
         self._write(event, peer=action.peer, peer_epoch=action.peer_epoch, reason=action.reason)
 
-    def _close_clients(self, to: str | None) -> None:
-        text = not_active_text(to)
-        clients = self.broker.client_connections()
-        for connection in clients:
-            connection.close_forced(text)
-        if clients:
-            log.warning("closed %d client connection(s): %s", len(clients), text)
-
     # -- descriptions -------------------------------------------------------------------
 
     def known_hosts(self) -> str:
@@ -361,24 +555,16 @@ class FailoverController:
         hosts.append(peer.listen if peer is not None else self.config.failover.peer)
         return ",".join(dict.fromkeys(h for h in hosts if h))
 
-    def pair_info(self) -> dict[str, Any]:
-        machine = self.machine
-        return {
-            "name": machine.name,
-            "role": machine.role.value,
-            "state": machine.state.value,
-            "epoch": machine.epoch,
-            "known_hosts": self.known_hosts(),
-        }
-
     def status(self) -> dict[str, Any]:
         machine = self.machine
         now = self.loop.time()
         peer = machine.peer
         return {
-            **self.pair_info(),
+            **self.info(),
             "listen": self.config.public_address,
             "controller": "running" if self.running else "stopped",
+            "serving": self.serving(),
+            "fenced": self.fenced,
             "peer": None
             if peer is None
             else {
@@ -390,10 +576,20 @@ class FailoverController:
                 "alive": machine.peer_alive(now),
                 "last_seen": self.peer_last_seen,
             },
-            "peering": {"connected": self.peering.connected, "target": self.config.failover.peer},
+            "peering": {
+                "connected": self.heartbeat.connected,
+                "target": self.config.failover.peer,
+            },
             "misconfigured": machine.misconfigured,
             "malformed_peer_messages": self.malformed,
+            "event_log_lost": self.events.lost,
+            "takeovers": self.takeovers,
         }
 
     def _write(self, event: str, **fields: Any) -> None:
         self.events.write(event, self.machine.state.value, self.machine.epoch, **fields)
+
+
+def _close_all(connections: list[Any], text: str) -> None:
+    for connection in connections:
+        connection.close_forced(text)

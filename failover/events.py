@@ -1,8 +1,11 @@
-"""The failover event log: one JSON Lines file per server, schema v1 (DESIGN.md §5).
+"""The failover event log: one JSON Lines file per server, schema v1 (docs/failover.md).
 
 Owns: the record envelope (`v`, `ts`, `node`, `role`, `epoch`, `state`, `event`), appending
-records so each is on disk as a whole line once `write()` returns (flushed, not fsynced), and
-reading a log back while skipping lines a crash tore or garbage left behind.
+records so each is in the file as a whole line once `write()` returns (one write(2) per
+record, not fsynced), and reading a log back while skipping lines a crash tore or garbage
+left behind. A failing write (a full disk, an I/O error) never raises: the log is a side
+resource and failover must go on without it. The record goes to stderr instead, at most once
+a second, and ``lost`` counts it.
 
 Must not know: which events exist or when to write them (the failover controller decides),
 the state machine, or how the Spark job aggregates the log.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,35 +60,76 @@ class EventLog:
         self.node = node
         self.role = role
         self._clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", buffering=1, encoding="utf-8")
+        self.lost = 0
+        self._last_complaint = 0.0
+        self._torn = False
+        self._closed = False
+        self._fd: int | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as error:
+            self._complain(error, "(opening the log: every record is lost until a restart)")
+            return
         self._end_torn_line()
 
     def _end_torn_line(self) -> None:
         # A crash mid-record leaves a line without its newline; our first record would be
         # glued to it and both lost to readers. Ending the torn line keeps ours readable.
-        if self._file.tell() == 0:
-            return
-        with self.path.open("rb") as existing:
-            existing.seek(-1, os.SEEK_END)
-            if existing.read(1) != b"\n":
-                self._file.write("\n")
+        try:
+            with self.path.open("rb") as existing:
+                if existing.seek(0, os.SEEK_END) == 0:
+                    return
+                existing.seek(-1, os.SEEK_END)
+                self._torn = existing.read(1) != b"\n"
+        except OSError:
+            self._torn = True
 
     def write(self, event: str, state: str, epoch: int, /, **fields: Any) -> dict[str, Any]:
         """Append one record stamped with the injected wall clock; returns the record."""
+        if self._closed:
+            raise ValueError(f"event log {self.path} is closed")
         entry = record(self._clock(), self.node, self.role, epoch, state, event, **fields)
         line = json.dumps(entry, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        self._file.write(line + "\n")
-        self._file.flush()
+        data = ("\n" if self._torn else "").encode() + line.encode() + b"\n"
+        try:
+            if self._fd is None:
+                raise OSError("the event log could not be opened")
+            written = os.write(self._fd, data)
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+            self._torn = False
+        except OSError as error:
+            # Whatever part of the line reached the file, the next record starts a new line.
+            self._torn = True
+            self.lost += 1
+            self._complain(error, line)
         return entry
 
-    def close(self) -> None:
-        """Flush and fsync, so the log survives a power cut after a clean stop."""
-        if self._file.closed:
+    def _complain(self, error: OSError, line: str) -> None:
+        now = time.monotonic()
+        if now - self._last_complaint < 1.0:
             return
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        self._last_complaint = now
+        print(
+            f"amqha: cannot write the event log {self.path} ({error}); {self.lost} record(s) "
+            f"lost so far, this one was: {line}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        """fsync and close, so the log survives a power cut after a clean stop."""
+        self._closed = True
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        except OSError as error:
+            self._complain(error, "(fsync at close)")
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> EventLog:
         return self

@@ -1,6 +1,6 @@
 """The active/passive failover state machine of one server in a primary/backup pair.
 
-Owns: the roles, states and events of DESIGN.md §3, the single transition table that maps
+Owns: the roles, states and events of docs/failover.md, the single transition table that maps
 every (state, event) pair to a handler, the client vote, epochs, dual-active resolution,
 misconfiguration detection and the manual failback. `step()` is the only entry point: it takes
 a `Machine` value, an event and the current monotonic time, and returns an `Outcome` value
@@ -11,7 +11,7 @@ Must not know: sockets, asyncio, clocks, logging, files, AMQP or the shape of th
 message. Time is passed in; persistence, sending and logging are returned as action values
 for the failover controller to perform, in order, before it acts on the decision.
 
-Decisions where DESIGN.md is silent or self-contradictory:
+Decisions where the pair's outline (docs/failover.md) is silent:
 
 - Start-up grace. A freshly started server counts its peer as alive for one timeout
   (`peer_expiry = now + timeout`), so a primary restarting while the backup serves hears the
@@ -38,6 +38,12 @@ Decisions where DESIGN.md is silent or self-contradictory:
   its own clients, since it sees the same misconfiguration.
 - Dual active is logged on both sides (`LogDualActive`): the loser also closes its clients
   with a redirect to the winner.
+- Manual promotion (`amqha console promote [--force]`). A server that is not ACTIVE and
+  whose peer is gone (a restarted backup whose primary is down refuses every client, with no
+  other way out) becomes ACTIVE in a new epoch on an administrator's word. While the peer is
+  heard ACTIVE, PROMOTE is refused: FORCE_PROMOTE takes the service anyway, in an epoch above
+  the peer's, so the peer yields by the dual-active rule. A misconfigured pair is refused
+  either way: promotion does not fix a configuration.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -70,6 +76,8 @@ class Event(StrEnum):
     CLIENT_REQUEST = "CLIENT_REQUEST"
     MANUAL_RECOVER = "MANUAL_RECOVER"
     HANDOVER = "HANDOVER"
+    PROMOTE = "PROMOTE"
+    FORCE_PROMOTE = "FORCE_PROMOTE"
 
 
 # The event a peer's state message raises: named here, not by coincidence of enum values.
@@ -415,6 +423,28 @@ def _take_handover(machine: Machine, event: Event, now: float) -> Outcome:
     return _become_active(machine, event, "the peer handed the service over", _ACCEPT)
 
 
+def _promote(machine: Machine, event: Event, now: float) -> Outcome:
+    """An administrator makes this server ACTIVE; refused while the peer is heard ACTIVE."""
+    if machine.misconfigured is not None:
+        return Outcome(machine, decision=Refuse(machine.misconfigured))
+    peer = machine.peer
+    if peer is not None and peer.state is State.ACTIVE and machine.peer_alive(now):
+        if event is not Event.FORCE_PROMOTE:
+            return Outcome(
+                machine,
+                decision=Refuse(
+                    f"the peer {peer.name} is ACTIVE (epoch {peer.epoch}) and alive: promoting "
+                    "would make two ACTIVE servers; --force makes the peer step down"
+                ),
+            )
+        why = f"forced promotion by an administrator: the peer {peer.name} steps down"
+    elif machine.peer_alive(now):
+        why = "promoted by an administrator: the peer follows"
+    else:
+        why = "promoted by an administrator: the peer is not heard"
+    return _become_active(machine, event, why, _ACCEPT)
+
+
 def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
     """Both PASSIVE: the primary takes ACTIVE, the backup stays; never leave no server."""
     if machine.role is Role.PRIMARY:
@@ -429,6 +459,7 @@ def _same_role(machine: Machine, event: Event, now: float) -> Outcome:
 
 _RECOVER_ON_ACTIVE_BACKUP = "recover runs on the backup while it is ACTIVE; this server is "
 _HANDOVER_ONLY_PASSIVE = "a handover is taken only while PASSIVE; this server is "
+_ALREADY_ACTIVE = "this server is already ACTIVE: nothing to promote"
 
 # The whole machine. Every (state, event) pair is a key: a missing one is a bug, not a no-op.
 TRANSITIONS: dict[tuple[State, Event], Handler] = {
@@ -440,6 +471,8 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PRIMARY, Event.CLIENT_REQUEST): _client_vote,
     (State.PRIMARY, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PRIMARY"),
     (State.PRIMARY, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),
+    (State.PRIMARY, Event.PROMOTE): _promote,
+    (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
     (State.BACKUP, Event.PEER_PRIMARY): _stay("the primary will take ACTIVE"),
     (State.BACKUP, Event.PEER_BACKUP): _same_role,
@@ -448,6 +481,8 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.BACKUP, Event.CLIENT_REQUEST): _backup_never_serves_first,
     (State.BACKUP, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "BACKUP"),
     (State.BACKUP, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "BACKUP"),
+    (State.BACKUP, Event.PROMOTE): _promote,
+    (State.BACKUP, Event.FORCE_PROMOTE): _promote,
     # ACTIVE: this server serves clients.
     (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
     (State.ACTIVE, Event.PEER_BACKUP): _stay("the restarted backup follows us"),
@@ -456,6 +491,8 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.ACTIVE, Event.CLIENT_REQUEST): _accept_client,
     (State.ACTIVE, Event.MANUAL_RECOVER): _manual_recover,
     (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
+    (State.ACTIVE, Event.PROMOTE): _refuse(_ALREADY_ACTIVE),
+    (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _stay(
         "the restarted primary goes ACTIVE on seeing us PASSIVE; racing it risks dual active"
@@ -466,4 +503,6 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.CLIENT_REQUEST): _client_vote,
     (State.PASSIVE, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PASSIVE"),
     (State.PASSIVE, Event.HANDOVER): _take_handover,
+    (State.PASSIVE, Event.PROMOTE): _promote,
+    (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
 }

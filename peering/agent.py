@@ -96,13 +96,16 @@ class Peering:
         routing_key: str = "",
         content_type: str = "application/json",
         message_type: str | None = None,
+        headers: dict[str, Any] | None = None,
     ) -> bool:
         """Send one message if the link is up; False (and counted) if it is not."""
         channel = self._channel
         if channel is None or channel.is_closed:
             self.status.dropped += 1
             return False
-        properties = Basic.Properties(content_type=content_type, message_type=message_type)
+        properties = Basic.Properties(
+            content_type=content_type, message_type=message_type, headers=headers
+        )
         task = asyncio.ensure_future(
             channel.basic_publish(
                 body, exchange=exchange, routing_key=routing_key, properties=properties

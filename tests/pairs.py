@@ -43,13 +43,23 @@ def url_of(server: ServerProcess, user: tuple[str, str] = ("guest", "guest")) ->
     return f"amqp://{user[0]}:{user[1]}@127.0.0.1:{server.port}/"
 
 
-def failover_section(role: str, peer_port: int, heartbeat: float, timeout: float) -> dict[str, Any]:
+# The shared secret every test pair signs its state messages with.
+PAIR_SECRET = "test-pair-secret-0123456789"
+
+
+def failover_section(
+    role: str, peer_port: int, heartbeat: float, timeout: float, peer_listen: int | None = None
+) -> dict[str, Any]:
+    """``peer_listen``: the port the peer serves clients on, when the peering goes elsewhere
+    (through a proxy)."""
     return {
         "role": role,
         "peer": f"127.0.0.1:{peer_port}",
+        "peer_listen": [f"127.0.0.1:{peer_listen or peer_port}"],
         "heartbeat": heartbeat,
         "timeout": timeout,
         "peer_user": "peering",
+        "secret": PAIR_SECRET,
     }
 
 
@@ -99,7 +109,9 @@ class Pair:
                 dirs[i],
                 names[i],
                 port=ports[i],
-                failover=failover_section(roles[i], peer_ports[i], heartbeat, timeout),
+                failover=failover_section(
+                    roles[i], peer_ports[i], heartbeat, timeout, peer_listen=ports[1 - i]
+                ),
                 **overrides,
             )
             for i in range(2)

@@ -39,6 +39,8 @@ class Exchange:
     kind = ""
     # Only users with this tag may publish here (amq.peer: peering, amq.console: administrator).
     publish_tag: str | None = None
+    # A control-plane exchange: outside the routing graph (see ControlExchange).
+    control = False
 
     def __init__(
         self,
@@ -257,6 +259,32 @@ class HeadersExchange(Exchange):
             if headers_match(binding.arguments, message_headers):
                 found[binding.destination] = None
         return tuple(found)
+
+
+class ControlExchange(Exchange):
+    """An exchange of the server's control plane (amq.peer, amq.console).
+
+    It is not part of the routing graph: nothing is bound to it or from it, nothing is
+    routed through it, and no queue holds what is published to it. A publish by a user
+    tagged ``publish_tag`` goes straight to ``receiver`` with the name of the user the
+    connection authenticated as, never a property the publisher set. With no receiver
+    (a vhost the server does not listen on) a publish reaches nothing.
+    See docs/security.md ("The control plane").
+    """
+
+    control = True
+
+    def __init__(self, name: str, kind: str, publish_tag: str) -> None:
+        super().__init__(name, durable=True)
+        self.kind = kind  # what a passive declare compares; it never routes
+        self.publish_tag = publish_tag
+        self.receiver: Callable[[Any, str], None] | None = None
+
+    def validate(self, binding: Binding) -> None:
+        raise ValueError(f"exchange '{self.name}' belongs to the server's control plane")
+
+    def route(self, routing_key: str, headers: HeadersFn) -> tuple:
+        return ()
 
 
 EXCHANGE_CLASSES: dict[str, type[Exchange]] = {

@@ -20,7 +20,7 @@ from pamqp import exceptions
 from ..wire import address_of
 from .message import Message
 from .queue import Queue, QueueArgumentError
-from .routing import EXCHANGE_CLASSES, DirectExchange, Exchange
+from .routing import EXCHANGE_CLASSES, ControlExchange, DirectExchange, Exchange
 
 PEER_EXCHANGE = "amq.peer"
 CONSOLE_EXCHANGE = "amq.console"
@@ -31,18 +31,23 @@ STANDARD_EXCHANGES = (
     ("amq.topic", "topic"),
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
-    (PEER_EXCHANGE, "fanout"),
-    (CONSOLE_EXCHANGE, "direct"),
 )
 
-# Who may publish to the reserved exchanges: the pair's peers, and the pair's admins.
-PUBLISH_TAGS = {PEER_EXCHANGE: "peering", CONSOLE_EXCHANGE: "administrator"}
-
-# Queues the server makes for itself (amq.peer and amq.console consumers).
-INTERNAL_QUEUE_PREFIX = "amq.internal."
+# The control plane: the exchange, the type a passive declare sees, and the one tag whose
+# holders may publish there (the pair's peers, the pair's administrators). Nothing can bind
+# to or from these, dead-letter or fall back to them: see docs/security.md.
+CONTROL_EXCHANGES = {
+    PEER_EXCHANGE: ("fanout", "peering"),
+    CONSOLE_EXCHANGE: ("direct", "administrator"),
+}
 
 # Exchanges no client may delete, declare differently or bind into the default exchange.
-UNDELETABLE = frozenset(name for name, _ in STANDARD_EXCHANGES) | {""}
+UNDELETABLE = (
+    frozenset(name for name, _ in STANDARD_EXCHANGES) | frozenset(CONTROL_EXCHANGES) | {""}
+)
+
+# Arguments that name another exchange a message may be sent on to.
+_EXCHANGE_REFERENCES = ("alternate-exchange",)
 
 
 class DefaultExchange(DirectExchange):
@@ -71,15 +76,31 @@ class VHost:
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues)}
         for exchange_name, kind in STANDARD_EXCHANGES:
-            exchange = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
-            exchange.publish_tag = PUBLISH_TAGS.get(exchange_name)
-            self.exchanges[exchange_name] = exchange
+            self.exchanges[exchange_name] = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
+        for exchange_name, (kind, tag) in CONTROL_EXCHANGES.items():
+            self.exchanges[exchange_name] = ControlExchange(exchange_name, kind, tag)
         # Exchanges that have at least one exchange as a destination: routing through
         # them needs the recursive walk, all others take the one-hop fast path.
         self._has_exchange_destinations: set[str] = set()
         self.on_queue_deleted: Callable[[Queue], None] | None = None
         # Where dead letters are routed to; set by the broker so it can wake consumers.
         self.deliver_routed: Callable[[Message, tuple[Queue, ...]], None] | None = None
+
+    # -- the control plane ---------------------------------------------------------
+
+    def set_control_receiver(self, name: str, receiver: Any) -> None:
+        """Where publishes to control exchange ``name`` go: ``receiver(message, user)``."""
+        exchange = self.exchanges[name]
+        assert isinstance(exchange, ControlExchange)
+        exchange.receiver = receiver
+
+    def _refuse_control_reference(self, name: Any, what: str) -> None:
+        target = self.exchanges.get(name) if isinstance(name, str) else None
+        if target is not None and target.control:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - {what} '{name}' is refused: it belongs to the server's "
+                "control plane"
+            )
 
     # -- exchanges -----------------------------------------------------------------
 
@@ -116,6 +137,8 @@ class VHost:
             )
         if kind not in EXCHANGE_CLASSES:
             raise exceptions.AMQPCommandInvalid(f"COMMAND_INVALID - unknown exchange type '{kind}'")
+        for key in _EXCHANGE_REFERENCES:
+            self._refuse_control_reference((arguments or {}).get(key), key)
         if existing is not None:
             if existing.kind != kind:
                 raise _inequivalent("exchange", name, "type")
@@ -193,6 +216,9 @@ class VHost:
                 f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.'"
             )
         arguments = arguments or {}
+        self._refuse_control_reference(
+            arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
+        )
         existing = self.queues.get(name)
         if existing is not None:
             self._check_owner(existing, owner)
@@ -255,7 +281,13 @@ class VHost:
             raise exceptions.AMQPAccessRefused(
                 "ACCESS_REFUSED - operation not permitted on the default exchange"
             )
-        return self.get_exchange(name)
+        exchange = self.get_exchange(name)
+        if exchange.control:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - exchange '{name}' belongs to the server's control plane: "
+                "nothing can be bound to it or from it"
+            )
+        return exchange
 
     def bind_queue(
         self,
@@ -330,7 +362,7 @@ class VHost:
     def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
         limits = queue.limits
         exchange = self.exchanges.get(limits.dead_letter_exchange or "")
-        if exchange is None or limits.dead_letter_exchange is None:
+        if exchange is None or limits.dead_letter_exchange is None or exchange.control:
             return
         original_key = message.routing_key
         routing_key = limits.dead_letter_routing_key or original_key

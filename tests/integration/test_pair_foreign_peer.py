@@ -16,6 +16,7 @@ import pika.exceptions
 from pamqp import commands, frame
 
 from failover.events import read_events
+from tests.pairs import PAIR_SECRET
 from tests.support import ServerProcess, free_port, wait_until
 
 
@@ -96,6 +97,7 @@ def test_a_peer_that_is_not_amqha_is_reported_and_never_paired(tmp_path) -> None
                 "heartbeat": 0.1,
                 "timeout": 0.4,
                 "peer_user": "peering",
+                "secret": PAIR_SECRET,
             },
         )
         try:

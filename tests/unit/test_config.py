@@ -26,6 +26,7 @@ VALID: dict[str, Any] = {
         "heartbeat": 0.5,
         "timeout": 2,
         "peer_user": "peer",
+        "secret": "a-shared-secret-of-the-pair",
     },
     "events": {"path": "/tmp/alpha/events.jsonl"},
     "limits": {

@@ -521,6 +521,124 @@ def test_passive_takes_the_handover_in_a_new_epoch() -> None:
     assert refused.decision == Refuse("same name")
 
 
+# Manual promotion: the way out for a server that will not serve while its peer is down.
+
+
+def _promoted_backup_case(state: State) -> None:
+    """A restarted backup (BACKUP) or a PASSIVE one whose ACTIVE primary went quiet."""
+    role = Role.PRIMARY if state is State.PRIMARY else Role.BACKUP
+    other = Role.BACKUP if role is Role.PRIMARY else Role.PRIMARY
+    machine = ours(role, state, epoch=3, peer=peer(other, State.ACTIVE, 5))
+
+    refused = step(machine, Event.PROMOTE, NOW)
+    assert_unchanged(refused, machine)
+    assert isinstance(refused.decision, Refuse)
+    assert "--force" in refused.decision.reason
+
+    lost = step(machine, Event.PROMOTE, EXPIRED)
+    assert lost.decision == Accept()
+    assert lost.machine.state is State.ACTIVE
+    assert lost.machine.epoch == 6  # above the peer's last epoch
+    assert lost.actions == (PersistEpoch(6),)
+    assert lost.transition == Transition(
+        state, State.ACTIVE, Event.PROMOTE, "promoted by an administrator: the peer is not heard"
+    )
+
+    misconfigured = replace(machine, misconfigured="two backups")
+    refused = step(misconfigured, Event.PROMOTE, EXPIRED)
+    assert_unchanged(refused, misconfigured)
+    assert refused.decision == Refuse("two backups")
+
+
+def _forced_case(state: State) -> None:
+    role = Role.PRIMARY if state is State.PRIMARY else Role.BACKUP
+    other = Role.BACKUP if role is Role.PRIMARY else Role.PRIMARY
+    machine = ours(role, state, epoch=3, peer=peer(other, State.ACTIVE, 5))
+    forced = step(machine, Event.FORCE_PROMOTE, NOW)
+    assert forced.decision == Accept()
+    assert forced.machine.state is State.ACTIVE
+    assert forced.machine.epoch == 6  # the peer, ACTIVE in 5, yields by the dual-active rule
+    assert forced.actions == (PersistEpoch(6),)
+    assert forced.transition is not None
+    assert forced.transition.trigger is Event.FORCE_PROMOTE
+
+    misconfigured = replace(machine, misconfigured="two backups")
+    refused = step(misconfigured, Event.FORCE_PROMOTE, NOW)
+    assert_unchanged(refused, misconfigured)
+    assert refused.decision == Refuse("two backups")
+
+
+@cell(State.PRIMARY, Event.PROMOTE)
+def test_promote_a_started_primary_only_once_the_active_peer_is_gone() -> None:
+    _promoted_backup_case(State.PRIMARY)
+
+
+@cell(State.BACKUP, Event.PROMOTE)
+def test_promote_a_restarted_backup_whose_primary_is_down() -> None:
+    _promoted_backup_case(State.BACKUP)
+    # A fresh backup that never heard a peer is promoted once its grace timeout has passed.
+    fresh = Machine.start("beta", Role.BACKUP, 2, TIMEOUT, now=0.0)
+    outcome = step(fresh, Event.PROMOTE, TIMEOUT)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.machine.epoch == 3
+
+
+@cell(State.PASSIVE, Event.PROMOTE)
+def test_promote_a_passive_server_once_its_active_peer_is_gone() -> None:
+    _promoted_backup_case(State.PASSIVE)
+    # A live peer that is not ACTIVE (both waiting) does not block a promotion.
+    waiting = ours(Role.BACKUP, State.PASSIVE, peer=peer(Role.PRIMARY, State.PASSIVE))
+    outcome = step(waiting, Event.PROMOTE, NOW)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.transition is not None
+    assert outcome.transition.reason == "promoted by an administrator: the peer follows"
+
+
+@cell(State.PRIMARY, Event.FORCE_PROMOTE)
+def test_force_promote_a_started_primary_over_a_live_active_peer() -> None:
+    _forced_case(State.PRIMARY)
+
+
+@cell(State.BACKUP, Event.FORCE_PROMOTE)
+def test_force_promote_a_backup_over_a_live_active_peer() -> None:
+    _forced_case(State.BACKUP)
+
+
+@cell(State.PASSIVE, Event.FORCE_PROMOTE)
+def test_force_promote_a_passive_server_over_a_live_active_peer() -> None:
+    _forced_case(State.PASSIVE)
+
+
+@cell(State.ACTIVE, Event.PROMOTE)
+def test_promote_is_refused_when_already_active() -> None:
+    machine = ours(Role.BACKUP, State.ACTIVE)
+    outcome = step(machine, Event.PROMOTE, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse("this server is already ACTIVE: nothing to promote")
+
+
+@cell(State.ACTIVE, Event.FORCE_PROMOTE)
+def test_force_promote_is_refused_when_already_active() -> None:
+    machine = ours(Role.PRIMARY, State.ACTIVE)
+    outcome = step(machine, Event.FORCE_PROMOTE, NOW)
+    assert_unchanged(outcome, machine)
+    assert outcome.decision == Refuse("this server is already ACTIVE: nothing to promote")
+
+
+def test_a_forced_promotion_ends_in_one_active_by_the_epoch_rule() -> None:
+    backup = ours(Role.BACKUP, State.PASSIVE, epoch=5, peer=peer(Role.PRIMARY, State.ACTIVE, 5))
+    forced = step(backup, Event.FORCE_PROMOTE, NOW).machine
+    primary = ours(Role.PRIMARY, State.ACTIVE, epoch=5, peer=peer(Role.BACKUP, State.PASSIVE, 5))
+    told = step(
+        primary,
+        Event.PEER_ACTIVE,
+        NOW,
+        PeerInfo(forced.name, forced.role, forced.state, forced.epoch, LISTEN["beta"]),
+    )
+    assert told.machine.state is State.PASSIVE
+    assert RedirectClients(LISTEN["beta"]) in told.actions
+
+
 def test_the_table_has_every_state_event_pair_and_each_has_its_own_test() -> None:
     every_pair = set(product(State, Event))
     assert set(TRANSITIONS) == every_pair
@@ -532,7 +650,13 @@ def test_every_handler_says_why() -> None:
         assert handler.__doc__, f"{state} + {event} has no why"
 
 
-CONSOLE_AND_CLIENT_EVENTS = (Event.CLIENT_REQUEST, Event.MANUAL_RECOVER, Event.HANDOVER)
+CONSOLE_AND_CLIENT_EVENTS = (
+    Event.CLIENT_REQUEST,
+    Event.MANUAL_RECOVER,
+    Event.HANDOVER,
+    Event.PROMOTE,
+    Event.FORCE_PROMOTE,
+)
 
 
 @pytest.mark.parametrize("state", list(State))

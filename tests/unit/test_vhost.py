@@ -580,3 +580,47 @@ def test_header_pamqp_cannot_encode_drops_the_dead_letter(h: Harness) -> None:
     source.enqueue(with_raw_headers("amq.direct", "job", huge_double), 0.0)
     source.reject(take(source))
     assert parking.message_count == 0 and source.message_count == 0
+
+
+# -- the control plane: outside the routing graph ---------------------------------------
+
+
+@pytest.mark.parametrize("control", ["amq.peer", "amq.console"])
+def test_no_binding_reaches_into_or_out_of_a_control_exchange(h: Harness, control: str) -> None:
+    h.queue("reader")
+    h.vhost.declare_exchange("mine", "fanout")
+    refusals = [
+        lambda: h.vhost.bind_queue("reader", control, "", {}, OWNER),
+        lambda: h.vhost.bind_exchange(control, "mine", "", {}),
+        lambda: h.vhost.bind_exchange("mine", control, "", {}),
+        lambda: h.vhost.bind_exchange(control, "amq.match", "", {"x-match": "any"}),
+    ]
+    for attempt in refusals:
+        with pytest.raises(exceptions.AMQPAccessRefused, match="control plane"):
+            attempt()
+    assert not h.vhost.exchanges[control].bindings
+
+
+@pytest.mark.parametrize("control", ["amq.peer", "amq.console"])
+def test_a_control_exchange_is_no_dead_letter_or_alternate_target(h: Harness, control: str) -> None:
+    with pytest.raises(exceptions.AMQPAccessRefused, match="dead-letter exchange"):
+        h.queue("dying", **{"x-dead-letter-exchange": control})
+    assert "dying" not in h.vhost.queues
+    with pytest.raises(exceptions.AMQPAccessRefused, match="alternate-exchange"):
+        h.vhost.declare_exchange("ae", "direct", arguments={"alternate-exchange": control})
+    assert "ae" not in h.vhost.exchanges
+
+
+def test_publishes_reach_the_receiver_only_and_no_queue(h: Harness) -> None:
+    got: list[tuple[Message, object]] = []
+    h.vhost.set_control_receiver("amq.peer", lambda message, who: got.append((message, who)))
+    exchange = h.vhost.get_exchange("amq.peer")
+    assert exchange.control and exchange.publish_tag == "peering"
+    assert h.vhost.route(exchange, "", make_message("amq.peer", "")) == ()
+    # The names of the old internal queues address nothing through the default exchange.
+    for name in ("amq.internal.amq.peer", "amq.internal.amq.console", "amq.peer"):
+        assert h.vhost.route(h.vhost.get_exchange(""), name, make_message("", name)) == ()
+    exchange.receiver(make_message("amq.peer", ""), "conn")  # type: ignore[attr-defined]
+    assert [who for _, who in got] == ["conn"]
+    with pytest.raises(exceptions.AMQPAccessRefused):
+        h.vhost.delete_exchange("amq.peer")

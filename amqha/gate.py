@@ -1,0 +1,99 @@
+"""The broker's side of the pair: the small interface a failover controller implements.
+
+Owns: the answers the gate gives a client's Connection.Open (``Accept`` or ``Redirect``),
+the reply text of the 320 close that a server which is not ACTIVE sends, the ``Pair``
+protocol the broker and the console call, and ``Standalone``, the pair of a server that
+runs alone (always serving, nothing to report).
+
+Must not know: how a pair decides (``failover`` implements ``Pair``; the broker never
+imports it), frames or sockets. See docs/architecture.md ("The gate").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Accept:
+    """The gate lets the client in."""
+
+
+class Redirect:
+    """The gate sends the client to another server (``to`` may be None: none known)."""
+
+    def __init__(self, to: str | None, known_hosts: str = "", reason: str | None = None) -> None:
+        self.to = to
+        self.known_hosts = known_hosts
+        self.reason = reason  # why no server can be named (a misconfigured pair), if known
+
+
+ACCEPT = Accept()
+
+
+def not_active_text(to: str | None, reason: str | None = None) -> str:
+    """The reply text of the 320 close a client gets from a server that is not ACTIVE.
+
+    Programs read it (``amqha.client`` does): keep the ``active server is HOST:PORT`` form.
+    """
+    if to:
+        return f"NOT_ACTIVE - active server is {to}"
+    if reason:
+        return f"NOT_ACTIVE - no active server: {reason}"
+    return "NOT_ACTIVE - no active server"
+
+
+class ConsoleRefused(Exception):
+    """A console command the pair refuses; the text is shown to the administrator."""
+
+
+class Pair(Protocol):
+    """What the broker asks of the pair it belongs to."""
+
+    def admit(self, client: str) -> Accept | Redirect:
+        """A client (``client`` is its address) sent Connection.Open: serve it or send it on."""
+        ...
+
+    def serving(self) -> bool:
+        """True while this server may accept and confirm application work."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """The pair as Connection.Start announces it: name, role, state, known_hosts."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """The console's ``status``: everything an operator needs about this server's side."""
+        ...
+
+    def command(self, name: str, args: dict[str, Any], user: str) -> Any:
+        """A pair command from the console (recover, promote, controller); raises
+        ``ConsoleRefused`` with the reason when it is refused."""
+        ...
+
+
+class Standalone:
+    """The pair of a server configured without a peer: it always serves."""
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name = name
+        self.address = address
+
+    def admit(self, client: str) -> Accept | Redirect:
+        return ACCEPT
+
+    def serving(self) -> bool:
+        return True
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": "standalone",
+            "state": "ACTIVE",
+            "known_hosts": self.address,
+        }
+
+    def status(self) -> dict[str, Any]:
+        return self.info()
+
+    def command(self, name: str, args: dict[str, Any], user: str) -> Any:
+        raise ConsoleRefused(f"{name}: this server runs standalone, it has no peer")

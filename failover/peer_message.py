@@ -1,0 +1,155 @@
+"""The amq.peer state message: encoding, signing, and validating it as data from the network.
+
+Owns: the message's JSON fields, its signature (HMAC-SHA256 with the pair's shared secret
+over the message type and the body, carried in the ``amqha-mac`` header), and every check a
+received message must pass before the state machine sees it: the signature, the types and
+ranges of the fields (an epoch is an integer in [0, 2**63) and at most ``EPOCH_STEP_MAX``
+above the highest epoch this server knows), ``listen`` among the addresses the config names
+for the peer, the peer's configured name, and replays (a sequence number that does not grow
+within one run of the peer).
+
+Must not know: sockets, asyncio, clocks, logging, the broker. Pure: values in, values out.
+See docs/security.md ("State messages").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from . import fsm
+
+STATE_TYPE = "amqha.peer.state"
+HANDOVER_TYPE = "amqha.peer.handover"
+MAC_HEADER = "amqha-mac"
+
+EPOCH_LIMIT = 2**63  # AMQP's signed 64-bit integer: Connection.Start carries the epoch
+# A peer's epoch grows by one per takeover; one that leaps further is not a peer's.
+EPOCH_STEP_MAX = 1000
+
+_REQUIRED: dict[str, type] = {
+    "name": str,
+    "role": str,
+    "state": str,
+    "epoch": int,
+    "listen": str,
+    "boot": str,
+    "seq": int,
+}
+
+
+class MalformedPeerMessage(ValueError):
+    """A message on amq.peer that must not reach the state machine; the text says why,
+    ``kind`` names the check it failed (a bounded set: the event log records each once)."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(text)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What this server knows its peer must look like."""
+
+    secret: bytes
+    listen: frozenset[str]  # addresses the peer may announce (the config's peer_listen)
+    name: str | None  # the peer's configured name, if the config names it
+
+
+@dataclass(frozen=True, slots=True)
+class StateMessage:
+    peer: fsm.PeerInfo
+    boot: str  # one value per run of the peer: seq restarts with it
+    seq: int
+    ts: float | None  # the peer's wall clock when it sent the message
+    heard: tuple[str, int] | None  # the last (boot, seq) of ours the peer had received
+
+
+def signature(secret: bytes, kind: str, body: bytes) -> str:
+    return hmac.new(secret, kind.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def encode(secret: bytes, kind: str, fields: dict[str, Any]) -> tuple[bytes, str, dict[str, Any]]:
+    """The body, the type and the headers of one signed message."""
+    body = json.dumps(fields, separators=(",", ":")).encode()
+    return body, kind, {MAC_HEADER: signature(secret, kind, body)}
+
+
+def parse(
+    expected: Expected,
+    kind: str | None,
+    body: bytes,
+    headers: dict[str, Any] | None,
+    known_epoch: int,
+) -> StateMessage:
+    """Validate one received message; raises ``MalformedPeerMessage`` with the reason."""
+    if kind not in (STATE_TYPE, HANDOVER_TYPE):
+        raise MalformedPeerMessage("type", f"unknown message type {kind!r}")
+    mac = (headers or {}).get(MAC_HEADER)
+    if isinstance(mac, bytes):
+        mac = mac.decode("ascii", "replace")
+    if not isinstance(mac, str) or not hmac.compare_digest(
+        mac.encode("ascii", "replace"), signature(expected.secret, kind, body).encode()
+    ):
+        raise MalformedPeerMessage(
+            "signature", "bad or missing signature (is failover.secret the same?)"
+        )
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MalformedPeerMessage("json", f"not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise MalformedPeerMessage("json", "not a JSON object")
+    for key, type_ in _REQUIRED.items():
+        value = data.get(key)
+        if not isinstance(value, type_) or isinstance(value, bool):
+            raise MalformedPeerMessage("field", f"field {key!r} missing or not {type_.__name__}")
+    try:
+        role, state = fsm.Role(data["role"]), fsm.State(data["state"])
+    except ValueError as error:
+        raise MalformedPeerMessage("field", str(error)) from None
+    epoch = data["epoch"]
+    if not 0 <= epoch < EPOCH_LIMIT:
+        raise MalformedPeerMessage("epoch", f"epoch {epoch} out of range")
+    if epoch > known_epoch + EPOCH_STEP_MAX:
+        raise MalformedPeerMessage(
+            "epoch_leap",
+            f"epoch {epoch} leaps more than {EPOCH_STEP_MAX} above the highest known "
+            f"({known_epoch})",
+        )
+    if data["listen"] not in expected.listen:
+        raise MalformedPeerMessage(
+            "listen",
+            f"listen {data['listen']!r} is not an address the config names for the peer "
+            f"({', '.join(sorted(expected.listen))})",
+        )
+    if expected.name is not None and data["name"] != expected.name:
+        raise MalformedPeerMessage(
+            "name", f"name {data['name']!r} is not the configured peer {expected.name!r}"
+        )
+    if data["seq"] < 0:
+        raise MalformedPeerMessage("field", "negative seq")
+    ts = data.get("ts")
+    heard = data.get("heard")
+    return StateMessage(
+        fsm.PeerInfo(data["name"], role, state, epoch, data["listen"]),
+        data["boot"],
+        data["seq"],
+        float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None,
+        _heard(heard),
+    )
+
+
+def _heard(value: Any) -> tuple[str, int] | None:
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], int)
+        and not isinstance(value[1], bool)
+    ):
+        return value[0], value[1]
+    return None
