@@ -1,2 +1,2 @@
-"""Failover: the pure active/passive state machine, its asyncio controller, the epoch store
-and the event log (DESIGN.md §3-§5)."""
+"""Failover: the pure active/passive state machine, the signed state message, the heartbeat
+thread, the asyncio controller, the epoch store and the event log (docs/failover.md)."""

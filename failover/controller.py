@@ -161,14 +161,14 @@ class FailoverController:
 
     # -- state out (the message is built on the heartbeat thread: immutable reads only) --
 
-    def _state_message(self, kind: str = STATE_TYPE) -> tuple[bytes, str, dict[str, Any]]:
+    def _state_message(self, kind: str | None = None) -> tuple[bytes, str, dict[str, Any]]:
         machine = self.machine
         seq = next(self._seq)
         self.last_seq = seq
         heard = [self.peer_boot, self.peer_seq] if self.peer_boot is not None else None
         return peer_message.encode(
             self.config.failover.secret,
-            kind,
+            kind or STATE_TYPE,
             {
                 "name": machine.name,
                 "role": machine.role.value,
@@ -518,7 +518,7 @@ class FailoverController:
         self.heartbeat.poke()
 
     def _send_handover(self, action: fsm.SendHandover) -> None:
-        self.heartbeat.send(self._state_message(HANDOVER_TYPE))
+        self.heartbeat.send(HANDOVER_TYPE)
 
     def _redirect_clients(self, action: fsm.RedirectClients) -> None:
         text = not_active_text(action.to)

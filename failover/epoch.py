@@ -1,4 +1,4 @@
-"""Durable storage of this server's failover epoch (DESIGN.md §3).
+"""Durable storage of this server's failover epoch (docs/failover.md, "Epochs").
 
 Owns: the one-line `epoch` file in the server's data dir, written atomically so that a crash
 at any moment leaves either the old epoch or the new one, never a torn file.

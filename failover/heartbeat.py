@@ -12,7 +12,8 @@ and the peer's client vote fails over from a healthy server. The thread holds th
 for the short work of a send; the interpreter hands it over within its switch interval.
 
 Must not know: the state machine or the broker. It calls back with values only: the
-message to send comes from ``make_message`` and a pause is first reported to ``fence`` (both
+message to send comes from ``make_message`` (``None``: the periodic state; else a type
+such as a handover) and a pause is first reported to ``fence`` (both
 called on this thread: they must only read immutable values and assign attributes), and
 ``on_link_up`` / ``on_pause`` are run on the broker's loop.
 See docs/architecture.md ("The heartbeat thread").
@@ -39,7 +40,7 @@ class Heartbeat:
     def __init__(
         self,
         peering_factory: Callable[[Callable[[], None]], Peering],
-        make_message: Callable[[], Message],
+        make_message: Callable[[str | None], Message],
         interval: float,
         pause_after: float,
         main_loop: asyncio.AbstractEventLoop,
@@ -85,9 +86,10 @@ class Heartbeat:
         """Send the current state now (a transition: the pair settles faster)."""
         self._call(self._send_state)
 
-    def send(self, message: Message) -> None:
-        """Send one message now (a handover)."""
-        self._call(lambda: self._publish(message))
+    def send(self, kind: str) -> None:
+        """Send one message of type ``kind`` now (a handover). It is built on this thread,
+        like every state message, so sequence numbers go out in order."""
+        self._call(lambda: self._publish(self._make_message(kind)))
 
     def reset(self) -> None:
         """Count ticks from now (the controller starts again after a console stop)."""
@@ -152,7 +154,7 @@ class Heartbeat:
 
     def _send_state(self) -> None:
         if self.running:
-            self._publish(self._make_message())
+            self._publish(self._make_message(None))
 
     def _publish(self, message: Message) -> None:
         body, kind, headers = message

@@ -48,11 +48,18 @@ PAIR_SECRET = "test-pair-secret-0123456789"
 
 
 def failover_section(
-    role: str, peer_port: int, heartbeat: float, timeout: float, peer_listen: int | None = None
+    role: str,
+    peer_port: int,
+    heartbeat: float,
+    timeout: float,
+    peer_listen: int | None = None,
+    peer_name: str | None = None,
 ) -> dict[str, Any]:
     """``peer_listen``: the port the peer serves clients on, when the peering goes elsewhere
     (through a proxy)."""
+    named = {} if peer_name is None else {"peer_name": peer_name}
     return {
+        **named,
         "role": role,
         "peer": f"127.0.0.1:{peer_port}",
         "peer_listen": [f"127.0.0.1:{peer_listen or peer_port}"],
@@ -110,7 +117,13 @@ class Pair:
                 names[i],
                 port=ports[i],
                 failover=failover_section(
-                    roles[i], peer_ports[i], heartbeat, timeout, peer_listen=ports[1 - i]
+                    roles[i],
+                    peer_ports[i],
+                    heartbeat,
+                    timeout,
+                    peer_listen=ports[1 - i],
+                    # Equal names are how misconfigured pairs are built: leave them unpinned.
+                    peer_name=names[1 - i] if names[0] != names[1] else None,
                 ),
                 **overrides,
             )

@@ -191,8 +191,12 @@ async def test_a_frozen_active_confirms_nothing_after_waking_into_a_takeover(
     with pytest.raises((aiormq.exceptions.AMQPError, ConnectionError, asyncio.CancelledError)):
         await asyncio.wait_for(pending, 15)
     await pair.wait_states("PASSIVE", "ACTIVE")
-    paused = [e for e in pair.events(pair.primary) if e["event"] == "paused"]
-    assert paused and paused[-1]["gap"] > pair.timeout
+    paused = await poll(
+        lambda: [e for e in pair.events(pair.primary) if e["event"] == "paused"],
+        10,
+        "a paused record",
+    )
+    assert paused[-1]["gap"] > pair.timeout
     with contextlib.suppress(Exception):
         await connection.close()
 
