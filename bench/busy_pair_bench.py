@@ -85,7 +85,7 @@ def run_load(port: int, seconds: float, user: str = "guest", password: str = "gu
     sock.sendall(frame.marshal(commands.Channel.Open(), 1))
     read_method()
     sock.sendall(
-        frame.marshal(commands.Queue.Declare("busy-load", arguments={"x-max-length": 50}), 1)
+        frame.marshal(commands.Queue.Declare(queue="busy-load", arguments={"x-max-length": 50}), 1)
     )
     read_method()
     sock.sendall(
@@ -173,6 +173,8 @@ async def _run(seconds: float, workdir: Path) -> dict[str, Any]:
                 probes.append(time.perf_counter() - before)
                 await asyncio.sleep(0.25)
         out, _ = load.communicate(timeout=30)
+        if load.returncode != 0:
+            raise RuntimeError(f"the load client failed (exit {load.returncode})")
         cpu = _cpu_seconds(active.process.pid) - cpu_before
         await probe.close()
         backup_events = pair.events(pair.backup)
