@@ -475,6 +475,9 @@ class Channel:
     def on_basic_recover(
         self, method: commands.Basic.Recover | commands.Basic.RecoverAsync
     ) -> None:
+        if not method.requeue:
+            # As RabbitMQ: redelivering to the same consumer only is not offered (540).
+            raise exceptions.AMQPNotImplemented("NOT_IMPLEMENTED - requeue=false")
         self._requeue_all()
         if isinstance(method, commands.Basic.Recover):
             self.reply(commands.Basic.RecoverOk())
@@ -721,6 +724,7 @@ class Channel:
         """We never send Channel.Flow, so a FlowOk is only acknowledged by ignoring it."""
 
     def on_channel_close(self, method: commands.Channel.Close) -> None:
+        self.settle_confirms()
         self.release()
         self.connection.send(wire.method_frame(self.number, commands.Channel.CloseOk()))
         self.connection.channels.pop(self.number, None)
@@ -733,6 +737,7 @@ class Channel:
         self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0
     ) -> None:
         """Server-initiated Channel.Close for a soft error."""
+        self.settle_confirms()
         self.release()
         self.state = CLOSING
         self.reply(
@@ -741,10 +746,22 @@ class Channel:
             )
         )
 
+    def settle_confirms(self) -> None:
+        """Before the channel's last frame: the confirms it owes go out first (a client
+        has released the channel once it reads Close-Ok). A server that is not serving
+        keeps no promise: the publisher sees them unconfirmed."""
+        connection = self.connection
+        if self not in connection.confirm_channels:
+            return
+        connection.confirm_channels.discard(self)
+        if connection.bypasses_gate or self.broker.pair.serving():
+            self.flush_confirms()
+
     def release(self) -> None:
         """The channel is going away: requeue what it holds, drop its consumers."""
         if self.state is CLOSING:
             return
+        self.connection.confirm_channels.discard(self)
         self.pending = None
         consumers = list(self.consumers.values())
         self.consumers.clear()

@@ -71,6 +71,8 @@ class Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.close_timer: asyncio.TimerHandle | None = None
         self.bypasses_gate = False
+        # A plain client is admitted at StartOk, where a refusal still reaches its user.
+        self.admitted = False
         self.held_reading = False  # reading paused by a hold (the pair is not serving)
         self.handlers = {
             commands.Connection.StartOk: self.on_start_ok,
@@ -80,6 +82,7 @@ class Connection(asyncio.Protocol):
             commands.Connection.CloseOk: self.on_close_ok,
             commands.Connection.Blocked: self.on_ignored,
             commands.Connection.Unblocked: self.on_ignored,
+            commands.Connection.UpdateSecret: self.on_update_secret,
             commands.Connection.UpdateSecretOk: self.on_ignored,
         }
 
@@ -332,6 +335,17 @@ class Connection(asyncio.Protocol):
             )
             return
         self.user = user
+        self.bypasses_gate = bool({"peering", "administrator"} & set(user.tags))
+        if not self.bypasses_gate and not self.capability("connection.redirect"):
+            # Clients read a Close sent in reply to Open as a framing error and lose its
+            # text; a Close before Tune reaches their user as a plain 320 with the reason.
+            decision = self.broker.pair.admit(self.peer)
+            if isinstance(decision, Redirect):
+                self.fail(
+                    exceptions.AMQPConnectionForced(not_active_text(decision.to, decision.reason))
+                )
+                return
+            self.admitted = True
         limits = self.broker.config.limits
         self.state = AWAIT_TUNE_OK
         self.send(
@@ -369,8 +383,9 @@ class Connection(asyncio.Protocol):
             raise exceptions.AMQPNotAllowed(
                 f"NOT_ALLOWED - access to vhost '{vhost_name}' refused for user '{self.user.name}'"
             )
-        self.bypasses_gate = bool({"peering", "administrator"} & set(self.user.tags))
-        decision = ACCEPT if self.bypasses_gate else self.broker.pair.admit(self.peer)
+        # One vote per connection attempt: a client admitted at StartOk is not asked again.
+        admitted = self.bypasses_gate or self.admitted
+        decision = ACCEPT if admitted else self.broker.pair.admit(self.peer)
         if isinstance(decision, Redirect):
             self._redirect(decision)
             return
@@ -394,10 +409,40 @@ class Connection(asyncio.Protocol):
         self.fail(exceptions.AMQPConnectionForced(text))
 
     def on_close(self, method: commands.Connection.Close) -> None:
+        for channel in self.channels.values():
+            channel.settle_confirms()
         self._release_all()
         self.send(wire.method_frame(0, commands.Connection.CloseOk()))
         self.flush()
-        self._drop()
+        # The client closes the socket once it reads Close-Ok; until then what it still
+        # sends (publishes in flight) is read and dropped, so it never meets a reset.
+        self.state = CLOSED
+        for handle in (self.timer, self.close_timer):
+            if handle is not None:
+                handle.cancel()
+        self.timer = None
+        self.close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._close_transport)
+
+    def _close_transport(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
+        """A client refreshes its credentials on a live connection (OAuth2 token renewal).
+
+        Configured passwords never expire, so, as RabbitMQ's internal user database does,
+        the login stays valid; the new secret must still be text and the user still known.
+        """
+        self._expect(OPEN, "Connection.UpdateSecret")
+        secret = method.new_secret
+        if not isinstance(secret, str) or not secret or not self.broker.user_known(self.user.name):
+            raise exceptions.AMQPNotAllowed(
+                "NOT_ALLOWED - New secret was refused by one of the backends"
+            )
+        log.info(
+            "%s: user '%s' updated secret, reason: %s", self.peer, self.user.name, method.reason
+        )
+        self.send(wire.method_frame(0, commands.Connection.UpdateSecretOk()))
 
     def on_close_ok(self, method: commands.Connection.CloseOk) -> None:
         self._drop()

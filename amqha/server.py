@@ -105,6 +105,9 @@ class Broker:
             return None
         return user if hmac.compare_digest(user.password.encode(), password.encode()) else None
 
+    def user_known(self, username: str) -> bool:
+        return username in self._users
+
     def server_properties(self) -> dict[str, Any]:
         return {
             "product": "amqha",

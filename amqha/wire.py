@@ -12,9 +12,15 @@ AMQP exception classes so the connection can map them to reply codes.
 
 from __future__ import annotations
 
+import calendar
+import datetime
+import decimal
 import struct
+import time
+from typing import Any
 
 from pamqp import commands, constants, exceptions
+from pamqp import encode as pamqp_encode
 from pamqp.base import Frame as Method
 from pamqp.header import ContentHeader
 
@@ -400,3 +406,81 @@ def decode_ack(payload: bytes) -> tuple[int, bool]:
 
 
 ACK_INDEX = commands.Basic.Ack.index
+
+
+# -- field tables ---------------------------------------------------------------------
+#
+# pamqp encodes every float as a single-precision 'f', so a double a publisher sent in a
+# header would come back rounded (or not encodable at all) when a message's headers are
+# rewritten. This encoder keeps each value's width: floats are doubles, a longstr that is
+# not UTF-8 stays a longstr, a byte array stays a byte array, a timestamp a timestamp.
+
+_long = struct.Struct(">I")
+_signed_long = struct.Struct(">i")
+_signed_long_long = struct.Struct(">q")
+_double = struct.Struct(">d")
+
+
+def field_table(table: dict[str, Any]) -> bytes:
+    """A field table (with its length prefix) as RabbitMQ writes one."""
+    data = b"".join(shortstr(key) + _field_value(value) for key, value in table.items())
+    return _long.pack(len(data)) + data
+
+
+def _field_value(value: Any) -> bytes:
+    if isinstance(value, bool):
+        return b"t\x01" if value else b"t\x00"
+    if isinstance(value, int):
+        if -(2**31) <= value < 2**31:
+            return b"I" + _signed_long.pack(value)
+        return b"l" + _signed_long_long.pack(value)
+    if isinstance(value, float):
+        return b"d" + _double.pack(value)
+    if isinstance(value, str):
+        encoded = value.encode()
+        return b"S" + _long.pack(len(encoded)) + encoded
+    if isinstance(value, bytes):
+        return b"S" + _long.pack(len(value)) + value
+    if isinstance(value, bytearray):
+        return b"x" + _long.pack(len(value)) + bytes(value)
+    if isinstance(value, datetime.datetime):
+        return b"T" + _long_long.pack(int(value.timestamp()))
+    if isinstance(value, time.struct_time):
+        return b"T" + _long_long.pack(calendar.timegm(value))
+    if isinstance(value, decimal.Decimal):
+        return b"D" + pamqp_encode.decimal(value)
+    if isinstance(value, dict):
+        return b"F" + field_table(value)
+    if isinstance(value, list | tuple):
+        data = b"".join(_field_value(item) for item in value)
+        return b"A" + _long.pack(len(data)) + data
+    if value is None:
+        return b"V"
+    raise TypeError(f"no AMQP field type for {type(value).__name__} ({value!r})")
+
+
+_HEADERS_FLAG = commands.Basic.Properties.flags["headers"]
+_SHORTSTR_FLAGS_BEFORE_HEADERS = (
+    commands.Basic.Properties.flags["content_type"],
+    commands.Basic.Properties.flags["content_encoding"],
+)
+
+
+def with_headers(header_payload: bytes, headers: dict[str, Any]) -> bytes:
+    """A content header payload that has no headers property, given ``headers``."""
+    (flags,) = _short.unpack_from(header_payload, 12)
+    if flags & _HEADERS_FLAG:
+        raise ValueError("the content header has a headers property already")
+    if not headers:
+        return header_payload
+    at = 14
+    for flag in _SHORTSTR_FLAGS_BEFORE_HEADERS:
+        if flags & flag:
+            at += 1 + header_payload[at]
+    return (
+        header_payload[:12]
+        + _short.pack(flags | _HEADERS_FLAG)
+        + header_payload[14:at]
+        + field_table(headers)
+        + header_payload[at:]
+    )

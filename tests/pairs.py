@@ -424,10 +424,11 @@ def raw_open(
     user: tuple[str, str] = ("guest", "guest"),
     timeout: float = 5.0,
 ) -> Any:
-    """Handshake with a bare socket; the first method the server sends after Open.
+    """Handshake with a bare socket; the server's answer to it.
 
-    Connection.OpenOk, Connection.Close (reply_code, reply_text) or, for a client that
-    announces ``connection.redirect``, ``amqha.client.ConnectionRedirect`` (host, known_hosts).
+    Connection.OpenOk, Connection.Close (reply_code, reply_text: a plain client is refused
+    in reply to StartOk, before Tune) or, for a client that announces
+    ``connection.redirect``, ``amqha.client.ConnectionRedirect`` (host, known_hosts) after Open.
     """
     capabilities: dict[str, Any] = {"publisher_confirms": True}
     if redirect_capability:
@@ -447,7 +448,9 @@ def raw_open(
                 0,
             )
         )
-        tune = reader.expect(commands.Connection.Tune)
+        tune = reader.next_method()
+        if not isinstance(tune, commands.Connection.Tune):
+            return tune
         sock.sendall(
             frame.marshal(commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0), 0)
             + frame.marshal(commands.Connection.Open(virtual_host="/"), 0)

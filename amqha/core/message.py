@@ -16,6 +16,8 @@ from typing import Any
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
+from ..wire import with_headers
+
 _FLAG_HEADERS = 1 << 13
 _FLAG_DELIVERY_MODE = 1 << 12
 _FLAG_EXPIRATION = 1 << 8
@@ -25,18 +27,6 @@ _flags_at = struct.Struct(">H")
 def _unshortstr_pair(address: bytes) -> tuple[str, str]:
     exchange_end = 1 + address[0]
     return address[1:exchange_end].decode(), address[exchange_end + 1 :].decode()
-
-
-def _encodable(value: Any) -> Any:
-    """pamqp decodes a longstr that is not UTF-8 to bytes but encodes only bytearray
-    (as a byte array): keep such a value binary instead of failing to encode it."""
-    if isinstance(value, bytes):
-        return bytearray(value)
-    if isinstance(value, dict):
-        return {key: _encodable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_encodable(item) for item in value]
-    return value
 
 
 class Message:
@@ -90,6 +80,12 @@ class Message:
             )
         return value
 
+    def expiration_text(self) -> str | None:
+        """The expiration property as sent, or None."""
+        if not self._flags() & _FLAG_EXPIRATION:
+            return None
+        return self.properties().expiration
+
     def is_persistent(self) -> bool:
         return bool(self._flags() & _FLAG_DELIVERY_MODE) and self.properties().delivery_mode == 2
 
@@ -98,11 +94,11 @@ class Message:
     ) -> Message:
         """A copy with a new address and headers (dead-lettering uses this)."""
         properties = self.properties()
-        properties.headers = _encodable(headers)
+        properties.headers = None
         if drop_expiration:
             properties.expiration = None
         content = ContentHeader(body_size=len(self.body), properties=properties)
-        return Message(address, content.marshal(), self.body)
+        return Message(address, with_headers(content.marshal(), headers), self.body)
 
     @property
     def size(self) -> int:

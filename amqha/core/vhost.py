@@ -10,6 +10,7 @@ queue's owner is an opaque object (the connection) compared by identity.
 
 from __future__ import annotations
 
+import datetime
 import secrets
 import struct
 from collections.abc import Callable
@@ -219,6 +220,7 @@ class VHost:
         self._refuse_control_reference(
             arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
         )
+        _check_queue_type(name, arguments)
         existing = self.queues.get(name)
         if existing is not None:
             self._check_owner(existing, owner)
@@ -229,6 +231,8 @@ class VHost:
             if existing.auto_delete != auto_delete:
                 raise _inequivalent("queue", name, "auto_delete")
             for key in set(existing.arguments) | set(arguments):
+                if key == "x-queue-type":
+                    continue  # checked above: classic is the only type, named or not
                 if key.startswith("x-") and existing.arguments.get(key) != arguments.get(key):
                     raise _inequivalent("queue", name, key)
             existing.last_used = now
@@ -377,17 +381,19 @@ class VHost:
                 deaths.insert(0, death)
                 break
         else:
-            deaths.insert(
-                0,
-                {
-                    "count": 1,
-                    "reason": reason,
-                    "queue": queue.name,
-                    "time": int(self.wall_clock()),
-                    "exchange": message.exchange,
-                    "routing-keys": [original_key],
-                },
-            )
+            death = {
+                "count": 1,
+                "reason": reason,
+                "queue": queue.name,
+                "time": datetime.datetime.fromtimestamp(int(self.wall_clock()), datetime.UTC),
+                "exchange": message.exchange,
+                "routing-keys": [original_key],
+            }
+            expiration = message.expiration_text()
+            if expiration is not None:
+                # The TTL is dropped so the dead letter does not expire again on arrival.
+                death["original-expiration"] = expiration
+            deaths.insert(0, death)
         headers["x-death"] = deaths
         headers.setdefault("x-first-death-reason", reason)
         headers.setdefault("x-first-death-queue", queue.name)
@@ -397,8 +403,8 @@ class VHost:
                 address_of(exchange.name, routing_key), headers, drop_expiration=True
             )
         except (TypeError, ValueError, OverflowError, struct.error):
-            # pamqp cannot encode every value it decodes (a double beyond single
-            # precision): such a message is dropped, as if it had no dead-letter exchange.
+            # A header this server cannot write back (a key longer than a shortstr): such
+            # a message is dropped, as if it had no dead-letter exchange.
             return
         targets = tuple(
             target
@@ -407,6 +413,28 @@ class VHost:
         )
         if self.deliver_routed is not None and targets:
             self.deliver_routed(dead, targets)
+
+
+# Queue types RabbitMQ knows that this server does not build yet, and what they are.
+_UNBUILT_QUEUE_TYPES = {
+    "quorum": "quorum queues (replicated durable queues) are not available on this server yet",
+    "stream": "stream queues are not available on this server",
+}
+
+
+def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
+    kind = arguments.get("x-queue-type", "classic")
+    if isinstance(kind, bytes):
+        kind = kind.decode(errors="replace")
+    if kind == "classic":
+        return
+    if kind in _UNBUILT_QUEUE_TYPES:
+        problem = _UNBUILT_QUEUE_TYPES[kind]
+    else:
+        problem = f"unknown queue type {kind!r} (this server has 'classic')"
+    raise exceptions.AMQPPreconditionFailed(
+        f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}': {problem}"
+    )
 
 
 def _is_cycle(queue_name: str, deaths: list[dict[str, Any]]) -> bool:

@@ -3,6 +3,7 @@ routing through exchange-to-exchange bindings (cycles included), and dead-letter
 
 from __future__ import annotations
 
+import datetime
 import struct
 from typing import Any
 
@@ -407,11 +408,14 @@ def test_rejected_message_gets_x_death(h: Harness) -> None:
             "count": 1,
             "reason": "rejected",
             "queue": "work",
-            "time": int(WALL_CLOCK),
+            "time": datetime.datetime.fromtimestamp(int(WALL_CLOCK), datetime.UTC),
             "exchange": "amq.direct",
             "routing-keys": ["job"],
+            "original-expiration": "60000",
         }
     ]
+    # The time is an AMQP timestamp ('T'), as RabbitMQ writes it, not an integer.
+    assert b"\x04timeT" + struct.pack(">Q", int(WALL_CLOCK)) in dead.header
     assert headers["x-first-death-reason"] == "rejected"
     assert headers["x-first-death-queue"] == "work"
     assert headers["x-first-death-exchange"] == "amq.direct"
@@ -573,13 +577,26 @@ def test_binary_longstr_header_survives_dead_lettering(h: Harness) -> None:
     assert headers["x-death"][0]["reason"] == "rejected"
 
 
-def test_header_pamqp_cannot_encode_drops_the_dead_letter(h: Harness) -> None:
+def test_doubles_stay_doubles_through_dead_lettering(h: Harness) -> None:
+    """pamqp writes floats as single precision: a double header came back rounded, and one
+    beyond single precision made the dead letter impossible to encode, so it was dropped."""
     source, parking = dead_letter_setup(h)
     h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
-    huge_double = b"\x03dbld" + struct.pack(">d", 1e300)
-    source.enqueue(with_raw_headers("amq.direct", "job", huge_double), 0.0)
+    doubles = b"\x03dbld" + struct.pack(">d", 1e300) + b"\x03tend" + struct.pack(">d", 0.1)
+    source.enqueue(with_raw_headers("amq.direct", "job", doubles), 0.0)
     source.reject(take(source))
-    assert parking.message_count == 0 and source.message_count == 0
+    dead = take(parking)
+    headers = dead.headers()
+    assert headers["dbl"] == 1e300 and headers["ten"] == 0.1
+    assert b"\x03tend" + struct.pack(">d", 0.1) in dead.header
+
+
+def test_message_without_expiration_has_no_original_expiration(h: Harness) -> None:
+    source, parking = dead_letter_setup(h)
+    h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
+    h.publish("amq.direct", "job", b"m")
+    source.reject(take(source))
+    assert "original-expiration" not in take(parking).headers()["x-death"][0]
 
 
 # -- the control plane: outside the routing graph ---------------------------------------

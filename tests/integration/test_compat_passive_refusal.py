@@ -1,0 +1,78 @@
+"""A plain client that reaches the passive server reads why, in every client library.
+
+The refusal is a Connection.Close in reply to StartOk (before Tune): aiormq and aio-pika
+read a Close in reply to Open as a framing error and lose its text. A client announcing
+``connection.redirect`` is still sent Connection.Redirect after Open. Either way the pair
+counts one client vote per connection attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+import aiormq
+import amqp
+import kombu
+import pytest
+from pamqp import commands
+
+from amqha.client import ConnectionRedirect
+from tests.pairs import MakePair, pika_open_error, raw_open
+
+
+async def test_every_client_reads_the_not_active_text(make_pair: MakePair) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    text = f"NOT_ACTIVE - active server is {pair.primary.address}"
+    url = pair.backup.url
+
+    with pytest.raises(aiormq.exceptions.ConnectionClosed) as caught:
+        await aiormq.connect(url)
+    assert caught.value.args == (320, text)
+
+    with pytest.raises(aiormq.exceptions.ConnectionClosed) as caught_pika:
+        await aio_pika.connect(url, timeout=5)
+    assert caught_pika.value.args == (320, text)
+
+    error = await asyncio.to_thread(pika_open_error, pair.backup.port)
+    assert error is not None and f"(320) '{text}'" in error
+
+    def py_amqp() -> BaseException:
+        connection = amqp.Connection(f"127.0.0.1:{pair.backup.port}", connect_timeout=5)
+        with pytest.raises(amqp.exceptions.ConnectionForced) as raised:
+            connection.connect()
+        return raised.value
+
+    forced = await asyncio.to_thread(py_amqp)
+    assert text in str(forced)
+
+    def with_kombu() -> BaseException:
+        with (
+            kombu.Connection(f"pyamqp://guest:guest@127.0.0.1:{pair.backup.port}//") as connection,
+            pytest.raises(amqp.exceptions.ConnectionForced) as raised,
+        ):
+            connection.connect()
+        return raised.value
+
+    assert text in str(await asyncio.to_thread(with_kombu))
+
+
+async def test_one_vote_per_attempt_at_start_ok_or_at_open(make_pair: MakePair) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+
+    def redirects() -> int:
+        return sum(1 for e in pair.events(pair.backup) if e["event"] == "redirect")
+
+    before = redirects()
+    close = await asyncio.to_thread(raw_open, pair.backup.port)
+    assert isinstance(close, commands.Connection.Close) and close.reply_code == 320
+    redirect = await asyncio.to_thread(raw_open, pair.backup.port, True)
+    assert isinstance(redirect, ConnectionRedirect)
+    assert redirect.host == pair.primary.address
+    assert redirects() == before + 2
+    # The active admits a plain client at StartOk and does not ask again at Open.
+    assert isinstance(
+        await asyncio.to_thread(raw_open, pair.primary.port), commands.Connection.OpenOk
+    )
