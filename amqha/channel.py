@@ -38,6 +38,14 @@ _CLOSE_INDEXES = (
 
 # The user_id bit of the content header's property flags (low byte of the flag word).
 _USER_ID_FLAG = 0x10
+# The reply_to bit (high byte of the flag word).
+_REPLY_TO_FLAG = 0x02
+
+# Direct reply-to (RabbitMQ's extension): a consumer on this pseudo-queue receives, without
+# any queue, the messages published to the default exchange with the routing key its
+# channel's requests carry in reply_to (the name followed by a token naming the channel).
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO + "."
 
 # An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
 Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
@@ -146,6 +154,9 @@ class Channel:
         self.pending: PendingPublish | None = None
         # An empty queue name in a method means the queue last declared on this channel.
         self.last_queue = ""
+        # Direct reply-to: this channel's reply consumer and the address its requests carry.
+        self.reply_consumer: ChannelConsumer | None = None
+        self.reply_address = ""
         self.handlers: dict[type, Callable[[Any], None]] = {
             commands.Channel.Open: self.on_channel_open,
             commands.Channel.Close: self.on_channel_close,
@@ -279,6 +290,8 @@ class Channel:
         wire.check_properties(payload)
         if payload[13] & _USER_ID_FLAG:
             self._check_user_id(payload)
+        if payload[12] & _REPLY_TO_FLAG:
+            payload = self._fill_reply_to(payload)
         pending.header = payload
         pending.body_size = body_size
         if body_size == 0:
@@ -293,6 +306,18 @@ class Channel:
                 f"PRECONDITION_FAILED - user_id property set to '{user_id}' but "
                 f"authenticated user was '{self.connection.user.name}'"
             )
+
+    def _fill_reply_to(self, header: bytes) -> bytes:
+        """A request naming the direct reply-to pseudo-queue carries this channel's address."""
+        message = Message(b"", header, b"")
+        if message.reply_to() != REPLY_TO:
+            return header
+        if self.reply_consumer is None:
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                "PRECONDITION_FAILED - fast reply consumer does not exist"
+            )
+        return message.with_reply_to(self.reply_address).header
 
     def _on_body(self, pending: PendingPublish, payload: bytes) -> None:
         received = pending.received + len(payload)
@@ -323,8 +348,13 @@ class Channel:
             return
         queues = self.vhost.route(exchange, publish.routing_key, message)
         accepted = self.broker.enqueue(message, queues) if queues else True
+        delivered = bool(queues) or (
+            exchange.name == ""
+            and publish.routing_key.startswith(REPLY_TO_PREFIX)
+            and self._reply(publish.routing_key, message)
+        )
         connection = self.connection
-        if not queues and publish.mandatory:
+        if not delivered and publish.mandatory:
             connection.send(
                 wire.return_frames(
                     self.number,
@@ -344,6 +374,14 @@ class Channel:
                 self.confirmed_upto = self.publish_seq
             else:
                 connection.confirms_due(self)
+
+    def _reply(self, address: str, message: Message) -> bool:
+        """A reply to a direct reply-to address: straight to its consumer, if still there."""
+        consumer = self.broker.direct_replies.get(address)
+        if consumer is None:
+            return False
+        consumer.deliver(None, message, False)  # type: ignore[arg-type]  # no_ack: no queue
+        return True
 
     def _to_control_plane(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
         """Straight to the exchange's receiver, with the connection that published it: the
@@ -502,10 +540,13 @@ class Channel:
         self._wake_consumers()
 
     def on_basic_consume(self, method: commands.Basic.Consume) -> None:
-        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
         tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
-        if tag in self.consumers:
+        if tag in self.consumers or (self.reply_consumer and self.reply_consumer.tag == tag):
             raise exceptions.AMQPNotAllowed(f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'")
+        if method.queue == REPLY_TO:
+            self._consume_replies(tag, method)
+            return
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
         if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - queue '{queue.name}' in vhost '{self.vhost.name}' "
@@ -521,7 +562,30 @@ class Channel:
             self.reply(commands.Basic.ConsumeOk(tag))
         queue.drain(now)
 
+    def _consume_replies(self, tag: str, method: commands.Basic.Consume) -> None:
+        if not method.no_ack:
+            raise exceptions.AMQPPreconditionFailed(
+                "PRECONDITION_FAILED - reply consumer cannot acknowledge"
+            )
+        if self.reply_consumer is not None:
+            raise exceptions.AMQPPreconditionFailed(
+                "PRECONDITION_FAILED - reply consumer already set"
+            )
+        self.reply_consumer = ChannelConsumer(tag, self, None, True, False, 0)  # type: ignore[arg-type]
+        self.reply_address = REPLY_TO_PREFIX + secrets.token_urlsafe(24)
+        self.broker.direct_replies[self.reply_address] = self.reply_consumer
+        if not method.nowait:
+            self.reply(commands.Basic.ConsumeOk(tag))
+
+    def _stop_replies(self) -> None:
+        if self.reply_consumer is not None:
+            self.broker.direct_replies.pop(self.reply_address, None)
+            self.reply_consumer = None
+            self.reply_address = ""
+
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
+        if self.reply_consumer is not None and self.reply_consumer.tag == method.consumer_tag:
+            self._stop_replies()
         consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._detach(consumer)
@@ -603,6 +667,9 @@ class Channel:
 
     def on_queue_declare(self, method: commands.Queue.Declare) -> None:
         connection = self.connection
+        if method.queue == REPLY_TO or method.queue.startswith(REPLY_TO_PREFIX):
+            self._declare_reply_to(method)
+            return
         queue = self.vhost.declare_queue(
             method.queue,
             connection,
@@ -623,6 +690,20 @@ class Channel:
                     self.number, queue.name, queue.message_count, queue.consumer_count
                 )
             )
+
+    def _declare_reply_to(self, method: commands.Queue.Declare) -> None:
+        """As RabbitMQ: the pseudo-queue, or a reply address whose consumer is still there,
+        exists for a passive declare; nothing else can be done with those names."""
+        if not method.passive:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - queue name '{method.queue}' contains reserved prefix 'amq.'"
+            )
+        if method.queue != REPLY_TO and method.queue not in self.broker.direct_replies:
+            raise exceptions.AMQPNotFound(
+                f"NOT_FOUND - no queue '{method.queue}' in vhost '{self.vhost.name}'"
+            )
+        if not method.nowait:
+            self.connection.send(wire.declare_ok_frame(self.number, method.queue, 0, 0))
 
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
         self.vhost.bind_queue(
@@ -762,6 +843,7 @@ class Channel:
         if self.state is CLOSING:
             return
         self.connection.confirm_channels.discard(self)
+        self._stop_replies()
         self.pending = None
         consumers = list(self.consumers.values())
         self.consumers.clear()

@@ -57,6 +57,7 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "connection.redirect": True,
+    "direct_reply_to": True,
 }
 
 
@@ -82,6 +83,8 @@ class Broker:
         self.on_open: list[Callable[[Connection], None]] = []
         self.on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
+        # Direct reply-to: the reply consumer behind each address handed out in reply_to.
+        self.direct_replies: dict[str, Any] = {}
 
     # -- model access ---------------------------------------------------------------------
 

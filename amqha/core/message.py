@@ -20,8 +20,10 @@ from ..wire import with_headers
 
 _FLAG_HEADERS = 1 << 13
 _FLAG_DELIVERY_MODE = 1 << 12
+_FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
 _flags_at = struct.Struct(">H")
+_body_size = struct.Struct(">Q")
 
 
 def _unshortstr_pair(address: bytes) -> tuple[str, str]:
@@ -85,6 +87,24 @@ class Message:
         if not self._flags() & _FLAG_EXPIRATION:
             return None
         return self.properties().expiration
+
+    def reply_to(self) -> str | None:
+        """The reply_to property, or None (read only when the flag is set)."""
+        if not self._flags() & _FLAG_REPLY_TO:
+            return None
+        return self.properties().reply_to
+
+    def with_reply_to(self, reply_to: str) -> Message:
+        """A copy whose reply_to names ``reply_to`` (direct reply-to fills in its address)."""
+        properties = self.properties()
+        headers = properties.headers or {}
+        properties.headers = None
+        properties.reply_to = reply_to
+        # The body may not have arrived yet: the size is the one the header announces.
+        content = ContentHeader(
+            body_size=_body_size.unpack_from(self.header, 4)[0], properties=properties
+        )
+        return Message(self.address, with_headers(content.marshal(), headers), self.body)
 
     def is_persistent(self) -> bool:
         return bool(self._flags() & _FLAG_DELIVERY_MODE) and self.properties().delivery_mode == 2

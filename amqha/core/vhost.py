@@ -47,8 +47,9 @@ UNDELETABLE = (
     frozenset(name for name, _ in STANDARD_EXCHANGES) | frozenset(CONTROL_EXCHANGES) | {""}
 )
 
+ALTERNATE_EXCHANGE = "alternate-exchange"
 # Arguments that name another exchange a message may be sent on to.
-_EXCHANGE_REFERENCES = ("alternate-exchange",)
+_EXCHANGE_REFERENCES = (ALTERNATE_EXCHANGE,)
 
 
 class DefaultExchange(DirectExchange):
@@ -149,6 +150,10 @@ class VHost:
                 raise _inequivalent("exchange", name, "auto_delete")
             if existing.internal != internal:
                 raise _inequivalent("exchange", name, "internal")
+            if existing.arguments.get(ALTERNATE_EXCHANGE) != (arguments or {}).get(
+                ALTERNATE_EXCHANGE
+            ):
+                raise _inequivalent("exchange", name, ALTERNATE_EXCHANGE)
             return existing
         exchange = EXCHANGE_CLASSES[kind](name, durable, auto_delete, internal, arguments or {})
         self.exchanges[name] = exchange
@@ -343,23 +348,36 @@ class VHost:
     # -- routing -------------------------------------------------------------------
 
     def route(self, exchange: Exchange, routing_key: str, message: Message) -> tuple[Queue, ...]:
-        """The queues a message reaches, each once, following exchange-to-exchange bindings."""
+        """The queues a message reaches, each once, following exchange-to-exchange bindings
+        and, from an exchange that routes it nowhere, that exchange's alternate exchange."""
         found = exchange.route(routing_key, message.headers)
-        if exchange.name not in self._has_exchange_destinations:
+        if exchange.name not in self._has_exchange_destinations and (
+            found or ALTERNATE_EXCHANGE not in exchange.arguments
+        ):
             return found
         queues: dict[Queue, None] = {}
         seen: set[int] = {id(exchange)}
-        pending = list(found)
+        pending = list(found) or self._alternate_of(exchange)
         while pending:
             destination = pending.pop()
             if isinstance(destination, Exchange):
                 if id(destination) in seen:
                     continue
                 seen.add(id(destination))
-                pending.extend(destination.route(routing_key, message.headers))
+                reached = destination.route(routing_key, message.headers)
+                pending.extend(reached or self._alternate_of(destination))
             else:
                 queues[destination] = None
         return tuple(queues)
+
+    def _alternate_of(self, exchange: Exchange) -> list[Exchange]:
+        """RabbitMQ's rule: an exchange with no destination for a message hands it to its
+        alternate exchange (if that exists), which may hand it on to its own."""
+        name = exchange.arguments.get(ALTERNATE_EXCHANGE)
+        alternate = self.exchanges.get(name) if isinstance(name, str) else None
+        if alternate is None or alternate.control:
+            return []
+        return [alternate]
 
     # -- dead letters --------------------------------------------------------------
 

@@ -641,3 +641,65 @@ def test_publishes_reach_the_receiver_only_and_no_queue(h: Harness) -> None:
     assert [who for _, who in got] == ["conn"]
     with pytest.raises(exceptions.AMQPAccessRefused):
         h.vhost.delete_exchange("amq.peer")
+
+
+# -- alternate exchanges ----------------------------------------------------------------
+
+
+def alternate(name: str) -> dict[str, Any]:
+    return {"alternate-exchange": name}
+
+
+def test_unroutable_message_goes_to_the_alternate_exchange(h: Harness) -> None:
+    h.vhost.declare_exchange("unrouted", "fanout")
+    h.vhost.declare_exchange("orders", "direct", arguments=alternate("unrouted"))
+    routed, leftovers = h.queue("routed"), h.queue("leftovers")
+    h.vhost.bind_queue("routed", "orders", "known", {}, OWNER)
+    h.vhost.bind_queue("leftovers", "unrouted", "", {}, OWNER)
+    assert h.publish("orders", "known") == (routed,)
+    assert h.publish("orders", "unknown") == (leftovers,)
+    assert take(leftovers).routing_key == "unknown", "the routing key is kept"
+
+
+def test_alternates_chain_and_a_cycle_of_them_ends(h: Harness) -> None:
+    h.vhost.declare_exchange("c", "direct")
+    h.vhost.declare_exchange("b", "direct", arguments=alternate("c"))
+    h.vhost.declare_exchange("a", "direct", arguments=alternate("b"))
+    last = h.queue("last")
+    assert h.publish("a", "k") == ()
+    h.vhost.bind_queue("last", "c", "k", {}, OWNER)
+    assert h.publish("a", "k") == (last,)
+    h.vhost.declare_exchange("x", "direct", arguments=alternate("y"))
+    h.vhost.declare_exchange("y", "direct", arguments=alternate("x"))
+    assert h.publish("x", "k") == ()
+
+
+def test_an_exchange_that_routes_to_an_exchange_does_not_use_its_alternate(h: Harness) -> None:
+    """As in RabbitMQ: the alternate is taken by the exchange that had no destination."""
+    h.vhost.declare_exchange("spare", "fanout")
+    h.vhost.declare_exchange("inner", "direct", arguments=alternate("spare"))
+    h.vhost.declare_exchange("outer", "fanout", arguments=alternate("spare"))
+    h.vhost.bind_exchange("inner", "outer", "", {})
+    spare = h.queue("spare-q")
+    h.vhost.bind_queue("spare-q", "spare", "", {}, OWNER)
+    assert h.publish("outer", "k") == (spare,), "reached through inner's alternate"
+    assert spare.message_count == 1
+
+
+def test_missing_alternate_drops_and_redeclare_must_name_the_same(h: Harness) -> None:
+    h.vhost.declare_exchange("e", "direct", arguments=alternate("not-there"))
+    assert h.publish("e", "k") == ()
+    h.vhost.declare_exchange("e", "direct", arguments=alternate("not-there"))
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match="alternate-exchange"):
+        h.vhost.declare_exchange("e", "direct", arguments=alternate("other"))
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match="alternate-exchange"):
+        h.vhost.declare_exchange("e", "direct")
+
+
+@pytest.mark.parametrize("kind", ["quorum", "stream", "lazy"])
+def test_queue_types_other_than_classic_are_a_406(h: Harness, kind: str) -> None:
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match="x-queue-type"):
+        h.queue("typed", **{"x-queue-type": kind})
+    assert "typed" not in h.vhost.queues
+    h.queue("typed", **{"x-queue-type": "classic"})
+    h.queue("typed")
