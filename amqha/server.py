@@ -19,6 +19,7 @@ import hmac
 import logging
 import platform
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 from pamqp import commands
 
 from config import ServerConfig, User
+from config.loader import format_host_port
 
 from . import __version__, wire
 from .connection import OPEN, Connection
@@ -73,7 +75,8 @@ class Broker:
         self.timed_queues: set[Queue] = set()
         self.blocked = False
         self.started = time.time()
-        self.server: asyncio.base_events.Server | None = None
+        self.server: asyncio.base_events.Server | None = None  # the first of ``servers``
+        self.servers: list[asyncio.base_events.Server] = []
         self.sweeper: asyncio.TimerHandle | None = None
         self.pair: Pair = Standalone(config.name, config.public_address)
         self.held: set[Connection] = set()
@@ -301,14 +304,32 @@ class Broker:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.server = await self.loop.create_server(
-            lambda: Connection(self),
-            self.config.host,
-            self.config.port,
-            reuse_address=True,
-            backlog=1024,
-        )
+        for host, port in self.config.addresses:
+            self.servers.extend(await self._listen(host, port))
+        self.server = self.servers[0]
         self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    async def _listen(self, host: str, port: int) -> list[asyncio.base_events.Server]:
+        """One listener per address; ``::`` (all IPv6 addresses) serves IPv4 as well, on one
+        dual-stack socket where the OS has them, else on a second socket bound to 0.0.0.0."""
+        if host != "::":
+            return [await self._serve(host=host, port=port)]
+        if socket.has_dualstack_ipv6():
+            sock = socket.create_server(
+                ("::", port), family=socket.AF_INET6, backlog=1024, dualstack_ipv6=True
+            )
+            return [await self._serve(sock=sock)]
+        return [
+            await self._serve(host="::", port=port),
+            await self._serve(host="0.0.0.0", port=port),
+        ]
+
+    async def _serve(self, **where: Any) -> asyncio.base_events.Server:
+        if "sock" in where:
+            return await self.loop.create_server(lambda: Connection(self), **where)
+        return await self.loop.create_server(
+            lambda: Connection(self), reuse_address=True, backlog=1024, **where
+        )
 
     @property
     def port(self) -> int:
@@ -318,8 +339,8 @@ class Broker:
     async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
         if self.sweeper is not None:
             self.sweeper.cancel()
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         for connection in list(self.connections):
             connection.close_forced(text)
         deadline = self.loop.time() + CLOSE_WAIT
@@ -370,7 +391,7 @@ async def serve(
         await service.start()
     print(
         f"amqha {config.name} ({config.failover.role or 'standalone'}) listening on "
-        f"{config.listen}",
+        + ", ".join(format_host_port(host, port) for host, port in config.addresses),
         file=sys.stderr,
         flush=True,
     )

@@ -73,10 +73,19 @@ class ServerConfig:
     failover: FailoverConfig = field(default_factory=FailoverConfig)
     limits: Limits = field(default_factory=Limits)
     source: str = "<defaults>"
+    # Every address clients may connect to (server.listen as a list); the first is
+    # host:port. Empty means host:port alone.
+    listen_addresses: tuple[tuple[str, int], ...] = ()
+    # Where the Prometheus endpoint listens (metrics.listen); None: no endpoint.
+    metrics_listen: tuple[str, int] | None = None
 
     @property
     def listen(self) -> str:
-        return f"{self.host}:{self.port}"
+        return format_host_port(self.host, self.port)
+
+    @property
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        return self.listen_addresses or ((self.host, self.port),)
 
     @property
     def public_address(self) -> str:
@@ -88,6 +97,26 @@ class ServerConfig:
 
     def user(self, name: str) -> User | None:
         return next((u for u in self.users if u.name == name), None)
+
+
+def format_host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets as it is written in the config."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen_addresses(path: str, value: Any) -> tuple[tuple[str, int], ...]:
+    """server.listen: one 'host:port' or a non-empty list of them, each once."""
+    if isinstance(value, str):
+        return (parse_host_port(path, "server.listen", value),)
+    if not value:
+        raise ConfigError(path, "server.listen", "expected at least one 'host:port'")
+    addresses: list[tuple[str, int]] = []
+    for index, item in enumerate(value):
+        address = parse_host_port(path, f"server.listen[{index}]", item)
+        if address in addresses:
+            raise ConfigError(path, f"server.listen[{index}]", f"{item!r} is listed twice")
+        addresses.append(address)
+    return tuple(addresses)
 
 
 def parse_host_port(path: str, key: str, value: Any) -> tuple[str, int]:
@@ -254,7 +283,8 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     top = _Section(path, "", data)
     server = top.section("server")
     name = server.get("name", str, "amqha")
-    host, port = parse_host_port(path, "server.listen", server.get("listen", str, "127.0.0.1:5672"))
+    listen_addresses = _listen_addresses(path, server.get("listen", (str, list), "127.0.0.1:5672"))
+    host, port = listen_addresses[0]
     advertise = server.get("advertise", str, None)
     if advertise is not None:
         parse_host_port(path, "server.advertise", advertise)
@@ -339,6 +369,12 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         ),
     )
     limits_section.check_unknown()
+    metrics = top.section("metrics")
+    metrics_value = metrics.get("listen", str, None)
+    metrics_listen = (
+        None if metrics_value is None else parse_host_port(path, "metrics.listen", metrics_value)
+    )
+    metrics.check_unknown()
     top.check_unknown()
     return ServerConfig(
         name=name,
@@ -360,4 +396,6 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         ),
         limits=limits,
         source=path,
+        listen_addresses=listen_addresses,
+        metrics_listen=metrics_listen,
     )

@@ -18,7 +18,7 @@ import pytest
 from pamqp import body, commands, frame, header
 
 from tests.integration.protocol_support import RawClient, unique
-from tests.support import ServerProcess, wait_until
+from tests.support import ServerProcess, free_port, wait_until
 
 # -- Connection.UpdateSecret --------------------------------------------------------------
 
@@ -294,3 +294,25 @@ def test_pika_quorum_queue_is_a_406_naming_the_missing_feature(broker: ServerPro
         assert "replicated durable queues" in caught.value.reply_text
     finally:
         connection.close()
+
+
+# -- several addresses, IPv6 ----------------------------------------------------------------
+
+
+async def test_listens_on_a_list_of_addresses_ipv4_and_ipv6(make_server) -> None:
+    server = make_server("multi")
+    port, other = server.port, free_port()
+    server.config["server"]["listen"] = [f"127.0.0.1:{port}", f"[::1]:{port}", f"[::]:{other}"]
+    server.start()
+    for host, at in (("127.0.0.1", port), ("[::1]", port), ("127.0.0.1", other), ("[::1]", other)):
+        connection = await aio_pika.connect(f"amqp://guest:guest@{host}:{at}/")
+        async with connection:
+            channel = await connection.channel()
+            await channel.declare_queue(exclusive=True)
+
+    def with_pika() -> None:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("::1", port))
+        assert connection.channel().queue_declare("", exclusive=True).method.queue
+        connection.close()
+
+    await asyncio.to_thread(with_pika)

@@ -47,7 +47,7 @@ def write(tmp_path: Path, data: Any, name: str = "server.yaml") -> Path:
 
 def with_change(section: str, key: str, value: Any) -> dict[str, Any]:
     data = yaml.safe_load(yaml.safe_dump(VALID))
-    data[section][key] = value
+    data.setdefault(section, {})[key] = value
     return data
 
 
@@ -311,3 +311,36 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_directory_instead_of_a_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r": \(file\): cannot read"):
         load_config(tmp_path)
+
+
+def test_listen_takes_a_list_of_addresses(tmp_path: Path) -> None:
+    addresses = ["127.0.0.1:5999", "[::1]:5999", "[::]:6000"]
+    config = load_config(write(tmp_path, with_change("server", "listen", addresses)))
+    assert config.addresses == (("127.0.0.1", 5999), ("::1", 5999), ("::", 6000))
+    assert (config.host, config.port) == ("127.0.0.1", 5999)
+    assert load_config(write(tmp_path, with_change("server", "listen", "[::1]:5"))).listen == (
+        "[::1]:5"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "problem"),
+    [
+        ([], "server.listen", "at least one"),
+        (["127.0.0.1:1", "::1"], "server.listen[1]", "brackets"),
+        (["127.0.0.1:1", "127.0.0.1:1"], "server.listen[1]", "listed twice"),
+        ([5672], "server.listen[0]", "expected 'host:port'"),
+    ],
+)
+def test_bad_listen_lists(tmp_path: Path, value: Any, key: str, problem: str) -> None:
+    assert_error(tmp_path, with_change("server", "listen", value), key, problem)
+
+
+def test_metrics_listen_is_off_by_default_and_checked(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, with_change("server", "name", "m"))).metrics_listen is None
+    config = load_config(write(tmp_path, with_change("metrics", "listen", "127.0.0.1:15692")))
+    assert config.metrics_listen == ("127.0.0.1", 15692)
+    assert_error(
+        tmp_path, with_change("metrics", "listen", "nowhere"), "metrics.listen", "host:port"
+    )
+    assert_error(tmp_path, with_change("metrics", "port", 1), "metrics.port", "unknown key")
