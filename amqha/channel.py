@@ -101,6 +101,9 @@ class ChannelConsumer:
             channel.unacked_order.append(tag)
             self.unacked += 1
             queue.unacked += 1
+            queue.delivered += 1
+        elif queue is not None:  # a direct reply has no queue
+            queue.delivered += 1
         connection.send(
             wire.deliver_frames(
                 channel.number,
@@ -458,6 +461,8 @@ class Channel:
         self._settle(self._take_unacked(tag, multiple))
 
     def _settle(self, entries: list[Unacked]) -> None:
+        for entry in entries:
+            entry[2].acked += 1
         self._release(entries)
         self._wake_consumers()
 
@@ -611,6 +616,7 @@ class Channel:
             self.reply(commands.Basic.GetEmpty())
             return
         message, redelivered = got
+        queue.delivered += 1
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         if not method.no_ack:

@@ -62,7 +62,12 @@ class Pair(Protocol):
         ...
 
     def status(self) -> dict[str, Any]:
-        """The console's ``status``: everything an operator needs about this server's side."""
+        """The console's ``status``: everything an operator needs about this server's side.
+
+        The metrics endpoint reads ``state``, ``epoch``, ``takeovers``, ``redirects`` and
+        ``refusals`` (client attempts sent on, or refused with no server to name) and
+        ``peer.last_seen`` (wall clock, or None) from it; a pair may omit what it lacks.
+        """
         ...
 
     def command(self, name: str, args: dict[str, Any], user: str) -> Any:
@@ -93,7 +98,7 @@ class Standalone:
         }
 
     def status(self) -> dict[str, Any]:
-        return self.info()
+        return {**self.info(), "epoch": 0, "takeovers": 0, "redirects": 0, "refusals": 0}
 
     def command(self, name: str, args: dict[str, Any], user: str) -> Any:
         raise ConsoleRefused(f"{name}: this server runs standalone, it has no peer")

@@ -37,6 +37,7 @@ from .core.message import Message
 from .core.queue import Queue
 from .core.vhost import VHost
 from .gate import Pair, Standalone
+from .metrics import MetricsEndpoint
 
 log = logging.getLogger("amqha.server")
 
@@ -144,6 +145,7 @@ class Broker:
                     queue.reject(message, "maxlen")
                 continue
             queue.enqueue(message, now, expiration)
+            queue.published += 1
             if expiration is not None:
                 self.timed_queues.add(queue)
             if queue.consumers:
@@ -387,6 +389,8 @@ async def serve(
         broker.pair = service
         services.append(service)
     await broker.start()
+    metrics = MetricsEndpoint(broker)
+    metrics.start()
     for service in services:
         await service.start()
     print(
@@ -401,4 +405,5 @@ async def serve(
     print(f"amqha {config.name}: shutting down", file=sys.stderr, flush=True)
     for service in reversed(services):
         await service.stop()
+    metrics.stop()
     await broker.stop()

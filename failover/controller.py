@@ -79,6 +79,9 @@ class FailoverController:
         self._last_malformed_log = 0.0
         self.clients = 0
         self.takeovers = 0
+        # Client attempts sent elsewhere, and refused with no server to name (metrics).
+        self.redirects = 0
+        self.refusals = 0
         # The fence: after a freeze, work is held until the peer echoes a message we sent
         # after waking (so its answer is news, not a stale message from our socket buffer)
         # or a timeout passes with the peer silent.
@@ -365,12 +368,18 @@ class FailoverController:
             if self.serving():
                 return ACCEPT
             reason = self.fenced or "this server's heartbeat is late: it may have been frozen"
+            self.refusals += 1
             self._write("refuse", client=client, to=None, reason=reason)
             return Redirect(None, self.known_hosts(), reason)
         if isinstance(decision, fsm.Redirect):
+            if decision.to:
+                self.redirects += 1
+            else:
+                self.refusals += 1
             self._write("redirect" if decision.to else "refuse", client=client, to=decision.to)
             return Redirect(decision.to, self.known_hosts())
         assert isinstance(decision, fsm.Refuse)
+        self.refusals += 1
         self._write("refuse", client=client, to=None, reason=decision.reason)
         return Redirect(None, self.known_hosts(), decision.reason)
 
@@ -584,6 +593,8 @@ class FailoverController:
             "malformed_peer_messages": self.malformed,
             "event_log_lost": self.events.lost,
             "takeovers": self.takeovers,
+            "redirects": self.redirects,
+            "refusals": self.refusals,
         }
 
     def _write(self, event: str, **fields: Any) -> None:

@@ -124,6 +124,10 @@ class Queue:
         self.bytes = 0
         self.consumers: list[Consumer] = []
         self.unacked = 0
+        # Running totals for the metrics endpoint (counted by the broker and channels).
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
         self.had_consumers = False
         self.deleted = False
         self.last_used = now
