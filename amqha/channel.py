@@ -607,7 +607,13 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None or self.state is CLOSING:
             return
         if self.connection.capability("consumer_cancel_notify"):
-            self.reply(commands.Basic.Cancel(consumer.tag, nowait=True))
+            # As in RabbitMQ, the notice follows the reply to the method that deleted the
+            # queue: py-amqp raises on a Basic.Cancel that arrives while it awaits that reply.
+            self.connection.loop.call_soon(self._notify_cancelled, consumer.tag)
+
+    def _notify_cancelled(self, tag: str) -> None:
+        if self.state is OPEN and self.connection.channels.get(self.number) is self:
+            self.reply(commands.Basic.Cancel(tag, nowait=True))
 
     def on_basic_get(self, method: commands.Basic.Get) -> None:
         queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)

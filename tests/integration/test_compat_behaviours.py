@@ -316,3 +316,20 @@ async def test_listens_on_a_list_of_addresses_ipv4_and_ipv6(make_server) -> None
         connection.close()
 
     await asyncio.to_thread(with_pika)
+
+
+def test_the_cancel_notice_follows_delete_ok_on_the_deleting_channel(broker: ServerProcess) -> None:
+    """py-amqp (kombu) raises ConsumerCancelled on a Basic.Cancel read while it waits for
+    DeleteOk: RabbitMQ sends the notice after the reply."""
+    queue = unique("deleted-under-consumer")
+    with RawClient(broker.port) as raw:
+        raw.handshake(capabilities={"consumer_cancel_notify": True})
+        raw.open_channel(1)
+        raw.call(1, commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
+        raw.call(
+            1, commands.Basic.Consume(queue=queue, consumer_tag="c1"), commands.Basic.ConsumeOk
+        )
+        raw.send(1, commands.Queue.Delete(queue=queue))
+        raw.expect(commands.Queue.DeleteOk, 1)
+        cancel = raw.expect(commands.Basic.Cancel, 1)
+        assert cancel.consumer_tag == "c1"
