@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench demo report clean venv
+.PHONY: run test unit lint bench compat demo report clean venv
 
 venv: $(STAMP)
 
@@ -35,6 +35,11 @@ lint: $(STAMP)
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+
+## Real clients' own suites (kombu, pika, a Celery worker) on amqha and on RabbitMQ, side by
+## side. Downloads the suites (and installs RabbitMQ from Debian if missing): not in make test.
+compat: $(STAMP)
+	$(BIN)/python -m bench.compat
 
 ## A scripted tour: start the pair, publish, kill -9 the primary, take over, recover.
 demo: $(STAMP)

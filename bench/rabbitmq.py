@@ -158,9 +158,9 @@ def _comm(pid: int) -> str:
 class RabbitNode:
     """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="amqha-bench-rabbitmq-"))
-        self.port = free_port()
+        self.port = port or free_port()
         self.dist_port = free_port()
         self.epmd_port = free_port()
         self.nodename = f"bench-{os.getpid()}@localhost"
