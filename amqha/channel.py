@@ -121,12 +121,13 @@ class ChannelConsumer:
 class PendingPublish:
     """A Basic.Publish waiting for its content header and body frames."""
 
-    __slots__ = ("publish", "exchange", "header", "body_size", "parts", "received")
+    __slots__ = ("publish", "exchange", "header", "decoded", "body_size", "parts", "received")
 
     def __init__(self, publish: wire.Publish, exchange: Any) -> None:
         self.publish = publish
         self.exchange = exchange
         self.header: bytes | None = None
+        self.decoded: commands.Basic.Properties | None = None
         self.body_size = 0
         self.parts: list[bytes] = []
         self.received = 0
@@ -260,8 +261,7 @@ class Channel:
     def on_basic_publish(self, publish: wire.Publish) -> None:
         connection = self.connection
         if not connection.published:
-            connection.published = True
-            self.broker.throttle(connection)
+            connection.mark_publisher()
         exchange = self.vhost.get_exchange(publish.exchange)
         if connection.bypasses_gate and not exchange.control and not self.broker.pair.serving():
             raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, "Basic.Publish"))
@@ -283,26 +283,36 @@ class Channel:
 
     def _on_header(self, pending: PendingPublish, payload: bytes) -> None:
         body_size = wire.content_body_size(payload)
-        limit = self.broker.config.limits.max_message_size
-        if body_size > limit:
+        limits = self.broker.config.limits
+        if body_size > limits.max_message_size:
             self.pending = None
             raise exceptions.AMQPPreconditionFailed(
                 f"PRECONDITION_FAILED - message size {body_size} is larger than "
-                f"configured max size {limit}"
+                f"configured max size {limits.max_message_size}"
             )
-        wire.check_properties(payload)
+        if len(payload) > limits.max_header_size:
+            # Decoding properties costs time in proportion to their size: refused unread.
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - message properties of {len(payload)} bytes are "
+                f"larger than configured max header size {limits.max_header_size}"
+            )
+        pending.decoded = wire.check_properties(payload)
         if payload[13] & _USER_ID_FLAG:
-            self._check_user_id(payload)
+            self._check_user_id(payload, pending.decoded)
         if payload[12] & _REPLY_TO_FLAG:
-            payload = self._fill_reply_to(payload)
+            filled = self._fill_reply_to(payload)
+            if filled is not payload:
+                pending.decoded = None  # decoded from the header before it was rewritten
+                payload = filled
         pending.header = payload
         pending.body_size = body_size
         if body_size == 0:
             self._complete(pending, b"")
 
-    def _check_user_id(self, header: bytes) -> None:
+    def _check_user_id(self, header: bytes, decoded: commands.Basic.Properties | None) -> None:
         """As in RabbitMQ, a user_id property must name the user who publishes."""
-        user_id = Message(b"", header, b"").properties().user_id
+        user_id = (decoded or wire.decode_properties(header)).user_id
         if user_id != self.connection.user.name:
             self.pending = None
             raise exceptions.AMQPPreconditionFailed(
@@ -333,13 +343,24 @@ class Channel:
             return
         pending.parts.append(payload)
         pending.received = received
+        # A body in many frames is held here until complete: it counts against the watermark.
+        self.broker.input_bytes += len(payload)
         if received == pending.body_size:
             self._complete(pending, b"".join(pending.parts))
 
+    def _drop_pending(self) -> None:
+        pending = self.pending
+        if pending is not None:
+            self.pending = None
+            self.broker.input_bytes -= pending.received
+
     def _complete(self, pending: PendingPublish, body: bytes) -> None:
-        self.pending = None
+        self._drop_pending()
         publish = pending.publish
-        message = Message(publish.address, pending.header, body)  # type: ignore[arg-type]
+        message = Message(publish.address, pending.header, body, pending.decoded)  # type: ignore[arg-type]
+        broker = self.broker
+        if not broker.blocked and Message.held > broker.message_budget:
+            broker.check_memory()
         if self.transaction is not None:
             self.transaction.append(lambda: self._route(pending.exchange, publish, message))
             return
@@ -356,6 +377,8 @@ class Channel:
             and publish.routing_key.startswith(REPLY_TO_PREFIX)
             and self._reply(publish.routing_key, message)
         )
+        # Decoded for routing only: a queued message holds its wire bytes, not these.
+        message.decoded = None
         connection = self.connection
         if not delivered and publish.mandatory:
             connection.send(
@@ -474,8 +497,12 @@ class Channel:
         if len(consumers) == 1:
             # The usual case, once per ack: no set of queues to build.
             for consumer in consumers.values():
-                consumer.queue.drain(now)
+                queue = consumer.queue
+                queue.wake(consumer)
+                queue.drain(now)
             return
+        for consumer in consumers.values():
+            consumer.queue.wake(consumer)
         for queue in {c.queue for c in consumers.values()}:
             queue.drain(now)
 
@@ -548,6 +575,11 @@ class Channel:
         tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.consumers or (self.reply_consumer and self.reply_consumer.tag == tag):
             raise exceptions.AMQPNotAllowed(f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'")
+        limit = self.broker.config.limits.max_consumers_per_channel
+        if limit and len(self.consumers) >= limit:
+            raise exceptions.AMQPNotAllowed(
+                f"NOT_ALLOWED - reached maximum ({limit}) of consumers per channel"
+            )
         if method.queue == REPLY_TO:
             self._consume_replies(tag, method)
             return
@@ -820,11 +852,11 @@ class Channel:
         self.settle_confirms()
         self.release()
         self.connection.send(wire.method_frame(self.number, commands.Channel.CloseOk()))
-        self.connection.channels.pop(self.number, None)
+        self.connection.forget_channel(self.number)
 
     def on_channel_close_ok(self, method: commands.Channel.CloseOk) -> None:
         if self.state is CLOSING:
-            self.connection.channels.pop(self.number, None)
+            self.connection.forget_channel(self.number)
 
     def close_with(
         self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0
@@ -856,7 +888,7 @@ class Channel:
             return
         self.connection.confirm_channels.discard(self)
         self._stop_replies()
-        self.pending = None
+        self._drop_pending()
         consumers = list(self.consumers.values())
         self.consumers.clear()
         for consumer in consumers:

@@ -4,8 +4,16 @@ Owns: the protocol header check, the Start/Tune/Open handshake and authenticatio
 (PLAIN, AMQPLAIN), the failover gate on Connection.Open (accept, redirect, refuse),
 channel 0, heartbeats both ways with dead-peer detection, the mapping of AMQP
 errors to Channel.Close or Connection.Close, and the write side: frames queued by
-channels are coalesced and written once per turn of the loop. Backpressure: when
-the socket's buffer is full, deliveries to this connection pause.
+channels are coalesced and written once per turn of the loop.
+
+Bounds: until Connection.TuneOk a frame may be at most 4096 bytes, so a client that
+has not logged in can make us hold no more. Output is bounded: frames are written as
+soon as ``limits.output_buffer`` bytes are queued, and once the socket holds that much
+unwritten, deliveries to this connection stop and, if it publishes, it is no longer
+read (its Basic.Returns and confirms are what backs up) until the socket drains.
+Reading is bounded too: one read's frames are handled for at most FRAME_BUDGET
+seconds; the rest waits for the next turn of the loop, with the socket unread, so
+other connections and timers run in between.
 
 Must not know: how queues, exchanges and routing work (``core``), what a method
 does on a channel (``channel``).
@@ -40,6 +48,18 @@ KNOWN_FRAME_TYPES = frozenset(
 )
 CLOSE_OK_TIMEOUT = 3.0
 HANDSHAKE_TIMEOUT = 10.0
+# AMQP's minimum frame size, the most a client may send before Connection.TuneOk.
+FRAME_MIN_SIZE = 4096
+FRAME_BUDGET = 0.005
+# The clock is read after this many frames, or after any content header this large.
+FRAMES_PER_CLOCK_READ = 64
+LARGE_HEADER = 1024
+
+# Why the socket is not being read; reading resumes when no reason is left.
+READ_HELD_MEMORY = 1  # the memory watermark is reached and this connection publishes
+READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to it
+READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
+READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
 
 
 class Connection(asyncio.Protocol):
@@ -50,8 +70,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.state = AWAIT_HEADER
         self.buffer = bytearray()
-        # Until Tune-Ok the client has agreed to nothing: our own limit applies.
-        self.frame_max = limits.frame_max
+        # Until Tune-Ok the client has agreed to nothing: the protocol's minimum applies.
+        self.frame_max = FRAME_MIN_SIZE
+        self.output_limit = limits.output_buffer
         self.channel_max = limits.channel_max
         self.heartbeat = 0
         self.channels: dict[int, Channel] = {}
@@ -61,9 +82,13 @@ class Connection(asyncio.Protocol):
         self.client_properties: dict[str, Any] = {}
         self.peer = "?"
         self.out: list[bytes] = []
+        self.out_bytes = 0
         self.flush_scheduled = False
         self.write_paused = False
-        self.reading_paused = False
+        self.read_holds = 0
+        self.backlog: tuple[list[wire.RawFrame], int] | None = None
+        self.buffered = 0  # len(self.buffer) as last counted in broker.input_bytes
+        self.counted = False  # counted in the broker's per-vhost and per-user connections
         self.published = False
         self.confirm_channels: set[Channel] = set()
         self.last_received = self.loop.time()
@@ -73,7 +98,6 @@ class Connection(asyncio.Protocol):
         self.bypasses_gate = False
         # A plain client is admitted at StartOk, where a refusal still reaches its user.
         self.admitted = False
-        self.held_reading = False  # reading paused by a hold (the pair is not serving)
         self.handlers = {
             commands.Connection.StartOk: self.on_start_ok,
             commands.Connection.TuneOk: self.on_tune_ok,
@@ -93,7 +117,11 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
-        self.broker.connections.add(self)
+        if not self.broker.admit(self):
+            self.state = CLOSED
+            transport.abort()
+            return
+        self.transport.set_write_buffer_limits(high=self.output_limit)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -102,14 +130,49 @@ class Connection(asyncio.Protocol):
             if handle is not None:
                 handle.cancel()
         self._release_all()
+        if self.write_paused:
+            self.write_paused = False
+            self.broker.paused_outputs -= 1
+        self.buffer = bytearray()
+        self.backlog = None
+        self._count_input()
         self.broker.connection_closed(self)
 
     def pause_writing(self) -> None:
-        self.write_paused = True
+        if not self.write_paused:
+            self.write_paused = True
+            self.broker.paused_outputs += 1
+        if self.published:
+            self.hold_reading(READ_HELD_OUTPUT, True)
 
     def resume_writing(self) -> None:
-        self.write_paused = False
+        if self.write_paused:
+            self.write_paused = False
+            self.broker.paused_outputs -= 1
+        self.hold_reading(READ_HELD_OUTPUT, False)
         self.wake_consumers()
+
+    def mark_publisher(self) -> None:
+        """The first Basic.Publish: from now on this connection is read only while the
+        memory watermark allows and its socket drains."""
+        self.published = True
+        self.broker.throttle(self)
+        if self.write_paused:
+            self.hold_reading(READ_HELD_OUTPUT, True)
+
+    def hold_reading(self, reason: int, hold: bool) -> None:
+        """Stop or restart reading the socket for one reason; it is read while none holds."""
+        before = self.read_holds
+        after = before | reason if hold else before & ~reason
+        if after == before:
+            return
+        self.read_holds = after
+        if self.transport is None or self.state >= CLOSED:
+            return
+        if not before:
+            self.transport.pause_reading()
+        elif not after:
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self.last_received = self.loop.time()
@@ -137,6 +200,7 @@ class Connection(asyncio.Protocol):
             # The stream is misaligned from here on: no Close-Ok could be read from it, so
             # the socket closes as soon as our Connection.Close is written.
             self.buffer = bytearray()
+            self._count_input()
             self.fail(error)
             self.flush()
             self._drop()
@@ -145,19 +209,65 @@ class Connection(asyncio.Protocol):
             self.buffer = bytearray()
         elif used or not self.buffer:
             self.buffer = bytearray(data[used:])
-        for frame in frames:
+        self._count_input()
+        self._handle_frames(frames, 0)
+        self.flush()
+
+    def _handle_frames(self, frames: list[wire.RawFrame], start: int) -> None:
+        """Handle ``frames[start:]`` until done or FRAME_BUDGET is spent; then the rest
+        waits in ``backlog`` for the next turn of the loop, the socket unread."""
+        clock = self.loop.time
+        deadline = clock() + FRAME_BUDGET
+        count = len(frames)
+        index = start
+        while index < count:
+            frame = frames[index]
+            index += 1
             if self.state >= CLOSING and not self._is_close_frame(frame):
                 continue
             self._handle(frame)
             if self.state >= CLOSED:
-                break
+                return
+            if (
+                (
+                    index % FRAMES_PER_CLOCK_READ == 0
+                    or (frame.kind == wire.FRAME_HEADER and len(frame.payload) > LARGE_HEADER)
+                )
+                and index < count
+                and clock() > deadline
+            ):
+                self.backlog = (frames, index)
+                self.hold_reading(READ_HELD_BACKLOG, True)
+                self.loop.call_soon(self._resume_backlog)
+                return
+
+    def _resume_backlog(self) -> None:
+        if self.backlog is None or self.state >= CLOSED:
+            return
+        frames, start = self.backlog
+        self.backlog = None
+        self._handle_frames(frames, start)
+        if self.backlog is None:
+            self.hold_reading(READ_HELD_BACKLOG, False)
         self.flush()
+
+    def _count_input(self) -> None:
+        """Keep the broker's count of partial frames held for reading up to date."""
+        buffered = len(self.buffer)
+        if buffered != self.buffered:
+            self.broker.input_bytes += buffered - self.buffered
+            self.buffered = buffered
 
     # -- writing ----------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
         self.out.append(data)
-        if not self.flush_scheduled:
+        self.out_bytes += len(data)
+        if self.out_bytes >= self.output_limit:
+            # Written now, so that the transport sees it and pauses us when the socket
+            # does not drain: nothing piles up here unbounded within one turn.
+            self.flush()
+        elif not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
@@ -182,28 +292,22 @@ class Connection(asyncio.Protocol):
                 self.broker.hold(self)
         if not self.out or self.transport is None or self.state == CLOSED:
             self.out.clear()
+            self.out_bytes = 0
             return
         out = self.out
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
+        self.out_bytes = 0
         self.transport.write(data)
         self.last_sent = self.loop.time()
 
     def hold(self) -> None:
-        if self.transport is not None and not self.reading_paused:
-            self.transport.pause_reading()
-            self.reading_paused = True
-            self.held_reading = True
+        self.hold_reading(READ_HELD_PAIR, True)
 
     def release_hold(self) -> None:
         if self.state != OPEN:
             return
-        if self.held_reading:
-            self.held_reading = False
-            self.reading_paused = False
-            if self.transport is not None:
-                self.transport.resume_reading()
-            self.broker.throttle(self)
+        self.hold_reading(READ_HELD_PAIR, False)
         self.flush()
 
     def _write_now(self, data: bytes) -> None:
@@ -286,6 +390,7 @@ class Connection(asyncio.Protocol):
             raise exceptions.AMQPNotAllowed(
                 f"NOT_ALLOWED - channel {number} exceeds channel_max {self.channel_max}"
             )
+        self.broker.channel_opened(self)
         self.channels[number] = Channel(self, number)
         self.send(wire.method_frame(number, commands.Channel.OpenOk()))
 
@@ -389,6 +494,9 @@ class Connection(asyncio.Protocol):
         if isinstance(decision, Redirect):
             self._redirect(decision)
             return
+        refusal = self.broker.connection_refusal(self.user, vhost_name)
+        if refusal is not None:
+            raise exceptions.AMQPNotAllowed(refusal)
         self.vhost = self.broker.vhost(vhost_name)
         self.state = OPEN
         if self.timer is not None:
@@ -474,11 +582,17 @@ class Connection(asyncio.Protocol):
         self.fail(exceptions.AMQPConnectionForced(text))
         self.flush()
 
+    def forget_channel(self, number: int) -> None:
+        """The channel is closed both ways: its number may be opened again."""
+        if self.channels.pop(number, None) is not None:
+            self.broker.channel_closed(self)
+
     def _release_all(self) -> None:
         channels = list(self.channels.values())
         for channel in channels:
             channel.release()
             channel.state = CHANNEL_CLOSING
+            self.broker.channel_closed(self)
         self.channels.clear()
         for queue in list(self.exclusive_queues.values()):
             self.vhost.remove_queue(queue)
@@ -512,7 +626,11 @@ class Connection(asyncio.Protocol):
 
     def wake_consumers(self) -> None:
         now = self.broker.now()
-        queues = {c.queue for ch in self.channels.values() for c in ch.consumers.values()}
+        queues = set()
+        for channel in self.channels.values():
+            for consumer in channel.consumers.values():
+                consumer.queue.wake(consumer)
+                queues.add(consumer.queue)
         for queue in queues:
             queue.drain(now)
 

@@ -1,11 +1,20 @@
 """The broker process: the listening socket, the vhosts, and the timers around them.
 
-Owns: the TCP listener (the only socket code), the set of connections, users and
-authentication, server properties, the periodic sweep (message TTL, x-expires,
-the memory watermark that blocks publishers), the pair it belongs to (``Broker.pair``,
-a ``gate.Pair``: standalone unless a failover controller attaches itself), the receivers
-of the control exchanges, and clean shutdown (every connection closed with 320, files
+Owns: the TCP listener (the only socket code), the set of connections and the
+limits on them (per node, vhost and user), users and authentication, server
+properties, the queue timers (message TTL and x-expires: a heap keyed on each
+queue's next due time, so idle queues cost nothing), the memory watermark that
+blocks publishers, the pair it belongs to (``Broker.pair``, a ``gate.Pair``:
+standalone unless a failover controller attaches itself), the receivers of the
+control exchanges, and clean shutdown (every connection closed with 320, files
 flushed).
+
+Memory: what the process holds for its clients is counted as it changes, never by
+walking queues or connections: message bytes plus a per-message overhead
+(``Message.held``), partial frames and content being assembled, output held for
+sockets that do not drain, and a fixed cost per queue, connection and channel.
+When that passes ``limits.memory_high_watermark`` publishers are blocked
+(Connection.Blocked, and their sockets are no longer read) until it falls below.
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
 failover state machine (it only ever sees the ``gate.Pair`` interface).
@@ -15,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
 import hmac
+import itertools
 import logging
 import platform
 import signal
@@ -25,13 +36,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pamqp import commands
+from pamqp import commands, exceptions
 
 from config import ServerConfig, User
 from config.loader import format_host_port
 
 from . import __version__, wire
-from .connection import OPEN, Connection
+from .connection import OPEN, READ_HELD_MEMORY, Connection
 from .console import ConsoleService
 from .core.message import Message
 from .core.queue import Queue
@@ -41,7 +52,14 @@ from .metrics import MetricsEndpoint
 
 log = logging.getLogger("amqha.server")
 
-SWEEP_INTERVAL = 0.05
+# How often the watermark is re-checked while nothing publishes (publishes check at once).
+MEMORY_CHECK_INTERVAL = 0.1
+# Fixed costs counted against the watermark, measured with bench/memory_attacks.py:
+# a queue with its limits, deques and dicts; a connection with its transport, buffers
+# and handshake state; a channel with its maps.
+QUEUE_COST = 1400
+CONNECTION_COST = 16 * 1024
+CHANNEL_COST = 1200
 # While the pair says this server is not serving, held connections are looked at this often.
 HOLD_RECHECK = 0.05
 CLOSE_WAIT = 2.0
@@ -73,12 +91,24 @@ class Broker:
             for name in user.vhosts:
                 self.vhost(name)
         self.connections: set[Connection] = set()
-        self.timed_queues: set[Queue] = set()
+        self.timers = QueueTimers(self.loop, self._on_queue_due)
         self.blocked = False
+        # Memory counted against the watermark beyond Message.held (see the docstring).
+        self.input_bytes = 0  # partial frames and multi-frame bodies being assembled
+        self.paused_outputs = 0  # connections whose socket stopped draining
+        self.channel_count = 0
+        # What messages may hold before the watermark is reached, refreshed at each check:
+        # a publish compares Message.held with it and checks at once when past it.
+        self.message_budget = config.limits.memory_high_watermark
+        # Open connections per vhost and per user, and channels per user, for the limits.
+        self.vhost_connections: dict[str, int] = {}
+        self.user_connections: dict[str, int] = {}
+        self.user_channels: dict[str, int] = {}
+        self.refused_sockets = 0
         self.started = time.time()
         self.server: asyncio.base_events.Server | None = None  # the first of ``servers``
         self.servers: list[asyncio.base_events.Server] = []
-        self.sweeper: asyncio.TimerHandle | None = None
+        self.memory_timer: asyncio.TimerHandle | None = None
         self.pair: Pair = Standalone(config.name, config.public_address)
         self.held: set[Connection] = set()
         # What reached each control exchange's receiver, by authenticated user.
@@ -99,6 +129,7 @@ class Broker:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = VHost(name, time.time)
+            vhost.max_queues = self.config.limits.vhost.max_queues
             vhost.deliver_routed = self.enqueue
             vhost.on_queue_deleted = self._queue_deleted
             self.vhosts[name] = vhost
@@ -146,21 +177,19 @@ class Broker:
                 continue
             queue.enqueue(message, now, expiration)
             queue.published += 1
-            if expiration is not None:
-                self.timed_queues.add(queue)
             if queue.consumers:
                 queue.drain(now)
         return accepted
 
     def watch_queue(self, queue: Queue) -> None:
-        if queue.limits.message_ttl is not None or queue.limits.expires is not None:
-            self.timed_queues.add(queue)
+        """A queue was declared (or redeclared): its timer follows its due time from now on."""
+        if queue.on_due_changed is None:
+            queue.on_due_changed = self.timers.schedule
+        self.timers.schedule(queue)
 
     def _queue_deleted(self, queue: Queue) -> None:
-        self.timed_queues.discard(queue)
-        for consumer in list(queue.consumers):
+        for consumer in queue.clear_consumers():
             consumer.cancelled()  # type: ignore[attr-defined]
-        queue.consumers.clear()
 
     def receive_control(
         self, exchange: str, receiver: Callable[[Message, Connection], None], vhost: str = "/"
@@ -183,22 +212,7 @@ class Broker:
     def queued_bytes(self) -> int:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
 
-    def _sweep(self) -> None:
-        # Rescheduled first: TTL, x-expires and the memory watermark must outlive any one
-        # failure in a queue (an error is logged against that queue, the others go on).
-        self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
-        now = self.loop.time()
-        for queue in list(self.timed_queues):
-            try:
-                self._sweep_queue(queue, now)
-            except Exception:
-                log.exception("sweep of queue %r failed; it is retried next sweep", queue.name)
-        self._check_memory()
-
-    def _sweep_queue(self, queue: Queue, now: float) -> None:
-        if queue.deleted:
-            self.timed_queues.discard(queue)
-            return
+    def _on_queue_due(self, queue: Queue, now: float) -> None:
         if queue.expiries:
             queue.expire(now)
         if queue.is_idle_expired(now):
@@ -209,16 +223,36 @@ class Broker:
     def _vhost_of(self, queue: Queue) -> VHost | None:
         return next((v for v in self.vhosts.values() if v.queues.get(queue.name) is queue), None)
 
-    def _check_memory(self) -> None:
-        over = self.queued_bytes() > self.config.limits.memory_high_watermark
+    def memory_in_use(self) -> int:
+        """The bytes counted against the watermark (see the module docstring)."""
+        queues = sum(len(vhost.queues) for vhost in self.vhosts.values())
+        return (
+            Message.held
+            + self.input_bytes
+            + self.paused_outputs * self.config.limits.output_buffer
+            + queues * QUEUE_COST
+            + len(self.connections) * CONNECTION_COST
+            + self.channel_count * CHANNEL_COST
+        )
+
+    def _memory_tick(self) -> None:
+        self.memory_timer = self.loop.call_later(MEMORY_CHECK_INTERVAL, self._memory_tick)
+        self.check_memory()
+
+    def check_memory(self) -> None:
+        limit = self.config.limits.memory_high_watermark
+        in_use = self.memory_in_use()
+        self.message_budget = limit - (in_use - Message.held)
+        over = in_use > limit
         if over == self.blocked:
             return
         self.blocked = over
         log.warning(
-            "memory watermark %s: queued message bytes %s %d",
+            "memory watermark %s: %d bytes in use %s %d",
             "reached, blocking publishers" if over else "cleared, unblocking publishers",
+            in_use,
             ">" if over else "<=",
-            self.config.limits.memory_high_watermark,
+            limit,
         )
         for connection in list(self.connections):
             self._apply_block(connection)
@@ -241,14 +275,7 @@ class Broker:
         Connections that only consume keep being read: their acks and gets are what
         drains the queues below the watermark again.
         """
-        if connection.transport is None:
-            return
-        if self.blocked and connection.published and not connection.reading_paused:
-            connection.transport.pause_reading()
-            connection.reading_paused = True
-        elif not self.blocked and connection.reading_paused:
-            connection.transport.resume_reading()
-            connection.reading_paused = False
+        connection.hold_reading(READ_HELD_MEMORY, self.blocked and connection.published)
 
     # -- holding work while the pair says we are not serving ------------------------------
 
@@ -279,7 +306,43 @@ class Broker:
 
     # -- connections ----------------------------------------------------------------------
 
+    def admit(self, connection: Connection) -> bool:
+        """A new socket: False when the node already holds ``limits.max_connections``."""
+        if len(self.connections) >= self.config.limits.max_connections:
+            self.refused_sockets += 1
+            if self.refused_sockets == 1 or self.refused_sockets % 1000 == 0:
+                log.warning(
+                    "connection limit (%d) reached: %s closed at once (%d so far)",
+                    self.config.limits.max_connections,
+                    connection.peer,
+                    self.refused_sockets,
+                )
+            return False
+        self.connections.add(connection)
+        return True
+
+    def connection_refusal(self, user: User, vhost: str) -> str | None:
+        """Why Connection.Open must be refused (530) under the vhost or user limits, if so."""
+        limits = self.config.limits
+        vhost_limit = limits.vhost.max_connections
+        if vhost_limit and self.vhost_connections.get(vhost, 0) >= vhost_limit:
+            return (
+                f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{user.name}': "
+                f"connection limit ({vhost_limit}) is reached"
+            )
+        user_limit = limits.user.max_connections
+        if user_limit and self.user_connections.get(user.name, 0) >= user_limit:
+            return (
+                f"NOT_ALLOWED - Connection refused for user '{user.name}': "
+                f"user connection limit ({user_limit}) is reached"
+            )
+        return None
+
     def connection_opened(self, connection: Connection) -> None:
+        vhost, user = connection.vhost.name, connection.user.name
+        self.vhost_connections[vhost] = self.vhost_connections.get(vhost, 0) + 1
+        self.user_connections[user] = self.user_connections.get(user, 0) + 1
+        connection.counted = True
         if self.blocked:
             self._apply_block(connection)
         for hook in self.on_open:
@@ -288,8 +351,30 @@ class Broker:
     def connection_closed(self, connection: Connection) -> None:
         self.connections.discard(connection)
         self.held.discard(connection)
+        if connection.counted:
+            connection.counted = False
+            vhost, user = connection.vhost.name, connection.user.name
+            self.vhost_connections[vhost] -= 1
+            self.user_connections[user] -= 1
         for hook in self.on_close:
             hook(connection)
+
+    def channel_opened(self, connection: Connection) -> None:
+        """Count a channel against its user's limit; raises 530 past it."""
+        user = connection.user.name
+        limit = self.config.limits.user.max_channels
+        count = self.user_channels.get(user, 0)
+        if limit and count >= limit:
+            raise exceptions.AMQPNotAllowed(
+                f"NOT_ALLOWED - number of channels opened for user '{user}' has reached "
+                f"the maximum allowed user limit of ({limit})"
+            )
+        self.user_channels[user] = count + 1
+        self.channel_count += 1
+
+    def channel_closed(self, connection: Connection) -> None:
+        self.user_channels[connection.user.name] -= 1
+        self.channel_count -= 1
 
     def client_connections(self) -> list[Connection]:
         """Open connections that the failover gate governs (not peers, not admins)."""
@@ -309,7 +394,7 @@ class Broker:
         for host, port in self.config.addresses:
             self.servers.extend(await self._listen(host, port))
         self.server = self.servers[0]
-        self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self.memory_timer = self.loop.call_later(MEMORY_CHECK_INTERVAL, self._memory_tick)
 
     async def _listen(self, host: str, port: int) -> list[asyncio.base_events.Server]:
         """One listener per address; ``::`` (all IPv6 addresses) serves IPv4 as well, on one
@@ -339,8 +424,9 @@ class Broker:
         return self.server.sockets[0].getsockname()[1]
 
     async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
-        if self.sweeper is not None:
-            self.sweeper.cancel()
+        if self.memory_timer is not None:
+            self.memory_timer.cancel()
+        self.timers.close()
         for server in self.servers:
             server.close()
         for connection in list(self.connections):
@@ -351,6 +437,71 @@ class Broker:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.abort()
+
+
+class QueueTimers:
+    """One loop timer for all queues: a heap of (due, queue), the earliest armed.
+
+    A queue is pushed when its due time may have moved earlier (``schedule``); an entry
+    that no longer matches the queue's ``timer_due`` is stale and skipped. Work is
+    proportional to what falls due, never to the number of queues.
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_due: Callable[[Queue, float], None]
+    ) -> None:
+        self.loop = loop
+        self.on_due = on_due
+        self.heap: list[tuple[float, int, Queue]] = []
+        self.order = itertools.count()
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed_for = 0.0
+
+    def schedule(self, queue: Queue) -> None:
+        due = queue.next_due()
+        if due is None or queue.deleted:
+            return
+        if queue.timer_due is not None and queue.timer_due <= due:
+            return
+        queue.timer_due = due
+        heapq.heappush(self.heap, (due, next(self.order), queue))
+        if self.handle is None or due < self.armed_for:
+            self._arm(due)
+
+    def _arm(self, due: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed_for = due
+        self.handle = self.loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        heap = self.heap
+        now = self.loop.time()
+        due_now = []
+        while heap and heap[0][0] <= now:
+            due, _, queue = heapq.heappop(heap)
+            if queue.timer_due == due and not queue.deleted:
+                queue.timer_due = None
+                due_now.append(queue)
+        # Rescheduled only after the pass: a message that expires strictly after ``now``
+        # is due again at once, and must wait for the next turn of the loop.
+        for queue in due_now:
+            try:
+                self.on_due(queue, now)
+            except Exception:
+                log.exception("timer of queue %r failed; it is retried in 1 s", queue.name)
+                queue.timer_due = now + 1.0
+                heapq.heappush(heap, (now + 1.0, next(self.order), queue))
+                continue
+            self.schedule(queue)
+        if heap and (self.handle is None or heap[0][0] < self.armed_for):
+            self._arm(heap[0][0])
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 def tune_gc() -> None:

@@ -53,12 +53,34 @@ class FailoverConfig:
 
 
 @dataclass(frozen=True)
+class VHostLimits:
+    """What each vhost may hold; 0 means no limit."""
+
+    max_connections: int = 0
+    max_queues: int = 100_000
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """What each user may hold, over all its connections; 0 means no limit."""
+
+    max_connections: int = 0
+    max_channels: int = 0
+
+
+@dataclass(frozen=True)
 class Limits:
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60
     max_message_size: int = 128 * 1024 * 1024
     memory_high_watermark: int = 2 * 1024 * 1024 * 1024
+    max_connections: int = 10_000
+    max_consumers_per_channel: int = 0
+    max_header_size: int = 64 * 1024
+    output_buffer: int = 1024 * 1024
+    vhost: VHostLimits = field(default_factory=VHostLimits)
+    user: UserLimits = field(default_factory=UserLimits)
 
 
 @dataclass(frozen=True)
@@ -211,6 +233,12 @@ class _Section:
             self.path, self.key(name), f"expected a size like 1048576 or '512MiB', got {value!r}"
         )
 
+    def count(self, name: str, default: int, minimum: int = 0) -> int:
+        value = self.get(name, int, default)
+        if value < minimum:
+            raise ConfigError(self.path, self.key(name), f"must be {minimum} or more, got {value}")
+        return value
+
     def section(self, name: str) -> _Section:
         self.used.add(name)
         return _Section(self.path, self.key(name), self.data.get(name))
@@ -263,6 +291,26 @@ def _users(path: str, value: Any) -> tuple[User, ...]:
         section.check_unknown()
         users.append(User(name, password, tuple(map(str, vhosts)), tuple(tags)))
     return tuple(users)
+
+
+def _vhost_limits(section: _Section) -> VHostLimits:
+    defaults = VHostLimits()
+    limits = VHostLimits(
+        max_connections=section.count("max_connections", defaults.max_connections),
+        max_queues=section.count("max_queues", defaults.max_queues),
+    )
+    section.check_unknown()
+    return limits
+
+
+def _user_limits(section: _Section) -> UserLimits:
+    defaults = UserLimits()
+    limits = UserLimits(
+        max_connections=section.count("max_connections", defaults.max_connections),
+        max_channels=section.count("max_channels", defaults.max_channels),
+    )
+    section.check_unknown()
+    return limits
 
 
 def load_config(path: str | os.PathLike[str], role: str | None = None) -> ServerConfig:
@@ -367,7 +415,19 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         memory_high_watermark=limits_section.size(
             "memory_high_watermark", defaults.memory_high_watermark
         ),
+        max_connections=limits_section.count("max_connections", defaults.max_connections, 1),
+        max_consumers_per_channel=limits_section.count(
+            "max_consumers_per_channel", defaults.max_consumers_per_channel
+        ),
+        max_header_size=limits_section.size("max_header_size", defaults.max_header_size),
+        output_buffer=limits_section.size("output_buffer", defaults.output_buffer),
+        vhost=_vhost_limits(limits_section.section("vhost")),
+        user=_user_limits(limits_section.section("user")),
     )
+    if limits.output_buffer < 4096:
+        raise ConfigError(
+            path, "limits.output_buffer", f"must be 4096 bytes or more, got {limits.output_buffer}"
+        )
     limits_section.check_unknown()
     metrics = top.section("metrics")
     metrics_value = metrics.get("listen", str, None)

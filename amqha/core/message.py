@@ -5,6 +5,11 @@ lazy access to its properties. The content header is kept exactly as the publish
 sent it and forwarded verbatim on delivery; it is decoded only when routing or
 dead-lettering needs a property.
 
+Also owns the count of the memory messages hold (``Message.held``): every message
+adds its bytes and a fixed per-message overhead when it is made and takes them back
+when the last reference to it goes, wherever it was held (queues, unacknowledged
+deliveries, transactions). The memory watermark reads it.
+
 Must not know: queues, channels, connections.
 """
 
@@ -16,7 +21,7 @@ from typing import Any
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
-from ..wire import with_headers
+from ..wire import decode_properties, with_headers
 
 _FLAG_HEADERS = 1 << 13
 _FLAG_DELIVERY_MODE = 1 << 12
@@ -24,6 +29,11 @@ _FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
 _flags_at = struct.Struct(">H")
 _body_size = struct.Struct(">Q")
+
+# What a queued message costs beyond its header and body bytes: the Message object,
+# three bytes objects' headers, the queue's slot and the allocator's rounding. Measured
+# with bench/memory_attacks.py (1M one-byte messages).
+MESSAGE_OVERHEAD = 224
 
 
 def _unshortstr_pair(address: bytes) -> tuple[str, str]:
@@ -34,12 +44,30 @@ def _unshortstr_pair(address: bytes) -> tuple[str, str]:
 class Message:
     """One message. Shared by every queue it was routed to; never mutated after routing."""
 
-    __slots__ = ("address", "header", "body")
+    __slots__ = ("address", "header", "body", "decoded", "cost")
 
-    def __init__(self, address: bytes, header: bytes, body: bytes) -> None:
+    # Bytes held by all live messages of this process (see the module docstring).
+    held = 0
+
+    def __init__(
+        self,
+        address: bytes,
+        header: bytes,
+        body: bytes,
+        decoded: commands.Basic.Properties | None = None,
+    ) -> None:
         self.address = address
         self.header = header
         self.body = body
+        # The properties already decoded while the message is routed; the publisher
+        # drops them once routed, so a queued message holds only its wire bytes.
+        self.decoded = decoded
+        cost = len(address) + len(header) + len(body) + MESSAGE_OVERHEAD
+        self.cost = cost
+        Message.held += cost
+
+    def __del__(self) -> None:
+        Message.held -= self.cost
 
     @property
     def exchange(self) -> str:
@@ -53,14 +81,10 @@ class Message:
         return _flags_at.unpack_from(self.header, 12)[0]
 
     def properties(self) -> commands.Basic.Properties:
-        content = ContentHeader()
-        try:
-            content.unmarshal(self.header)
-        except Exception as error:
-            raise exceptions.AMQPSyntaxError(
-                f"SYNTAX_ERROR - cannot decode message properties: {error}"
-            ) from error
-        return content.properties
+        decoded = self.decoded
+        if decoded is None:
+            decoded = decode_properties(self.header)
+        return decoded
 
     def headers(self) -> dict[str, Any]:
         if not self._flags() & _FLAG_HEADERS:
@@ -96,7 +120,7 @@ class Message:
 
     def with_reply_to(self, reply_to: str) -> Message:
         """A copy whose reply_to names ``reply_to`` (direct reply-to fills in its address)."""
-        properties = self.properties()
+        properties = decode_properties(self.header)  # a fresh copy: it is changed below
         headers = properties.headers or {}
         properties.headers = None
         properties.reply_to = reply_to
@@ -113,7 +137,7 @@ class Message:
         self, address: bytes, headers: dict[str, Any], drop_expiration: bool = False
     ) -> Message:
         """A copy with a new address and headers (dead-lettering uses this)."""
-        properties = self.properties()
+        properties = decode_properties(self.header)  # a fresh copy: it is changed below
         properties.headers = None
         if drop_expiration:
             properties.expiration = None

@@ -2,7 +2,12 @@
 
 Owns: the message list of one queue, its arguments (TTL, expiry, length limits,
 overflow, dead-letter target), its consumers and the round-robin choice among the
-ready ones, redelivery marks, and the counts the console shows.
+ready ones, redelivery marks, when the queue next needs a timer (``next_due``), and
+the counts the console shows.
+
+Consumers cost O(1) each to add, remove and skip: a consumer found not ready is set
+aside until its channel says it may be ready again (``wake``), so a delivery never
+walks the consumers that cannot take it.
 
 Must not know: channels or sockets (a consumer is anything with ``ready()`` and
 ``deliver()``), the clock (``now`` is passed in, in seconds), where dead letters go
@@ -12,7 +17,7 @@ Must not know: channels or sockets (a consumer is anything with ``ready()`` and
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -122,7 +127,12 @@ class Queue:
         # Expiry times run parallel to ``messages``; kept only once some message can expire.
         self.expiries: deque[float] | None = None
         self.bytes = 0
-        self.consumers: list[Consumer] = []
+        # Every consumer, in subscription order; ``_ready`` holds those that may take a
+        # message, in round-robin order, ``_waiting`` those found not ready.
+        self.consumers: dict[Consumer, None] = {}
+        self._ready: OrderedDict[Consumer, None] = OrderedDict()
+        self._waiting: set[Consumer] = set()
+        self._exclusive_consumers = 0
         self.unacked = 0
         # Running totals for the metrics endpoint (counted by the broker and channels).
         self.published = 0
@@ -132,7 +142,10 @@ class Queue:
         self.deleted = False
         self.last_used = now
         self.on_dead_letter: DeadLetterFn | None = None
-        self._next_consumer = 0
+        # When the broker's timer for this queue is set to fire (None: no timer set), and
+        # who to tell when ``next_due`` may have moved earlier.
+        self.timer_due: float | None = None
+        self.on_due_changed: Callable[[Queue], None] | None = None
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} messages={len(self.messages)}>"
@@ -174,6 +187,8 @@ class Queue:
         self.messages.append(message)
         if self.expiries is not None:
             self.expiries.append(now + ttl if ttl is not None else math.inf)
+            if len(self.messages) == 1 and self.on_due_changed is not None:
+                self.on_due_changed(self)
         self.bytes += len(message.body)
         limits = self.limits
         if limits.max_length is not None or limits.max_length_bytes is not None:
@@ -201,6 +216,9 @@ class Queue:
         item = self.messages.popleft()
         if self.expiries is not None:
             self.expiries.popleft()
+            # A new head: with per-message TTLs it may expire before the old one did.
+            if self.on_due_changed is not None and self.expiries:
+                self.on_due_changed(self)
         if type(item) is Redelivery:
             message, redelivered = item.message, True
         else:
@@ -237,27 +255,22 @@ class Queue:
     def drain(self, now: float) -> None:
         """Hand messages to ready consumers, round-robin, until either runs out."""
         messages = self.messages
-        consumers = self.consumers
-        if not messages or not consumers:
+        if not messages or not self.consumers:
             return
         if self.expiries is not None:
             self.expire(now)
-        count = len(consumers)
+        ready = self._ready
         while messages:
-            if count == 1:
-                consumer = consumers[0]
-                if not consumer.ready():
+            while True:
+                if not ready:
                     return
-            else:
-                start = self._next_consumer
-                for offset in range(count):
-                    index = (start + offset) % count
-                    consumer = consumers[index]
-                    if consumer.ready():
-                        self._next_consumer = index + 1
-                        break
-                else:
-                    return
+                consumer = next(iter(ready))
+                if consumer.ready():
+                    break
+                del ready[consumer]
+                self._waiting.add(consumer)
+            if len(ready) > 1:
+                ready.move_to_end(consumer)
             message, redelivered = self._pop_head()
             consumer.deliver(self, message, redelivered)
             if self.expiries is not None:
@@ -274,21 +287,55 @@ class Queue:
     # -- consumers ---------------------------------------------------------------
 
     def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self.consumers)
+        return self._exclusive_consumers > 0
 
     def add_consumer(self, consumer: Consumer, now: float) -> None:
-        self.consumers.append(consumer)
+        self.consumers[consumer] = None
+        self._ready[consumer] = None
+        if consumer.exclusive:
+            self._exclusive_consumers += 1
         self.had_consumers = True
         self.last_used = now
 
+    def wake(self, consumer: Consumer) -> None:
+        """The consumer may be ready again (an ack, Channel.Flow, a drained socket)."""
+        waiting = self._waiting
+        if waiting and consumer in waiting:
+            waiting.discard(consumer)
+            self._ready[consumer] = None
+
     def remove_consumer(self, consumer: Consumer, now: float) -> bool:
         """Remove a consumer; True when that makes an auto-delete queue due for deletion."""
-        try:
-            self.consumers.remove(consumer)
-        except ValueError:
+        if self.consumers.pop(consumer, False) is False:
             return False
+        self._ready.pop(consumer, None)
+        self._waiting.discard(consumer)
+        if consumer.exclusive:
+            self._exclusive_consumers -= 1
         self.last_used = now
+        if not self.consumers and self.limits.expires is not None and self.on_due_changed:
+            self.on_due_changed(self)
         return self.auto_delete and not self.consumers
+
+    def clear_consumers(self) -> list[Consumer]:
+        """Drop every consumer (the queue is deleted); returns them."""
+        consumers = list(self.consumers)
+        self.consumers.clear()
+        self._ready.clear()
+        self._waiting.clear()
+        self._exclusive_consumers = 0
+        return consumers
+
+    def next_due(self) -> float | None:
+        """When a timer must next look at this queue: its head's expiry, or its
+        x-expires deadline while it has no consumers. None: nothing is due."""
+        due = self.next_expiry()
+        expires = self.limits.expires
+        if expires is not None and not self.consumers:
+            idle_at = self.last_used + expires
+            if due is None or idle_at < due:
+                due = idle_at
+        return due
 
     def is_idle_expired(self, now: float) -> bool:
         """x-expires: unused (no consumers, no get, no redeclare) for the whole period."""

@@ -76,6 +76,8 @@ class VHost:
         # Only x-death's "time" field reads it; injected so the model stays clock-free.
         self.wall_clock = wall_clock
         self.queues: dict[str, Queue] = {}
+        # At most this many queues (0: no limit); a declare past it is refused with 406.
+        self.max_queues = 0
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues)}
         for exchange_name, kind in STANDARD_EXCHANGES:
             self.exchanges[exchange_name] = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
@@ -242,6 +244,11 @@ class VHost:
                     raise _inequivalent("queue", name, key)
             existing.last_used = now
             return existing
+        if self.max_queues and len(self.queues) >= self.max_queues:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - cannot declare queue '{name}': queue limit in vhost "
+                f"'{self.name}' ({self.max_queues}) is reached"
+            )
         try:
             queue = Queue(name, durable, owner if exclusive else None, auto_delete, arguments, now)
         except QueueArgumentError as error:

@@ -98,6 +98,9 @@ def test_consumers_not_ready_are_skipped_and_the_rest_waits() -> None:
     assert queue.message_count == 2
     busy.credit = 5
     queue.drain(0.0)
+    assert busy.got == [], "a consumer found not ready waits until it is woken"
+    queue.wake(busy)
+    queue.drain(0.0)
     assert busy.bodies == [b"2", b"3"]
 
 
