@@ -344,3 +344,41 @@ def test_metrics_listen_is_off_by_default_and_checked(tmp_path: Path) -> None:
         tmp_path, with_change("metrics", "listen", "nowhere"), "metrics.listen", "host:port"
     )
     assert_error(tmp_path, with_change("metrics", "port", 1), "metrics.port", "unknown key")
+
+
+def test_bounds_limits_load_with_their_defaults(tmp_path: Path) -> None:
+    data = with_change("limits", "vhost", {"max_queues": 10})
+    data["limits"].update(
+        {
+            "user": {"max_connections": 5, "max_channels": 50},
+            "max_connections": 100,
+            "max_consumers_per_channel": 3,
+            "max_header_size": "16KiB",
+            "output_buffer": "256KiB",
+        }
+    )
+    limits = load_config(write(tmp_path, data)).limits
+    assert (limits.vhost.max_queues, limits.vhost.max_connections) == (10, 0)
+    assert (limits.user.max_connections, limits.user.max_channels) == (5, 50)
+    assert (limits.max_connections, limits.max_consumers_per_channel) == (100, 3)
+    assert (limits.max_header_size, limits.output_buffer) == (16 * 1024, 256 * 1024)
+    defaults = load_config(write(tmp_path, VALID)).limits
+    assert (defaults.max_connections, defaults.vhost.max_queues) == (10_000, 100_000)
+    assert (defaults.max_header_size, defaults.output_buffer) == (64 * 1024, 1024 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "where", "problem"),
+    [
+        ("max_connections", 0, "limits.max_connections", "must be 1 or more, got 0"),
+        ("max_consumers_per_channel", -1, "limits.max_consumers_per_channel", "0 or more"),
+        ("output_buffer", 100, "limits.output_buffer", "must be 4096 bytes or more"),
+        ("max_header_size", "lots", "limits.max_header_size", "expected a size"),
+        ("vhost", {"max_queues": -2}, "limits.vhost.max_queues", "must be 0 or more"),
+        ("vhost", {"queues": 2}, "limits.vhost.queues", "unknown key"),
+        ("user", {"max_channels": "many"}, "limits.user.max_channels", "expected an integer"),
+        ("user", [1], "limits.user", "expected a mapping"),
+    ],
+)
+def test_bad_bounds_limits(tmp_path: Path, key: str, value: Any, where: str, problem: str) -> None:
+    assert_error(tmp_path, with_change("limits", key, value), where, problem)

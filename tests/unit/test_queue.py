@@ -397,3 +397,60 @@ def test_valid_arguments_are_parsed() -> None:
     assert (limits.max_length, limits.max_length_bytes) == (10, 1000)
     assert limits.overflow == "reject-publish"
     assert (limits.dead_letter_exchange, limits.dead_letter_routing_key) == ("dlx", "dead")
+
+
+def test_consumers_add_and_remove_in_any_order_and_exclusivity_is_counted() -> None:
+    queue = Queue("q")
+    consumers = [FakeConsumer(str(n)) for n in range(2000)]
+    for consumer in consumers:
+        queue.add_consumer(consumer, 0.0)
+    assert not queue.has_exclusive_consumer()
+    for consumer in consumers[::2]:
+        assert queue.remove_consumer(consumer, 0.0) is False
+    assert queue.consumer_count == 1000
+    assert queue.remove_consumer(consumers[0], 0.0) is False  # already gone
+    exclusive = FakeConsumer("x", exclusive=True)
+    queue.add_consumer(exclusive, 0.0)
+    assert queue.has_exclusive_consumer()
+    queue.remove_consumer(exclusive, 0.0)
+    assert not queue.has_exclusive_consumer()
+    for number in range(3):
+        queue.enqueue(message(str(number)), 0.0)
+    queue.drain(0.0)
+    assert [c.bodies for c in consumers[1:7:2]] == [[b"0"], [b"1"], [b"2"]]
+
+
+def test_busy_consumers_wait_aside_until_woken() -> None:
+    queue = Queue("q")
+    busy = [FakeConsumer(str(n), credit=0) for n in range(100)]
+    free = FakeConsumer("free")
+    for consumer in [*busy, free]:
+        queue.add_consumer(consumer, 0.0)
+    queue.enqueue(message("a"), 0.0)
+    queue.drain(0.0)
+    assert free.bodies == [b"a"]
+    # The busy ones were set aside once; a woken one takes its turn again.
+    busy[5].credit = 1
+    queue.enqueue(message("b"), 0.0)
+    queue.drain(0.0)
+    assert free.bodies == [b"a", b"b"] and busy[5].got == []
+    queue.wake(busy[5])
+    queue.enqueue(message("c"), 0.0)
+    queue.enqueue(message("d"), 0.0)
+    queue.drain(0.0)
+    assert free.bodies == [b"a", b"b", b"c"] and busy[5].bodies == [b"d"]
+
+
+def test_next_due_follows_the_head_and_x_expires() -> None:
+    queue = Queue("q", arguments={"x-message-ttl": 1000, "x-expires": 5000}, now=10.0)
+    changes: list[float | None] = []
+    queue.on_due_changed = lambda q: changes.append(q.next_due())
+    assert queue.next_due() == 15.0
+    queue.enqueue(message("a"), 11.0)
+    assert queue.next_due() == 12.0 and changes == [12.0]
+    consumer = FakeConsumer("c", credit=0)
+    queue.add_consumer(consumer, 11.0)
+    queue.get(11.5)
+    assert queue.next_due() is None
+    queue.remove_consumer(consumer, 13.0)
+    assert queue.next_due() == 18.0 and changes[-1] == 18.0

@@ -577,3 +577,78 @@ def test_reply_text_fits_a_shortstr_without_splitting_characters(text: str, expe
     assert fitted == expected
     assert len(fitted.encode()) <= 255
     frame.marshal(commands.Channel.Close(404, fitted, 50, 10), 1)
+
+
+# -- decode_properties --------------------------------------------------------------------
+
+FIELD_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**63 - 1),
+        st.floats(allow_nan=False, allow_infinity=False, width=32),
+        st.text(max_size=20),
+        st.binary(max_size=10).map(bytearray),
+        st.datetimes(datetime(1971, 1, 1), datetime(2100, 1, 1)),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.text("abcxyz", min_size=1, max_size=4), children, max_size=4),
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    PROPERTIES,
+    st.dictionaries(st.text(max_size=8).filter(lambda k: len(k.encode()) < 256), FIELD_VALUES),
+    st.one_of(st.none(), st.datetimes(datetime(1971, 1, 1), datetime(2100, 1, 1))),
+)
+def test_decode_properties_equals_pamqp(
+    properties: commands.Basic.Properties, headers: dict[str, typing.Any], timestamp: typing.Any
+) -> None:
+    properties.headers = headers or properties.headers
+    properties.timestamp = timestamp
+    payload = header_payload(properties, b"abc")
+    expected = ContentHeader()
+    expected.unmarshal(payload)
+    decoded = wire.decode_properties(payload)
+    for name in commands.Basic.Properties.__slots__:
+        assert getattr(decoded, name) == getattr(expected.properties, name), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=60))
+def test_decode_properties_passes_only_what_pamqp_decodes(table: bytes) -> None:
+    payload = HEADER_PREFIX + struct.pack(">HI", 0x2000, len(table)) + table
+    try:
+        decoded = wire.decode_properties(payload)
+    except exceptions.AMQPSyntaxError:
+        return
+    expected = ContentHeader()
+    expected.unmarshal(payload)
+    assert decoded.headers == expected.properties.headers
+
+
+def test_tables_nested_deeper_than_the_limit_are_502() -> None:
+    def nested(depth: int) -> dict[str, typing.Any]:
+        table: dict[str, typing.Any] = {}
+        for _ in range(depth - 1):
+            table = {"t": table}
+        return table
+
+    fits = header_payload(commands.Basic.Properties(headers=nested(wire.MAX_TABLE_DEPTH)), b"")
+    assert wire.decode_properties(fits).headers == nested(wire.MAX_TABLE_DEPTH)
+    deep = header_payload(commands.Basic.Properties(headers=nested(wire.MAX_TABLE_DEPTH + 1)), b"")
+    with pytest.raises(exceptions.AMQPSyntaxError, match="nested deeper than 32"):
+        wire.decode_properties(deep)
+    with pytest.raises(exceptions.AMQPSyntaxError, match="nested deeper than 32"):
+        wire.check_properties(deep)
+
+
+def test_check_properties_returns_the_decoded_table_for_routing() -> None:
+    payload = header_payload(commands.Basic.Properties(headers={"k": [1, {"a": "b"}]}), b"")
+    decoded = wire.check_properties(payload)
+    assert decoded is not None and decoded.headers == {"k": [1, {"a": "b"}]}
+    assert wire.check_properties(header_payload(commands.Basic.Properties(), b"")) is None
