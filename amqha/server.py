@@ -57,7 +57,7 @@ MEMORY_CHECK_INTERVAL = 0.1
 # Fixed costs counted against the watermark, measured with bench/memory_attacks.py:
 # a queue with its limits, deques and dicts; a connection with its transport, buffers
 # and handshake state; a channel with its maps.
-QUEUE_COST = 1400
+QUEUE_COST = 2048
 CONNECTION_COST = 16 * 1024
 CHANNEL_COST = 1200
 # While the pair says this server is not serving, held connections are looked at this often.
