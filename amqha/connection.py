@@ -178,6 +178,12 @@ class Connection(asyncio.Protocol):
         self.last_received = self.loop.time()
         if self.state >= CLOSED:
             return
+        if self.backlog is not None:
+            # Read while the backlog waits (the transport had bytes in hand when paused):
+            # kept behind it, in order.
+            self.buffer += data
+            self._count_input()
+            return
         if self.buffer:
             self.buffer += data
             data = self.buffer
@@ -249,6 +255,8 @@ class Connection(asyncio.Protocol):
         self._handle_frames(frames, start)
         if self.backlog is None:
             self.hold_reading(READ_HELD_BACKLOG, False)
+            if self.buffer and self.state < CLOSED:
+                self.data_received(b"")
         self.flush()
 
     def _count_input(self) -> None:

@@ -57,6 +57,9 @@ class NullTransport(asyncio.Transport):
     def abort(self) -> None:
         self.closing = True
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        """Nothing is ever buffered here."""
+
     def pause_reading(self) -> None:
         pass
 
