@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from config import ConfigError, load_config
+from failover.epoch import EpochFileError
 
 from .console import console
 
@@ -91,6 +92,8 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
         pair = FailoverController
     try:
         asyncio.run(serve(config, pair=pair))
+    except EpochFileError as error:
+        raise click.ClickException(f"bad epoch file: {error}") from None
     except OSError as error:
         raise click.ClickException(f"cannot listen on {config.listen}: {error.strerror}") from None
 
