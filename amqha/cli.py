@@ -40,7 +40,8 @@ def main() -> None:
 
     \b
     Start the loopback pair:   make run   (or: amqha pair --config-dir config)
-    One server:                amqha start --role primary --config config/primary.yaml
+    One server:                amqha start --config config/primary.yaml
+    A password hash:           amqha passwd
     """
 
 
@@ -153,6 +154,36 @@ def _relay(name: str, process: subprocess.Popen[bytes]) -> None:
     for line in process.stdout:
         sys.stdout.write(f"[{name:7}] {line.decode(errors='replace')}")
         sys.stdout.flush()
+
+
+@main.command()
+@click.option(
+    "--scheme",
+    type=click.Choice(["scrypt", "rabbitmq-sha256", "rabbitmq-sha512"]),
+    default="scrypt",
+    show_default=True,
+    help="scrypt is the strong one; the RabbitMQ hashes are for sharing a user with RabbitMQ.",
+)
+@click.option(
+    "--stdin", "from_stdin", is_flag=True, help="Read the password from the first line of stdin."
+)
+def passwd(scheme: str, from_stdin: bool) -> None:
+    """Print a salted hash of a password, for a user's password_hash in the config.
+
+    \b
+    Asks for the password twice (nothing is echoed), or reads it with --stdin:
+      amqha passwd
+      printf '%s\\n' "$PASSWORD" | amqha passwd --stdin
+    """
+    from config.passwords import hash_password
+
+    if from_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    if not password:
+        raise click.ClickException("an empty password is not accepted")
+    click.echo(hash_password(password, scheme))
 
 
 main.add_command(console)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands, decode, exceptions
 
 from . import wire
+from .auth import Refused
 from .channel import CLOSING as CHANNEL_CLOSING
 from .channel import Channel
 from .gate import ACCEPT, Redirect, not_active_text
@@ -33,7 +34,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqha.connection")
 
 # Handshake states, in order.
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+(
+    AWAIT_HEADER,
+    AWAIT_START_OK,
+    AUTHENTICATING,
+    AWAIT_TUNE_OK,
+    AWAIT_OPEN,
+    OPEN,
+    CLOSING,
+    CLOSED,
+) = range(8)
 
 KNOWN_FRAME_TYPES = frozenset(
     (wire.FRAME_METHOD, wire.FRAME_HEADER, wire.FRAME_BODY, wire.FRAME_HEARTBEAT)
@@ -60,6 +70,7 @@ class Connection(asyncio.Protocol):
         self.vhost: VHost = None  # type: ignore[assignment]
         self.client_properties: dict[str, Any] = {}
         self.peer = "?"
+        self.address = ""  # the client's IP address, as the loopback-only rule reads it
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.write_paused = False
@@ -74,6 +85,9 @@ class Connection(asyncio.Protocol):
         # A plain client is admitted at StartOk, where a refusal still reaches its user.
         self.admitted = False
         self.held_reading = False  # reading paused by a hold (the pair is not serving)
+        self.login: asyncio.Task[None] | None = None
+        # Frames a client pipelined behind its Start-Ok, handled once the login is decided.
+        self.held_frames: list[wire.RawFrame] = []
         self.handlers = {
             commands.Connection.StartOk: self.on_start_ok,
             commands.Connection.TuneOk: self.on_tune_ok,
@@ -93,11 +107,14 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
+            self.address = str(peer[0])
         self.broker.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
+        if self.login is not None:
+            self.login.cancel()
         for handle in (self.timer, self.close_timer):
             if handle is not None:
                 handle.cancel()
@@ -114,6 +131,10 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_received = self.loop.time()
         if self.state >= CLOSED:
+            return
+        if self.state == AUTHENTICATING:
+            # Reading is paused: at most what was already read lands here, kept for later.
+            self.buffer += data
             return
         if self.buffer:
             self.buffer += data
@@ -145,13 +166,19 @@ class Connection(asyncio.Protocol):
             self.buffer = bytearray()
         elif used or not self.buffer:
             self.buffer = bytearray(data[used:])
-        for frame in frames:
+        self._handle_frames(frames)
+        self.flush()
+
+    def _handle_frames(self, frames: list[wire.RawFrame]) -> None:
+        for index, frame in enumerate(frames):
             if self.state >= CLOSING and not self._is_close_frame(frame):
                 continue
             self._handle(frame)
             if self.state >= CLOSED:
                 break
-        self.flush()
+            if self.state == AUTHENTICATING:
+                self.held_frames = frames[index + 1 :]
+                break
 
     # -- writing ----------------------------------------------------------------------
 
@@ -325,17 +352,26 @@ class Connection(asyncio.Protocol):
         self._expect(AWAIT_START_OK, "Connection.StartOk")
         self.client_properties = dict(method.client_properties or {})
         username, password = _credentials(method.mechanism, method.response)
-        user = self.broker.authenticate(username, password)
-        if user is None:
-            self.fail(
-                exceptions.AMQPAccessRefused(
-                    f"ACCESS_REFUSED - Login was refused using authentication mechanism "
-                    f"{method.mechanism}"
-                )
-            )
+        # A password check may take a while (scrypt, or the delay of a refusal): nothing is
+        # read from this client meanwhile, so it holds no more memory than it has sent.
+        self.state = AUTHENTICATING
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.login = self.loop.create_task(self._login(username, password, method.mechanism))
+
+    async def _login(self, username: str, password: str, mechanism: str) -> None:
+        result = await self.broker.authenticate(username, password, self.address, mechanism)
+        self.login = None
+        if self.state != AUTHENTICATING:
             return
-        self.user = user
-        self.bypasses_gate = bool({"peering", "administrator"} & set(user.tags))
+        if self.transport is not None:
+            self.transport.resume_reading()
+        if isinstance(result, Refused):
+            self.fail(exceptions.AMQPAccessRefused(result.text))
+            self.flush()
+            return
+        self.user = result
+        self.bypasses_gate = bool({"peering", "administrator"} & set(result.tags))
         if not self.bypasses_gate and not self.capability("connection.redirect"):
             # Clients read a Close sent in reply to Open as a framing error and lose its
             # text; a Close before Tune reaches their user as a plain 320 with the reason.
@@ -344,6 +380,7 @@ class Connection(asyncio.Protocol):
                 self.fail(
                     exceptions.AMQPConnectionForced(not_active_text(decision.to, decision.reason))
                 )
+                self.flush()
                 return
             self.admitted = True
         limits = self.broker.config.limits
@@ -358,6 +395,11 @@ class Connection(asyncio.Protocol):
                 ),
             )
         )
+        held, self.held_frames = self.held_frames, []
+        self._handle_frames(held)
+        if self.buffer and self.state < CLOSED:
+            self.data_received(b"")
+        self.flush()
 
     def on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         self._expect(AWAIT_TUNE_OK, "Connection.TuneOk")

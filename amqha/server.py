@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hmac
 import logging
 import platform
 import signal
@@ -31,6 +30,7 @@ from config import ServerConfig, User
 from config.loader import format_host_port
 
 from . import __version__, wire
+from .auth import Authenticator, Refused
 from .connection import OPEN, Connection
 from .console import ConsoleService
 from .core.message import Message
@@ -87,6 +87,7 @@ class Broker:
         self.on_open: list[Callable[[Connection], None]] = []
         self.on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
+        self.auth = Authenticator(config.users, config.auth, self.loop.time)
         # Direct reply-to: the reply consumer behind each address handed out in reply_to.
         self.direct_replies: dict[str, Any] = {}
 
@@ -104,13 +105,11 @@ class Broker:
             self.vhosts[name] = vhost
         return vhost
 
-    def authenticate(self, username: str, password: str) -> User | None:
-        user = self._users.get(username)
-        if user is None:
-            # Same work as a real comparison; bytes, since compare_digest refuses non-ASCII str.
-            hmac.compare_digest(password.encode(), password.encode())
-            return None
-        return user if hmac.compare_digest(user.password.encode(), password.encode()) else None
+    async def authenticate(
+        self, username: str, password: str, address: str, mechanism: str
+    ) -> User | Refused:
+        """The user, or a refusal once its delay has passed (see ``auth``)."""
+        return await self.auth.login(username, password, address, mechanism)
 
     def user_known(self, username: str) -> bool:
         return username in self._users
@@ -351,6 +350,7 @@ class Broker:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.abort()
+        self.auth.close()
 
 
 def tune_gc() -> None:

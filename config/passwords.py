@@ -35,7 +35,9 @@ SCRYPT_MAX_MEMORY = 256 * 1024 * 1024
 SALT_BYTES = 16
 KEY_BYTES = 32
 
-_SCRYPT = re.compile(r"^\$scrypt\$ln=(\d+),r=(\d+),p=(\d+)\$([A-Za-z0-9+/]+)\$([A-Za-z0-9+/]+)$")
+_SCRYPT = re.compile(
+    r"^\$scrypt\$ln=(\d+),r=(\d+),p=(\d+)\$([A-Za-z0-9+/]+={0,2})\$([A-Za-z0-9+/]+={0,2})$"
+)
 _RABBITMQ = {36: hashlib.sha256, 68: hashlib.sha512}  # 4-byte salt + digest
 
 
