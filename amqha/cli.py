@@ -96,7 +96,8 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
     except EpochFileError as error:
         raise click.ClickException(f"bad epoch file: {error}") from None
     except OSError as error:
-        raise click.ClickException(f"cannot listen on {config.listen}: {error.strerror}") from None
+        where = config.listen if config.tls is None else f"{config.listen} or {config.tls.listen}"
+        raise click.ClickException(f"cannot listen on {where}: {error.strerror}") from None
 
 
 @main.command()

@@ -1,11 +1,11 @@
 """The broker process: the listening socket, the vhosts, and the timers around them.
 
-Owns: the TCP listener (the only socket code), the set of connections, users and
-authentication, server properties, the periodic sweep (message TTL, x-expires,
-the memory watermark that blocks publishers), the pair it belongs to (``Broker.pair``,
-a ``gate.Pair``: standalone unless a failover controller attaches itself), the receivers
-of the control exchanges, and clean shutdown (every connection closed with 320, files
-flushed).
+Owns: the TCP listener and the amqps (TLS) listener beside it (the only socket code),
+the set of connections, users and authentication (through ``auth``), server
+properties, the periodic sweep (message TTL, x-expires, the memory watermark that
+blocks publishers), the pair it belongs to (``Broker.pair``, a ``gate.Pair``:
+standalone unless a failover controller attaches itself), the receivers of the control
+exchanges, and clean shutdown (every connection closed with 320, files flushed).
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
 failover state machine (it only ever sees the ``gate.Pair`` interface).
@@ -28,6 +28,7 @@ from pamqp import commands
 
 from config import ServerConfig, User
 from config.loader import format_host_port
+from config.tls import server_context
 
 from . import __version__, wire
 from .auth import Authenticator, Refused
@@ -44,6 +45,7 @@ log = logging.getLogger("amqha.server")
 SWEEP_INTERVAL = 0.05
 # While the pair says this server is not serving, held connections are looked at this often.
 HOLD_RECHECK = 0.05
+TLS_HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT = 2.0
 # Queued messages are many small long-lived objects: at the default thresholds (700,
 # 10, 10) the collector walks them over and over while queues fill, a sixth of the
@@ -78,6 +80,7 @@ class Broker:
         self.started = time.time()
         self.server: asyncio.base_events.Server | None = None  # the first of ``servers``
         self.servers: list[asyncio.base_events.Server] = []
+        self.tls_server: asyncio.base_events.Server | None = None
         self.sweeper: asyncio.TimerHandle | None = None
         self.pair: Pair = Standalone(config.name, config.public_address)
         self.held: set[Connection] = set()
@@ -308,6 +311,17 @@ class Broker:
         for host, port in self.config.addresses:
             self.servers.extend(await self._listen(host, port))
         self.server = self.servers[0]
+        tls = self.config.tls
+        if tls is not None:
+            self.tls_server = await self.loop.create_server(
+                lambda: Connection(self),
+                tls.host,
+                tls.port,
+                ssl=server_context(tls, self.config.source),
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+                reuse_address=True,
+                backlog=1024,
+            )
         self.sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 
     async def _listen(self, host: str, port: int) -> list[asyncio.base_events.Server]:
@@ -340,8 +354,9 @@ class Broker:
     async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
         if self.sweeper is not None:
             self.sweeper.cancel()
-        for server in self.servers:
-            server.close()
+        for server in (*self.servers, self.tls_server):
+            if server is not None:
+                server.close()
         for connection in list(self.connections):
             connection.close_forced(text)
         deadline = self.loop.time() + CLOSE_WAIT
@@ -393,9 +408,11 @@ async def serve(
     metrics.start()
     for service in services:
         await service.start()
+    amqps = "" if config.tls is None else f", amqps on {config.tls.listen}"
     print(
         f"amqha {config.name} ({config.failover.role or 'standalone'}) listening on "
-        + ", ".join(format_host_port(host, port) for host, port in config.addresses),
+        + ", ".join(format_host_port(host, port) for host, port in config.addresses)
+        + amqps,
         file=sys.stderr,
         flush=True,
     )

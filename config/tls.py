@@ -11,6 +11,7 @@ Must not know: sockets, the event loop, the broker.
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -59,6 +60,12 @@ def client_context(peer_tls: PeerTls, source: str) -> ssl.SSLContext:
 def _load_chain(context: ssl.SSLContext, cert: str, key: str, source: str, prefix: str) -> None:
     from .loader import ConfigError
 
+    # OpenSSL says "PEM lib" whichever of the two files is wrong: look at them first.
+    if b"-----BEGIN CERTIFICATE-----" not in Path(cert).read_bytes():
+        raise ConfigError(source, f"{prefix}.cert", f"no PEM certificate in {cert!r}")
+    if b"PRIVATE KEY-----" not in Path(key).read_bytes():
+        raise ConfigError(source, f"{prefix}.key", f"no PEM private key in {key!r}")
+
     def no_passphrase() -> str:
         # Without this OpenSSL would prompt on the terminal for an encrypted key.
         raise ConfigError(source, f"{prefix}.key", "the key is encrypted; give an unencrypted key")
@@ -66,10 +73,12 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, source: str, prefi
     try:
         context.load_cert_chain(cert, key, password=no_passphrase)
     except ssl.SSLError as error:
-        reason = _reason(error)
-        key_name = f"{prefix}.key" if "KEY" in reason.upper() else f"{prefix}.cert"
+        if error.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(
+                source, f"{prefix}.key", f"{key!r} is not the key of {prefix}.cert {cert!r}"
+            ) from None
         raise ConfigError(
-            source, key_name, f"cannot load the certificate and key: {reason}"
+            source, f"{prefix}.cert", f"cannot load the certificate and key: {_reason(error)}"
         ) from None
 
 

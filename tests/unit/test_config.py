@@ -577,3 +577,63 @@ def test_auth_section(tmp_path: Path) -> None:
 )
 def test_bad_auth(tmp_path: Path, auth: dict, key: str, problem: str) -> None:
     assert_error(tmp_path, {**VALID, "auth": auth}, key, problem)
+
+
+# -- TLS ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory):
+    from tests.certs import Pki
+
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def test_tls_listener_paths_relative_to_the_config_file(tmp_path: Path, pki) -> None:
+    folder = Path(pki.ca).parent
+    tls = {"listen": "127.0.0.1:5671", "cert": Path(pki.server_cert).name, "key": pki.server_key}
+    config = load_config(write(folder, {**VALID, "tls": tls}, "tls.yaml"))
+    assert config.tls is not None and config.tls.cert == pki.server_cert
+    assert (config.tls.host, config.tls.port, config.tls.client_certs) == (
+        "127.0.0.1",
+        5671,
+        "none",
+    )
+    assert config.tls.listen == "127.0.0.1:5671"
+
+
+def test_bad_tls(tmp_path: Path, pki) -> None:
+    files = {"cert": pki.server_cert, "key": pki.server_key}
+    listen = {"listen": "127.0.0.1:5671"}
+    cases = [
+        (files, "tls.listen", "missing"),
+        ({**listen, "key": pki.server_key}, "tls.cert", "missing"),
+        ({**listen, **files, "client_certs": "required"}, "tls.ca", "missing"),
+        ({**listen, **files, "client_certs": "yes"}, "tls.client_certs", "expected one of"),
+        ({**listen, **files, "ciphers": "ALL"}, "tls.ciphers", "unknown key"),
+    ]
+    for tls, key, problem in cases:
+        assert_error(tmp_path, {**VALID, "tls": tls}, key, problem)
+
+
+def test_peer_tls(tmp_path: Path, pki) -> None:
+    data = with_change("failover", "peer_tls", {"ca": pki.ca, "server_name": "localhost"})
+    peer_tls = load_config(write(tmp_path, data)).failover.peer_tls
+    assert peer_tls is not None and (peer_tls.ca, peer_tls.cert) == (pki.ca, None)
+    assert peer_tls.server_name == "localhost"
+
+
+def test_bad_peer_tls(tmp_path: Path, pki) -> None:
+    cases = [
+        ({"server_name": "x"}, "failover.peer_tls.ca", "missing"),
+        ({"ca": "absent.pem"}, "failover.peer_tls.ca", "cannot read"),
+        ({"ca": pki.ca, "cert": pki.client_cert}, "failover.peer_tls.key", "give cert and key"),
+        ({"ca": pki.server_key}, "failover.peer_tls.ca", "not a CA certificate file"),
+        (
+            {"ca": pki.ca, "cert": pki.client_cert, "key": pki.server_key},
+            "failover.peer_tls.key",
+            "is not the key of",
+        ),
+    ]
+    for peer_tls, key, problem in cases:
+        assert_error(tmp_path, with_change("failover", "peer_tls", peer_tls), key, problem)
