@@ -122,16 +122,25 @@ def test_pika_reports_the_refusal(hashed: ServerProcess) -> None:
         pika.BlockingConnection(parameters)
 
 
-def test_pipelined_handshake_waits_for_the_password_check(hashed: ServerProcess) -> None:
+@pytest.mark.parametrize("together", [True, False], ids=["one write", "two writes"])
+def test_pipelined_handshake_waits_for_the_password_check(
+    hashed: ServerProcess, together: bool
+) -> None:
     """Tune-Ok and Open sent right behind Start-Ok are handled once the scrypt check is done."""
+    rest = [
+        commands.Connection.TuneOk(channel_max=10, frame_max=4096, heartbeat=0),
+        commands.Connection.Open(virtual_host="/"),
+    ]
+    start_ok = commands.Connection.StartOk(
+        client_properties={}, mechanism="PLAIN", response="\0app\0app secret ü", locale="en_US"
+    )
     with RawClient(hashed.port) as raw:
         raw.start()
-        raw.start_ok("app", "app secret ü")
-        raw.send(
-            0,
-            commands.Connection.TuneOk(channel_max=10, frame_max=4096, heartbeat=0),
-            commands.Connection.Open(virtual_host="/"),
-        )
+        if together:
+            raw.send(0, start_ok, *rest)
+        else:
+            raw.send(0, start_ok)
+            raw.send(0, *rest)
         raw.expect(commands.Connection.Tune, 0)
         raw.expect(commands.Connection.OpenOk, 0)
         raw.open_channel(1)
