@@ -1,7 +1,7 @@
 """One client connection: the asyncio protocol that turns bytes into channel work.
 
-Owns: the protocol header check, the Start/Tune/Open handshake and authentication
-(PLAIN, AMQPLAIN), the failover gate on Connection.Open (accept, redirect, refuse),
+Owns: the protocol header check, the Start/Tune/Open handshake, reading credentials
+(PLAIN, AMQPLAIN) and waiting, unread, while ``auth`` decides the login, the failover gate on Connection.Open (accept, redirect, refuse),
 channel 0, heartbeats both ways with dead-peer detection, the mapping of AMQP
 errors to Channel.Close or Connection.Close, and the write side: frames queued by
 channels are coalesced and written once per turn of the loop. Backpressure: when
@@ -360,7 +360,12 @@ class Connection(asyncio.Protocol):
         self.login = self.loop.create_task(self._login(username, password, method.mechanism))
 
     async def _login(self, username: str, password: str, mechanism: str) -> None:
-        result = await self.broker.authenticate(username, password, self.address, mechanism)
+        try:
+            result = await self.broker.authenticate(username, password, self.address, mechanism)
+        except Exception:
+            # E.g. a check still queued when shutdown stopped the checking threads.
+            log.exception("%s: the login of %r could not be checked", self.peer, username[:64])
+            result = Refused("ACCESS_REFUSED - the login could not be checked", "error")
         self.login = None
         if self.state != AUTHENTICATING:
             return
