@@ -170,7 +170,7 @@ def test_guest_logs_in_over_loopback_by_default(make_server, host: str) -> None:
     server = make_server(f"loop{host.count(':')}")
     server.config["server"]["listen"] = f"{listen}:{server.port}"
     server.start(wait=False)
-    banner = f"listening on {host}:{server.port}"
+    banner = f"listening on {listen}:{server.port}"
     wait_until(lambda: banner in server.log(), timeout=15, what=banner)
     parameters = pika.ConnectionParameters(host, server.port, connection_attempts=3)
     connection = pika.BlockingConnection(parameters)
