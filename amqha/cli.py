@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from config import ConfigError, load_config
+from failover.epoch import EpochFileError
 
 from .console import console
 
@@ -39,7 +40,8 @@ def main() -> None:
 
     \b
     Start the loopback pair:   make run   (or: amqha pair --config-dir config)
-    One server:                amqha start --role primary --config config/primary.yaml
+    One server:                amqha start --config config/primary.yaml
+    A password hash:           amqha passwd
     """
 
 
@@ -91,8 +93,11 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
         pair = FailoverController
     try:
         asyncio.run(serve(config, pair=pair))
+    except EpochFileError as error:
+        raise click.ClickException(f"bad epoch file: {error}") from None
     except OSError as error:
-        raise click.ClickException(f"cannot listen on {config.listen}: {error.strerror}") from None
+        where = config.listen if config.tls is None else f"{config.listen} or {config.tls.listen}"
+        raise click.ClickException(f"cannot listen on {where}: {error.strerror}") from None
 
 
 @main.command()
@@ -150,6 +155,36 @@ def _relay(name: str, process: subprocess.Popen[bytes]) -> None:
     for line in process.stdout:
         sys.stdout.write(f"[{name:7}] {line.decode(errors='replace')}")
         sys.stdout.flush()
+
+
+@main.command()
+@click.option(
+    "--scheme",
+    type=click.Choice(["scrypt", "rabbitmq-sha256", "rabbitmq-sha512"]),
+    default="scrypt",
+    show_default=True,
+    help="scrypt is the strong one; the RabbitMQ hashes are for sharing a user with RabbitMQ.",
+)
+@click.option(
+    "--stdin", "from_stdin", is_flag=True, help="Read the password from the first line of stdin."
+)
+def passwd(scheme: str, from_stdin: bool) -> None:
+    """Print a salted hash of a password, for a user's password_hash in the config.
+
+    \b
+    Asks for the password twice (nothing is echoed), or reads it with --stdin:
+      amqha passwd
+      printf '%s\\n' "$PASSWORD" | amqha passwd --stdin
+    """
+    from config.passwords import hash_password
+
+    if from_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    if not password:
+        raise click.ClickException("an empty password is not accepted")
+    click.echo(hash_password(password, scheme))
 
 
 main.add_command(console)

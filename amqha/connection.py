@@ -1,7 +1,8 @@
 """One client connection: the asyncio protocol that turns bytes into channel work.
 
-Owns: the protocol header check, the Start/Tune/Open handshake and authentication
-(PLAIN, AMQPLAIN), the failover gate on Connection.Open (accept, redirect, refuse),
+Owns: the protocol header check, the Start/Tune/Open handshake, reading credentials
+(PLAIN, AMQPLAIN) and waiting, unread, while ``auth`` decides the login, the failover
+gate (at StartOk for plain clients, at Connection.Open for those that take a redirect),
 channel 0, heartbeats both ways with dead-peer detection, the mapping of AMQP
 errors to Channel.Close or Connection.Close, and the write side: frames queued by
 channels are coalesced and written once per turn of the loop.
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands, decode, exceptions
 
 from . import wire
+from .auth import Refused
 from .channel import CLOSING as CHANNEL_CLOSING
 from .channel import Channel
 from .gate import ACCEPT, Redirect, not_active_text
@@ -41,7 +43,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqha.connection")
 
 # Handshake states, in order.
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+(
+    AWAIT_HEADER,
+    AWAIT_START_OK,
+    AUTHENTICATING,
+    AWAIT_TUNE_OK,
+    AWAIT_OPEN,
+    OPEN,
+    CLOSING,
+    CLOSED,
+) = range(8)
 
 KNOWN_FRAME_TYPES = frozenset(
     (wire.FRAME_METHOD, wire.FRAME_HEADER, wire.FRAME_BODY, wire.FRAME_HEARTBEAT)
@@ -60,6 +71,7 @@ READ_HELD_MEMORY = 1  # the memory watermark is reached and this connection publ
 READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to it
 READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
 READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
+READ_HELD_LOGIN = 16  # a login is being checked: frames behind Start-Ok wait for its answer
 
 
 class Connection(asyncio.Protocol):
@@ -81,6 +93,7 @@ class Connection(asyncio.Protocol):
         self.vhost: VHost = None  # type: ignore[assignment]
         self.client_properties: dict[str, Any] = {}
         self.peer = "?"
+        self.address = ""  # the client's IP address, as the loopback-only rule reads it
         self.out: list[bytes] = []
         self.out_bytes = 0
         self.flush_scheduled = False
@@ -98,6 +111,9 @@ class Connection(asyncio.Protocol):
         self.bypasses_gate = False
         # A plain client is admitted at StartOk, where a refusal still reaches its user.
         self.admitted = False
+        self.login: asyncio.Task[None] | None = None
+        # Frames a client pipelined behind its Start-Ok, handled once the login is decided.
+        self.held_frames: list[wire.RawFrame] = []
         self.handlers = {
             commands.Connection.StartOk: self.on_start_ok,
             commands.Connection.TuneOk: self.on_tune_ok,
@@ -117,6 +133,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
+            self.address = str(peer[0])
         if not self.broker.admit(self):
             self.state = CLOSED
             transport.abort()
@@ -126,6 +143,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
+        if self.login is not None:
+            self.login.cancel()
         for handle in (self.timer, self.close_timer):
             if handle is not None:
                 handle.cancel()
@@ -178,9 +197,9 @@ class Connection(asyncio.Protocol):
         self.last_received = self.loop.time()
         if self.state >= CLOSED:
             return
-        if self.backlog is not None:
-            # Read while the backlog waits (the transport had bytes in hand when paused):
-            # kept behind it, in order.
+        if self.backlog is not None or self.state == AUTHENTICATING:
+            # Read while a backlog or a login waits (the transport had bytes in hand when
+            # reading was held): kept behind it, in order.
             self.buffer += data
             self._count_input()
             return
@@ -233,6 +252,10 @@ class Connection(asyncio.Protocol):
                 continue
             self._handle(frame)
             if self.state >= CLOSED:
+                return
+            if self.state == AUTHENTICATING:
+                # Frames pipelined behind Start-Ok wait for the login's answer.
+                self.held_frames = frames[index:]
                 return
             if (
                 (
@@ -438,17 +461,29 @@ class Connection(asyncio.Protocol):
         self._expect(AWAIT_START_OK, "Connection.StartOk")
         self.client_properties = dict(method.client_properties or {})
         username, password = _credentials(method.mechanism, method.response)
-        user = self.broker.authenticate(username, password)
-        if user is None:
-            self.fail(
-                exceptions.AMQPAccessRefused(
-                    f"ACCESS_REFUSED - Login was refused using authentication mechanism "
-                    f"{method.mechanism}"
-                )
-            )
+        # A password check may take a while (scrypt, or the delay of a refusal): nothing is
+        # read from this client meanwhile, so it holds no more memory than it has sent.
+        self.state = AUTHENTICATING
+        self.hold_reading(READ_HELD_LOGIN, True)
+        self.login = self.loop.create_task(self._login(username, password, method.mechanism))
+
+    async def _login(self, username: str, password: str, mechanism: str) -> None:
+        try:
+            result = await self.broker.authenticate(username, password, self.address, mechanism)
+        except Exception:
+            # E.g. a check still queued when shutdown stopped the checking threads.
+            log.exception("%s: the login of %r could not be checked", self.peer, username[:64])
+            result = Refused("ACCESS_REFUSED - the login could not be checked", "error")
+        self.login = None
+        if self.state != AUTHENTICATING:
             return
-        self.user = user
-        self.bypasses_gate = bool({"peering", "administrator"} & set(user.tags))
+        self.hold_reading(READ_HELD_LOGIN, False)
+        if isinstance(result, Refused):
+            self.fail(exceptions.AMQPAccessRefused(result.text))
+            self.flush()
+            return
+        self.user = result
+        self.bypasses_gate = bool({"peering", "administrator"} & set(result.tags))
         if not self.bypasses_gate and not self.capability("connection.redirect"):
             # Clients read a Close sent in reply to Open as a framing error and lose its
             # text; a Close before Tune reaches their user as a plain 320 with the reason.
@@ -457,6 +492,7 @@ class Connection(asyncio.Protocol):
                 self.fail(
                     exceptions.AMQPConnectionForced(not_active_text(decision.to, decision.reason))
                 )
+                self.flush()
                 return
             self.admitted = True
         limits = self.broker.config.limits
@@ -471,6 +507,11 @@ class Connection(asyncio.Protocol):
                 ),
             )
         )
+        held, self.held_frames = self.held_frames, []
+        self._handle_frames(held, 0)
+        if self.buffer and self.state < CLOSED:
+            self.data_received(b"")
+        self.flush()
 
     def on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         self._expect(AWAIT_TUNE_OK, "Connection.TuneOk")

@@ -1,13 +1,13 @@
 """The broker process: the listening socket, the vhosts, and the timers around them.
 
-Owns: the TCP listener (the only socket code), the set of connections and the
-limits on them (per node, vhost and user), users and authentication, server
-properties, the queue timers (message TTL and x-expires: a heap keyed on each
-queue's next due time, so idle queues cost nothing), the memory watermark that
-blocks publishers, the pair it belongs to (``Broker.pair``, a ``gate.Pair``:
-standalone unless a failover controller attaches itself), the receivers of the
-control exchanges, and clean shutdown (every connection closed with 320, files
-flushed).
+Owns: the TCP listener and the amqps (TLS) listener beside it (the only socket code),
+the set of connections and the limits on them (per node, vhost and user), users and
+authentication (through ``auth``), server properties, the queue timers (message TTL and
+x-expires: a heap keyed on each queue's next due time, so idle queues cost nothing),
+the memory watermark that blocks publishers, the pair it belongs to (``Broker.pair``,
+a ``gate.Pair``: standalone unless a failover controller attaches itself), the
+receivers of the control exchanges, and clean shutdown (every connection closed with
+320, files flushed).
 
 Memory: what the process holds for its clients is counted as it changes, never by
 walking queues or connections: message bytes plus a per-message overhead
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import heapq
-import hmac
 import itertools
 import logging
 import platform
@@ -40,8 +39,10 @@ from pamqp import commands, exceptions
 
 from config import ServerConfig, User
 from config.loader import format_host_port
+from config.tls import server_context
 
 from . import __version__, wire
+from .auth import Authenticator, Refused
 from .connection import OPEN, READ_HELD_MEMORY, Connection
 from .console import ConsoleService
 from .core.message import Message
@@ -62,6 +63,7 @@ CONNECTION_COST = 16 * 1024
 CHANNEL_COST = 1200
 # While the pair says this server is not serving, held connections are looked at this often.
 HOLD_RECHECK = 0.05
+TLS_HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT = 2.0
 # Queued messages are many small long-lived objects: at the default thresholds (700,
 # 10, 10) the collector walks them over and over while queues fill, a sixth of the
@@ -109,6 +111,7 @@ class Broker:
         self.server: asyncio.base_events.Server | None = None  # the first of ``servers``
         self.servers: list[asyncio.base_events.Server] = []
         self.memory_timer: asyncio.TimerHandle | None = None
+        self.tls_server: asyncio.base_events.Server | None = None
         self.pair: Pair = Standalone(config.name, config.public_address)
         self.held: set[Connection] = set()
         # What reached each control exchange's receiver, by authenticated user.
@@ -117,6 +120,7 @@ class Broker:
         self.on_open: list[Callable[[Connection], None]] = []
         self.on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
+        self.auth = Authenticator(config.users, config.auth, self.loop.time)
         # Direct reply-to: the reply consumer behind each address handed out in reply_to.
         self.direct_replies: dict[str, Any] = {}
 
@@ -135,13 +139,11 @@ class Broker:
             self.vhosts[name] = vhost
         return vhost
 
-    def authenticate(self, username: str, password: str) -> User | None:
-        user = self._users.get(username)
-        if user is None:
-            # Same work as a real comparison; bytes, since compare_digest refuses non-ASCII str.
-            hmac.compare_digest(password.encode(), password.encode())
-            return None
-        return user if hmac.compare_digest(user.password.encode(), password.encode()) else None
+    async def authenticate(
+        self, username: str, password: str, address: str, mechanism: str
+    ) -> User | Refused:
+        """The user, or a refusal once its delay has passed (see ``auth``)."""
+        return await self.auth.login(username, password, address, mechanism)
 
     def user_known(self, username: str) -> bool:
         return username in self._users
@@ -394,6 +396,17 @@ class Broker:
         for host, port in self.config.addresses:
             self.servers.extend(await self._listen(host, port))
         self.server = self.servers[0]
+        tls = self.config.tls
+        if tls is not None:
+            self.tls_server = await self.loop.create_server(
+                lambda: Connection(self),
+                tls.host,
+                tls.port,
+                ssl=server_context(tls, self.config.source),
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+                reuse_address=True,
+                backlog=1024,
+            )
         self.memory_timer = self.loop.call_later(MEMORY_CHECK_INTERVAL, self._memory_tick)
 
     async def _listen(self, host: str, port: int) -> list[asyncio.base_events.Server]:
@@ -427,8 +440,9 @@ class Broker:
         if self.memory_timer is not None:
             self.memory_timer.cancel()
         self.timers.close()
-        for server in self.servers:
-            server.close()
+        for server in (*self.servers, self.tls_server):
+            if server is not None:
+                server.close()
         for connection in list(self.connections):
             connection.close_forced(text)
         deadline = self.loop.time() + CLOSE_WAIT
@@ -437,6 +451,7 @@ class Broker:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.abort()
+        self.auth.close()
 
 
 class QueueTimers:
@@ -544,9 +559,11 @@ async def serve(
     metrics.start()
     for service in services:
         await service.start()
+    amqps = "" if config.tls is None else f", amqps on {config.tls.listen}"
     print(
         f"amqha {config.name} ({config.failover.role or 'standalone'}) listening on "
-        + ", ".join(format_host_port(host, port) for host, port in config.addresses),
+        + ", ".join(format_host_port(host, port) for host, port in config.addresses)
+        + amqps,
         file=sys.stderr,
         flush=True,
     )

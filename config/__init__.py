@@ -1,5 +1,25 @@
 """Server configuration: the YAML files in this folder and the loader that validates them."""
 
-from .loader import ConfigError, FailoverConfig, Limits, ServerConfig, User, load_config
+from .loader import (
+    AuthConfig,
+    ConfigError,
+    FailoverConfig,
+    Limits,
+    PeerTls,
+    ServerConfig,
+    TlsListener,
+    User,
+    load_config,
+)
 
-__all__ = ["ConfigError", "FailoverConfig", "Limits", "ServerConfig", "User", "load_config"]
+__all__ = [
+    "AuthConfig",
+    "ConfigError",
+    "FailoverConfig",
+    "Limits",
+    "PeerTls",
+    "ServerConfig",
+    "TlsListener",
+    "User",
+    "load_config",
+]

@@ -1,13 +1,17 @@
 """Load and validate a server's YAML configuration.
 
 Owns: the configuration schema (keys, types, defaults, ranges) and error messages
-that name the file, the key and the problem. Returns plain frozen dataclasses.
+that name the file, the key and the problem. Returns plain frozen dataclasses. A file
+that could split a pair or open the broker to anyone is refused, not patched up: a role
+without a peer (or the reverse), a role the command line contradicts, a non-finite
+duration, a key given twice, no users at all, a pair without its shared secret.
 
 Must not know: the broker, sockets, the event loop.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +19,12 @@ from typing import Any
 
 import yaml
 
+from . import tls as tls_check
+from .passwords import BadHash, Verifier, parse_hash, plain
+
 ROLES = ("primary", "backup")
 USER_TAGS = ("administrator", "peering", "monitoring")
-
-
+CLIENT_CERTS = ("none", "optional", "required")
 MIN_SECRET_LENGTH = 16
 
 
@@ -33,9 +39,43 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class User:
     name: str
-    password: str
+    password: str | None  # in plain text; None when only ``password_hash`` is given
     vhosts: tuple[str, ...] = ("/",)
     tags: tuple[str, ...] = ()
+    password_hash: str | None = None
+
+    @property
+    def verifier(self) -> Verifier:
+        if self.password_hash is not None:
+            return parse_hash(self.password_hash)
+        assert self.password is not None
+        return plain(self.password)
+
+
+@dataclass(frozen=True)
+class TlsListener:
+    """The amqps listener. Paths are absolute (resolved against the config file's folder)."""
+
+    host: str
+    port: int
+    cert: str
+    key: str
+    ca: str | None = None
+    client_certs: str = "none"  # "none", "optional" or "required" (checked against ca)
+
+    @property
+    def listen(self) -> str:
+        return format_host_port(self.host, self.port)
+
+
+@dataclass(frozen=True)
+class PeerTls:
+    """TLS on the link to the peer: whom to trust, what to present, which name to check."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None  # defaults to the host of failover.peer
 
 
 @dataclass(frozen=True)
@@ -45,11 +85,21 @@ class FailoverConfig:
     heartbeat: float = 0.2
     timeout: float = 0.6
     peer_user: str = "peering"
-    # The pair's shared secret: state messages are signed with it (docs/security.md).
-    secret: bytes = b""
+    # The pair's shared secret: state messages are signed with it (docs/security.md);
+    # empty when standalone.
+    secret: bytes = field(default=b"", repr=False)
     peer_name: str | None = None  # the peer's server.name; any other name is refused
     # Addresses the peer may announce to clients; a redirect never points elsewhere.
     peer_listen: tuple[str, ...] = ()
+    peer_tls: PeerTls | None = None
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    # As RabbitMQ's loopback_users: these may log in only from a loopback address.
+    loopback_users: tuple[str, ...] = ("guest",)
+    # A refused login is answered this long after its Start-Ok, never sooner.
+    failed_login_delay: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +141,7 @@ class ServerConfig:
     advertise: str | None = None  # host:port clients should be sent to; defaults to listen
     data_dir: str = "var/amqha"
     events_path: str | None = None
-    users: tuple[User, ...] = (User("guest", "guest"),)
+    users: tuple[User, ...] = ()
     failover: FailoverConfig = field(default_factory=FailoverConfig)
     limits: Limits = field(default_factory=Limits)
     source: str = "<defaults>"
@@ -100,6 +150,8 @@ class ServerConfig:
     listen_addresses: tuple[tuple[str, int], ...] = ()
     # Where the Prometheus endpoint listens (metrics.listen); None: no endpoint.
     metrics_listen: tuple[str, int] | None = None
+    tls: TlsListener | None = None
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
     @property
     def listen(self) -> str:
@@ -203,6 +255,8 @@ class _Section:
             raise ConfigError(
                 self.path, self.key(name), f"expected {_kind_name(kind)}, got {value!r}"
             )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(self.path, self.key(name), f"expected a finite number, got {value}")
         return value
 
     def positive(self, name: str, kind: type, default: Any, minimum: float = 0) -> Any:
@@ -265,7 +319,10 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 def _users(path: str, value: Any) -> tuple[User, ...]:
     if value is None:
-        return (User("guest", "guest"),)
+        # No default guest/guest: a server started from an empty file would let anyone in.
+        raise ConfigError(
+            path, "users", "missing: list at least one user (name, password or password_hash)"
+        )
     if not isinstance(value, list) or not value:
         raise ConfigError(path, "users", "expected a non-empty list of users")
     users = []
@@ -275,8 +332,18 @@ def _users(path: str, value: Any) -> tuple[User, ...]:
         if not name:
             raise ConfigError(path, f"users[{index}].name", "missing")
         password = section.get("password", str, None)
-        if password is None:
-            raise ConfigError(path, f"users[{index}].password", "missing")
+        password_hash = section.get("password_hash", str, None)
+        if password is None and password_hash is None:
+            raise ConfigError(path, f"users[{index}].password", "missing (or give password_hash)")
+        if password is not None and password_hash is not None:
+            raise ConfigError(
+                path, f"users[{index}].password_hash", "give either password or password_hash"
+            )
+        if password_hash is not None:
+            try:
+                parse_hash(password_hash)
+            except BadHash as error:
+                raise ConfigError(path, f"users[{index}].password_hash", str(error)) from None
         vhosts = section.get("vhosts", list, ["/"])
         tags = section.get("tags", list, [])
         for tag in tags:
@@ -289,7 +356,9 @@ def _users(path: str, value: Any) -> tuple[User, ...]:
         if any(u.name == name for u in users):
             raise ConfigError(path, f"users[{index}].name", f"duplicate user {name!r}")
         section.check_unknown()
-        users.append(User(name, password, tuple(map(str, vhosts)), tuple(tags)))
+        users.append(
+            User(name, password, tuple(map(str, vhosts)), tuple(tags), password_hash=password_hash)
+        )
     return tuple(users)
 
 
@@ -313,21 +382,160 @@ def _user_limits(section: _Section) -> UserLimits:
     return limits
 
 
-def load_config(path: str | os.PathLike[str], role: str | None = None) -> ServerConfig:
-    """Read and validate ``path``; ``role`` (from the command line) overrides failover.role."""
-    path = str(path)
+def _read_yaml(path: str, text: str) -> Any:
     try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise ConfigError(path, "(file)", f"cannot read: {error.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+        if document is not None:
+            _refuse_duplicate_keys(path, document, "")
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"
         raise ConfigError(
             path, where, f"not valid YAML: {getattr(error, 'problem', error)}"
         ) from None
+
+
+def _refuse_duplicate_keys(path: str, node: yaml.Node, prefix: str) -> None:
+    """PyYAML keeps the last of two equal keys; a file that says two things is refused."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key is not None and key != "<<":
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(path, name, f"given twice (lines {seen[key]} and {line})")
+                seen[key] = line
+            _refuse_duplicate_keys(path, value_node, name)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _refuse_duplicate_keys(path, item, f"{prefix}[{index}]")
+
+
+def _file_path(path: str, key: str, value: str) -> str:
+    """A path from the config, relative to the config file's folder; it must be readable."""
+    resolved = Path(path).resolve().parent / Path(value).expanduser()
+    try:
+        with open(resolved, "rb"):
+            pass
+    except OSError as error:
+        raise ConfigError(path, key, f"cannot read {str(resolved)!r}: {error.strerror}") from None
+    return str(resolved)
+
+
+def _secret(path: str, failover: _Section) -> bytes:
+    secret = failover.get("secret", str, None)
+    secret_file = failover.get("secret_file", str, None)
+    if secret is not None and secret_file is not None:
+        raise ConfigError(path, "failover.secret_file", "give either secret or secret_file")
+    key = "failover.secret"
+    if secret_file is not None:
+        key = "failover.secret_file"
+        resolved = _file_path(path, key, secret_file)
+        try:
+            secret = Path(resolved).read_text(encoding="utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            raise ConfigError(path, key, f"{resolved!r} is not UTF-8 text") from None
+    if secret is None:
+        raise ConfigError(
+            path,
+            "failover.secret",
+            "missing: a pair needs a shared secret (failover.secret or failover.secret_file, "
+            "the same on both servers)",
+        )
+    if len(secret) < MIN_SECRET_LENGTH:
+        # The secret itself is never echoed: only its length.
+        raise ConfigError(
+            path, key, f"too short: at least {MIN_SECRET_LENGTH} characters, got {len(secret)}"
+        )
+    return secret.encode("utf-8")
+
+
+def _tls_listener(path: str, section: _Section) -> TlsListener | None:
+    if not section.data:
+        section.check_unknown()
+        return None
+    listen = section.get("listen", str, None)
+    if listen is None:
+        raise ConfigError(path, "tls.listen", "missing: where the amqps listener binds")
+    host, port = parse_host_port(path, "tls.listen", listen)
+    files = {}
+    for name in ("cert", "key"):
+        value = section.get(name, str, None)
+        if value is None:
+            raise ConfigError(path, f"tls.{name}", "missing")
+        files[name] = _file_path(path, f"tls.{name}", value)
+    ca = section.get("ca", str, None)
+    ca_path = None if ca is None else _file_path(path, "tls.ca", ca)
+    client_certs = section.get("client_certs", str, "none")
+    if client_certs not in CLIENT_CERTS:
+        raise ConfigError(
+            path,
+            "tls.client_certs",
+            f"expected one of {', '.join(CLIENT_CERTS)}, got {client_certs!r}",
+        )
+    if client_certs != "none" and ca_path is None:
+        raise ConfigError(path, "tls.ca", f"missing: client_certs is {client_certs!r}")
+    section.check_unknown()
+    listener = TlsListener(host, port, files["cert"], files["key"], ca_path, client_certs)
+    tls_check.server_context(listener, path)
+    return listener
+
+
+def _peer_tls(path: str, section: _Section) -> PeerTls | None:
+    if not section.data:
+        section.check_unknown()
+        return None
+    ca = section.get("ca", str, None)
+    if ca is None:
+        raise ConfigError(path, "failover.peer_tls.ca", "missing: whom to trust for the peer")
+    cert = section.get("cert", str, None)
+    key = section.get("key", str, None)
+    if (cert is None) != (key is None):
+        missing = "key" if key is None else "cert"
+        raise ConfigError(path, f"failover.peer_tls.{missing}", "missing: give cert and key")
+    server_name = section.get("server_name", str, None)
+    section.check_unknown()
+    peer_tls = PeerTls(
+        _file_path(path, "failover.peer_tls.ca", ca),
+        None if cert is None else _file_path(path, "failover.peer_tls.cert", cert),
+        None if key is None else _file_path(path, "failover.peer_tls.key", key),
+        server_name,
+    )
+    tls_check.client_context(peer_tls, path)
+    return peer_tls
+
+
+def _auth(path: str, section: _Section) -> AuthConfig:
+    defaults = AuthConfig()
+    loopback_users = section.get("loopback_users", list, list(defaults.loopback_users))
+    for index, name in enumerate(loopback_users):
+        if not isinstance(name, str):
+            raise ConfigError(
+                path, f"auth.loopback_users[{index}]", f"expected a user name, got {name!r}"
+            )
+    delay = section.get("failed_login_delay", float, defaults.failed_login_delay)
+    if not 0 <= delay <= 10:
+        raise ConfigError(
+            path, "auth.failed_login_delay", f"must be between 0 and 10 seconds, got {delay}"
+        )
+    section.check_unknown()
+    return AuthConfig(tuple(loopback_users), delay)
+
+
+def load_config(path: str | os.PathLike[str], role: str | None = None) -> ServerConfig:
+    """Read and validate ``path``.
+
+    ``role`` (from the command line) may fill in a missing failover.role, never contradict it.
+    """
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(path, "(file)", f"cannot read: {error.strerror}") from None
+    data = _read_yaml(path, text)
     top = _Section(path, "", data)
     server = top.section("server")
     name = server.get("name", str, "amqha")
@@ -343,12 +551,32 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
 
     failover = top.section("failover")
     configured_role = failover.get("role", str, None)
-    role = role or configured_role
+    if configured_role is not None and configured_role not in ROLES:
+        raise ConfigError(
+            path, "failover.role", f"expected 'primary' or 'backup', got {configured_role!r}"
+        )
     if role is not None and role not in ROLES:
-        raise ConfigError(path, "failover.role", f"expected 'primary' or 'backup', got {role!r}")
+        raise ConfigError(path, "--role", f"expected 'primary' or 'backup', got {role!r}")
+    if role is not None and configured_role is not None and role != configured_role:
+        raise ConfigError(
+            path,
+            "failover.role",
+            f"the file says {configured_role!r} but the command line says --role {role}",
+        )
+    role = role or configured_role
     peer = failover.get("peer", str, None)
     if peer is not None:
         parse_host_port(path, "failover.peer", peer)
+    if role is not None and peer is None:
+        raise ConfigError(
+            path,
+            "failover.peer",
+            f"missing: a {role} without its peer would serve alone, as a second active server",
+        )
+    if peer is not None and role is None:
+        raise ConfigError(
+            path, "failover.role", "missing: failover.peer is set; say 'primary' or 'backup'"
+        )
     heartbeat = failover.positive("heartbeat", float, 0.2)
     timeout = failover.positive("timeout", float, 0.6)
     if timeout <= heartbeat:
@@ -358,6 +586,8 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             f"must be greater than failover.heartbeat ({heartbeat}), got {timeout}",
         )
     peer_user = failover.get("peer_user", str, "peering")
+    secret = b""
+    peer_tls = None
     if peer is not None:
         user = next((u for u in users if u.name == peer_user), None)
         if user is None:
@@ -366,18 +596,18 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             raise ConfigError(
                 path, "failover.peer_user", f"user {peer_user!r} needs the tag 'peering'"
             )
-    secret = failover.get("secret", str, None)
-    if secret is not None and len(secret) < MIN_SECRET_LENGTH:
-        raise ConfigError(
-            path, "failover.secret", f"must be at least {MIN_SECRET_LENGTH} characters"
-        )
-    if role is not None and peer is not None and secret is None:
-        raise ConfigError(
-            path,
-            "failover.secret",
-            "missing: a pair needs a shared secret (the same on both servers) to sign its "
-            "state messages",
-        )
+        if user.password is None:
+            raise ConfigError(
+                path,
+                "failover.peer_user",
+                f"user {peer_user!r} has only a password_hash: this server logs in to its "
+                "peer as that user, so it needs the password itself",
+            )
+        secret = _secret(path, failover)
+        peer_tls = _peer_tls(path, failover.section("peer_tls"))
+    else:
+        for key in ("secret", "secret_file", "peer_tls"):
+            failover.used.add(key)
     peer_name = failover.get("peer_name", str, None)
     peer_listen = failover.get("peer_listen", list, [])
     for index, address in enumerate(peer_listen):
@@ -385,6 +615,9 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     if peer is not None and not peer_listen:
         peer_listen = [peer]
     failover.check_unknown()
+
+    tls = _tls_listener(path, top.section("tls"))
+    auth = _auth(path, top.section("auth"))
 
     events = top.section("events")
     events_path = events.get("path", str, None)
@@ -450,12 +683,15 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             heartbeat,
             timeout,
             peer_user,
-            secret=(secret or "").encode(),
+            secret=secret,
             peer_name=peer_name,
             peer_listen=tuple(peer_listen),
+            peer_tls=peer_tls,
         ),
         limits=limits,
         source=path,
         listen_addresses=listen_addresses,
         metrics_listen=metrics_listen,
+        tls=tls,
+        auth=auth,
     )

@@ -32,6 +32,7 @@ from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
 from amqha.gate import ACCEPT, Accept, ConsoleRefused, Redirect, not_active_text
 from config import ServerConfig
+from config.tls import client_context
 from peering import Peering
 
 from . import fsm, peer_message
@@ -105,7 +106,8 @@ class FailoverController:
             PEER_EXCHANGE,
         )
         self._peer_url = (
-            f"amqp://{quote(user.name, safe='')}:{quote(user.password, safe='')}@"
+            f"{'amqp' if config.failover.peer_tls is None else 'amqps'}://"
+            f"{quote(user.name, safe='')}:{quote(user.password or '', safe='')}@"
             f"{config.failover.peer}/"
         )
         # The machine's actions, carried out in the order it returns them.
@@ -125,6 +127,7 @@ class FailoverController:
         # A restarted peer gives us one timeout of grace before a client vote can make it
         # ACTIVE: our state must reach it within that. So the link is retried every
         # heartbeat (no longer), and our state goes out the moment it is up.
+        peer_tls = self.config.failover.peer_tls
         return Peering(
             self._peer_url,
             name=f"{self.config.name}->peer",
@@ -133,6 +136,8 @@ class FailoverController:
             connect_timeout=max(self.config.failover.timeout, 1.0),
             on_up=on_up,
             client_properties={"product": "amqha peering", "amqha_node": self.config.name},
+            ssl_context=None if peer_tls is None else client_context(peer_tls, self.config.source),
+            server_hostname=None if peer_tls is None else peer_tls.server_name,
         )
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -17,7 +17,18 @@ EPOCH_FILE = "epoch"
 
 
 class EpochFileError(ValueError):
-    """The epoch file exists but does not hold a non-negative integer."""
+    """The epoch file exists but does not hold a non-negative integer.
+
+    Its message is one line meant for the operator: the file, what is wrong, what to do.
+    """
+
+
+# A server must never serve in an epoch below one it has seen, so a damaged file is not
+# silently read as 0: the operator puts a sound value back.
+_REPAIR = (
+    "write into it the higher of the epoch in the peer's data dir and the last epoch in "
+    "this server's event log, then start again"
+)
 
 
 def load_epoch(data_dir: str | os.PathLike[str]) -> int:
@@ -28,13 +39,17 @@ def load_epoch(data_dir: str | os.PathLike[str]) -> int:
     except FileNotFoundError:
         return 0
     except UnicodeDecodeError as exc:
-        raise EpochFileError(f"{path}: not an epoch file (non-ASCII bytes)") from exc
+        raise EpochFileError(f"{path}: corrupt (non-ASCII bytes); {_REPAIR}") from exc
+    except OSError as exc:
+        raise EpochFileError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
         epoch = int(text.strip())
     except ValueError as exc:
-        raise EpochFileError(f"{path}: expected one integer, found {text[:40]!r}") from exc
+        raise EpochFileError(
+            f"{path}: corrupt (expected one integer, found {text[:40]!r}); {_REPAIR}"
+        ) from exc
     if epoch < 0:
-        raise EpochFileError(f"{path}: epoch must not be negative, found {epoch}")
+        raise EpochFileError(f"{path}: corrupt (epoch must not be negative: {epoch}); {_REPAIR}")
     return epoch
 
 

@@ -1,8 +1,10 @@
 """One peering: keep an AMQP connection to a remote server open, and publish over it.
 
-Owns: connecting (aiormq) as the peering user, reconnecting with capped exponential
-backoff after any failure (refused, reset, cut, remote restart, a connect that
-hangs), one channel for publishing, and up/down notifications.
+Owns: connecting (aiormq) as the peering user, over TLS when given a context,
+reconnecting with capped exponential backoff after any failure (refused, reset, cut,
+remote restart, a connect that hangs, a certificate not trusted), one channel for
+publishing, and up/down notifications. A TLS failure is logged as an error, once per
+distinct reason until the link comes up: it will not heal by retrying.
 
 Must not know: what is published (failover state, later replication), the failover
 state machine, the local broker.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +57,11 @@ class Peering:
         on_up: Callable[[], None] | None = None,
         on_down: Callable[[str], None] | None = None,
         client_properties: dict[str, Any] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
+        """``ssl_context``: connect with TLS (``url`` then says amqps); ``server_hostname``:
+        the name checked in the remote's certificate, if not the host of ``url``."""
         self.url = url
         self.name = name
         self.backoff_initial = backoff_initial
@@ -71,6 +78,12 @@ class Peering:
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._connect_options: dict[str, Any] = {}
+        if ssl_context is not None:
+            self._connect_options["context"] = ssl_context
+            if server_hostname is not None:
+                self._connect_options["server_hostname"] = server_hostname
+        self._tls_error_logged: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -129,6 +142,7 @@ class Peering:
                     aiormq.connect(
                         f"{self.url}{'&' if '?' in self.url else '?'}heartbeat={self.heartbeat}",
                         client_properties=self.client_properties,
+                        **self._connect_options,
                     ),
                     timeout=self.connect_timeout,
                 )
@@ -140,10 +154,15 @@ class Peering:
                 await self._close_connection()
                 self.status.last_error = f"{type(error).__name__}: {error}"
                 log.debug("%s: connect to %s failed: %s", self.name, _censor(self.url), error)
+                tls_error = _tls_failure(error)
+                if tls_error is not None and tls_error != self._tls_error_logged:
+                    self._tls_error_logged = tls_error
+                    log.error("%s: TLS to %s refused: %s", self.name, _censor(self.url), tls_error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff_max)
                 continue
             delay = self.backoff_initial
+            self._tls_error_logged = None
             self.status.connected = True
             self.status.connects += 1
             self.status.last_error = None
@@ -178,6 +197,21 @@ class Peering:
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 1.0)
+
+
+def _tls_failure(error: BaseException) -> str | None:
+    """The TLS reason behind a failed connect (aiormq wraps it), or None if not TLS."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return f"certificate verify failed: {current.verify_message}"
+        if isinstance(current, ssl.SSLError):
+            return str(current.reason or current)
+        current = current.__cause__ or current.__context__
+    text = str(error)
+    return text if "[SSL" in text else None
 
 
 def _censor(url: str) -> str:

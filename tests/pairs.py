@@ -90,21 +90,27 @@ class Pair:
         proxied: bool = True,
         roles: tuple[str, str] = ("primary", "backup"),
         names: tuple[str, str] | None = None,
+        peering_tls: tuple[tuple[dict[str, Any], dict[str, Any]], ...] | None = None,
         **overrides: Any,
     ) -> None:
-        """``overrides``: further config sections for both servers (as ServerProcess takes)."""
+        """``overrides``: further config sections for both servers (as ServerProcess takes).
+
+        ``peering_tls``: for each server, its ``tls`` section (without ``listen``) and its
+        ``failover.peer_tls``; the peers then reach each other's amqps listener.
+        """
         self.workdir = Path(workdir)
         self.heartbeat = heartbeat
         self.timeout = timeout
         names = names or roles
         ports = (free_port(), free_port())
+        tls_ports = (free_port(), free_port()) if peering_tls else ports
         self.proxies: list[TcpProxy] = []
         if proxied:
             # proxies[i] is how server i reaches the other one.
-            self.proxies = [TcpProxy(ports[1]).start(), TcpProxy(ports[0]).start()]
+            self.proxies = [TcpProxy(tls_ports[1]).start(), TcpProxy(tls_ports[0]).start()]
             peer_ports = (self.proxies[0].port, self.proxies[1].port)
         else:
-            peer_ports = (ports[1], ports[0])
+            peer_ports = (tls_ports[1], tls_ports[0])
         # Equal names would share a data dir and a config file: give each its own folder.
         dirs = (
             (self.workdir / "a", self.workdir / "b")
@@ -129,6 +135,10 @@ class Pair:
             )
             for i in range(2)
         ]
+        for i, (tls, peer_tls) in enumerate(peering_tls or ()):
+            server = self.servers[i]
+            server.config["tls"] = {**tls, "listen": f"127.0.0.1:{tls_ports[i]}"}
+            server.config["failover"] = {**server.config["failover"], "peer_tls": peer_tls}
         self.kills: list[Kill] = []
 
     @property

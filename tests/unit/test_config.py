@@ -26,7 +26,7 @@ VALID: dict[str, Any] = {
         "heartbeat": 0.5,
         "timeout": 2,
         "peer_user": "peer",
-        "secret": "a-shared-secret-of-the-pair",
+        "secret": "correct horse battery staple",
     },
     "events": {"path": "/tmp/alpha/events.jsonl"},
     "limits": {
@@ -73,17 +73,44 @@ def test_valid_file_loads(tmp_path: Path) -> None:
     assert config.source == str(tmp_path / "server.yaml")
 
 
-def test_role_from_the_command_line_wins(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path, VALID), role="backup").failover.role == "backup"
+def test_role_from_the_command_line_fills_a_missing_one(tmp_path: Path) -> None:
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    del data["failover"]["role"]
+    assert load_config(write(tmp_path, data), role="backup").failover.role == "backup"
+    assert load_config(write(tmp_path, VALID), role="primary").failover.role == "primary"
 
 
-def test_empty_file_gives_defaults(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, ""))
+def test_role_from_the_command_line_cannot_contradict_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, role="backup")
+    assert str(caught.value) == (
+        f"{path}: failover.role: the file says 'primary' but the command line says --role backup"
+    )
+
+
+def test_role_from_the_command_line_does_not_hide_a_bad_one(tmp_path: Path) -> None:
+    path = write(tmp_path, with_change("failover", "role", "primray"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, role="primary")
+    assert caught.value.key == "failover.role" and "'primray'" in caught.value.problem
+
+
+def test_minimal_standalone_file_gives_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, {"users": [{"name": "app", "password": "pw"}]}))
     assert config.listen == "127.0.0.1:5672"
     assert config.limits == Limits()
-    assert [u.name for u in config.users] == ["guest"]
-    assert config.failover.role is None
+    assert [u.name for u in config.users] == ["app"]
+    assert config.failover.role is None and config.failover.secret == b""
     assert config.event_log_path == "var/amqha/events.jsonl"
+    assert config.tls is None
+    assert config.auth.loopback_users == ("guest",) and config.auth.failed_login_delay == 1.0
+
+
+@pytest.mark.parametrize("text", ["", "server: {name: x}\n", "users:\n"])
+def test_a_file_without_users_is_refused(tmp_path: Path, text: str) -> None:
+    # An empty file once started a server that took guest/guest.
+    assert_error(tmp_path, text, "users", "missing")
 
 
 @pytest.mark.parametrize("name", ["primary.yaml", "backup.yaml"])
@@ -257,7 +284,7 @@ def test_peer_user_without_the_peering_tag(tmp_path: Path) -> None:
 
 def test_peer_user_is_not_checked_without_a_peer(tmp_path: Path) -> None:
     data = with_change("failover", "peer_user", "ghost")
-    del data["failover"]["peer"]
+    del data["failover"]["peer"], data["failover"]["role"]
     assert load_config(write(tmp_path, data)).failover.peer_user == "ghost"
 
 
@@ -382,3 +409,269 @@ def test_bounds_limits_load_with_their_defaults(tmp_path: Path) -> None:
 )
 def test_bad_bounds_limits(tmp_path: Path, key: str, value: Any, where: str, problem: str) -> None:
     assert_error(tmp_path, with_change("limits", key, value), where, problem)
+
+
+# -- refusals of a file that could split the pair or open the broker -----------------------
+
+
+def without(section: str, key: str) -> dict[str, Any]:
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    del data[section][key]
+    return data
+
+
+@pytest.mark.parametrize("role", ["primary", "backup"])
+def test_a_role_without_a_peer_is_refused(tmp_path: Path, role: str) -> None:
+    # It used to start standalone, and so ACTIVE: a second active server beside the pair.
+    data = with_change("failover", "role", role)
+    del data["failover"]["peer"]
+    assert_error(tmp_path, data, "failover.peer", "missing", f"a {role} without its peer")
+
+
+def test_a_role_from_the_command_line_without_a_peer_is_refused(tmp_path: Path) -> None:
+    data = without("failover", "peer")
+    del data["failover"]["role"]
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, role="backup")
+    assert caught.value.key == "failover.peer"
+
+
+def test_a_peer_without_a_role_is_refused(tmp_path: Path) -> None:
+    assert_error(tmp_path, without("failover", "role"), "failover.role", "missing")
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [("timeout", ".nan"), ("timeout", ".inf"), ("heartbeat", ".inf"), ("heartbeat", ".NaN")],
+)
+def test_non_finite_durations_are_refused(tmp_path: Path, key: str, text: str) -> None:
+    data = yaml.safe_dump(VALID).replace(f"  {key}: ", f"  {key}: {text} #", 1)
+    assert_error(tmp_path, data, f"failover.{key}", "expected a finite number")
+
+
+def test_a_negative_infinite_timeout_is_refused(tmp_path: Path) -> None:
+    data = yaml.safe_dump(VALID).replace("  timeout: ", "  timeout: -.inf #", 1)
+    assert_error(tmp_path, data, "failover.timeout", "expected a finite number")
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [
+        (
+            "users: [{name: a, password: b}]\nserver:\n  listen: 127.0.0.1:1\n  listen: 127.0.0.1:2\n",
+            "server.listen",
+            "lines 3 and 4",
+        ),
+        (
+            "users: [{name: a, password: b}]\nlimits: {heartbeat: 1}\nlimits: {heartbeat: 2}\n",
+            "limits",
+            "lines 2 and 3",
+        ),
+        ("users:\n  - {name: a, password: b, password: c}\n", "users[0].password", "lines 2 and 2"),
+    ],
+    ids=["nested", "top", "in a list"],
+)
+def test_duplicate_keys_are_refused(tmp_path: Path, text: str, key: str, lines: str) -> None:
+    assert_error(tmp_path, text, key, "given twice", lines)
+
+
+def test_a_pair_needs_a_secret(tmp_path: Path) -> None:
+    assert_error(tmp_path, without("failover", "secret"), "failover.secret", "missing")
+
+
+def test_a_short_secret_is_refused_without_being_echoed(tmp_path: Path) -> None:
+    error = assert_error(
+        tmp_path,
+        with_change("failover", "secret", "hunter2-hunter2"),
+        "failover.secret",
+        "at least 16 characters, got 15",
+    )
+    assert "hunter2" not in str(error)
+
+
+def test_the_secret_is_bytes(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, VALID)).failover.secret == b"correct horse battery staple"
+    assert "correct horse" not in repr(load_config(write(tmp_path, VALID)))
+
+
+def test_secret_file_relative_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "pair.secret").write_text("s3cret-from-a-file-0123\n")
+    data = without("failover", "secret")
+    data["failover"]["secret_file"] = "pair.secret"
+    config = load_config(write(tmp_path / "conf", data))
+    assert config.failover.secret == b"s3cret-from-a-file-0123"
+
+
+def test_secret_file_problems(tmp_path: Path) -> None:
+    data = without("failover", "secret")
+    data["failover"]["secret_file"] = "absent.secret"
+    assert_error(tmp_path, data, "failover.secret_file", "cannot read", "absent.secret")
+    (tmp_path / "short.secret").write_text("short\n")
+    data["failover"]["secret_file"] = "short.secret"
+    assert_error(tmp_path, data, "failover.secret_file", "too short")
+    both = with_change("failover", "secret_file", "short.secret")
+    assert_error(tmp_path, both, "failover.secret_file", "either secret or secret_file")
+
+
+def test_no_secret_needed_standalone(tmp_path: Path) -> None:
+    data = without("failover", "secret")
+    del data["failover"]["role"], data["failover"]["peer"]
+    assert load_config(write(tmp_path, data)).failover.secret == b""
+
+
+# -- users with hashed passwords ----------------------------------------------------------
+
+
+def test_password_hash_accepted(tmp_path: Path) -> None:
+    from config.passwords import hash_password
+
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    data["users"][0] = {"name": "guest", "password_hash": hash_password("pw", "rabbitmq-sha256")}
+    user = load_config(write(tmp_path, data)).user("guest")
+    assert user is not None and user.password is None
+    assert user.verifier.check("pw") and not user.verifier.check("pW")
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "problem"),
+    [
+        (
+            {"name": "a", "password_hash": "not a hash!"},
+            "users[0].password_hash",
+            "not a password hash",
+        ),
+        (
+            {"name": "a", "password_hash": "$scrypt$ln=15$x$y"},
+            "users[0].password_hash",
+            "expected '$scrypt$",
+        ),
+        (
+            {
+                "name": "a",
+                "password_hash": "$scrypt$ln=40,r=8,p=1$AAAAAAAAAAA$AAAAAAAAAAAAAAAAAAAAAA",
+            },
+            "users[0].password_hash",
+            "out of range",
+        ),
+        (
+            {
+                "name": "a",
+                "password_hash": "$scrypt$ln=20,r=64,p=1$AAAAAAAAAAA$AAAAAAAAAAAAAAAAAAAAAA",
+            },
+            "users[0].password_hash",
+            "MiB per login",
+        ),
+        ({"name": "a", "password_hash": "YWJj"}, "users[0].password_hash", "3 bytes"),
+        (
+            {"name": "a", "password": "b", "password_hash": "YWJj"},
+            "users[0].password_hash",
+            "either",
+        ),
+        ({"name": "a"}, "users[0].password", "missing (or give password_hash)"),
+    ],
+)
+def test_bad_password_hash(tmp_path: Path, entry: dict, key: str, problem: str) -> None:
+    assert_error(
+        tmp_path, {**without("failover", "role"), "failover": {}, "users": [entry]}, key, problem
+    )
+
+
+def test_the_peering_user_needs_its_password(tmp_path: Path) -> None:
+    from config.passwords import hash_password
+
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    data["users"][1] = {
+        "name": "peer",
+        "password_hash": hash_password("x", "rabbitmq-sha256"),
+        "tags": ["peering"],
+    }
+    assert_error(tmp_path, data, "failover.peer_user", "only a password_hash")
+
+
+# -- auth -----------------------------------------------------------------------------------
+
+
+def test_auth_section(tmp_path: Path) -> None:
+    data = {**VALID, "auth": {"loopback_users": ["guest", "root"], "failed_login_delay": 0}}
+    auth = load_config(write(tmp_path, data)).auth
+    assert auth.loopback_users == ("guest", "root") and auth.failed_login_delay == 0.0
+    assert (
+        load_config(write(tmp_path, {**VALID, "auth": {"loopback_users": []}})).auth.loopback_users
+        == ()
+    )
+
+
+@pytest.mark.parametrize(
+    ("auth", "key", "problem"),
+    [
+        ({"loopback_users": "guest"}, "auth.loopback_users", "expected a list"),
+        ({"loopback_users": [1]}, "auth.loopback_users[0]", "expected a user name"),
+        ({"failed_login_delay": 60}, "auth.failed_login_delay", "between 0 and 10"),
+        ({"failed_login_delay": -1}, "auth.failed_login_delay", "between 0 and 10"),
+        ({"loopback": ["guest"]}, "auth.loopback", "unknown key"),
+    ],
+)
+def test_bad_auth(tmp_path: Path, auth: dict, key: str, problem: str) -> None:
+    assert_error(tmp_path, {**VALID, "auth": auth}, key, problem)
+
+
+# -- TLS ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory):
+    from tests.certs import Pki
+
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def test_tls_listener_paths_relative_to_the_config_file(tmp_path: Path, pki) -> None:
+    folder = Path(pki.ca).parent
+    tls = {"listen": "127.0.0.1:5671", "cert": Path(pki.server_cert).name, "key": pki.server_key}
+    config = load_config(write(folder, {**VALID, "tls": tls}, "tls.yaml"))
+    assert config.tls is not None and config.tls.cert == pki.server_cert
+    assert (config.tls.host, config.tls.port, config.tls.client_certs) == (
+        "127.0.0.1",
+        5671,
+        "none",
+    )
+    assert config.tls.listen == "127.0.0.1:5671"
+
+
+def test_bad_tls(tmp_path: Path, pki) -> None:
+    files = {"cert": pki.server_cert, "key": pki.server_key}
+    listen = {"listen": "127.0.0.1:5671"}
+    cases = [
+        (files, "tls.listen", "missing"),
+        ({**listen, "key": pki.server_key}, "tls.cert", "missing"),
+        ({**listen, **files, "client_certs": "required"}, "tls.ca", "missing"),
+        ({**listen, **files, "client_certs": "yes"}, "tls.client_certs", "expected one of"),
+        ({**listen, **files, "ciphers": "ALL"}, "tls.ciphers", "unknown key"),
+    ]
+    for tls, key, problem in cases:
+        assert_error(tmp_path, {**VALID, "tls": tls}, key, problem)
+
+
+def test_peer_tls(tmp_path: Path, pki) -> None:
+    data = with_change("failover", "peer_tls", {"ca": pki.ca, "server_name": "localhost"})
+    peer_tls = load_config(write(tmp_path, data)).failover.peer_tls
+    assert peer_tls is not None and (peer_tls.ca, peer_tls.cert) == (pki.ca, None)
+    assert peer_tls.server_name == "localhost"
+
+
+def test_bad_peer_tls(tmp_path: Path, pki) -> None:
+    cases = [
+        ({"server_name": "x"}, "failover.peer_tls.ca", "missing"),
+        ({"ca": "absent.pem"}, "failover.peer_tls.ca", "cannot read"),
+        ({"ca": pki.ca, "cert": pki.client_cert}, "failover.peer_tls.key", "give cert and key"),
+        ({"ca": pki.server_key}, "failover.peer_tls.ca", "not a CA certificate file"),
+        (
+            {"ca": pki.ca, "cert": pki.client_cert, "key": pki.server_key},
+            "failover.peer_tls.key",
+            "is not the key of",
+        ),
+    ]
+    for peer_tls, key, problem in cases:
+        assert_error(tmp_path, with_change("failover", "peer_tls", peer_tls), key, problem)

@@ -1,0 +1,173 @@
+"""Who may log in: passwords checked off the event loop, loopback-only users, failed logins.
+
+Owns: checking a login's user name and password against the configured users (plain,
+RabbitMQ SHA-256/512 or scrypt, see ``config.passwords``), the loopback-only rule
+(``auth.loopback_users``, guest by default, as RabbitMQ), and what a failed login costs
+its sender: the refusal comes ``auth.failed_login_delay`` seconds after the attempt, never
+sooner, whatever the reason (no user, wrong password, wrong address), so a wrong user
+name cannot be told from a wrong password by timing. Failed logins are logged, at most
+``LOG_BURST`` lines per ``LOG_WINDOW`` seconds, with a count of the ones left out.
+
+Bounds: scrypt checks run on ``CHECK_THREADS`` threads; at most ``MAX_PENDING`` logins wait
+for a check or a delayed refusal at once. Past that a login is refused at once, without a
+check, so a flood of attempts holds neither memory nor CPU (connections waiting here stop
+being read).
+
+Must not know: frames and connection states (``connection`` asks and closes), sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from config import AuthConfig, User
+from config.passwords import Verifier
+
+log = logging.getLogger("amqha.auth")
+
+CHECK_THREADS = 2
+MAX_PENDING = 256
+LOG_BURST = 10
+LOG_WINDOW = 60.0
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (::ffff:127.0.0.1)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a login was refused: ``text`` goes to the client in Connection.Close 403."""
+
+    text: str
+    reason: str  # for the log only
+
+
+class LogLimiter:
+    """Lets ``burst`` lines through per ``window`` seconds and counts the rest (pure)."""
+
+    def __init__(self, burst: int = LOG_BURST, window: float = LOG_WINDOW) -> None:
+        self.burst = burst
+        self.window = window
+        self.window_start: float | None = None
+        self.logged = 0
+        self.suppressed = 0
+
+    def admit(self, now: float) -> tuple[bool, int]:
+        """(may this line be logged, how many were left out before it)."""
+        if self.window_start is None or now - self.window_start >= self.window:
+            self.window_start = now
+            self.logged = 0
+        if self.logged >= self.burst:
+            self.suppressed += 1
+            return False, 0
+        self.logged += 1
+        left_out, self.suppressed = self.suppressed, 0
+        return True, left_out
+
+
+class Authenticator:
+    def __init__(
+        self, users: tuple[User, ...], config: AuthConfig, clock: Callable[[], float]
+    ) -> None:
+        self.users = {user.name: user for user in users}
+        self.verifiers = {user.name: user.verifier for user in users}
+        self.loopback_users = frozenset(config.loopback_users)
+        self.delay = config.failed_login_delay
+        self.clock = clock
+        self.pending = 0
+        self.failed = 0
+        self.limiter = LogLimiter()
+        self._executor: ThreadPoolExecutor | None = None
+        # Checked when the user does not exist, so that costs the same as a wrong password.
+        self._decoy = next((v for v in self.verifiers.values() if v.costly), None) or next(
+            iter(self.verifiers.values()), None
+        )
+
+    async def login(
+        self, username: str, password: str, address: str, mechanism: str
+    ) -> User | Refused:
+        """The user, or why not (a refusal is returned only once its delay has passed)."""
+        started = self.clock()
+        if self.pending >= MAX_PENDING:
+            return self._refused(address, username, mechanism, "too many logins in progress")
+        self.pending += 1
+        try:
+            user = self.users.get(username)
+            verifier = self.verifiers.get(username, self._decoy)
+            matches = verifier is not None and await self._check(verifier, password)
+            if user is None or not matches:
+                refusal = self._refused(
+                    address,
+                    username,
+                    mechanism,
+                    "no such user" if user is None else "wrong password",
+                )
+            elif user.name in self.loopback_users and not is_loopback(address):
+                refusal = self._refused(
+                    address,
+                    username,
+                    mechanism,
+                    "not from a loopback address",
+                    f"ACCESS_REFUSED - user '{user.name}' may only log in from a loopback "
+                    "address (auth.loopback_users)",
+                )
+            else:
+                return user
+            await self._wait_until(started + self.delay)
+            return refusal
+        finally:
+            self.pending -= 1
+
+    async def _check(self, verifier: Verifier, password: str) -> bool:
+        if not verifier.costly:
+            return verifier.check(password)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="amqha-login")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, verifier.check, password)
+
+    async def _wait_until(self, deadline: float) -> None:
+        remaining = deadline - self.clock()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+
+    def _refused(
+        self,
+        address: str,
+        username: str,
+        mechanism: str,
+        reason: str,
+        text: str | None = None,
+    ) -> Refused:
+        self.failed += 1
+        logged, left_out = self.limiter.admit(self.clock())
+        if logged:
+            log.warning(
+                "login refused: user %r from %s (%s, %s)%s",
+                username[:64],
+                address,
+                mechanism,
+                reason,
+                f"; {left_out} more refused logins not logged" if left_out else "",
+            )
+        text = text or (
+            f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}"
+        )
+        return Refused(text, reason)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
