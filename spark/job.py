@@ -26,7 +26,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -180,7 +179,9 @@ _JSON_OPTIONS = {
 
 
 def _uri(path: str) -> str:
-    return Path(path).as_uri() if os.path.isabs(path) else path
+    # Unescaped: Hadoop's Path quotes what a URI needs itself (a pair=NAME directory keeps
+    # its "=", a space its space).
+    return f"file://{path}" if os.path.isabs(path) else path
 
 
 def _good() -> Column:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from spark import reference
 from spark.cli import report
-from spark.job import table_schema as job_schema
 from spark.job import run_report
+from spark.job import table_schema as job_schema
 from spark.model import TABLES
 from tests.spark import scenarios
 from tests.spark.compare import same
