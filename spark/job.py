@@ -24,6 +24,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,8 @@ _INF = float("inf")
 # One shuffle partition per this much input, at most two per core: the frames after the pass
 # are small, and every partition is a task in every stage.
 BYTES_PER_PARTITION = 128 << 20
+WRITERS = 4  # tables written at once
+ACTIVITY_BARS = 1500  # about this many bars of redirects over a timeline's window
 
 Progress = Callable[[str], None]
 
@@ -309,65 +312,83 @@ def _one_pass(events: DataFrame) -> DataFrame:
         F.sum(good.cast("long")).alias("events"),
         F.min(F.when(bulk, F.col("ts"))).alias("start"),
         F.max(F.when(bulk, F.col("ts"))).alias("end"),
+        # Which event the first and last are (a tie orders "redirect" before "refuse"), so the
+        # kept ends sort among other records exactly as the records they stand for.
+        F.min(F.when(bulk & (event == "redirect"), F.col("ts"))).alias("first_redirect"),
+        F.max(F.when(bulk & (event == "refuse"), F.col("ts"))).alias("last_refusal"),
         F.sum((bulk & (event == "redirect")).cast("long")).alias("redirects"),
         F.sum((bulk & (event == "refuse")).cast("long")).alias("refusals"),
     )
 
 
-def _mixed_buckets(buckets: DataFrame, specials: DataFrame) -> DataFrame:
-    """Bucket keys whose span also holds another state's bulk records, or a record of another
-    state, or a start: there, dropping the records between first and last would change the
-    runs."""
-    key = ["pair", "node", "bucket"]
-    other = buckets.select(
-        *key,
-        F.col("state").alias("other_state"),
-        F.col("start").alias("other_start"),
-        F.col("end").alias("other_end"),
+def _edges(buckets: DataFrame) -> DataFrame:
+    """A bucket's first and last record as points, with the bucket's key."""
+    first = F.struct(
+        F.col("start").alias("ts"),
+        F.when(F.col("first_redirect") == F.col("start"), F.lit("redirect"))
+        .otherwise(F.lit("refuse"))
+        .alias("event"),
     )
-    by_state = (
-        buckets.join(other, key)
-        .filter(
-            (F.col("state") != F.col("other_state"))
-            & (F.col("start") <= F.col("other_end"))
-            & (F.col("other_start") <= F.col("end"))
-        )
-        .select(*_BUCKET_KEY)
+    last = F.struct(
+        F.col("end").alias("ts"),
+        F.when(F.col("last_refusal") == F.col("end"), F.lit("refuse"))
+        .otherwise(F.lit("redirect"))
+        .alias("event"),
     )
-    carried = F.when(F.col("event") == "stopped", F.lit(DOWN)).otherwise(F.col("state"))
-    marks = specials.select(
-        *key,
-        F.col("ts").alias("mark"),
-        carried.alias("mark_state"),
-        (F.col("event") == "started").alias("mark_start"),
+    return buckets.select(
+        *_BUCKET_KEY, F.explode(F.array_distinct(F.array(first, last))).alias("p")
+    ).select(
+        *_BUCKET_KEY,
+        "p.ts",
+        F.lit(RANK_RECORD).alias("rank"),
+        "p.event",
+        F.lit(True).alias("bulk"),
     )
-    by_record = (
-        buckets.join(marks, key)
-        .filter(
-            F.col("mark").between(F.col("start"), F.col("end"))
-            & ((F.col("mark_state") != F.col("state")) | F.col("mark_start"))
-        )
-        .select(*_BUCKET_KEY)
-    )
-    return by_state.unionByName(by_record).distinct()
 
 
-def _run_ends(points: DataFrame) -> DataFrame:
-    """The first and last point of each run of bulk points (consecutive in a node's order,
-    one state, no other record between): the points between them change nothing."""
+def _reduce(points: DataFrame) -> DataFrame:
+    """One sort of each node's points (bulk buckets' ends, bulk records, other records) and
+    two running counts over it:
+
+    - ``run``: a run of bulk points is consecutive, of one state, with no other record
+      between; only its first and last point are kept (``end`` rows), as the ones between
+      change nothing;
+    - ``phase``: a change of the state carried, or a start; a bucket whose two ends are not
+      in one phase had something else happen inside its span, so its inside matters and is
+      read again (``mixed`` rows, with the bucket's key).
+    """
     order = Window.partitionBy(*_NODE).orderBy(*_ORDER)
     bulk = F.col("bulk")
-    before = F.lag(F.struct("bulk", "state")).over(order)
-    starts = ~bulk | ~F.coalesce(before["bulk"], F.lit(False)) | (before["state"] != F.col("state"))
+    carried = F.when(F.col("event") == "stopped", F.lit(DOWN)).otherwise(F.col("state"))
+    before = F.lag(F.struct(bulk.alias("bulk"), F.col("state"), carried.alias("carried"))).over(
+        order
+    )
+    new_run = (
+        ~bulk | ~F.coalesce(before["bulk"], F.lit(False)) | (before["state"] != F.col("state"))
+    )
+    new_phase = F.coalesce(before["carried"] != carried, F.lit(True)) | (
+        F.col("event") == "started"
+    )
     key = F.struct(*_ORDER)
-    return (
-        points.withColumn("run", F.sum(starts.cast("long")).over(_running(order)))
-        .filter(bulk)
-        .groupBy(*_NODE, "run")
+    marked = points.select(
+        "*",
+        F.sum(new_run.cast("long")).over(_running(order)).alias("run"),
+        F.sum(new_phase.cast("long")).over(_running(order)).alias("phase"),
+    ).filter(bulk)
+    ends = (
+        marked.groupBy(*_NODE, "run")
         .agg(F.min(key).alias("first"), F.max(key).alias("last"))
         .select(*_NODE, F.explode(F.array_distinct(F.array("first", "last"))).alias("p"))
-        .select(*_NODE, "p.*")
+        .select(F.lit("end").alias("kind"), *_NODE, "p.*")
     )
+    mixed = (
+        marked.filter(F.col("bucket").isNotNull())
+        .groupBy(*_BUCKET_KEY)
+        .agg((F.min("phase") != F.max("phase")).alias("mixed"))
+        .filter("mixed")
+        .select(F.lit("mixed").alias("kind"), *_BUCKET_KEY)
+    )
+    return ends.unionByName(mixed, allowMissingColumns=True)
 
 
 @dataclass
@@ -375,7 +396,7 @@ class SparkReport:
     summary: dict
     small: dict[str, list[dict[str, Any]]]  # every table but redirects_per_minute
     per_minute: DataFrame  # redirects_per_minute, typed as spark.model.TABLES says
-    activity: dict[str, list[dict[str, Any]]]  # per pair: redirects + refusals, few buckets
+    activity: dict[str, list[dict[str, Any]]]  # the drawn pair's redirects, few bars
 
 
 def _collect_json(frames: Mapping[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
@@ -403,8 +424,12 @@ def compute(
     progress: Progress = _quiet,
     slo: float | None = None,
     conf: Mapping[str, str] | None = None,
+    pair: str | None = None,
 ) -> SparkReport:
+    """The report of the logs at ``paths``; ``pair`` is the one whose redirects are binned
+    for its timeline (default: the only pair)."""
     started = time.monotonic()
+    chosen = pair
 
     def step(message: str) -> None:
         progress(f"[{time.monotonic() - started:7.1f}s] {message}")
@@ -417,6 +442,16 @@ def compute(
     groups = _one_pass(_keyed(lines)).cache()
     specials_df = groups.filter(F.col("special").isNotNull()).select(
         "pair", "node", "bucket", "events", "special.*"
+    )
+    buckets = groups.filter(F.col("state").isNotNull()).select(
+        *_BUCKET_KEY, "start", "end", "first_redirect", "last_refusal", "redirects", "refusals"
+    )
+    special_points = specials_df.select(
+        *_NODE,
+        *_ORDER,
+        F.lit(None).cast("long").alias("bucket"),
+        F.lit(None).cast("long").alias("minute"),
+        F.lit(False).alias("bulk"),
     )
     head = _collect_json(
         {
@@ -445,32 +480,28 @@ def compute(
     unnamed = unnamed_pair(r["node"] for r in head["nodes"] if r.get("pair") is None)
     step(f"{count} events from {len(head['nodes'])} node(s), {sum(bad_by_file.values())} bad")
 
-    # Runs of bulk points reduced to their ends, on the executors.
-    buckets = groups.filter(F.col("state").isNotNull()).select(
-        *_BUCKET_KEY, "start", "end", "redirects", "refusals"
-    )
-    special_points = specials_df.select(*_NODE, "bucket", *_ORDER)
-    mixed = _mixed_buckets(buckets, special_points).cache()
-    edges = buckets.join(mixed, list(_BUCKET_KEY), "left_anti").select(
-        *_NODE,
-        F.explode(F.array_distinct(F.array("start", "end"))).alias("ts"),
-        F.lit(RANK_RECORD).alias("rank"),
-        F.lit("redirect").alias("event"),
-        "state",
-    )
-    whole = (
-        _keyed(lines)
-        .filter("bulk")
-        .join(F.broadcast(mixed), list(_BUCKET_KEY))
-        .select(*_NODE, *_ORDER)
-    )
-    points = (
-        edges.unionByName(whole)
-        .withColumn("bulk", F.lit(True))
-        .unionByName(special_points.drop("bucket").withColumn("bulk", F.lit(False)))
-    )
-    reduced = _collect_json({"ends": _run_ends(points)})["ends"]
-    mixed.unpersist()
+    # Runs of bulk points reduced to their ends, on the executors; buckets with something
+    # else inside (rare) are read again and their records take the place of their ends.
+    reduced = _collect_json({"rows": _reduce(_edges(buckets).unionByName(special_points))})
+    mixed = [r for r in reduced["rows"] if r["kind"] == "mixed"]
+    if mixed:
+        step(f"reading {len(mixed)} bucket(s) with a state change inside again in full")
+        keys = F.concat_ws(
+            "\u0000", *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in _BUCKET_KEY]
+        )
+        listed = [
+            "\u0000".join(str(r[c]) if r.get(c) is not None else "" for c in _BUCKET_KEY)
+            for r in mixed
+        ]
+        inside = keys.isin(listed)
+        whole = (
+            _keyed(lines)
+            .filter(F.col("bulk") & inside)
+            .select(*_BUCKET_KEY, "ts", "rank", "event", F.lit(True).alias("bulk"))
+        )
+        points = _edges(buckets.filter(~inside)).unionByName(whole).unionByName(special_points)
+        reduced = _collect_json({"rows": _reduce(points)})
+    reduced = [r for r in reduced["rows"] if r["kind"] == "end"]
 
     def pair_of(row: Mapping[str, Any]) -> str:
         return row.get("pair") or unnamed
@@ -536,13 +567,30 @@ def compute(
         )
         .cache()
     )
-    by_day_rows = _collect_json(
-        {
-            "days": per_minute.groupBy("pair", "day").agg(
-                F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
-            )
-        }
-    )["days"]
+    drawn = chosen if chosen is not None else (next(iter(inputs)) if len(inputs) == 1 else None)
+    if drawn is not None and drawn not in inputs:
+        raise ReportError(f"--pair {drawn}: no such pair (pairs: {', '.join(sorted(inputs))})")
+    wanted = {
+        "days": per_minute.groupBy("pair", "day").agg(
+            F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
+        )
+    }
+    if drawn is not None:
+        lo, hi = clocks[drawn].window
+        width = max(1, math.ceil((hi - lo) / MINUTE / ACTIVITY_BARS)) * MINUTE
+        wanted["activity"] = (
+            per_minute.filter(F.col("pair") == drawn)
+            .groupBy("node", (F.floor(F.col("at") / width) * width).alias("at"))
+            .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
+            .withColumn("width", F.lit(width))
+        )
+    collected = _collect_json(wanted)  # one job for both
+    by_day_rows = collected["days"]
+    activity = (
+        {drawn: sorted(collected.get("activity", []), key=lambda r: (r["node"], r["at"]))}
+        if drawn is not None
+        else {}
+    )
     by_day: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
     for row in by_day_rows:
         by_day[row["pair"]][row["day"]] = (row["redirects"], row["refusals"])
@@ -570,22 +618,7 @@ def compute(
         slo=slo,
     )
     step("computed")
-    return SparkReport(summary, small, per_minute, {})
-
-
-def activity(report: SparkReport, pair: str) -> list[dict[str, Any]]:
-    """Redirects and refusals of one pair per node in buckets of whole minutes of true time,
-    few enough to plot (about 1500 over the window)."""
-    window = report.summary["pairs"][pair]["window"]
-    width = max(1, math.ceil((window["until"] - window["since"]) / MINUTE / 1500)) * MINUTE
-    rows = (
-        report.per_minute.filter(F.col("pair") == pair)
-        .groupBy("node", (F.floor(F.col("at") / width) * width).alias("at"))
-        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
-        .collect()
-    )
-    found = [{**r.asDict(), "width": width} for r in rows]
-    return sorted(found, key=lambda r: (r["node"], r["at"]))
+    return SparkReport(summary, small, per_minute, activity)
 
 
 # ---------------------------------------------------------------- output
@@ -611,17 +644,48 @@ def _clear_partitions(folder: str, windows: Mapping[str, Sequence[str]]) -> None
             shutil.rmtree(os.path.join(folder, pair_dir, f"day={day}"), ignore_errors=True)
 
 
+def _write_table(
+    spark: SparkSession,
+    report: SparkReport,
+    name: str,
+    out: str,
+    staging: str,
+    days: Mapping[str, Sequence[str]],
+) -> None:
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    columns = [c for c, _ in TABLES[name][0]]
+    csv_path = os.path.join(folder, f"{name}.csv")
+    if name in report.small:
+        rows = report.small[name]
+        staged = os.path.join(staging, f"{name}.jsonl")
+        with open(staged, "w", encoding="utf-8") as stream:
+            for row in rows:
+                stream.write(json.dumps(row, allow_nan=False) + "\n")
+        frame = spark.read.schema(table_schema(name)).json(_uri(os.path.abspath(staged)))
+        write_csv(csv_path, columns, ([r[c] for c in columns] for r in rows))
+    else:
+        frame = report.per_minute.select(*columns)
+        _, order = TABLES[name]
+        ordered = frame.coalesce(1).sortWithinPartitions(*order)
+        write_csv(csv_path, columns, (tuple(r) for r in ordered.toLocalIterator()))
+    parquet = os.path.join(folder, "parquet")
+    _clear_partitions(parquet, days)
+    frame.write.mode("append").partitionBy("pair", "day").parquet(_uri(os.path.abspath(parquet)))
+
+
 def write_report(
     spark: SparkSession,
     report: SparkReport,
     out: str,
     progress: Progress = _quiet,
-    pair: str | None = None,
 ) -> None:
     """Tables as ``<out>/<table>/parquet/pair=P/day=D/`` and ``<out>/<table>/<table>.csv`` (this
-    run's rows), ``summary.json``, ``fleet.png`` and ``timeline.png`` (of ``pair``, or of the
-    only pair). ``out`` is a directory on the driver; on a cluster the executors must share
-    it: they read the small tables staged there and write the Parquet parts."""
+    run's rows), ``summary.json``, ``fleet.png`` and ``timeline.png`` (of the pair binned by
+    ``compute``). ``out`` is a directory on the driver; on a cluster the executors must share
+    it: they read the small tables staged there and write the Parquet parts. The tables are
+    written by concurrent Spark jobs: each is small, and one at a time most of the time would
+    go to scheduling."""
     os.makedirs(out, exist_ok=True)
     days: dict[str, list[str]] = defaultdict(list)
     for row in report.small["daily"]:
@@ -629,54 +693,25 @@ def write_report(
     staging = os.path.join(out, "_staging")
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
-    for name in TABLES:
-        progress(f"writing {name}")
-        folder = os.path.join(out, name)
-        os.makedirs(folder, exist_ok=True)
-        columns = [c for c, _ in TABLES[name][0]]
-        if name in report.small:
-            rows = report.small[name]
-            staged = os.path.join(staging, f"{name}.jsonl")
-            with open(staged, "w", encoding="utf-8") as stream:
-                for row in rows:
-                    stream.write(json.dumps(row, allow_nan=False) + "\n")
-            frame = spark.read.schema(table_schema(name)).json(_uri(os.path.abspath(staged)))
-            write_csv(
-                os.path.join(folder, f"{name}.csv"),
-                columns,
-                ([r[c] for c in columns] for r in rows),
-            )
-        else:
-            frame = report.per_minute.select(*columns)
-            _, order = TABLES[name]
-            write_csv(
-                os.path.join(folder, f"{name}.csv"),
-                columns,
-                (tuple(r) for r in frame.orderBy(*order).toLocalIterator()),
-            )
-        parquet = os.path.join(folder, "parquet")
-        _clear_partitions(parquet, days)
-        frame.write.mode("append").partitionBy("pair", "day").parquet(
-            _uri(os.path.abspath(parquet))
-        )
+    progress(f"writing {len(TABLES)} tables")
+    with ThreadPoolExecutor(max_workers=WRITERS) as pool:
+        for done in [
+            pool.submit(_write_table, spark, report, name, out, staging, days) for name in TABLES
+        ]:
+            done.result()
     shutil.rmtree(staging, ignore_errors=True)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as stream:
         json.dump(report.summary, stream, indent=2, sort_keys=False)
         stream.write("\n")
     progress("drawing fleet.png")
     timeline.render_fleet(os.path.join(out, "fleet.png"), report.summary, report.small["daily"])
-    pairs = report.summary["pairs"]
-    if pair is None and len(pairs) == 1:
-        pair = next(iter(pairs))
-    if pair is not None:
-        if pair not in pairs:
-            raise ReportError(f"--pair {pair}: no such pair (pairs: {', '.join(pairs)})")
+    for pair, activity in report.activity.items():
         progress(f"drawing timeline.png of {pair}")
         timeline.render(
             os.path.join(out, "timeline.png"),
-            pairs[pair],
+            report.summary["pairs"][pair],
             {t: [r for r in rows if r["pair"] == pair] for t, rows in report.small.items()},
-            activity(report, pair),
+            activity,
         )
 
 
@@ -720,8 +755,8 @@ def run_report(
     else:
         logged(f"using the running Spark session ({spark.sparkContext.master})")
     try:
-        report = compute(spark, paths, since, until, skew, estimate_skew, logged, slo, conf)
-        write_report(spark, report, out, logged, pair)
+        report = compute(spark, paths, since, until, skew, estimate_skew, logged, slo, conf, pair)
+        write_report(spark, report, out, logged)
         report.per_minute.unpersist()
     finally:
         if owned:
