@@ -752,8 +752,7 @@ def run_report(
     if spark is None:
         logged(f"starting Spark ({master or 'from spark-submit'}); its log: {log_file}")
         spark = build_session(master, log_file, conf)
-    else:
-        logged(f"using the running Spark session ({spark.sparkContext.master})")
+    logged(f"Spark {spark.version}, master {spark.sparkContext.master}")
     try:
         report = compute(spark, paths, since, until, skew, estimate_skew, logged, slo, conf, pair)
         write_report(spark, report, out, logged)
