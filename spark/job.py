@@ -715,6 +715,21 @@ def write_report(
         )
 
 
+SMALL_INPUT_BYTES = 256 << 20
+
+
+def _small_input_settings(master: str | None, files: Sequence[str]) -> dict[str, str]:
+    """On a local master, a small input is done before the JIT's optimising compiler pays
+    for itself: the quick compiler alone starts the job seconds sooner."""
+    if master is None or not is_local(master):
+        return {}
+    if sum(os.path.getsize(f) for f in files if os.path.isfile(f)) > SMALL_INPUT_BYTES:
+        return {}
+    if any(not os.path.isfile(f) for f in files):
+        return {}
+    return {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+
+
 def run_report(
     paths: Iterable[str],
     out: str,
@@ -738,7 +753,7 @@ def run_report(
     paths = list(paths)
     if not paths:
         raise ReportError("no --events given")
-    expand_paths(paths)  # a path that gives nothing fails before Spark starts
+    files = expand_paths(paths)  # a path that gives nothing fails before Spark starts
     os.makedirs(out, exist_ok=True)
     log_file = os.path.join(out, "spark.log")
 
@@ -751,7 +766,9 @@ def run_report(
     owned = spark is None
     if spark is None:
         logged(f"starting Spark ({master or 'from spark-submit'}); its log: {log_file}")
-        spark = build_session(master, log_file, conf)
+        spark = build_session(
+            master, log_file, {**_small_input_settings(master, files), **(conf or {})}
+        )
     logged(f"Spark {spark.version}, master {spark.sparkContext.master}")
     try:
         report = compute(spark, paths, since, until, skew, estimate_skew, logged, slo, conf, pair)

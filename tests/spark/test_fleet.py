@@ -94,3 +94,16 @@ def test_a_rerun_replaces_its_partitions(tmp_path: Path, spark_session) -> None:
         ("eu-1", "2023-11-14"),
         ("us-1", "2023-11-14"),
     ]
+
+
+@pytest.mark.spark
+def test_spark_equals_reference_on_a_generated_fleet(tmp_path: Path, spark_session) -> None:
+    """Pairs with skewed backups, rotated gzip logs, storms, every kind of incident."""
+    from bench.fleet import generate_fleet
+
+    written = generate_fleet(tmp_path, events=6000, pairs=4, days=2, seed=7)
+    report = reference.compute([str(tmp_path)], slo=99.99)
+    assert sorted(report.summary["pairs"]) == sorted(written)
+    assert report.summary["events"] == sum(written.values())
+    assert report.summary["fleet"]["incidents"] > 0
+    assert_same_report(job.compute(spark_session, [str(tmp_path)], slo=99.99), report)
