@@ -453,6 +453,7 @@ def compute(
         F.lit(None).cast("long").alias("minute"),
         F.lit(False).alias("bulk"),
     )
+    # The run ends need nothing from the driver: they come in the same job as the rest.
     head = _collect_json(
         {
             "files": groups.groupBy("file").agg(
@@ -462,6 +463,7 @@ def compute(
             .groupBy(*_NODE)
             .agg(F.sum("events").alias("events")),
             "specials": specials_df,
+            "rows": _reduce(_edges(buckets).unionByName(special_points)),
         }
     )
     versions = sorted(
@@ -482,7 +484,7 @@ def compute(
 
     # Runs of bulk points reduced to their ends, on the executors; buckets with something
     # else inside (rare) are read again and their records take the place of their ends.
-    reduced = _collect_json({"rows": _reduce(_edges(buckets).unionByName(special_points))})
+    reduced = {"rows": head["rows"]}
     mixed = [r for r in reduced["rows"] if r["kind"] == "mixed"]
     if mixed:
         step(f"reading {len(mixed)} bucket(s) with a state change inside again in full")
@@ -580,8 +582,13 @@ def compute(
         width = max(1, math.ceil((hi - lo) / MINUTE / ACTIVITY_BARS)) * MINUTE
         wanted["activity"] = (
             per_minute.filter(F.col("pair") == drawn)
-            .groupBy("node", (F.floor(F.col("at") / width) * width).alias("at"))
-            .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
+            .groupBy("node", F.floor((F.col("at") - lo) / width).alias("bar"))
+            .agg(
+                F.min("at").alias("at"),  # the true start of its first minute
+                F.sum("redirects").alias("redirects"),
+                F.sum("refusals").alias("refusals"),
+            )
+            .drop("bar")
             .withColumn("width", F.lit(width))
         )
     collected = _collect_json(wanted)  # one job for both
@@ -656,21 +663,24 @@ def _write_table(
     os.makedirs(folder, exist_ok=True)
     columns = [c for c, _ in TABLES[name][0]]
     csv_path = os.path.join(folder, f"{name}.csv")
+    parquet = os.path.join(folder, "parquet")
+    _clear_partitions(parquet, days)
+    os.makedirs(parquet, exist_ok=True)
     if name in report.small:
         rows = report.small[name]
+        write_csv(csv_path, columns, ([r[c] for c in columns] for r in rows))
+        if not rows:
+            return  # its partitions are cleared: nothing to write
         staged = os.path.join(staging, f"{name}.jsonl")
         with open(staged, "w", encoding="utf-8") as stream:
             for row in rows:
                 stream.write(json.dumps(row, allow_nan=False) + "\n")
         frame = spark.read.schema(table_schema(name)).json(_uri(os.path.abspath(staged)))
-        write_csv(csv_path, columns, ([r[c] for c in columns] for r in rows))
     else:
         frame = report.per_minute.select(*columns)
         _, order = TABLES[name]
         ordered = frame.coalesce(1).sortWithinPartitions(*order)
         write_csv(csv_path, columns, (tuple(r) for r in ordered.toLocalIterator()))
-    parquet = os.path.join(folder, "parquet")
-    _clear_partitions(parquet, days)
     frame.write.mode("append").partitionBy("pair", "day").parquet(_uri(os.path.abspath(parquet)))
 
 
