@@ -354,7 +354,8 @@ def _format_event(event: dict[str, Any]) -> str:
     extra = {
         k: v
         for k, v in event.items()
-        if k not in ("v", "ts", "node", "role", "epoch", "state", "event")
+        # The envelope (the pair is the same on every line of a server's log).
+        if k not in ("v", "ts", "pair", "node", "role", "epoch", "state", "event")
     }
     details = " ".join(f"{k}={v}" for k, v in extra.items())
     return f"{stamp} {event.get('node')} [{event.get('state')} e{event.get('epoch')}] {event.get('event')} {details}"

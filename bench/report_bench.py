@@ -1,13 +1,14 @@
 """Failover report benchmark: the Spark job (local[2]) beside the plain-Python reference.
 
-    python -m bench.report_bench [--sizes 100000,1000000]
+    python -m bench.report_bench [--sizes 1000000,10000000] [--cold 20000] [--pairs 20]
 
-Owns: a fast generator of synthetic two-server event logs (a realistic mix: clients
-redirected and refused by the PASSIVE server in bulk, crashes with client-vote takeovers
-and restarts, console failbacks, peer-link cuts with dual active, a little garbage), and
-timing both implementations on the same files in one run. ``run(sizes)`` returns events/s,
-seconds, the spark/reference ratio, growth from the first size to the last, and whether the
-two agreed. Figures only: nothing here asserts a speed.
+Owns: timing, on fleets written by ``bench.fleet`` (pairs x days, rotated gzip logs, incidents
+and redirect storms), a cold ``amqha report`` run (a new process: JVM start and all) on a small
+input, then the Spark job warm and the reference on the same files in one run, with the
+driver's memory: the Python driver's peak RSS while Spark computes, and the reference's peak
+RSS (measured in a child process, as it holds every record). The reference is skipped above
+``--reference-max`` events, where it would not fit in memory. Figures only: nothing here
+asserts a speed.
 """
 
 from __future__ import annotations
@@ -16,169 +17,21 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.fleet import generate_fleet
+
 DEFAULT_SIZES = (1_000_000, 10_000_000)
 QUICK_SIZES = (100_000, 1_000_000)
-T0 = 1_700_000_000.0
-CYCLE_REDIRECTS = 5_000  # redirects and refusals between two incidents
-TIMEOUT = 3.0
-LISTEN = {"primary": "10.0.0.1:5672", "backup": "10.0.0.2:5672"}
-ROLE = {"primary": "primary", "backup": "backup"}
-START_STATE = {"primary": "PRIMARY", "backup": "BACKUP"}
-
-
-class _Log:
-    """One server's events.jsonl, written with plain string formatting."""
-
-    def __init__(self, folder: Path, node: str) -> None:
-        (folder / node).mkdir(parents=True)
-        self.path = folder / node / "events.jsonl"
-        self.stream = open(self.path, "w", encoding="utf-8", buffering=1 << 20)  # noqa: SIM115
-        self.node = node
-        self.head = '{"v":1,"ts":%.6f,"node":"' + node + '","role":"' + ROLE[node] + '",'
-        self.count = 0
-
-    def write(self, ts: float, epoch: int, state: str, event: str, extra: str = "") -> None:
-        self.stream.write(
-            self.head % ts + f'"epoch":{epoch},"state":"{state}","event":"{event}"{extra}}}\n'
-        )
-        self.count += 1
-
-    def transition(self, ts: float, epoch: int, old: str, new: str, trigger: str) -> None:
-        extra = f',"from":"{old}","to":"{new}","trigger":"{trigger}","reason":"bench"'
-        self.write(ts, epoch, new, "transition", extra)
-
-    def heard(
-        self, ts: float, epoch: int, state: str, event: str, peer: str, peer_state: str, sent: float
-    ) -> None:
-        extra = f',"peer":"{peer}","peer_state":"{peer_state}","last_seen":{sent:.6f}'
-        self.write(ts, epoch, state, event, extra)
-
-    def bulk(self, ts: float, epoch: int, count: int, to: str) -> float:
-        """``count`` clients turned away by this PASSIVE server, 2 ms apart; one in 50 is
-        refused instead of redirected. Returns the time after the last."""
-        redirect = (
-            self.head
-            + '"epoch":%d,"state":"PASSIVE","event":"redirect","client":"10.1.%d.%d:%d",'
-            + f'"to":"{to}"}}\n'
-        )
-        refuse = (
-            self.head
-            + '"epoch":%d,"state":"PASSIVE","event":"refuse","client":"10.1.%d.%d:%d",'
-            + '"to":null,"reason":"no ACTIVE peer in sight"}\n'
-        )
-        write = self.stream.write
-        for i in range(count):
-            ts += 0.002
-            write(
-                (refuse if i % 50 == 49 else redirect)
-                % (ts, epoch, i % 200, i % 250, 40000 + i % 20000)
-            )
-        self.count += count
-        return ts
-
-    def close(self) -> None:
-        self.stream.close()
-
-
-def generate(folder: Path, events: int) -> list[str]:
-    """Write about ``events`` records for a primary/backup pair; returns the two files."""
-    logs = {node: _Log(folder, node) for node in ("primary", "backup")}
-    primary, backup = logs["primary"], logs["backup"]
-    t, epoch = T0, 1
-    primary.write(t, 0, "PRIMARY", "started")
-    backup.write(t + 0.2, 0, "BACKUP", "started")
-    backup.heard(t + 0.5, 0, "BACKUP", "peer_up", "primary", "PRIMARY", t + 0.4)
-    primary.heard(t + 0.6, 0, "PRIMARY", "peer_up", "backup", "BACKUP", t + 0.5)
-    primary.transition(t + 0.61, epoch, "PRIMARY", "ACTIVE", "PEER_BACKUP")
-    backup.transition(t + 0.7, epoch, "BACKUP", "PASSIVE", "PEER_ACTIVE")
-    active, passive = primary, backup
-    t += 1.0
-    cycle = 0
-    while primary.count + backup.count < events:
-        t = passive.bulk(t, epoch, CYCLE_REDIRECTS, LISTEN[active.node]) + 1.0
-        kind = cycle % 4
-        if kind == 1 and active is backup:
-            # Console failback: the backup hands over, the primary takes ACTIVE.
-            backup.write(
-                t,
-                epoch,
-                "ACTIVE",
-                "console",
-                ',"user":"admin","command":"recover","result":"handed over to the primary"',
-            )
-            backup.transition(t + 0.01, epoch, "ACTIVE", "PASSIVE", "MANUAL_RECOVER")
-            epoch += 1
-            primary.transition(t + 0.05, epoch, "PASSIVE", "ACTIVE", "HANDOVER")
-            active, passive = primary, backup
-            t += 1.0
-        elif kind == 3:
-            # Peer link cut: both lose each other, a client vote makes the passive ACTIVE too;
-            # when the link heals the older epoch steps down.
-            active.heard(t + TIMEOUT, epoch, "ACTIVE", "peer_lost", passive.node, "PASSIVE", t)
-            passive.heard(
-                t + TIMEOUT + 0.1, epoch, "PASSIVE", "peer_lost", active.node, "ACTIVE", t
-            )
-            passive.transition(t + TIMEOUT + 2.0, epoch + 1, "PASSIVE", "ACTIVE", "CLIENT_REQUEST")
-            heal = t + 20.0
-            passive.heard(heal, epoch + 1, "ACTIVE", "peer_up", active.node, "ACTIVE", heal - 0.1)
-            active.heard(
-                heal + 0.05, epoch, "ACTIVE", "peer_up", passive.node, "ACTIVE", heal - 0.05
-            )
-            active.write(
-                heal + 0.06,
-                epoch,
-                "ACTIVE",
-                "dual_active",
-                f',"peer":"{passive.node}","peer_epoch":{epoch + 1},'
-                '"reason":"peer ACTIVE with a higher epoch"',
-            )
-            epoch += 1
-            active.transition(heal + 0.07, epoch, "ACTIVE", "PASSIVE", "DUAL_ACTIVE")
-            active, passive = passive, active
-            t = heal + 1.0
-        else:
-            # kill -9 of the ACTIVE: the passive notices, a client votes, the dead one
-            # restarts and follows.
-            dead = active
-            passive.heard(t + TIMEOUT, epoch, "PASSIVE", "peer_lost", dead.node, "ACTIVE", t - 0.5)
-            epoch += 1
-            passive.transition(t + TIMEOUT + 1.5, epoch, "PASSIVE", "ACTIVE", "CLIENT_REQUEST")
-            back = t + 15.0
-            dead.write(back, epoch - 1, START_STATE[dead.node], "started")
-            passive.heard(
-                back + 0.3,
-                epoch,
-                "ACTIVE",
-                "peer_up",
-                dead.node,
-                START_STATE[dead.node],
-                back + 0.2,
-            )
-            dead.heard(
-                back + 0.4,
-                epoch - 1,
-                START_STATE[dead.node],
-                "peer_up",
-                passive.node,
-                "ACTIVE",
-                back + 0.3,
-            )
-            dead.transition(back + 0.41, epoch, START_STATE[dead.node], "PASSIVE", "PEER_ACTIVE")
-            active, passive = passive, dead
-            t = back + 1.0
-        if cycle % 20 == 7:
-            passive.stream.write("garbage left by a disk that lied\n")
-        cycle += 1
-    for log in logs.values():
-        log.close()
-    return [str(log.path) for log in logs.values()]
+DAYS = 7
+REFERENCE_MAX = 30_000_000  # about 300 bytes an event: the reference needs ~10 GB beyond
 
 
 def _agree(a: Any, b: Any) -> bool:
@@ -195,65 +48,110 @@ def _log(message: str) -> None:
     print(f"report_bench: {message}", file=sys.stderr, flush=True)
 
 
-def run(sizes: tuple[int, ...] = DEFAULT_SIZES) -> dict:
-    from spark import job, reference
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reference_in_child(folder: Path) -> dict[str, Any]:
+    """The reference's summary, seconds and peak RSS, from a child process of its own."""
+    code = (
+        "import json, resource, sys, time\n"
+        "from spark import reference\n"
+        "clock = time.perf_counter()\n"
+        "report = reference.compute([sys.argv[1]])\n"
+        "seconds = time.perf_counter() - clock\n"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "json.dump({'summary': report.summary, 'seconds': seconds, 'rss_mib': peak},"
+        " sys.stdout)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout)
+
+
+def cold(events: int, pairs: int, scratch: Path) -> dict[str, Any]:
+    """``amqha report`` in a new process on ``events`` records of one pair (or ``pairs``)."""
+    folder = scratch / f"cold-{events}"
+    generate_fleet(folder, events, pairs=pairs, days=1)
+    out = scratch / f"cold-{events}-out"
+    command = [sys.executable, "-m", "amqha", "report", "--events", str(folder), "--out", str(out)]
+    clock = time.perf_counter()
+    subprocess.run([*command, "--master", "local[2]", "-q"], check=True, capture_output=True)
+    seconds = time.perf_counter() - clock
+    shutil.rmtree(folder)
+    shutil.rmtree(out)
+    return {"events": events, "pairs": pairs, "seconds": round(seconds, 2)}
+
+
+def run(
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    cold_events: int = 20_000,
+    pairs: int = 20,
+    reference_max: int = REFERENCE_MAX,
+) -> dict:
+    from spark import job
 
     scratch = Path(tempfile.mkdtemp(prefix="amqha-report-bench-"))
+    results: dict[str, Any] = {"spark_master": "local[2]", "cpus": os.cpu_count()}
+    if cold_events:
+        results["cold"] = cold(cold_events, 1, scratch)
+        _log(f"cold: {results['cold']}")
     started = time.perf_counter()
     spark = job.build_session("local[2]", str(scratch / "spark.log"))
-    startup = time.perf_counter() - started
-    results: dict[str, Any] = {
-        "spark_master": "local[2]",
-        "spark_version": spark.version,
-        "cpus": os.cpu_count(),
-        "spark_startup_s": round(startup, 2),
-        "sizes": {},
-    }
+    results["spark_version"] = spark.version
+    results["spark_startup_s"] = round(time.perf_counter() - started, 2)
+    results["sizes"] = {}
     try:
         warm = scratch / "warm-up"
-        job.compute(spark, generate(warm, 20_000))  # JIT and codegen, not timed
+        generate_fleet(warm, 20_000, pairs=2, days=1)
+        job.compute(spark, [str(warm)])  # JIT and codegen, not timed
         shutil.rmtree(warm)
         for size in sizes:
             folder = scratch / str(size)
             clock = time.perf_counter()
-            paths = generate(folder, size)
-            written = time.perf_counter() - clock
-            _log(f"{size} events generated in {written:.1f}s")
+            written = generate_fleet(folder, size, pairs=pairs, days=DAYS)
+            generated = time.perf_counter() - clock
+            events = sum(written.values())
+            _log(f"{events} events in {pairs} pairs x {DAYS} days generated in {generated:.1f}s")
 
             clock = time.perf_counter()
-            spark_report = job.compute(spark, paths, progress=_log)
+            spark_report = job.compute(spark, [str(folder)], progress=_log)
             spark_s = time.perf_counter() - clock
-            _log(f"{size} events: spark {spark_s:.1f}s")
-
-            clock = time.perf_counter()
-            reference_report = reference.compute(paths)
-            reference_s = time.perf_counter() - clock
-            _log(f"{size} events: reference {reference_s:.1f}s")
-
-            events = reference_report.summary["events"]
-            results["sizes"][str(size)] = {
+            driver_rss = _rss_mib()
+            spark_report.per_minute.unpersist()
+            _log(f"{events} events: spark {spark_s:.1f}s")
+            row: dict[str, Any] = {
                 "events": events,
-                "bytes": sum(os.path.getsize(p) for p in paths),
-                "generate_s": round(written, 2),
+                "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
+                "generate_s": round(generated, 2),
                 "spark_s": round(spark_s, 2),
-                "reference_s": round(reference_s, 2),
                 "spark_events_per_s": round(events / spark_s),
-                "reference_events_per_s": round(events / reference_s),
-                "spark_over_reference": round(spark_s / reference_s, 3),
-                "incidents": reference_report.summary["incidents"]["count"],
-                "agree": _agree(spark_report.summary, reference_report.summary),
+                "driver_python_peak_rss_mib": round(driver_rss),
+                "incidents": spark_report.summary["fleet"]["incidents"],
             }
+            if events <= reference_max:
+                found = _reference_in_child(folder)
+                _log(f"{events} events: reference {found['seconds']:.1f}s")
+                row.update(
+                    {
+                        "reference_s": round(found["seconds"], 2),
+                        "reference_events_per_s": round(events / found["seconds"]),
+                        "reference_peak_rss_mib": round(found["rss_mib"]),
+                        "spark_over_reference": round(spark_s / found["seconds"], 3),
+                        "agree": _agree(spark_report.summary, found["summary"]),
+                    }
+                )
+            results["sizes"][str(size)] = row
             shutil.rmtree(folder)
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     if len(sizes) > 1:
         first, last = results["sizes"][str(sizes[0])], results["sizes"][str(sizes[-1])]
-        scale = last["events"] / first["events"]
         results["growth"] = {
-            "events": round(scale, 2),
+            "events": round(last["events"] / first["events"], 2),
             "spark": round(last["spark_s"] / first["spark_s"], 2),
-            "reference": round(last["reference_s"] / first["reference_s"], 2),
         }
     return results
 
@@ -265,8 +163,12 @@ def main() -> None:
         default=",".join(str(s) for s in DEFAULT_SIZES),
         help="comma-separated event counts (default %(default)s)",
     )
-    sizes = tuple(int(s) for s in parser.parse_args().sizes.split(","))
-    print(json.dumps(run(sizes), indent=2))
+    parser.add_argument("--cold", type=int, default=20_000, help="events of the cold run (0: none)")
+    parser.add_argument("--pairs", type=int, default=20, help="pairs in each fleet")
+    parser.add_argument("--reference-max", type=int, default=REFERENCE_MAX)
+    args = parser.parse_args()
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    print(json.dumps(run(sizes, args.cold, args.pairs, args.reference_max), indent=2))
 
 
 if __name__ == "__main__":

@@ -141,6 +141,10 @@ class ServerConfig:
     advertise: str | None = None  # host:port clients should be sent to; defaults to listen
     data_dir: str = "var/amqha"
     events_path: str | None = None
+    # The HA pair this server belongs to, written as `pair` in its event records. By default
+    # the two servers' names ("backup+primary") when failover.peer_name gives the peer's;
+    # None without it (the report then names the pair the same way from the logs).
+    pair: str | None = None
     users: tuple[User, ...] = ()
     failover: FailoverConfig = field(default_factory=FailoverConfig)
     limits: Limits = field(default_factory=Limits)
@@ -545,6 +549,11 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     if advertise is not None:
         parse_host_port(path, "server.advertise", advertise)
     data_dir = server.get("data_dir", str, f"var/{name}")
+    pair = server.get("pair", str, None)
+    if pair is not None and (not pair.strip() or "/" in pair or pair != pair.strip()):
+        raise ConfigError(
+            path, "server.pair", f"expected a name without '/' or edge spaces, got {pair!r}"
+        )
     server.check_unknown()
     users = _users(path, top.data.get("users"))
     top.used.add("users")
@@ -609,6 +618,8 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         for key in ("secret", "secret_file", "peer_tls"):
             failover.used.add(key)
     peer_name = failover.get("peer_name", str, None)
+    if pair is None and peer_name is not None:
+        pair = "+".join(sorted((name, peer_name)))
     peer_listen = failover.get("peer_listen", list, [])
     for index, address in enumerate(peer_listen):
         parse_host_port(path, f"failover.peer_listen[{index}]", address)
@@ -676,6 +687,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         advertise=advertise,
         data_dir=data_dir,
         events_path=events_path,
+        pair=pair,
         users=users,
         failover=FailoverConfig(
             role,

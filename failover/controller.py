@@ -61,7 +61,9 @@ class FailoverController:
             config.failover.timeout,
             self.loop.time(),
         )
-        self.events = EventLog(config.event_log_path, config.name, self.role.value)
+        self.events = EventLog(
+            config.event_log_path, config.name, self.role.value, pair=config.pair
+        )
         self.expected = peer_message.Expected(
             config.failover.secret,
             frozenset(config.failover.peer_listen),

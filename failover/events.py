@@ -1,6 +1,7 @@
 """The failover event log: one JSON Lines file per server, schema v1 (docs/failover.md).
 
-Owns: the record envelope (`v`, `ts`, `node`, `role`, `epoch`, `state`, `event`), appending
+Owns: the record envelope (`v`, `ts`, `node`, `role`, `epoch`, `state`, `event`, and `pair`
+when the server names its pair: an additive v1 field), appending
 records so each is in the file as a whole line once `write()` returns (one write(2) per
 record, not fsynced), and reading a log back while skipping lines a crash tore or garbage
 left behind. A failing write (a full disk, an I/O error) never raises: the log is a side
@@ -24,17 +25,26 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-_ENVELOPE = ("v", "ts", "node", "role", "epoch", "state", "event")
+_ENVELOPE = ("v", "ts", "node", "role", "epoch", "state", "event", "pair")
 
 
 def record(
-    ts: float, node: str, role: str, epoch: int, state: str, event: str, /, **fields: Any
+    ts: float,
+    node: str,
+    role: str,
+    epoch: int,
+    state: str,
+    event: str,
+    /,
+    pair: str | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """One v1 record: the envelope first, then the event's own fields."""
+    """One v1 record: the envelope first, then the event's own fields. ``pair`` is left out
+    when None, so logs of servers that name no pair are as before."""
     clashing = sorted(set(fields) & set(_ENVELOPE))
     if clashing:
         raise ValueError(f"event fields {clashing} would overwrite the record envelope")
-    return {
+    entry: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "ts": ts,
         "node": node,
@@ -42,8 +52,11 @@ def record(
         "epoch": epoch,
         "state": state,
         "event": event,
-        **fields,
     }
+    if pair is not None:
+        entry["pair"] = pair
+    entry.update(fields)
+    return entry
 
 
 class EventLog:
@@ -55,10 +68,12 @@ class EventLog:
         node: str,
         role: str,
         clock: Callable[[], float] = time.time,
+        pair: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.node = node
         self.role = role
+        self.pair = pair
         self._clock = clock
         self.lost = 0
         self._last_complaint = 0.0
@@ -89,7 +104,11 @@ class EventLog:
         """Append one record stamped with the injected wall clock; returns the record."""
         if self._closed:
             raise ValueError(f"event log {self.path} is closed")
-        entry = record(self._clock(), self.node, self.role, epoch, state, event, **fields)
+        if "pair" in fields:
+            raise ValueError("event fields ['pair'] would overwrite the record envelope")
+        entry = record(
+            self._clock(), self.node, self.role, epoch, state, event, pair=self.pair, **fields
+        )
         line = json.dumps(entry, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         data = ("\n" if self._torn else "").encode() + line.encode() + b"\n"
         try:

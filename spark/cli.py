@@ -58,15 +58,17 @@ Examples:
     multiple=True,
     required=True,
     metavar="PATH",
-    help="Event log to read (repeatable): a file, a directory (its *.jsonl* files), a glob, "
-    "a .gz file, or any Hadoop path (hdfs://, s3a://, ...).",
+    help="Event log to read (repeatable): a file, a directory (every *.jsonl, *.jsonl.N and "
+    ".gz below it), a glob, or any Hadoop path (hdfs://, s3a://, ...). Logs are grouped by "
+    "their pair field, else by a pair=NAME directory in their path.",
 )
 @click.option(
     "--out",
     required=True,
     type=click.Path(file_okay=False, writable=True),
-    help="Directory for the tables (<table>/parquet/ and <table>/<table>.csv), summary.json, "
-    "timeline.png and spark.log.",
+    help="Directory for the tables (<table>/parquet/pair=P/day=D/ and <table>/<table>.csv), "
+    "summary.json, fleet.png, timeline.png and spark.log. Re-running a window replaces its "
+    "partitions.",
 )
 @click.option(
     "--master",
@@ -80,8 +82,8 @@ Examples:
     "--skew",
     multiple=True,
     metavar="NODE=SECONDS",
-    help="How far NODE's clock runs ahead of the primary's (repeatable); overrides the "
-    "estimate from peer_up/peer_lost records.",
+    help="How far NODE's clock runs ahead of its pair's primary's (repeatable; PAIR/NODE for "
+    "one pair only); overrides the estimate from the records.",
 )
 @click.option(
     "--no-skew-estimate",
@@ -90,6 +92,19 @@ Examples:
 )
 @click.option(
     "--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark setting (repeatable)."
+)
+@click.option(
+    "--slo",
+    type=click.FloatRange(0, 100, min_open=True),
+    default=None,
+    metavar="PERCENT",
+    help="Availability objective, e.g. 99.95: list the pairs and days that broke it.",
+)
+@click.option(
+    "--pair",
+    default=None,
+    metavar="NAME",
+    help="The pair drawn in timeline.png (default: the only pair, if there is one).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 def report(
@@ -101,15 +116,19 @@ def report(
     skew: tuple[str, ...],
     no_skew_estimate: bool,
     conf: tuple[str, ...],
+    slo: float | None,
+    pair: str | None,
     quiet: bool,
 ) -> None:
-    """Availability report from the failover event logs of both servers.
+    """Availability report from the failover event logs of one pair or a fleet of pairs.
 
-    Reads the JSON Lines event logs (schema v1) with Spark and writes: failover incidents with
-    detection and takeover delays, client-visible outages (no server ACTIVE), dual-active
-    intervals, time in each state per server, redirects and refusals per minute, manual
-    recoveries, misconfigurations, availability over the window, and a timeline picture.
-    Bad lines are counted, never fatal; an unknown schema version is an error.
+    Reads the JSON Lines event logs (schema v1) with Spark and writes, per pair and per day:
+    availability, client-visible outages (no server ACTIVE), dual-active intervals, failover
+    incidents with detection and takeover delays, time in each state per server, redirects and
+    refusals per minute, manual recoveries and misconfigurations; a fleet summary (worst pairs,
+    takeover delay percentiles, SLO breaches) and pictures. Figures that depend on a clock
+    offset the logs do not pin down are given with their range and marked uncertain. Bad lines
+    are counted, never fatal; an unknown schema version, or no valid record, is an error.
     """
     from spark.job import run_report  # Spark loads only when the command runs
 
@@ -132,6 +151,8 @@ def report(
             conf=_conf(conf),
             progress=progress,
             echo=lambda text: click.echo(text, nl=False),
+            slo=slo,
+            pair=pair,
         )
     except ReportError as error:
         raise click.ClickException(str(error)) from None

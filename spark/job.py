@@ -1,75 +1,84 @@
 """The failover report as a Spark job.
 
 Owns: the Spark session (quiet, loopback-only and UI-less when local), reading the event logs
-with an explicit schema, every metric as DataFrame operations, and writing the report (Parquet
-and CSV tables, ``summary.json``, ``timeline.png``). The logs are read once, in one hash
-aggregation that keeps every record but the bulk of redirects and refusals, which it reduces to
-per-second spans and counts (see "the one pass"). Per-node state intervals then come from
-window functions (lead/lag and running sums over a node's points in time order). No Python
-UDFs, so executors run no Python. Only aggregates and the small tables (state runs, outages,
-incidents, recoveries: their size follows the number of failovers, not of events) reach the
-driver. The definitions are in ``spark.model``; the results are checked against
-``spark.reference``.
+with an explicit schema, reducing them to what the figures need, and writing the report
+(Parquet tables partitioned by pair and day, CSV copies, ``summary.json``, pictures).
+
+The logs are read once, in one hash aggregation that keeps every record but the bulk of
+redirects and refusals, which it reduces to per-second spans and per-minute counts (see "the
+one pass"). A window over each node's spans and records then keeps only the first and last
+point of each run of bulk records. What reaches the driver is therefore the non-bulk records,
+two points per run and aggregates: its size follows the number of failovers, not of events.
+The figures are computed from it by ``spark.metrics``, the same code ``spark.reference`` runs
+on every record, so the two must agree. No Python UDFs and no data made from Python objects:
+executors run no Python. Shuffle partitions are sized to the input on every master.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import shutil
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark import timeline
+from spark.metrics import PairInput, pair_clocks, pair_report, record_key
 from spark.model import (
     CORRUPT_COLUMN,
+    DAY_SECONDS,
     DOWN,
     FIELDS,
     MINUTE,
-    PEER_EVENTS,
-    RANK_MARKER,
-    RANK_ORIGIN,
+    PAIR_DIRECTORY,
     RANK_RECORD,
     RANK_STARTED,
     RANK_STOPPED,
-    RECOVER_COMMAND,
-    RECOVERY_TRIGGERS,
-    REPORT_STATES,
     SCHEMA_VERSION,
     STATES,
     TABLES,
-    ClockEvidence,
     ReportError,
     UnknownVersionError,
     build_summary,
-    crashed_at_tail,
-    estimate_offsets,
     expand_paths,
     local_path,
+    no_valid_record,
     render_text,
-    report_window,
+    unnamed_pair,
     write_csv,
 )
 
-_TYPES = {"long": T.LongType(), "double": T.DoubleType(), "string": T.StringType()}
+_TYPES = {
+    "long": T.LongType(),
+    "double": T.DoubleType(),
+    "string": T.StringType(),
+    "boolean": T.BooleanType(),
+}
 SCHEMA = T.StructType(
     [T.StructField(name, _TYPES[kind]) for name, kind in FIELDS]
     + [T.StructField(CORRUPT_COLUMN, T.StringType())]
 )
 _BULK = ("redirect", "refuse")
 _ORDER = ("ts", "rank", "event", "state")  # a node's points, as in spark.reference
+_NODE = ("pair", "node")
 _INF = float("inf")
+# One shuffle partition per this much input, at most two per core: the frames after the pass
+# are small, and every partition is a task in every stage.
+BYTES_PER_PARTITION = 128 << 20
+WRITERS = 4  # tables written at once
+ACTIVITY_BARS = 1500  # about this many bars of redirects over a timeline's window
 
 Progress = Callable[[str], None]
 
@@ -125,10 +134,6 @@ def build_session(
                     "spark.driver.host": "127.0.0.1",
                     "spark.driver.bindAddress": "127.0.0.1",
                     "spark.driver.memory": "4g",
-                    # After the one pass every frame is small: a few partitions, and no
-                    # adaptive re-planning, whose per-stage cost is larger than what it saves.
-                    "spark.sql.shuffle.partitions": str(2 * (os.cpu_count() or 1)),
-                    "spark.sql.adaptive.enabled": "false",
                 }
             )
     settings.update(conf or {})
@@ -143,6 +148,30 @@ def build_session(
     return session
 
 
+def _input_bytes(spark: SparkSession, uris: Sequence[str]) -> int:
+    """The input's size through Hadoop's file systems (local, hdfs://, s3a://, ...)."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    total = 0
+    for uri in uris:
+        path = jvm.org.apache.hadoop.fs.Path(uri)
+        for status in path.getFileSystem(conf).globStatus(path) or []:
+            total += status.getLen()
+    return total
+
+
+def fit_partitions(spark: SparkSession, input_bytes: int, user: Mapping[str, str]) -> int:
+    """Shuffle partitions sized to the input, on every master, unless ``--conf`` set them;
+    no adaptive re-planning, whose cost per stage is above what it saves on small frames."""
+    cores = spark.sparkContext.defaultParallelism
+    partitions = max(1, min(2 * cores, math.ceil(input_bytes / BYTES_PER_PARTITION)))
+    if "spark.sql.shuffle.partitions" not in user:
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    if "spark.sql.adaptive.enabled" not in user:
+        spark.conf.set("spark.sql.adaptive.enabled", "false")
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
 # ---------------------------------------------------------------- reading
 
 _JSON_OPTIONS = {
@@ -153,7 +182,9 @@ _JSON_OPTIONS = {
 
 
 def _uri(path: str) -> str:
-    return Path(path).as_uri() if os.path.isabs(path) else path
+    # Unescaped: Hadoop's Path quotes what a URI needs itself (a pair=NAME directory keeps
+    # its "=", a space its space).
+    return f"file://{path}" if os.path.isabs(path) else path
 
 
 def _good() -> Column:
@@ -173,17 +204,19 @@ def _good() -> Column:
 
 def read_events(spark: SparkSession, uris: Sequence[str]) -> DataFrame:
     """Every line as a row: the v1 fields (explicit schema, PERMISSIVE, corrupt-record column),
-    ``file`` and ``good``."""
-    if uris:
-        raw = (
-            spark.read.schema(SCHEMA)
-            .options(**_JSON_OPTIONS)
-            .json(list(uris))
-            .withColumn("file", F.col("_metadata.file_path"))
-        )
-    else:
-        raw = spark.createDataFrame([], SCHEMA).withColumn("file", F.lit(None).cast("string"))
-    return raw.withColumn("good", _good())
+    ``file``, ``good`` and the pair named by the record or, failing that, by a ``pair=NAME``
+    directory in the file's path (null when neither names one)."""
+    raw = (
+        spark.read.schema(SCHEMA)
+        .options(**_JSON_OPTIONS)
+        .json(list(uris))
+        .withColumn("file", F.col("_metadata.file_path"))
+    )
+    from_path = F.regexp_extract("file", PAIR_DIRECTORY, 1)
+    named = F.when(F.length("pair") > 0, F.col("pair")).when(
+        F.length(from_path) > 0, F.expr(f"url_decode(regexp_extract(file, '{PAIR_DIRECTORY}', 1))")
+    )
+    return raw.withColumn("good", _good()).withColumn("pair", named)
 
 
 def _rank(event: Column) -> Column:
@@ -194,31 +227,13 @@ def _rank(event: Column) -> Column:
     )
 
 
-def _lookup(values: Mapping[str, float], key: Column, default: float) -> Column:
-    if not values:
-        return F.lit(default)
+def _lookup(values: Mapping[str, Any], key: Column) -> Column:
     table = F.create_map(*[x for k, v in values.items() for x in (F.lit(k), F.lit(v))])
-    return F.coalesce(table[key], F.lit(default))
+    return table[key]
 
 
 def _running(order: Window) -> Window:
     return order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-
-
-def _node_order() -> Window:
-    """A node's points in time order (the same order as ``spark.reference``)."""
-    return Window.partitionBy("node").orderBy(*_ORDER)
-
-
-def _typed(name: str, df: DataFrame) -> DataFrame:
-    columns, _ = TABLES[name]
-    return df.select(*[F.col(c).cast(_TYPES[k]).alias(c) for c, k in columns])
-
-
-def _sorted(name: str, df: DataFrame) -> DataFrame:
-    """One partition in the table's order (tables are written and read back in that order)."""
-    _, order = TABLES[name]
-    return df.repartition(1).sortWithinPartitions(*order)
 
 
 # ---------------------------------------------------------------- the one pass over events
@@ -226,10 +241,10 @@ def _sorted(name: str, df: DataFrame) -> DataFrame:
 # The bulk of a log is redirects and refusals. The pass keeps, per node, one-second bucket,
 # minute and state, only their first and last time and their counts; every other record is
 # kept whole. Between its first and last time a bucket's state holds, so the records in
-# between add nothing to the state intervals, unless a record of another state or a start
-# falls in that span too: such "mixed" buckets are read again in full (rare: it takes a state
-# change in the middle of a stream of redirects within one second). The pass works on each
-# node's own clock; offsets are estimated from its output and applied after.
+# between add nothing to the state runs, unless a record of another state or a start falls in
+# that span too: such "mixed" buckets are read again in full (rare: it takes a state change
+# in the middle of a stream of redirects within one second). Everything is on each node's
+# own clock: offsets are estimated on the driver and applied there.
 BUCKET_SECONDS = 1
 _SPECIAL_FIELDS = (
     "ts",
@@ -242,15 +257,15 @@ _SPECIAL_FIELDS = (
     "peer_state",
     "last_seen",
     "trigger",
-    "from_state",
-    "to_state",
+    "from",
+    "to",
     "user",
     "command",
     "result",
     "peer_epoch",
     "reason",
 )
-_BUCKET_KEY = ("node", "bucket", "minute", "state")
+_BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 
 
 def _keyed(lines: DataFrame) -> DataFrame:
@@ -258,28 +273,15 @@ def _keyed(lines: DataFrame) -> DataFrame:
     refusals (``bulk``), on the node's own clock."""
     good = F.col("good")
     bulk = good & F.col("event").isin(*_BULK)
+    fields = [F.col(f"`{f}`") for f in _SPECIAL_FIELDS if f != "rank"]
     return lines.select(
         "file",
         "good",
         "v",
+        "pair",
         F.when(good, F.col("node")).alias("node"),
-        "ts",
         _rank(F.col("event")).alias("rank"),
-        "event",
-        "state",
-        "role",
-        "epoch",
-        "peer",
-        "peer_state",
-        "last_seen",
-        "trigger",
-        F.col("`from`").alias("from_state"),
-        F.col("`to`").alias("to_state"),
-        "user",
-        "command",
-        "result",
-        "peer_epoch",
-        "reason",
+        *fields,
         F.when(good, F.floor(F.col("ts") / BUCKET_SECONDS)).alias("bucket"),
         F.when(bulk, F.floor(F.col("ts") / MINUTE) * MINUTE).alias("minute"),
         bulk.alias("bulk"),
@@ -287,312 +289,129 @@ def _keyed(lines: DataFrame) -> DataFrame:
 
 
 def _one_pass(events: DataFrame) -> DataFrame:
-    """The only full pass over the parsed events: a row per file, node, bucket, minute and
-    state of redirects and refusals, and per distinct other record (``special``, with its
-    count in ``events``), with bad-line counts, the version check, the first and last time and
-    the bulk records' span and counts. Every aggregate is fixed-width, so this is a plain hash
-    aggregation: the records with text go into the key."""
+    """The only full pass over the parsed events: a row per file, pair, node, bucket, minute
+    and state of redirects and refusals, and per distinct other record (``special``, with its
+    count in ``events``), with bad-line counts, the version check and the bulk records' span
+    and counts. Every aggregate is fixed-width, so this is a plain hash aggregation: the
+    records with text go into the key."""
     good, bulk, event = F.col("good"), F.col("bulk"), F.col("event")
     version_error = F.col("v").isNotNull() & (F.col("v") != SCHEMA_VERSION)
     return events.groupBy(
         "file",
+        F.when(good, F.col("pair")).alias("pair"),
         "node",
         "bucket",
         "minute",
         F.when(bulk, F.col("state")).alias("state"),
-        F.when(good & ~bulk, F.struct(*_SPECIAL_FIELDS)).alias("special"),
+        F.when(good & ~bulk, F.struct(*[F.col(f"`{f}`") for f in _SPECIAL_FIELDS])).alias(
+            "special"
+        ),
     ).agg(
         F.sum((~good & ~version_error).cast("long")).alias("bad"),
         F.min(F.when(version_error, F.col("v"))).alias("bad_version"),
         F.sum(good.cast("long")).alias("events"),
-        F.min(F.when(good, F.col("ts"))).alias("first"),
-        F.max(F.when(good, F.col("ts"))).alias("last"),
         F.min(F.when(bulk, F.col("ts"))).alias("start"),
         F.max(F.when(bulk, F.col("ts"))).alias("end"),
+        # Which event the first and last are (a tie orders "redirect" before "refuse"), so the
+        # kept ends sort among other records exactly as the records they stand for.
+        F.min(F.when(bulk & (event == "redirect"), F.col("ts"))).alias("first_redirect"),
+        F.max(F.when(bulk & (event == "refuse"), F.col("ts"))).alias("last_refusal"),
         F.sum((bulk & (event == "redirect")).cast("long")).alias("redirects"),
         F.sum((bulk & (event == "refuse")).cast("long")).alias("refusals"),
     )
 
 
-def _clock_evidence(raw_specials: DataFrame) -> ClockEvidence:
-    """The peer_up/peer_lost records' clock bounds (on the records' own clocks)."""
-    evidence = ClockEvidence()
-    peers = raw_specials.filter(F.col("event").isin(*PEER_EVENTS))
-    about_peer = F.col("last_seen").isNotNull() & (F.col("peer") != F.col("node"))
-    for r in (
-        peers.groupBy("node", F.when(about_peer, F.col("peer")).alias("peer"))
-        .agg(
-            F.max(F.col("role") == "primary").alias("primary"),
-            F.max(F.when(about_peer, F.col("last_seen") - F.col("ts"))).alias("bound"),
-        )
-        .collect()
-    ):
-        evidence.add(r["node"], bool(r["primary"]), r["peer"], r["bound"])
-    return evidence
-
-
-def _mixed_buckets(buckets: DataFrame, specials: DataFrame) -> DataFrame:
-    """Bucket keys whose span also holds another state's bulk records, or a record of another
-    state, or a start: there, dropping the records between first and last would change the
-    intervals."""
-    other = buckets.select(
-        "node",
-        "bucket",
-        F.col("state").alias("other_state"),
-        F.col("start").alias("other_start"),
-        F.col("end").alias("other_end"),
+def _edges(buckets: DataFrame) -> DataFrame:
+    """A bucket's first and last record as points, with the bucket's key."""
+    first = F.struct(
+        F.col("start").alias("ts"),
+        F.when(F.col("first_redirect") == F.col("start"), F.lit("redirect"))
+        .otherwise(F.lit("refuse"))
+        .alias("event"),
     )
-    by_state = (
-        buckets.join(other, ["node", "bucket"])
-        .filter(
-            (F.col("state") != F.col("other_state"))
-            & (F.col("start") <= F.col("other_end"))
-            & (F.col("other_start") <= F.col("end"))
-        )
-        .select(*_BUCKET_KEY)
+    last = F.struct(
+        F.col("end").alias("ts"),
+        F.when(F.col("last_refusal") == F.col("end"), F.lit("refuse"))
+        .otherwise(F.lit("redirect"))
+        .alias("event"),
     )
-    carried = F.when(F.col("event") == "stopped", F.lit(DOWN)).otherwise(F.col("state"))
-    marks = specials.select(
-        "node",
-        "bucket",
-        F.col("ts").alias("mark"),
-        carried.alias("mark_state"),
-        (F.col("event") == "started").alias("mark_start"),
+    return buckets.select(
+        *_BUCKET_KEY, F.explode(F.array_distinct(F.array(first, last))).alias("p")
+    ).select(
+        *_BUCKET_KEY,
+        "p.ts",
+        F.lit(RANK_RECORD).alias("rank"),
+        "p.event",
+        F.lit(True).alias("bulk"),
     )
-    by_record = (
-        buckets.join(marks, ["node", "bucket"])
-        .filter(
-            F.col("mark").between(F.col("start"), F.col("end"))
-            & ((F.col("mark_state") != F.col("state")) | F.col("mark_start"))
-        )
-        .select(*_BUCKET_KEY)
-    )
-    return by_state.unionByName(by_record).distinct()
 
 
-# ---------------------------------------------------------------- metrics
+def _reduce(points: DataFrame) -> DataFrame:
+    """One sort of each node's points (bulk buckets' ends, bulk records, other records) and
+    two running counts over it:
 
-
-def _crashed_at_tail(records: DataFrame, lost: DataFrame) -> list[str]:
-    """The nodes ``spark.model.crashed_at_tail`` takes as dead after their last sign of
-    life: one aggregation over each node's (compressed) records and its peers' peer_lost."""
-    nothing = F.lit(None)
-    facts = records.select(
-        "node", *_ORDER, nothing.cast("double").alias("claim"), nothing.cast("double").alias("seen")
-    ).unionByName(
-        lost.select(
-            F.col("peer").alias("node"),
-            nothing.cast("double").alias("ts"),
-            nothing.cast("int").alias("rank"),
-            nothing.cast("string").alias("event"),
-            nothing.cast("string").alias("state"),
-            F.col("ts").alias("claim"),
-            F.col("last_seen").alias("seen"),
-        )
-    )
-    key = F.when(F.col("event").isNotNull(), F.struct(*_ORDER))
-    is_peer = F.col("event").isin(*PEER_EVENTS)
-    rows = (
-        facts.groupBy("node")
-        .agg(
-            F.max("ts").alias("last"),
-            F.max_by("event", key).alias("last_event"),
-            F.max_by(F.when(is_peer, F.col("event")), F.when(is_peer, key)).alias("last_peer"),
-            F.max("claim").alias("claim"),
-            F.max("seen").alias("seen"),
-        )
-        .collect()
-    )
-    return [
-        r["node"]
-        for r in rows
-        if r["last"] is not None
-        and crashed_at_tail(
-            r["last_event"],
-            r["last"] if r["seen"] is None else max(r["last"], r["seen"]),
-            r["claim"],
-            r["last_peer"],
-        )
-    ]
-
-
-def _state_intervals(
-    records: DataFrame,
-    lost: DataFrame,
-    node_names: DataFrame,
-    crashed: Sequence[str],
-    window: tuple[float, float],
-) -> DataFrame:
-    """Each node's states as maximal runs clipped to the window.
-
-    A node's points are its records, an origin before them all (DOWN), and the signs of life
-    its peers' peer_lost records give (their last_seen: the state carries on to there). A
-    point holds its state until the next point, except that the gap before a ``started``
-    is DOWN (a crash leaves no ``stopped``) and so is the tail of a node that crashed at the
-    end of its log.
+    - ``run``: a run of bulk points is consecutive, of one state, with no other record
+      between; only its first and last point are kept (``end`` rows), as the ones between
+      change nothing;
+    - ``phase``: a change of the state carried, or a start; a bucket whose two ends are not
+      in one phase had something else happen inside its span, so its inside matters and is
+      read again (``mixed`` rows, with the bucket's key).
     """
-    lo, hi = window
-    blank = F.lit("")
-    points = (
-        records.select(
-            "node",
-            *_ORDER,
-            F.when(F.col("event") == "stopped", F.lit(DOWN))
-            .otherwise(F.col("state"))
-            .alias("carried"),
-        )
-        .unionByName(
-            lost.filter(F.col("last_seen").isNotNull()).select(
-                F.col("peer").alias("node"),
-                F.col("last_seen").alias("ts"),
-                F.lit(RANK_MARKER).alias("rank"),
-                blank.alias("event"),
-                blank.alias("state"),
-                F.lit(None).cast("string").alias("carried"),
-            )
-        )
-        .unionByName(
-            node_names.select(
-                "node",
-                F.lit(-_INF).alias("ts"),
-                F.lit(RANK_ORIGIN).alias("rank"),
-                blank.alias("event"),
-                blank.alias("state"),
-                F.lit(DOWN).alias("carried"),
-            )
-        )
+    order = Window.partitionBy(*_NODE).orderBy(*_ORDER)
+    bulk = F.col("bulk")
+    carried = F.when(F.col("event") == "stopped", F.lit(DOWN)).otherwise(F.col("state"))
+    before = F.lag(F.struct(bulk.alias("bulk"), F.col("state"), carried.alias("carried"))).over(
+        order
     )
-    next_ts = F.lead("ts").over(_node_order())
-    held = (
-        F.when(F.lead("rank").over(_node_order()) == RANK_STARTED, F.lit(DOWN))
-        .when(next_ts.isNull() & F.col("node").isin(*crashed), F.lit(DOWN))
-        .otherwise(F.last("carried", ignorenulls=True).over(_running(_node_order())))
+    new_run = (
+        ~bulk | ~F.coalesce(before["bulk"], F.lit(False)) | (before["state"] != F.col("state"))
     )
-    pieces = points.select(
-        "node",
-        *_ORDER,
-        held.alias("state_held"),
-        F.greatest("ts", F.lit(lo)).alias("start"),
-        F.least(F.coalesce(next_ts, F.lit(hi)), F.lit(hi)).alias("end"),
-    ).filter(F.col("end") > F.col("start"))
-    held_before = F.lag("state_held").over(_node_order())
-    changed = F.coalesce(held_before != F.col("state_held"), F.lit(True)).cast("int")
-    return (
-        pieces.withColumn("run", F.sum(changed).over(_running(_node_order())))
-        .groupBy("node", "run")
-        .agg(
-            F.min("state_held").alias("state"),
-            F.min("start").alias("start"),
-            F.max("end").alias("end"),
-        )
-        .withColumn("duration_s", F.col("end") - F.col("start"))
+    new_phase = F.coalesce(before["carried"] != carried, F.lit(True)) | (
+        F.col("event") == "started"
     )
-
-
-def _state_time(
-    spark: SparkSession, intervals: DataFrame, node_names: DataFrame, window: tuple[float, float]
-) -> DataFrame:
-    lo, hi = window
-    states = spark.range(1).select(
-        F.explode(F.array(*[F.lit(s) for s in REPORT_STATES])).alias("state")
+    key = F.struct(*_ORDER)
+    marked = points.select(
+        "*",
+        F.sum(new_run.cast("long")).over(_running(order)).alias("run"),
+        F.sum(new_phase.cast("long")).over(_running(order)).alias("phase"),
+    ).filter(bulk)
+    ends = (
+        marked.groupBy(*_NODE, "run")
+        .agg(F.min(key).alias("first"), F.max(key).alias("last"))
+        .select(*_NODE, F.explode(F.array_distinct(F.array("first", "last"))).alias("p"))
+        .select(F.lit("end").alias("kind"), *_NODE, "p.*")
     )
-    seconds = F.coalesce(F.col("seconds"), F.lit(0.0))
-    return (
-        node_names.crossJoin(states)
-        .join(
-            intervals.groupBy("node", "state").agg(F.sum("duration_s").alias("seconds")),
-            ["node", "state"],
-            "left",
-        )
-        .select(
-            "node",
-            "state",
-            seconds.alias("seconds"),
-            (seconds / F.lit(hi - lo) if hi > lo else F.lit(None)).alias("fraction"),
-        )
+    mixed = (
+        marked.filter(F.col("bucket").isNotNull())
+        .groupBy(*_BUCKET_KEY)
+        .agg((F.min("phase") != F.max("phase")).alias("mixed"))
+        .filter("mixed")
+        .select(F.lit("mixed").alias("kind"), *_BUCKET_KEY)
     )
-
-
-def _spells(spark: SparkSession, intervals: DataFrame, window: tuple[float, float]) -> DataFrame:
-    """Outages (no node ACTIVE) and dual-active spells (two or more), as ``kind``, start,
-    end: a sweep over the ACTIVE runs' edges with a running count, then consecutive segments
-    of one kind merged. The edges are few (two per ACTIVE run): one partition is fine."""
-    lo, hi = window
-    active = intervals.filter(F.col("state") == "ACTIVE")
-    edges = (
-        active.select(F.col("start").alias("t"), F.lit(1).alias("d"))
-        .unionByName(active.select(F.col("end").alias("t"), F.lit(-1).alias("d")))
-        .unionByName(
-            spark.range(1).select(
-                F.explode(F.array(F.lit(lo), F.lit(hi))).alias("t"), F.lit(0).alias("d")
-            )
-        )
-        .groupBy("t")
-        .agg(F.sum("d").alias("d"))
-    )
-    sweep = Window.orderBy("t")
-    count = F.sum("d").over(_running(sweep))
-    segments = edges.select(
-        F.col("t").alias("start"),
-        F.lead("t").over(sweep).alias("end"),
-        F.when(count == 0, F.lit("outage")).when(count >= 2, F.lit("dual")).alias("kind"),
-    ).filter(F.col("end").isNotNull())
-    by_start = Window.orderBy("start")
-    changed = F.coalesce(~F.lag("kind").over(by_start).eqNullSafe(F.col("kind")), F.lit(True)).cast(
-        "int"
-    )
-    return (
-        segments.withColumn("spell", F.sum(changed).over(_running(by_start)))
-        .filter(F.col("kind").isNotNull())
-        .groupBy("kind", "spell")
-        .agg(F.min("start").alias("start"), F.max("end").alias("end"))
-        .withColumn("duration_s", F.col("end") - F.col("start"))
-    )
-
-
-def _incidents(specials: DataFrame, in_window: Column) -> DataFrame:
-    """Each peer_lost and what the survivor did next: ACTIVE already, a transition to
-    ACTIVE (takeover), a restart or stop (survivor down), or nothing yet (unresolved)."""
-    resolvers = specials.filter(
-        F.col("event").isin("peer_lost", "started", "stopped")
-        | ((F.col("event") == "transition") & (F.col("state") == "ACTIVE"))
-    )
-    was_active = F.col("state") == "ACTIVE"
-    took_over = ~was_active & (F.col("next_event") == "transition")
-    return (
-        resolvers.select(
-            "*",
-            F.lead("event").over(_node_order()).alias("next_event"),
-            F.lead("ts").over(_node_order()).alias("next_ts"),
-            F.lead("trigger").over(_node_order()).alias("next_trigger"),
-        )
-        .filter((F.col("event") == "peer_lost") & in_window)
-        .select(
-            "node",
-            "peer",
-            "peer_state",
-            "epoch",
-            "last_seen",
-            F.col("ts").alias("lost_ts"),
-            (F.col("ts") - F.col("last_seen")).alias("detection_delay_s"),
-            F.when(was_active, F.col("ts")).when(took_over, F.col("next_ts")).alias("active_ts"),
-            F.when(was_active, F.lit("already_active"))
-            .when(took_over, F.lit("takeover"))
-            .when(F.col("next_event").isin("started", "stopped"), F.lit("survivor_down"))
-            .otherwise(F.lit("unresolved"))
-            .alias("outcome"),
-            F.when(took_over, F.col("next_trigger")).alias("trigger"),
-        )
-        .withColumn("takeover_delay_s", F.col("active_ts") - F.col("lost_ts"))
-    )
+    return ends.unionByName(mixed, allowMissingColumns=True)
 
 
 @dataclass
 class SparkReport:
     summary: dict
-    tables: dict[str, DataFrame]  # typed as spark.model.TABLES says
-    small: dict[str, list[dict[str, Any]]]  # every table but redirects_per_minute, collected
-    activity: list[dict[str, Any]]  # redirects + refusals per node in at most ~1500 buckets
+    small: dict[str, list[dict[str, Any]]]  # every table but redirects_per_minute
+    per_minute: DataFrame  # redirects_per_minute, typed as spark.model.TABLES says
+    activity: dict[str, list[dict[str, Any]]]  # the drawn pair's redirects, few bars
+
+
+def _collect_json(frames: Mapping[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
+    """Several small frames in one Spark job: rows as JSON, tagged with their frame."""
+    tagged = [
+        df.select(F.lit(name).alias("frame"), F.to_json(F.struct(*df.columns)).alias("row"))
+        for name, df in frames.items()
+    ]
+    union = tagged[0]
+    for df in tagged[1:]:
+        union = union.unionByName(df)
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in frames}
+    for row in union.collect():
+        found[row["frame"]].append(json.loads(row["row"]))
+    return found
 
 
 def compute(
@@ -603,275 +422,322 @@ def compute(
     skew: Mapping[str, float] | None = None,
     estimate_skew: bool = True,
     progress: Progress = _quiet,
+    slo: float | None = None,
+    conf: Mapping[str, str] | None = None,
+    pair: str | None = None,
 ) -> SparkReport:
+    """The report of the logs at ``paths``; ``pair`` is the one whose redirects are binned
+    for its timeline (default: the only pair)."""
     started = time.monotonic()
+    chosen = pair
 
     def step(message: str) -> None:
         progress(f"[{time.monotonic() - started:7.1f}s] {message}")
 
     files = expand_paths(paths)
-    step(f"reading {len(files)} file(s)")
-    lines = read_events(spark, [_uri(f) for f in files])
+    uris = [_uri(f) for f in files]
+    partitions = fit_partitions(spark, _input_bytes(spark, uris), conf or {})
+    step(f"reading {len(files)} file(s), {partitions} shuffle partition(s)")
+    lines = read_events(spark, uris)
     groups = _one_pass(_keyed(lines)).cache()
-    per_file = (
-        groups.groupBy("file")
-        .agg(F.sum("bad").alias("bad"), F.min("bad_version").alias("bad_version"))
-        .collect()
+    specials_df = groups.filter(F.col("special").isNotNull()).select(
+        "pair", "node", "bucket", "events", "special.*"
+    )
+    buckets = groups.filter(F.col("state").isNotNull()).select(
+        *_BUCKET_KEY, "start", "end", "first_redirect", "last_refusal", "redirects", "refusals"
+    )
+    special_points = specials_df.select(
+        *_NODE,
+        *_ORDER,
+        F.lit(None).cast("long").alias("bucket"),
+        F.lit(None).cast("long").alias("minute"),
+        F.lit(False).alias("bulk"),
+    )
+    # The run ends need nothing from the driver: they come in the same job as the rest.
+    head = _collect_json(
+        {
+            "files": groups.groupBy("file").agg(
+                F.sum("bad").alias("bad"), F.min("bad_version").alias("bad_version")
+            ),
+            "nodes": groups.filter(F.col("node").isNotNull())
+            .groupBy(*_NODE)
+            .agg(F.sum("events").alias("events")),
+            "specials": specials_df,
+            "rows": _reduce(_edges(buckets).unionByName(special_points)),
+        }
     )
     versions = sorted(
-        (local_path(r["file"]), r["bad_version"]) for r in per_file if r["bad_version"] is not None
+        (local_path(r["file"]), r["bad_version"])
+        for r in head["files"]
+        if r.get("bad_version") is not None
     )
     if versions:
         groups.unpersist()
         raise UnknownVersionError(*versions[0])
-    bad_by_file = {local_path(r["file"]): r["bad"] for r in per_file if r["bad"]}
-    per_node = (
-        groups.filter(F.col("node").isNotNull())
-        .groupBy("node")
-        .agg(
-            F.sum("events").alias("events"),
-            F.min("first").alias("first"),
-            F.max("last").alias("last"),
-        )
-        .collect()
-    )
-    nodes = sorted(r["node"] for r in per_node)
-    count = sum(r["events"] for r in per_node)
-    step(f"{count} events from {len(nodes)} node(s), {sum(bad_by_file.values())} bad line(s)")
+    bad_by_file = {local_path(r["file"]): r["bad"] for r in head["files"] if r["bad"]}
+    count = sum(r["events"] for r in head["nodes"])
+    if count == 0:
+        groups.unpersist()
+        raise no_valid_record(files, sum(bad_by_file.values()))
+    unnamed = unnamed_pair(r["node"] for r in head["nodes"] if r.get("pair") is None)
+    step(f"{count} events from {len(head['nodes'])} node(s), {sum(bad_by_file.values())} bad")
 
-    repeated = F.array_repeat("special", F.col("events").cast("int"))  # identical records
-    raw_specials = (
-        groups.filter(F.col("special").isNotNull())
-        .select("node", "bucket", F.explode(repeated).alias("r"))
-        .select("node", "bucket", "r.*")
-    )
-    given = dict(skew or {})
-    evidence = _clock_evidence(raw_specials) if estimate_skew else ClockEvidence()
-    offsets, warnings = estimate_offsets(nodes, evidence, given, estimate_skew)
-    base = evidence.default_offset(given)
-    shifts = {node: o.seconds for node, o in offsets.items()}
-    if any(shifts.values()):
-        step(
-            "clock offsets: "
-            + ", ".join(f"{n} {o.seconds:+.6f}s ({o.source})" for n, o in offsets.items())
+    # Runs of bulk points reduced to their ends, on the executors; buckets with something
+    # else inside (rare) are read again and their records take the place of their ends.
+    reduced = {"rows": head["rows"]}
+    mixed = [r for r in reduced["rows"] if r["kind"] == "mixed"]
+    if mixed:
+        step(f"reading {len(mixed)} bucket(s) with a state change inside again in full")
+        keys = F.concat_ws(
+            "\u0000", *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in _BUCKET_KEY]
         )
-    window = report_window(
-        since,
-        until,
-        min((r["first"] - shifts[r["node"]] for r in per_node), default=None),
-        max((r["last"] - shifts[r["node"]] for r in per_node), default=None),
-    )
-    shift = _lookup(shifts, F.col("node"), base)
+        listed = [
+            "\u0000".join(str(r[c]) if r.get(c) is not None else "" for c in _BUCKET_KEY)
+            for r in mixed
+        ]
+        inside = keys.isin(listed)
+        whole = (
+            _keyed(lines)
+            .filter(F.col("bulk") & inside)
+            .select(*_BUCKET_KEY, "ts", "rank", "event", F.lit(True).alias("bulk"))
+        )
+        points = _edges(buckets.filter(~inside)).unionByName(whole).unionByName(special_points)
+        reduced = _collect_json({"rows": _reduce(points)})
+    reduced = [r for r in reduced["rows"] if r["kind"] == "end"]
 
-    # What follows works on small frames: few partitions keep the task count down.
-    parallelism = spark.sparkContext.defaultParallelism
-    specials = (
-        raw_specials.withColumns(
-            {
-                "ts": F.col("ts") - shift,
-                "last_seen": F.col("last_seen") - _lookup(shifts, F.col("peer"), base),
-            }
-        )
-        .coalesce(parallelism)
-        .cache()
-    )
-    buckets = (
-        groups.filter(F.col("state").isNotNull())
-        .groupBy(*_BUCKET_KEY)
-        .agg(
-            (F.min("start") - shift).alias("start"),
-            (F.max("end") - shift).alias("end"),
-            F.sum("redirects").alias("redirects"),
-            F.sum("refusals").alias("refusals"),
-        )
-        .cache()
-    )
-    transient = [groups, specials, buckets]
-    frames = {name: spark.createDataFrame([], _schema(name)) for name in TABLES}
-    dual_events = spark.createDataFrame([], "ts double")
+    def pair_of(row: Mapping[str, Any]) -> str:
+        return row.get("pair") or unnamed
 
-    if window is not None:
-        lo, hi = window
-        in_window = F.col("ts").between(lo, hi)
-        step(f"window {lo:.3f} .. {hi:.3f} ({hi - lo:.3f}s)")
-        # Minutes are the node's own; a minute is listed when it overlaps the window.
-        minute_start = F.col("minute") - shift
-        per_minute = (
-            buckets.groupBy("node", "minute")
-            .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
-            .filter((minute_start <= hi) & (minute_start + MINUTE > lo))
-            .select(
-                "node",
-                F.col("minute").alias("minute_start"),
-                F.date_format(F.timestamp_seconds("minute"), "yyyy-MM-dd'T'HH:mm:00'Z'").alias(
-                    "minute"
-                ),
-                "redirects",
-                "refusals",
-            )
+    inputs: dict[str, PairInput] = {}
+    for row in head["nodes"]:
+        pair = inputs.setdefault(pair_of(row), PairInput(pair_of(row), {}, {}, 0))
+        pair.points.setdefault(row["node"], [])
+        pair.records.setdefault(row["node"], [])
+        pair.events += row["events"]
+    for row in head["specials"]:
+        record = {k: row.get(k) for k in _SPECIAL_FIELDS if k != "rank"}
+        point = (row["ts"], row["rank"], row["event"], row["state"])
+        pair = inputs[pair_of(row)]
+        for _ in range(row["events"]):  # identical records were counted, not kept
+            pair.records[row["node"]].append(dict(record))
+            pair.points[row["node"]].append(point)
+    for row in reduced:
+        inputs[pair_of(row)].points[row["node"]].append(
+            (row["ts"], row["rank"], row["event"], row["state"])
         )
-        mixed = _mixed_buckets(buckets, specials).cache()
-        transient.append(mixed)
-        edges = buckets.join(mixed, list(_BUCKET_KEY), "left_anti").select(
-            "node",
-            F.explode(F.array_distinct(F.array("start", "end"))).alias("ts"),
-            F.lit(RANK_RECORD).alias("rank"),
-            F.lit("redirect").alias("event"),
-            "state",
-        )
-        records = specials.select("node", *_ORDER).unionByName(edges)
-        if not mixed.isEmpty():
-            step("reading mixed buckets again in full")
-            records = records.unionByName(
-                _keyed(lines)
-                .filter("bulk")
-                .join(F.broadcast(mixed), list(_BUCKET_KEY))
-                .select("node", (F.col("ts") - shift).alias("ts"), *_ORDER[1:])
-            )
-        records = records.coalesce(parallelism).cache()
-        transient.append(records)
-        lost = specials.filter(
-            (F.col("event") == "peer_lost")
-            & F.col("peer").isin(*nodes)
-            & (F.col("peer") != F.col("node"))
-        )
-        crashed = _crashed_at_tail(records, lost)
-        node_names = spark.createDataFrame([(n,) for n in nodes], "node string")
-        intervals = _typed(
-            "state_intervals", _state_intervals(records, lost, node_names, crashed, window)
-        ).cache()
-        spells = _spells(spark, intervals, window).cache()  # both read by several tables
-        transient += [intervals, spells]
-        windowed = specials.filter(in_window)
-        frames = {
-            "incidents": _incidents(specials, in_window),
-            "outages": spells.filter(F.col("kind") == "outage"),
-            "dual_active": spells.filter(F.col("kind") == "dual"),
-            "state_intervals": intervals,
-            "state_time": _state_time(spark, intervals, node_names, window),
-            "redirects_per_minute": per_minute,
-            "recoveries": windowed.filter(
-                ((F.col("event") == "console") & F.col("command").rlike(RECOVER_COMMAND))
-                | ((F.col("event") == "transition") & F.col("trigger").isin(*RECOVERY_TRIGGERS))
-            ),
-            "misconfigurations": windowed.filter(F.col("event") == "misconfigured"),
-        }
-        frames = {name: _typed(name, df) for name, df in frames.items()}
-        dual_events = windowed.filter(F.col("event") == "dual_active").select("ts")
+    for pair in inputs.values():
+        for node in pair.points:
+            pair.points[node].sort()
+            pair.records[node].sort(key=record_key)
+    step(f"{len(inputs)} pair(s), {len(reduced)} run end(s) of redirects and refusals")
 
-    step("state intervals, outages, incidents, recoveries")
-    small = _collect_small(
-        {n: df for n, df in frames.items() if n != "redirects_per_minute"},
-        dual_events,
-    )
-    n_dual_events = len(small.pop(_DUAL_EVENTS))
-    step("redirects and refusals per minute")
-    per_minute = frames["redirects_per_minute"].cache()
-    activity = _activity(per_minute, window, shift)  # also fills per_minute's cache
-    for df in transient:
-        df.unpersist()
-    tables = {
-        name: per_minute
-        if name == "redirects_per_minute"
-        else spark.createDataFrame(
-            [tuple(row[c] for c in frames[name].columns) for row in small[name]], _schema(name)
-        )
-        for name in TABLES
+    clocks = {
+        name: pair_clocks(pair, since, until, skew or {}, estimate_skew)
+        for name, pair in inputs.items()
     }
+    shifts = {
+        f"{name}\u0000{node}": o.seconds
+        for name, c in clocks.items()
+        for node, o in c.offsets.items()
+    }
+    windows_lo = {name: c.window[0] for name, c in clocks.items()}
+    windows_hi = {name: c.window[1] for name, c in clocks.items()}
+    named = F.coalesce(F.col("pair"), F.lit(unnamed))
+    at = F.col("minute") - _lookup(shifts, F.concat_ws("\u0000", named, F.col("node")))
+    per_minute = (
+        buckets.groupBy("pair", "node", "minute")
+        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
+        .withColumn("at", at)
+        .withColumn("pair", named)
+        .filter(
+            (F.col("at") <= _lookup(windows_hi, F.col("pair")))
+            & (F.col("at") + MINUTE > _lookup(windows_lo, F.col("pair")))
+        )
+        .select(
+            "pair",
+            F.date_format(
+                F.timestamp_seconds(F.floor(F.col("at") / DAY_SECONDS) * DAY_SECONDS), "yyyy-MM-dd"
+            ).alias("day"),
+            "node",
+            F.col("minute").cast("long").alias("minute_start"),
+            F.date_format(F.timestamp_seconds("minute"), "yyyy-MM-dd'T'HH:mm:00'Z'").alias(
+                "minute"
+            ),
+            "at",
+            "redirects",
+            "refusals",
+        )
+        .cache()
+    )
+    drawn = chosen if chosen is not None else (next(iter(inputs)) if len(inputs) == 1 else None)
+    if drawn is not None and drawn not in inputs:
+        raise ReportError(f"--pair {drawn}: no such pair (pairs: {', '.join(sorted(inputs))})")
+    wanted = {
+        "days": per_minute.groupBy("pair", "day").agg(
+            F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
+        )
+    }
+    if drawn is not None:
+        lo, hi = clocks[drawn].window
+        width = max(1, math.ceil((hi - lo) / MINUTE / ACTIVITY_BARS)) * MINUTE
+        wanted["activity"] = (
+            per_minute.filter(F.col("pair") == drawn)
+            .groupBy("node", F.floor((F.col("at") - lo) / width).alias("bar"))
+            .agg(
+                F.min("at").alias("at"),  # the true start of its first minute
+                F.sum("redirects").alias("redirects"),
+                F.sum("refusals").alias("refusals"),
+            )
+            .drop("bar")
+            .withColumn("width", F.lit(width))
+        )
+    collected = _collect_json(wanted)  # one job for both
+    by_day_rows = collected["days"]
+    activity = (
+        {drawn: sorted(collected.get("activity", []), key=lambda r: (r["node"], r["at"]))}
+        if drawn is not None
+        else {}
+    )
+    by_day: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for row in by_day_rows:
+        by_day[row["pair"]][row["day"]] = (row["redirects"], row["refusals"])
+    groups.unpersist()
+
+    small: dict[str, list[dict[str, Any]]] = {t: [] for t in TABLES if t != "redirects_per_minute"}
+    summaries = {}
+    for name in sorted(inputs):
+        found = pair_report(inputs[name], clocks[name], by_day[name])
+        summaries[name] = found.summary
+        for table, rows in found.tables.items():
+            small[table].extend(rows)
+    for table, rows in small.items():
+        _, order = TABLES[table]
+        rows.sort(key=lambda row, order=order: tuple(row[c] for c in order))
     summary = build_summary(
         files=files,
         events=count,
         bad_lines_by_file=bad_by_file,
-        nodes=nodes,
-        offsets=offsets,
-        warnings=warnings,
-        window=window,
-        tables=small,
-        redirects=sum(a["redirects"] for a in activity),
-        refusals=sum(a["refusals"] for a in activity),
-        dual_active_events=n_dual_events,
+        pairs=summaries,
+        daily=small["daily"],
+        takeover_delays=[
+            i["takeover_delay_s"] for i in small["incidents"] if i["outcome"] == "takeover"
+        ],
+        slo=slo,
     )
     step("computed")
-    return SparkReport(summary, tables, small, activity)
-
-
-_DUAL_EVENTS = "dual_active events"
-
-
-def _collect_small(frames: Mapping[str, DataFrame], dual_events: DataFrame) -> dict[str, list]:
-    """Every small table in one Spark job: rows as JSON, tagged with their table (one job
-    instead of one per table; shuffles shared between tables are computed once)."""
-    tagged = [
-        df.select(F.lit(name).alias("table"), F.to_json(F.struct(*df.columns)).alias("row"))
-        for name, df in {**frames, _DUAL_EVENTS: dual_events}.items()
-    ]
-    found: dict[str, list] = {name: [] for name in (*frames, _DUAL_EVENTS)}
-    for row in functools.reduce(DataFrame.unionByName, tagged).collect():
-        found[row["table"]].append(json.loads(row["row"]))
-    for name, df in frames.items():
-        _, order = TABLES[name]
-        rows = [{c: r.get(c) for c in df.columns} for r in found[name]]  # to_json drops nulls
-        found[name] = sorted(rows, key=lambda row: tuple(row[c] for c in order))
-    return found
-
-
-def _schema(name: str) -> T.StructType:
-    columns, _ = TABLES[name]
-    return T.StructType([T.StructField(c, _TYPES[k]) for c, k in columns])
-
-
-def _activity(
-    per_minute: DataFrame, window: tuple[float, float] | None, shift: Column
-) -> list[dict[str, Any]]:
-    """Redirects and refusals per node in buckets of whole minutes, few enough to plot;
-    ``at`` is a bucket's start on the reference clock."""
-    if window is None:
-        return []
-    width = max(1, math.ceil((window[1] - window[0]) / MINUTE / 1500)) * MINUTE
-    buckets = [
-        row.asDict()
-        for row in per_minute.groupBy(
-            "node", (F.floor(F.col("minute_start") / width) * width).alias("bucket")
-        )
-        .agg(F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals"))
-        .select("*", F.lit(width).alias("width"), (F.col("bucket") - shift).alias("at"))
-        .collect()
-    ]
-    return sorted(buckets, key=lambda row: (row["node"], row["bucket"]))
+    return SparkReport(summary, small, per_minute, activity)
 
 
 # ---------------------------------------------------------------- output
 
 
-def write_report(report: SparkReport, out: str, progress: Progress = _quiet) -> None:
-    """Tables as ``<out>/<table>/parquet/`` (Spark) and ``<out>/<table>/<table>.csv``, then
-    ``summary.json`` and ``timeline.png``. ``out`` is a directory on the driver; on a
-    cluster it must be on a file system the executors share (they write the Parquet parts)."""
+def table_schema(name: str) -> T.StructType:
+    columns, _ = TABLES[name]
+    return T.StructType([T.StructField(c, _TYPES[k]) for c, k in columns])
+
+
+def _clear_partitions(folder: str, windows: Mapping[str, Sequence[str]]) -> None:
+    """Remove the ``pair=P/day=D`` partitions this run writes: re-running a window replaces
+    exactly its partitions (Spark escapes partition values as %XX)."""
+    if not os.path.isdir(folder):
+        return
+    for pair_dir in os.listdir(folder):
+        if not pair_dir.startswith("pair="):
+            continue
+        days = windows.get(unquote(pair_dir[5:]))
+        if days is None:
+            continue
+        for day in days:
+            shutil.rmtree(os.path.join(folder, pair_dir, f"day={day}"), ignore_errors=True)
+
+
+def _write_table(
+    spark: SparkSession,
+    report: SparkReport,
+    name: str,
+    out: str,
+    staging: str,
+    days: Mapping[str, Sequence[str]],
+) -> None:
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    columns = [c for c, _ in TABLES[name][0]]
+    csv_path = os.path.join(folder, f"{name}.csv")
+    parquet = os.path.join(folder, "parquet")
+    _clear_partitions(parquet, days)
+    os.makedirs(parquet, exist_ok=True)
+    if name in report.small:
+        rows = report.small[name]
+        write_csv(csv_path, columns, ([r[c] for c in columns] for r in rows))
+        if not rows:
+            return  # its partitions are cleared: nothing to write
+        staged = os.path.join(staging, f"{name}.jsonl")
+        with open(staged, "w", encoding="utf-8") as stream:
+            for row in rows:
+                stream.write(json.dumps(row, allow_nan=False) + "\n")
+        frame = spark.read.schema(table_schema(name)).json(_uri(os.path.abspath(staged)))
+    else:
+        frame = report.per_minute.select(*columns)
+        _, order = TABLES[name]
+        ordered = frame.coalesce(1).sortWithinPartitions(*order)
+        write_csv(csv_path, columns, (tuple(r) for r in ordered.toLocalIterator()))
+    frame.write.mode("append").partitionBy("pair", "day").parquet(_uri(os.path.abspath(parquet)))
+
+
+def write_report(
+    spark: SparkSession,
+    report: SparkReport,
+    out: str,
+    progress: Progress = _quiet,
+) -> None:
+    """Tables as ``<out>/<table>/parquet/pair=P/day=D/`` and ``<out>/<table>/<table>.csv`` (this
+    run's rows), ``summary.json``, ``fleet.png`` and ``timeline.png`` (of the pair binned by
+    ``compute``). ``out`` is a directory on the driver; on a cluster the executors must share
+    it: they read the small tables staged there and write the Parquet parts. The tables are
+    written by concurrent Spark jobs: each is small, and one at a time most of the time would
+    go to scheduling."""
     os.makedirs(out, exist_ok=True)
-    for name, df in report.tables.items():
-        progress(f"writing {name}")
-        folder = os.path.join(out, name)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(folder)
-        # Small tables were built on the driver in order: one partition keeps it.
-        ordered = df.coalesce(1) if name in report.small else _sorted(name, df)
-        ordered.write.parquet(_uri(os.path.abspath(os.path.join(folder, "parquet"))))
-        rows = (
-            ([r[c] for c in df.columns] for r in report.small[name])
-            if name in report.small
-            else (tuple(r) for r in ordered.toLocalIterator())
-        )
-        write_csv(os.path.join(folder, f"{name}.csv"), df.columns, rows)
+    days: dict[str, list[str]] = defaultdict(list)
+    for row in report.small["daily"]:
+        days[row["pair"]].append(row["day"])
+    staging = os.path.join(out, "_staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    progress(f"writing {len(TABLES)} tables")
+    with ThreadPoolExecutor(max_workers=WRITERS) as pool:
+        for done in [
+            pool.submit(_write_table, spark, report, name, out, staging, days) for name in TABLES
+        ]:
+            done.result()
+    shutil.rmtree(staging, ignore_errors=True)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as stream:
         json.dump(report.summary, stream, indent=2, sort_keys=False)
         stream.write("\n")
-    progress("drawing timeline.png")
-    timeline.render(
-        os.path.join(out, "timeline.png"),
-        report.summary,
-        report.small,
-        report.activity,
-    )
+    progress("drawing fleet.png")
+    timeline.render_fleet(os.path.join(out, "fleet.png"), report.summary, report.small["daily"])
+    for pair, activity in report.activity.items():
+        progress(f"drawing timeline.png of {pair}")
+        timeline.render(
+            os.path.join(out, "timeline.png"),
+            report.summary["pairs"][pair],
+            {t: [r for r in rows if r["pair"] == pair] for t, rows in report.small.items()},
+            activity,
+        )
+
+
+SMALL_INPUT_BYTES = 256 << 20
+
+
+def _small_input_settings(master: str | None, files: Sequence[str]) -> dict[str, str]:
+    """On a local master, a small input is done before the JIT's optimising compiler pays
+    for itself: the quick compiler alone starts the job seconds sooner."""
+    if master is None or not is_local(master):
+        return {}
+    if sum(os.path.getsize(f) for f in files if os.path.isfile(f)) > SMALL_INPUT_BYTES:
+        return {}
+    if any(not os.path.isfile(f) for f in files):
+        return {}
+    return {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 
 
 def run_report(
@@ -885,25 +751,39 @@ def run_report(
     conf: Mapping[str, str] | None = None,
     progress: Progress = _quiet,
     echo: Callable[[str], None] | None = None,
+    slo: float | None = None,
+    pair: str | None = None,
 ) -> dict:
     """Compute the report, write it to ``out`` and return the summary.
 
     Reuses an active Spark session (a test's, spark-submit's) and leaves it running; otherwise
     starts one on ``master`` with Spark's console output in ``<out>/spark.log`` and stops it.
-    ``echo`` receives the human summary.
+    The progress lines go to ``<out>/spark.log`` too. ``echo`` receives the human summary.
     """
     paths = list(paths)
     if not paths:
         raise ReportError("no --events given")
+    files = expand_paths(paths)  # a path that gives nothing fails before Spark starts
     os.makedirs(out, exist_ok=True)
+    log_file = os.path.join(out, "spark.log")
+
+    def logged(message: str) -> None:
+        with open(log_file, "a", encoding="utf-8") as log:
+            log.write(f"amqha-report: {message}\n")
+        progress(message)
+
     spark = SparkSession.getActiveSession()
     owned = spark is None
     if spark is None:
-        progress(f"starting Spark ({master or 'from spark-submit'}); its log: {out}/spark.log")
-        spark = build_session(master, os.path.join(out, "spark.log"), conf)
+        logged(f"starting Spark ({master or 'from spark-submit'}); its log: {log_file}")
+        spark = build_session(
+            master, log_file, {**_small_input_settings(master, files), **(conf or {})}
+        )
+    logged(f"Spark {spark.version}, master {spark.sparkContext.master}")
     try:
-        report = compute(spark, paths, since, until, skew, estimate_skew, progress)
-        write_report(report, out, progress)
+        report = compute(spark, paths, since, until, skew, estimate_skew, logged, slo, conf, pair)
+        write_report(spark, report, out, logged)
+        report.per_minute.unpersist()
     finally:
         if owned:
             spark.stop()

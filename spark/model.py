@@ -15,8 +15,9 @@ import csv
 import glob
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -49,6 +50,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("user", "string"),
     ("command", "string"),
     ("result", "string"),
+    ("pair", "string"),
 )
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -75,9 +77,43 @@ def record_rank(event: str) -> int:
 
 
 # The report's tables: columns with their kind, and the order rows are written and compared in.
+# Every table carries its pair and day (UTC, on the pair's reference clock): the Parquet copies
+# are partitioned by both. Figures that depend on an unknown clock offset carry their range
+# (``min_*``/``max_*``) and an ``uncertain`` flag.
+_PLACE = (("pair", "string"), ("day", "string"))
+_SPELL = (
+    ("start", "double"),
+    ("end", "double"),
+    ("duration_s", "double"),
+    ("min_duration_s", "double"),
+    ("max_duration_s", "double"),
+    ("uncertain", "boolean"),
+)
 TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
+    "daily": (
+        (
+            *_PLACE,
+            ("seconds", "double"),
+            ("availability", "double"),
+            ("min_availability", "double"),
+            ("max_availability", "double"),
+            ("outages", "long"),
+            ("outage_s", "double"),
+            ("dual_active_s", "double"),
+            ("max_dual_active_s", "double"),
+            ("incidents", "long"),
+            ("takeovers", "long"),
+            ("max_takeover_delay_s", "double"),
+            ("redirects", "long"),
+            ("refusals", "long"),
+            ("recoveries", "long"),
+            ("uncertain", "boolean"),
+        ),
+        ("pair", "day"),
+    ),
     "incidents": (
         (
+            *_PLACE,
             ("node", "string"),
             ("peer", "string"),
             ("peer_state", "string"),
@@ -85,44 +121,54 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("last_seen", "double"),
             ("lost_ts", "double"),
             ("detection_delay_s", "double"),
+            ("min_detection_delay_s", "double"),
+            ("max_detection_delay_s", "double"),
             ("active_ts", "double"),
             ("takeover_delay_s", "double"),
             ("outcome", "string"),
             ("trigger", "string"),
+            ("uncertain", "boolean"),
         ),
-        ("lost_ts", "node"),
+        ("pair", "lost_ts", "node"),
     ),
-    "outages": ((("start", "double"), ("end", "double"), ("duration_s", "double")), ("start",)),
-    "dual_active": (
-        (("start", "double"), ("end", "double"), ("duration_s", "double")),
-        ("start",),
-    ),
+    "outages": ((*_PLACE, *_SPELL), ("pair", "start")),
+    "dual_active": ((*_PLACE, *_SPELL), ("pair", "start")),
     "state_intervals": (
         (
+            *_PLACE,
             ("node", "string"),
             ("state", "string"),
             ("start", "double"),
             ("end", "double"),
             ("duration_s", "double"),
         ),
-        ("node", "start"),
+        ("pair", "node", "start"),
     ),
     "state_time": (
-        (("node", "string"), ("state", "string"), ("seconds", "double"), ("fraction", "double")),
-        ("node", "state"),
+        (
+            *_PLACE,
+            ("node", "string"),
+            ("state", "string"),
+            ("seconds", "double"),
+            ("fraction", "double"),
+        ),
+        ("pair", "day", "node", "state"),
     ),
     "redirects_per_minute": (
         (
+            *_PLACE,
             ("node", "string"),
             ("minute_start", "long"),
             ("minute", "string"),
+            ("at", "double"),
             ("redirects", "long"),
             ("refusals", "long"),
         ),
-        ("node", "minute_start"),
+        ("pair", "node", "minute_start"),
     ),
     "recoveries": (
         (
+            *_PLACE,
             ("ts", "double"),
             ("node", "string"),
             ("event", "string"),
@@ -133,17 +179,18 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("command", "string"),
             ("result", "string"),
         ),
-        ("ts", "node", "event"),
+        ("pair", "ts", "node", "event"),
     ),
     "misconfigurations": (
         (
+            *_PLACE,
             ("ts", "double"),
             ("node", "string"),
             ("peer", "string"),
             ("peer_epoch", "long"),
             ("reason", "string"),
         ),
-        ("ts", "node"),
+        ("pair", "ts", "node"),
     ),
 }
 
@@ -166,6 +213,11 @@ class UnknownVersionError(ReportError):
 
 # ---------------------------------------------------------------- inputs
 
+# Event logs and their rotations: events.jsonl, events.jsonl.3, events.jsonl.gz, ...
+EVENT_LOG = re.compile(r"\.jsonl(\.\d+)?(\.gz)?$")
+# A directory that names the pair of the logs below it (Hive style, as the Parquet output).
+PAIR_DIRECTORY = r"(?:^|/)pair=([^/]+)/"
+
 
 def _has_scheme(path: str) -> bool:
     parsed = urlparse(path)
@@ -180,9 +232,22 @@ def local_path(uri: str) -> str:
     return uri
 
 
+def _logs_under(folder: str) -> list[str]:
+    found = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(folder)
+        for name in names
+        if EVENT_LOG.search(name)
+    ]
+    if not found:
+        raise ReportError(f"{folder}: no event log (*.jsonl, *.jsonl.N, *.gz) in this directory")
+    return sorted(found)
+
+
 def expand_paths(paths: Iterable[str]) -> list[str]:
-    """Local directories become their ``*.jsonl*`` files, local globs are expanded, other
-    Hadoop URIs (hdfs://, s3a://, ...) pass through for Spark to resolve."""
+    """Local directories become the event logs anywhere below them, local globs are expanded,
+    other Hadoop URIs (hdfs://, s3a://, ...) pass through for Spark to resolve. A local path
+    that gives no file is an error naming it."""
     files: list[str] = []
     for path in paths:
         if _has_scheme(path):
@@ -190,12 +255,13 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
             continue
         path = local_path(path)
         if os.path.isdir(path):
-            files.extend(sorted(glob.glob(os.path.join(glob.escape(path), "*.jsonl*"))))
+            files.extend(_logs_under(path))
         elif glob.has_magic(path):
-            matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+            matches = sorted(glob.glob(path))
             if not matches:
                 raise ReportError(f"{path}: no file matches")
-            files.extend(matches)
+            for match in matches:
+                files.extend(_logs_under(match) if os.path.isdir(match) else [match])
         elif os.path.isfile(path):
             files.append(path)
         else:
@@ -203,20 +269,56 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
     return [f if _has_scheme(f) else os.path.abspath(f) for f in dict.fromkeys(files)]
 
 
+def pair_from_path(path: str) -> str | None:
+    found = re.search(PAIR_DIRECTORY, path)
+    return unquote(found.group(1)) if found else None
+
+
+def unnamed_pair(nodes: Iterable[str]) -> str:
+    """The pair of logs that name none: the servers' names, as ``server.pair`` defaults."""
+    return "+".join(sorted(set(nodes)))
+
+
+def no_valid_record(files: Sequence[str], bad: int) -> ReportError:
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return ReportError(f"{shown or 'no input'}: no valid event record ({bad} bad line(s))")
+
+
 # ---------------------------------------------------------------- clock offsets
+
+# Offsets known to within this are taken as known, and figures that move by no more than this
+# across an offset's interval as certain.
+CLOCK_RESOLUTION_S = 0.01
 
 
 @dataclass(frozen=True)
 class Offset:
-    """How far a node's clock runs ahead of the reference node's (subtract to correct)."""
+    """How far a node's clock runs ahead of its pair's reference clock (subtract to correct).
+
+    ``seconds`` is the offset the figures are computed with; the logs only prove that the
+    offset lies in ``lower .. upper`` (infinite on a side they do not bound)."""
 
     seconds: float
-    source: str  # reference | given | estimated | none
-    lower: float | None = None
-    upper: float | None = None
+    source: str  # reference | given | trusted | estimated
+    lower: float = -math.inf
+    upper: float = math.inf
+
+    @property
+    def known(self) -> bool:
+        return self.upper - self.lower <= CLOCK_RESOLUTION_S
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "source": self.source,
+            "lower": self.lower if math.isfinite(self.lower) else None,
+            "upper": self.upper if math.isfinite(self.upper) else None,
+            "known": self.known,
+        }
 
 
 def parse_skew(items: Iterable[str]) -> dict[str, float]:
+    """``NODE=SECONDS`` (that node in every pair) or ``PAIR/NODE=SECONDS``."""
     given: dict[str, float] = {}
     for item in items:
         node, sep, value = item.partition("=")
@@ -225,85 +327,124 @@ def parse_skew(items: Iterable[str]) -> dict[str, float]:
                 raise ValueError
             given[node] = float(value)
         except ValueError:
-            raise ReportError(f"--skew {item!r}: expected NODE=SECONDS") from None
+            raise ReportError(
+                f"--skew {item!r}: expected NODE=SECONDS or PAIR/NODE=SECONDS"
+            ) from None
     return given
 
 
-@dataclass
-class ClockEvidence:
-    """What the ``peer_up``/``peer_lost`` records say about the clocks.
+def given_for(pair: str, nodes: Iterable[str], given: Mapping[str, float]) -> dict[str, float]:
+    found = {}
+    for node in nodes:
+        value = given.get(f"{pair}/{node}", given.get(node))
+        if value is not None:
+            found[node] = value
+    return found
 
-    ``bounds[(observer, peer)]`` is the largest ``last_seen - ts`` over the observer's records
-    about the peer: the peer sent its state message (at ``last_seen`` on its clock) before the
-    observer logged receiving it (``ts`` on its own), so
-    ``offset[peer] - offset[observer] >= bound``.
+
+# offset[a] - offset[b] <= c, as (a, b, c)
+Constraint = tuple[str, str, float]
+_PASSIVE_CAUSES_ACTIVE = ("HANDOVER", "PEER_PASSIVE")
+
+
+def clock_constraints(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Constraint]:
+    """Every ordering of two nodes' records that the logs prove, each on its own clock.
+
+    - ``peer_up``/``peer_lost``: the peer sent its state (``last_seen``, its clock) before the
+      observer logged it (``ts``).
+    - A transition to ACTIVE caused by the peer being PASSIVE (``HANDOVER``, ``PEER_PASSIVE``)
+      in epoch E comes after the peer's transition to PASSIVE in epoch E - 1 (a new term is
+      one above the peer's); the earliest such record is taken, so the bound holds whichever
+      one caused it.
+    - A transition to PASSIVE because the peer is ACTIVE (``PEER_ACTIVE``) in epoch E comes
+      after the peer's transition to ACTIVE in E (the follower adopts the term).
+    - A ``dual_active`` record about a peer in epoch E comes after that peer's transition to
+      ACTIVE in E (it heard the peer's ACTIVE state).
     """
+    nodes = set(records)
+    entered: dict[tuple[str, str, int], float] = {}  # (node, state, epoch) -> earliest ts
+    for node, rows in records.items():
+        for r in rows:
+            if r["event"] == "transition" and r.get("epoch") is not None:
+                key = (node, r["state"], r["epoch"])
+                entered[key] = min(entered.get(key, r["ts"]), r["ts"])
+    found: list[Constraint] = []
+    for node, rows in records.items():
+        others = nodes - {node}
+        for r in rows:
+            event, peer = r["event"], r.get("peer")
+            if event in PEER_EVENTS:
+                if peer in others and r.get("last_seen") is not None:
+                    found.append((node, peer, r["ts"] - r["last_seen"]))
+            elif event == "transition" and r.get("epoch") is not None:
+                epoch, trigger = r["epoch"], r.get("trigger")
+                cause = None
+                if r["state"] == "ACTIVE" and trigger in _PASSIVE_CAUSES_ACTIVE:
+                    cause = ("PASSIVE", epoch - 1)
+                elif r["state"] == "PASSIVE" and trigger == "PEER_ACTIVE":
+                    cause = ("ACTIVE", epoch)
+                if cause is not None:
+                    for other in others:
+                        before = entered.get((other, *cause))
+                        if before is not None:
+                            found.append((node, other, r["ts"] - before))
+            elif event == "dual_active" and peer in others and r.get("peer_epoch") is not None:
+                before = entered.get((peer, "ACTIVE", r["peer_epoch"]))
+                if before is not None:
+                    found.append((node, peer, r["ts"] - before))
+    return found
 
-    bounds: dict[tuple[str, str], float] = field(default_factory=dict)
-    observers: set[str] = field(default_factory=set)  # nodes that wrote such a record
-    primaries: set[str] = field(default_factory=set)  # ... with role primary
 
-    def add(self, observer: str, primary: bool, peer: str | None, bound: float | None) -> None:
-        self.observers.add(observer)
-        if primary:
-            self.primaries.add(observer)
-        if peer is not None and bound is not None and peer != observer:
-            pair = (observer, peer)
-            self.bounds[pair] = max(self.bounds.get(pair, bound), bound)
-
-    def reference(self) -> str | None:
-        """Times are reported on the primary's clock: the first (by name) node that logged a
-        peer record as primary, else the first that logged one; None without evidence."""
-        return min(self.primaries or self.observers, default=None)
-
-    def default_offset(self, given: Mapping[str, float]) -> float:
-        """The offset of a clock nothing is known about: the reference clock's."""
-        reference = self.reference()
-        return given.get(reference, 0.0) if reference is not None else 0.0
+def reference_node(nodes: Iterable[str], roles: Mapping[str, str]) -> str:
+    """Times are given on the primary's clock: the first (by name) node that logged as
+    primary, else the first node."""
+    ordered = sorted(nodes)
+    return next((n for n in ordered if roles.get(n) == "primary"), ordered[0])
 
 
 def estimate_offsets(
     nodes: Iterable[str],
-    evidence: ClockEvidence,
+    reference: str,
+    constraints: Iterable[Constraint],
     given: Mapping[str, float],
     estimate: bool = True,
 ) -> tuple[dict[str, Offset], list[str]]:
-    """Clock offsets from causality (see ``ClockEvidence``), relative to the reference node.
-
-    Records of both directions bracket a node's offset from the reference's, and the midpoint
-    is taken, as NTP does; with one direction only, the correction is the smallest one that
-    makes the records causal; without evidence a node's clock is taken to agree with the
-    reference's. ``given`` offsets (``--skew``) win.
-    """
-    reference = evidence.reference()
-    base = evidence.default_offset(given)
-    offsets: dict[str, Offset] = {}
+    """Each node's offset from the reference clock, as the interval the constraints between
+    it and the reference allow. The figures use no correction when the interval allows it
+    (clocks are taken to agree unless the records prove they cannot), else the interval's
+    midpoint, or its one bound. ``given`` offsets (``--skew``) are exact and win; without
+    ``estimate`` the clocks are trusted."""
+    base = given.get(reference, 0.0)
+    offsets = {reference: Offset(base, "given" if reference in given else "reference", base, base)}
     warnings: list[str] = []
-    for node in sorted(set(nodes)):
+    lower: dict[str, float] = {}
+    upper: dict[str, float] = {}
+    for a, b, c in constraints:
+        if b == reference and a != reference:
+            upper[a] = min(upper.get(a, math.inf), c)
+        elif a == reference and b != reference:
+            lower[b] = max(lower.get(b, -math.inf), -c)
+    for node in sorted(set(nodes) - {reference}):
         if node in given:
-            offsets[node] = Offset(given[node], "given")
+            offsets[node] = Offset(given[node], "given", given[node], given[node])
             continue
-        if node == reference:
-            offsets[node] = Offset(base, "reference")
+        if not estimate:
+            offsets[node] = Offset(base, "trusted", base, base)
             continue
-        lower = evidence.bounds.get((reference, node)) if reference is not None else None
-        against = evidence.bounds.get((node, reference)) if reference is not None else None
-        upper = None if against is None else -against
-        if not estimate or (lower is None and upper is None):
-            offsets[node] = Offset(base, "none", lower, upper)
-            continue
-        if lower is not None and upper is not None:
-            if lower > upper:
-                warnings.append(
-                    f"clock offset of {node}: causal bounds disagree "
-                    f"({lower:.6f} > {upper:.6f}); clocks drift or records are not causal"
-                )
-            relative = (lower + upper) / 2
-        elif lower is not None:
-            relative = max(lower, 0.0)
+        lo, hi = lower.get(node, -math.inf), upper.get(node, math.inf)
+        if lo > hi:
+            warnings.append(
+                f"clock offset of {node}: the records bound it from below by {lo:.6f}s and from"
+                f" above by {hi:.6f}s; clocks drift or records are not causal"
+            )
+            lo, hi = hi, lo
+        if lo <= 0.0 <= hi:
+            point = 0.0
+        elif math.isfinite(lo) and math.isfinite(hi):
+            point = (lo + hi) / 2
         else:
-            relative = min(upper, 0.0)
-        offsets[node] = Offset(base + relative, "estimated", lower, upper)
+            point = lo if math.isfinite(lo) else hi
+        offsets[node] = Offset(base + point, "estimated", base + lo, base + hi)
     return offsets, warnings
 
 
@@ -342,91 +483,101 @@ def crashed_at_tail(
     )
 
 
+DAY_SECONDS = 86400
+
+
+def day_of(ts: float) -> str:
+    return datetime.fromtimestamp(math.floor(ts / DAY_SECONDS) * DAY_SECONDS, UTC).strftime(
+        "%Y-%m-%d"
+    )
+
+
+def day_spans(window: tuple[float, float]) -> list[tuple[str, float, float]]:
+    """The UTC days the window touches, each with its part of the window."""
+    lo, hi = window
+    spans = []
+    start = math.floor(lo / DAY_SECONDS) * DAY_SECONDS
+    while True:
+        spans.append((day_of(start), max(lo, start), min(hi, start + DAY_SECONDS)))
+        start += DAY_SECONDS
+        if start >= hi:
+            return spans
+
+
 # ---------------------------------------------------------------- summary
 
 
-def _stats(values: Iterable[float | None]) -> dict[str, float | int | None]:
-    present = [v for v in values if v is not None]
+def percentiles(values: Iterable[float]) -> dict[str, float | int | None]:
+    """Nearest-rank percentiles: every figure is one of the values."""
+    ordered = sorted(values)
+
+    def rank(p: float) -> float | None:
+        return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] if ordered else None
+
     return {
-        "count": len(present),
-        "mean": sum(present) / len(present) if present else None,
-        "max": max(present) if present else None,
+        "count": len(ordered),
+        "p50": rank(50),
+        "p90": rank(90),
+        "p99": rank(99),
+        "max": ordered[-1] if ordered else None,
     }
 
 
-def build_summary(
-    *,
-    files: Sequence[str],
-    events: int,
-    bad_lines_by_file: Mapping[str, int],
-    nodes: Sequence[str],
-    offsets: Mapping[str, Offset],
-    warnings: Sequence[str],
-    window: tuple[float, float] | None,
-    tables: Mapping[str, Sequence[Mapping[str, Any]]],
-    redirects: int,
-    refusals: int,
-    dual_active_events: int,
-) -> dict:
-    """The JSON summary, from the small tables (everything but redirects per minute)."""
-    seconds = None if window is None else window[1] - window[0]
-    outages = tables["outages"]
-    outage_seconds = sum(o["duration_s"] for o in outages)
-    dual = tables["dual_active"]
-    incidents = tables["incidents"]
-    recoveries = tables["recoveries"]
-    state_seconds: dict[str, dict[str, float]] = {}
-    for row in tables["state_time"]:
-        state_seconds.setdefault(row["node"], {})[row["state"]] = row["seconds"]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "files": list(files),
-        "events": events,
-        "bad_lines": sum(bad_lines_by_file.values()),
-        "bad_lines_by_file": dict(bad_lines_by_file),
-        "nodes": list(nodes),
-        "clock_offsets": {
-            node: {"seconds": o.seconds, "source": o.source, "lower": o.lower, "upper": o.upper}
-            for node, o in sorted(offsets.items())
-        },
-        "window": None
-        if window is None
-        else {"since": window[0], "until": window[1], "seconds": seconds},
-        "availability": (1.0 - outage_seconds / seconds) if seconds else None,
-        "outages": {
-            "count": len(outages),
-            "seconds": outage_seconds,
-            "longest_s": max((o["duration_s"] for o in outages), default=None),
-        },
-        "dual_active": {
-            "count": len(dual),
-            "seconds": sum(d["duration_s"] for d in dual),
-            "events": dual_active_events,
-        },
-        "incidents": {
-            "count": len(incidents),
-            "by_outcome": {
-                outcome: sum(1 for i in incidents if i["outcome"] == outcome)
-                for outcome in OUTCOMES
-            },
-            "detection_delay_s": _stats(i["detection_delay_s"] for i in incidents),
-            "takeover_delay_s": _stats(
-                i["takeover_delay_s"] for i in incidents if i["outcome"] == "takeover"
-            ),
-        },
-        "state_seconds": state_seconds,
-        "redirects": redirects,
-        "refusals": refusals,
-        "manual_recoveries": {
-            "recover_commands": sum(1 for r in recoveries if r["event"] == "console"),
-            "manual_recover_transitions": sum(
-                1 for r in recoveries if r["trigger"] == "MANUAL_RECOVER"
-            ),
-            "handovers": sum(1 for r in recoveries if r["trigger"] == "HANDOVER"),
-        },
-        "misconfigurations": len(tables["misconfigurations"]),
-        "warnings": list(warnings),
+WORST_PAIRS = 10
+
+
+def fleet_summary(
+    pairs: Mapping[str, Mapping[str, Any]],
+    daily: Sequence[Mapping[str, Any]],
+    takeover_delays: Iterable[float],
+    slo: float | None,
+) -> dict[str, Any]:
+    """Totals over the pairs, the worst ones, takeover delay percentiles and SLO breaches."""
+    seconds = sum(p["window"]["seconds"] for p in pairs.values() if p["window"])
+    outage = sum(p["outages"]["seconds"] for p in pairs.values())
+    ranked = sorted(
+        (p for p in pairs.values() if p["availability"] is not None),
+        key=lambda p: (p["availability"], p["pair"]),
+    )
+    fleet: dict[str, Any] = {
+        "pairs": len(pairs),
+        "pair_seconds": seconds,
+        "availability": (1.0 - outage / seconds) if seconds else None,
+        "outage_seconds": outage,
+        "dual_active_seconds": sum(p["dual_active"]["seconds"] for p in pairs.values()),
+        "incidents": sum(p["incidents"]["count"] for p in pairs.values()),
+        "uncertain_pairs": sorted(n for n, p in pairs.items() if p["uncertain"]),
+        "worst": [
+            {
+                "pair": p["pair"],
+                "availability": p["availability"],
+                "min_availability": p["min_availability"],
+                "outage_seconds": p["outages"]["seconds"],
+                "dual_active_seconds": p["dual_active"]["seconds"],
+            }
+            for p in ranked[:WORST_PAIRS]
+        ],
+        "takeover_delay_s": percentiles(takeover_delays),
+        "slo": None,
     }
+    if slo is not None:
+        target = slo / 100
+        fleet["slo"] = {
+            "target_percent": slo,
+            "breaches": [
+                {"pair": d["pair"], "day": d["day"], "availability": d["availability"]}
+                for d in daily
+                if d["availability"] is not None and d["availability"] < target
+            ],
+            "possible_breaches": [
+                {"pair": d["pair"], "day": d["day"], "min_availability": d["min_availability"]}
+                for d in daily
+                if d["availability"] is not None
+                and d["availability"] >= target
+                and d["min_availability"] < target
+            ],
+        }
+    return fleet
 
 
 def iso(ts: float | None) -> str:
@@ -439,105 +590,196 @@ def minute_label(minute_start: int) -> str:
     return datetime.fromtimestamp(minute_start, UTC).strftime("%Y-%m-%dT%H:%M:00Z")
 
 
+def build_summary(
+    *,
+    files: Sequence[str],
+    events: int,
+    bad_lines_by_file: Mapping[str, int],
+    pairs: Mapping[str, Mapping[str, Any]],
+    daily: Sequence[Mapping[str, Any]],
+    takeover_delays: Iterable[float],
+    slo: float | None,
+) -> dict[str, Any]:
+    """The JSON summary: the input, each pair's figures and the fleet's."""
+    windows = [p["window"] for p in pairs.values()]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "files": list(files),
+        "events": events,
+        "bad_lines": sum(bad_lines_by_file.values()),
+        "bad_lines_by_file": dict(bad_lines_by_file),
+        "window": {
+            "since": min(w["since"] for w in windows),
+            "until": max(w["until"] for w in windows),
+        },
+        "pairs": {name: dict(pairs[name]) for name in sorted(pairs)},
+        "fleet": fleet_summary(pairs, daily, takeover_delays, slo),
+        "warnings": [f"{name}: {w}" for name in sorted(pairs) for w in pairs[name]["warnings"]],
+    }
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}s"
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.4f}%"
+
+
+def _bound(value: float | None) -> str:
+    return "unbounded" if value is None else f"{value:+.3f}s"
+
+
 LISTED_ROWS = 10  # per table in the text summary; the CSV files have them all
+DETAILED_PAIRS = 3  # beyond this, the text gives the fleet view only
 
 
 def _listed(rows: Sequence[Mapping], table: str, line) -> list[str]:
     shown = [line(row) for row in rows[:LISTED_ROWS]]
     if len(rows) > LISTED_ROWS:
-        shown.append(f"    ... {len(rows) - LISTED_ROWS} more in {table}/{table}.csv")
+        shown.append(f"      ... {len(rows) - LISTED_ROWS} more in {table}/{table}.csv")
     return shown
 
 
-def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> str:
-    """The human summary printed on stdout."""
-    lines = ["amqha failover report"]
-    window = summary["window"]
-    if window is None:
-        lines.append("  no events")
-    else:
-        lines.append(
-            f"  window      {iso(window['since'])} .. {iso(window['until'])}"
-            f" ({window['seconds']:.3f}s)"
+def _spell_text(kind: str, row: Mapping) -> str:
+    text = f"      {kind} {iso(row['start'])} .. {iso(row['end'])} {_seconds(row['duration_s'])}"
+    if row["uncertain"]:
+        text += (
+            f" UNCERTAIN ({_seconds(row['min_duration_s'])} .. {_seconds(row['max_duration_s'])}"
+            " over the clock offset's interval)"
         )
+    return text
+
+
+def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]:
+    name = p["pair"]
+    mine = {t: [r for r in rows if r["pair"] == name] for t, rows in tables.items()}
+    lines = [f"  pair {name}: {', '.join(p['nodes'])}; {p['events']} events"]
+    w = p["window"]
+    lines.append(f"    window      {iso(w['since'])} .. {iso(w['until'])} ({w['seconds']:.3f}s)")
+    for node, o in p["clock_offsets"].items():
+        seconds = round(o["seconds"], 6) + 0.0  # no "-0.000000"
+        text = f"    clock       {node}: {seconds:+.6f}s ({o['source']})"
+        if not o["known"]:
+            text += f", NOT KNOWN: between {_bound(o['lower'])} and {_bound(o['upper'])}"
+        lines.append(text)
+    availability = _percent(p["availability"])
+    if p["min_availability"] != p["max_availability"]:
+        availability += (
+            f" (between {_percent(p['min_availability'])} and {_percent(p['max_availability'])})"
+        )
+    out, dual = p["outages"], p["dual_active"]
     lines.append(
-        f"  input       {len(summary['files'])} file(s), {summary['events']} events,"
-        f" {summary['bad_lines']} bad line(s)"
+        f"    availability {availability}  (outages: {out['count']}, {out['seconds']:.3f}s total,"
+        f" longest {_seconds(out['longest_s'])}"
+        + (f", {out['uncertain']} uncertain" if out["uncertain"] else "")
+        + ")"
     )
-    for node, offset in summary["clock_offsets"].items():
-        seconds = round(offset["seconds"], 6) + 0.0  # no "-0.000000"
-        lines.append(f"  clock       {node}: {seconds:+.6f}s ({offset['source']})")
-    availability = summary["availability"]
     lines.append(
-        "  availability "
-        + ("-" if availability is None else f"{availability * 100:.4f}%")
-        + f"  (outages: {summary['outages']['count']},"
-        f" {summary['outages']['seconds']:.3f}s total,"
-        f" longest {_seconds(summary['outages']['longest_s'])})"
+        f"    dual active {dual['count']} interval(s), {dual['seconds']:.3f}s"
+        + (
+            f", {dual['uncertain']} uncertain, up to {dual['max_seconds']:.3f}s"
+            if dual["uncertain"]
+            else ""
+        )
+        + f" ({dual['events']} dual_active event(s))"
     )
-    dual = summary["dual_active"]
+    inc = p["incidents"]
     lines.append(
-        f"  dual active {dual['count']} interval(s), {dual['seconds']:.3f}s"
-        f" ({dual['events']} dual_active event(s))"
-    )
-    inc = summary["incidents"]
-    lines.append(
-        f"  incidents   {inc['count']} peer lost: "
+        f"    incidents   {inc['count']} peer lost: "
         + ", ".join(f"{k} {v}" for k, v in inc["by_outcome"].items())
     )
     lines.append(
-        f"              detection mean {_seconds(inc['detection_delay_s']['mean'])}"
+        f"                detection mean {_seconds(inc['detection_delay_s']['mean'])}"
         f" max {_seconds(inc['detection_delay_s']['max'])};"
         f" takeover mean {_seconds(inc['takeover_delay_s']['mean'])}"
         f" max {_seconds(inc['takeover_delay_s']['max'])}"
     )
     lines.extend(
         _listed(
-            tables["incidents"],
+            mine["incidents"],
             "incidents",
             lambda row: (
-                f"    {iso(row['lost_ts'])} {row['node']} lost {row['peer']}:"
-                f" detection {_seconds(row['detection_delay_s'])},"
-                f" {row['outcome']} {_seconds(row['takeover_delay_s'])}"
+                f"      {iso(row['lost_ts'])} {row['node']} lost {row['peer']}:"
+                f" detection {_seconds(row['detection_delay_s'])}"
+                + (
+                    f" UNCERTAIN ({_seconds(row['min_detection_delay_s'])} .."
+                    f" {_seconds(row['max_detection_delay_s'])})"
+                    if row["uncertain"]
+                    else ""
+                )
+                + f", {row['outcome']} {_seconds(row['takeover_delay_s'])}"
                 + (f" ({row['trigger']})" if row["trigger"] else "")
             ),
         )
     )
+    lines.extend(_listed(mine["outages"], "outages", lambda r: _spell_text("outage", r)))
     lines.extend(
-        _listed(
-            tables["outages"],
-            "outages",
-            lambda row: (
-                f"    outage {iso(row['start'])} .. {iso(row['end'])} {_seconds(row['duration_s'])}"
-            ),
-        )
+        _listed(mine["dual_active"], "dual_active", lambda r: _spell_text("dual active", r))
     )
-    lines.extend(
-        _listed(
-            tables["dual_active"],
-            "dual_active",
-            lambda row: (
-                f"    dual active {iso(row['start'])} .. {iso(row['end'])}"
-                f" {_seconds(row['duration_s'])}"
-            ),
-        )
-    )
-    lines.append("  time in state")
-    for node, states in summary["state_seconds"].items():
+    lines.append("    time in state")
+    for node, states in p["state_seconds"].items():
         lines.append(
-            f"    {node:<10} "
+            f"      {node:<10} "
             + "  ".join(f"{state} {states.get(state, 0.0):.3f}s" for state in REPORT_STATES)
         )
-    rec = summary["manual_recoveries"]
-    lines.append(f"  redirects   {summary['redirects']}, refusals {summary['refusals']}")
+    rec = p["manual_recoveries"]
+    lines.append(f"    redirects   {p['redirects']}, refusals {p['refusals']}")
     lines.append(
-        f"  recoveries  {rec['recover_commands']} recover command(s),"
-        f" {rec['handovers']} handover(s); misconfigurations {summary['misconfigurations']}"
+        f"    recoveries  {rec['recover_commands']} recover command(s),"
+        f" {rec['handovers']} handover(s); misconfigurations {p['misconfigurations']}"
     )
+    return lines
+
+
+def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> str:
+    """The human summary printed on stdout: each pair in detail when there are few, then the
+    fleet."""
+    lines = ["amqha failover report"]
+    lines.append(
+        f"  input       {len(summary['files'])} file(s), {summary['events']} events,"
+        f" {summary['bad_lines']} bad line(s)"
+    )
+    lines.extend(f"    {f}" for f in summary["files"][:LISTED_ROWS])
+    if len(summary["files"]) > LISTED_ROWS:
+        lines.append(f"    ... {len(summary['files']) - LISTED_ROWS} more (summary.json)")
+    pairs = summary["pairs"]
+    if len(pairs) <= DETAILED_PAIRS:
+        for p in pairs.values():
+            lines.extend(_pair_text(p, tables))
+    fleet = summary["fleet"]
+    lines.append(
+        f"  fleet       {fleet['pairs']} pair(s), availability {_percent(fleet['availability'])},"
+        f" outages {fleet['outage_seconds']:.3f}s, dual active"
+        f" {fleet['dual_active_seconds']:.3f}s, {fleet['incidents']} incident(s)"
+    )
+    delays = fleet["takeover_delay_s"]
+    lines.append(
+        f"  takeover    p50 {_seconds(delays['p50'])} p90 {_seconds(delays['p90'])}"
+        f" p99 {_seconds(delays['p99'])} max {_seconds(delays['max'])}"
+        f" ({delays['count']} takeover(s))"
+    )
+    if len(pairs) > 1:
+        lines.append("  worst pairs")
+        for w in fleet["worst"]:
+            lines.append(
+                f"    {w['pair']:<24} {_percent(w['availability'])}"
+                f" outage {w['outage_seconds']:.3f}s dual active {w['dual_active_seconds']:.3f}s"
+            )
+    if fleet["uncertain_pairs"]:
+        lines.append(
+            "  uncertain   figures of "
+            + ", ".join(fleet["uncertain_pairs"])
+            + " depend on clock offsets the logs do not pin down (see clock lines)"
+        )
+    slo = fleet["slo"]
+    if slo is not None:
+        lines.append(
+            f"  slo {slo['target_percent']}%  {len(slo['breaches'])} pair-day(s) broke it,"
+            f" {len(slo['possible_breaches'])} may have"
+        )
+        for b in slo["breaches"][:LISTED_ROWS]:
+            lines.append(f"    {b['pair']} {b['day']} {_percent(b['availability'])}")
     for warning in summary["warnings"]:
         lines.append(f"  warning: {warning}")
     return "\n".join(lines) + "\n"

@@ -1,14 +1,17 @@
-"""The report's timeline picture (``timeline.png``).
+"""The report's pictures: ``timeline.png`` of one pair and ``fleet.png``.
 
-Owns: drawing, with matplotlib's Agg backend, each server's state over the report window as
-coloured bands, a "service" band with client-visible outages and dual-active spells, the
-incidents (peer last seen, peer lost, survivor ACTIVE) and redirects + refusals over time.
-It draws the small tables it is given and computes nothing; it must not know Spark.
+Owns: drawing, with matplotlib's Agg backend, a pair's servers' states over the window as
+coloured bands, a "service" band with client-visible outages and dual-active spells (uncertain
+ones hatched), the incidents (peer last seen, peer lost, survivor ACTIVE; close ones clustered
+into one numbered marker) and redirects + refusals over time; and the fleet's availability per
+pair per day as a heat map, worst pair first. It draws the small tables it is given and
+computes nothing; it must not know Spark.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,7 +37,7 @@ OUTAGE = "#d62728"
 DUAL = "#8e44ad"
 SERVING = "#b9e3c0"
 NODE_GREYS = ("#555555", "#a0a0a0", "#d0d0d0")
-LABELLED_INCIDENTS = 30  # beyond this, numbers would only clutter
+CLUSTERS = 60  # incidents closer than 1/CLUSTERS of the window share one marker
 DAY = 86400.0
 
 
@@ -91,36 +94,45 @@ def render(
                 )
     service = y["service"]
     top.broken_barh([(_x(lo), span / DAY)], (service - 0.35, 0.7), facecolors=SERVING)
-    top.broken_barh(_spans(tables["outages"], minimum), (service - 0.35, 0.7), facecolors=OUTAGE)
-    top.broken_barh(_spans(tables["dual_active"], minimum), (service - 0.35, 0.7), facecolors=DUAL)
+    for table, colour in (("outages", OUTAGE), ("dual_active", DUAL)):
+        for uncertain in (False, True):
+            rows_ = [r for r in tables[table] if r["uncertain"] == uncertain]
+            top.broken_barh(
+                _spans(rows_, minimum),
+                (service - 0.35, 0.7),
+                facecolors=colour,
+                alpha=0.45 if uncertain else 1.0,
+                hatch="xx" if uncertain else None,
+            )
     for outage in tables["outages"]:
         top.axvspan(_x(outage["start"]), _x(outage["end"]), color=OUTAGE, alpha=0.08, lw=0)
 
-    for number, incident in enumerate(tables["incidents"], 1):
-        row = y.get(incident["node"])
+    for cluster in _clusters(tables["incidents"], span / CLUSTERS):
+        first = cluster[0]
+        row = y.get(first["node"])
         if row is None:
             continue
-        if incident["last_seen"] is not None and incident["peer"] in y:
-            top.plot(_x(incident["last_seen"]), y[incident["peer"]] + 0.45, "kv", ms=6)
-        top.plot(_x(incident["lost_ts"]), row + 0.45, "kx", ms=7, mew=2)
-        if incident["active_ts"] is not None:
-            top.plot(_x(incident["active_ts"]), row + 0.45, "k^", ms=6)
-        if len(tables["incidents"]) <= LABELLED_INCIDENTS:
+        if first["last_seen"] is not None and first["peer"] in y:
+            top.plot(_x(first["last_seen"]), y[first["peer"]] + 0.45, "kv", ms=6)
+        top.plot(_x(first["lost_ts"]), row + 0.45, "kx", ms=7, mew=2)
+        if first["active_ts"] is not None:
+            top.plot(_x(first["active_ts"]), row + 0.45, "k^", ms=6)
+        if len(cluster) > 1:
             top.annotate(
-                f"#{number}",
-                (_x(incident["lost_ts"]), row + 0.45),
+                f"x{len(cluster)}",
+                (_x(first["lost_ts"]), row + 0.45),
                 xytext=(5, 3),
                 textcoords="offset points",
                 fontsize=8,
             )
-        top.axvline(_x(incident["lost_ts"]), color="k", lw=0.6, ls=":", alpha=0.6)
+        top.axvline(_x(first["lost_ts"]), color="k", lw=0.6, ls=":", alpha=0.6)
 
     top.set_yticks(range(len(rows)), rows)
     top.set_ylim(-0.6, len(rows) - 0.1)
     top.set_xlim(_x(lo), _x(lo) + span / DAY)
     availability = summary["availability"]
     top.set_title(
-        "amqha failover timeline, "
+        f"amqha failover timeline of {summary['pair']}, "
         f"{iso(lo)} .. {iso(hi)} (UTC)\n"
         + ("availability -" if availability is None else f"availability {availability:.4%}")
         + f", {summary['incidents']['count']} incident(s),"
@@ -136,23 +148,30 @@ def render(
         Patch(facecolor=SERVING, label="served"),
         Patch(facecolor=OUTAGE, label="outage (no ACTIVE)"),
         Patch(facecolor=DUAL, label="dual active"),
+        Patch(facecolor="#dddddd", hatch="xx", label="uncertain (clock offset)"),
         Line2D([], [], color="k", marker="v", ls="", label="peer last seen"),
         Line2D([], [], color="k", marker="x", ls="", mew=2, label="peer lost"),
         Line2D([], [], color="k", marker="^", ls="", label="survivor ACTIVE"),
     ]
+    # Stacked bars, each at the true start of its bucket (minutes on the server's clock were
+    # moved by its offset before grouping), so nothing is dropped or shifted.
     width = activity[0]["width"] if activity else 60
-    share = width / max(len(nodes), 1)
-    for index, (colour, node) in enumerate(zip(itertools.cycle(NODE_GREYS), nodes)):
+    base: dict[float, int] = {}
+    for colour, node in zip(itertools.cycle(NODE_GREYS), nodes, strict=False):
         mine = [a for a in activity if a["node"] == node]
         if mine:
+            heights = [a["redirects"] + a["refusals"] for a in mine]
             bottom.bar(
-                [_x(a["at"] + index * share) for a in mine],
-                [a["redirects"] + a["refusals"] for a in mine],
-                width=share / DAY,
+                [_x(a["at"]) for a in mine],
+                heights,
+                width=width / DAY,
+                bottom=[base.get(a["at"], 0) for a in mine],
                 align="edge",
                 color=colour,
                 label=node,
             )
+            for a, h in zip(mine, heights, strict=True):
+                base[a["at"]] = base.get(a["at"], 0) + h
     bottom.set_ylabel(f"redirects +\nrefusals\nper {width // 60} min", fontsize=8)
     bottom.set_ylim(bottom=0)
     if activity:
@@ -163,4 +182,62 @@ def render(
     bottom.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     fig.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=11, fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _clusters(incidents: Sequence[Mapping[str, Any]], gap: float) -> list[list[Mapping[str, Any]]]:
+    """Incidents in time order, grouped while each is within ``gap`` of the previous one."""
+    found: list[list[Mapping[str, Any]]] = []
+    for incident in sorted(incidents, key=lambda i: i["lost_ts"]):
+        if found and incident["lost_ts"] - found[-1][-1]["lost_ts"] <= gap:
+            found[-1].append(incident)
+        else:
+            found.append([incident])
+    return found
+
+
+def render_fleet(path: str, summary: Mapping[str, Any], daily: Sequence[Mapping[str, Any]]) -> None:
+    """Availability per pair (rows, worst first) per day (columns) as a heat map."""
+    pairs = summary["pairs"]
+    order = sorted(
+        pairs, key=lambda n: (pairs[n]["availability"] is None, pairs[n]["availability"] or 0, n)
+    )
+    days = sorted({d["day"] for d in daily})
+    cells = {(d["pair"], d["day"]): d for d in daily}
+    grid = [
+        [
+            math.nan
+            if cells.get((p, day)) is None or cells[(p, day)]["availability"] is None
+            else cells[(p, day)]["availability"] * 100
+            for day in days
+        ]
+        for p in order
+    ]
+    height = min(2.0 + 0.28 * len(order), 60)
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 0.45 * len(days)), height))
+    floor = min((v for row in grid for v in row if not math.isnan(v)), default=99.0)
+    image = ax.imshow(
+        grid,
+        aspect="auto",
+        cmap="RdYlGn",
+        vmin=min(floor, 99.0),
+        vmax=100.0,
+        interpolation="nearest",
+    )
+    for i, p in enumerate(order):
+        for j, day in enumerate(days):
+            cell = cells.get((p, day))
+            if cell is not None and cell["uncertain"]:
+                ax.text(j, i, "?", ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(order)), order, fontsize=7 if len(order) > 30 else 9)
+    ax.set_xticks(range(len(days)), days, rotation=90, fontsize=7)
+    fleet = summary["fleet"]
+    ax.set_title(
+        f"availability per pair per day (worst first); fleet {fleet['availability'] * 100:.4f}%"
+        if fleet["availability"] is not None
+        else "availability per pair per day",
+        fontsize=10,
+    )
+    fig.colorbar(image, ax=ax, label="availability %  (? = depends on clock offsets)")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

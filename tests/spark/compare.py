@@ -29,7 +29,7 @@ def same(a: Any, b: Any, where: str = "") -> None:
 def spark_tables(report) -> dict[str, list[dict[str, Any]]]:
     tables = dict(report.small)
     _, order = TABLES["redirects_per_minute"]
-    rows = [r.asDict() for r in report.tables["redirects_per_minute"].collect()]
+    rows = [r.asDict() for r in report.per_minute.collect()]
     tables["redirects_per_minute"] = sorted(rows, key=lambda r: tuple(r[c] for c in order))
     return tables
 

@@ -13,8 +13,8 @@ class Server:
     """One server's log. ``at`` is true time in seconds after T0; ``skew`` is how far this
     server's clock runs ahead, so its records say ``T0 + at + skew``."""
 
-    def __init__(self, name: str, role: str, skew: float = 0.0) -> None:
-        self.name, self.role, self.skew = name, role, skew
+    def __init__(self, name: str, role: str, skew: float = 0.0, pair: str | None = None) -> None:
+        self.name, self.role, self.skew, self.pair = name, role, skew, pair
         self.lines: list[str] = []
 
     def clock(self, at: float) -> float:
@@ -29,6 +29,7 @@ class Server:
             "epoch": epoch,
             "state": state,
             "event": event,
+            **({} if self.pair is None else {"pair": self.pair}),
             **fields,
         }
         self.lines.append(json.dumps(record))

@@ -146,3 +146,59 @@ def dense_bulk() -> tuple[Server, Server]:
     primary.record(6.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
     backup.record(6.0, "stopped", "ACTIVE", 1, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
     return primary, backup
+
+
+# ---------------------------------------------------------------- clock evidence
+# State messages take 1 ms here. The true story of the three is the same: both start, the
+# primary goes ACTIVE at 1 s; it is killed at ~10 s (last message 9.5 s), the backup loses it
+# at 12.5 s and takes over at 13.75 s (outage 9.5 .. 13.75); the primary restarts at 20 s and
+# follows as PASSIVE; at 30 s a console ``recover`` hands back: the backup is PASSIVE at 30.0 s,
+# the primary ACTIVE at 30.1 s (outage 30.0 .. 30.1, never dual active); both stop at 40 s.
+LATENCY = 0.001
+
+
+def _evidence_story(
+    backup_skew: float, primary_peer_up: bool, backup_peer_up: bool, primary_blip: bool
+) -> tuple[Server, Server]:
+    primary, backup = pair(backup_skew)
+    primary.record(0.0, "started", "PRIMARY", listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(0.5, "started", "BACKUP", listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    if backup_peer_up:
+        backup.heard(0.9 + LATENCY, "peer_up", "BACKUP", 0, primary, "PRIMARY", sent=0.9)
+    if primary_peer_up:
+        primary.heard(0.95 + LATENCY, "peer_up", "PRIMARY", 0, backup, "BACKUP", sent=0.95)
+    primary.transition(1.0, "PRIMARY", "ACTIVE", 1, "PEER_BACKUP")
+    backup.transition(1.1, "BACKUP", "PASSIVE", 1, "PEER_ACTIVE")
+    if primary_blip:
+        # A peer-link blip the primary alone logs: its only record about the backup, with
+        # the failover timeout (0.8 s) between last_seen and ts.
+        primary.heard(4.0, "peer_lost", "ACTIVE", 1, backup, "PASSIVE", sent=3.2)
+    backup.heard(12.5, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.5)
+    backup.transition(13.75, "PASSIVE", "ACTIVE", 2, "CLIENT_REQUEST")
+    primary.record(20.0, "started", "PRIMARY", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    if backup_peer_up:
+        backup.heard(20.5 + LATENCY, "peer_up", "ACTIVE", 2, primary, "PRIMARY", sent=20.5)
+    if primary_peer_up:
+        primary.heard(20.6 + LATENCY, "peer_up", "PRIMARY", 1, backup, "ACTIVE", sent=20.6)
+    primary.transition(21.01, "PRIMARY", "PASSIVE", 2, "PEER_ACTIVE")
+    backup.record(29.99, "console", "ACTIVE", 2, user="admin", command="recover", result="ok")
+    backup.transition(30.0, "ACTIVE", "PASSIVE", 2, "MANUAL_RECOVER")
+    primary.transition(30.1, "PASSIVE", "ACTIVE", 3, "HANDOVER")
+    backup.record(40.0, "stopped", "PASSIVE", 3, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    primary.record(40.0, "stopped", "ACTIVE", 3, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    return primary, backup
+
+
+def synced_no_primary_peer_up() -> tuple[Server, Server]:
+    """Synced clocks; the primary logged no peer_up, only the blip's peer_lost."""
+    return _evidence_story(0.0, primary_peer_up=False, backup_peer_up=True, primary_blip=True)
+
+
+def skewed_one_side() -> tuple[Server, Server]:
+    """The backup's clock 5 s ahead; the primary logged no peer record at all."""
+    return _evidence_story(5.0, primary_peer_up=False, backup_peer_up=True, primary_blip=False)
+
+
+def skewed_both_sides() -> tuple[Server, Server]:
+    """The backup's clock 5 s ahead; both logged their peer_up records."""
+    return _evidence_story(5.0, primary_peer_up=True, backup_peer_up=True, primary_blip=False)

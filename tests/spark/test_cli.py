@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from spark import reference
 from spark.cli import report
 from spark.job import run_report
+from spark.job import table_schema as job_schema
 from spark.model import TABLES
 from tests.spark import scenarios
 from tests.spark.compare import same
@@ -24,12 +25,6 @@ def logs(folder: Path) -> list[str]:
     for server in scenarios.console_recovery():
         server.write(folder / "data")
     return [str(folder / "data" / "primary"), str(folder / "data" / "backup")]
-
-
-def _csv_value(text: str, kind: str):
-    if text == "":
-        return None
-    return {"double": float, "long": int, "string": str}[kind](text)
 
 
 def test_help() -> None:
@@ -47,17 +42,34 @@ def test_bad_skew_is_a_usage_error(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "NODE=SECONDS" in result.output
 
 
+def _parquet_rows(spark_session, name: str, folder: Path) -> list[dict]:
+    """A partitioned table read back with its schema (pair and day from the paths)."""
+    frame = spark_session.read.schema(job_schema(name)).parquet(str(folder))
+    return [r.asDict() for r in frame.collect()]
+
+
+def _ordered(name: str, rows: list[dict]) -> list[dict]:
+    columns, order = TABLES[name]
+    return sorted(
+        ({c: row[c] for c, _ in columns} for row in rows),
+        key=lambda row: tuple(row[c] for c in order),
+    )
+
+
 @pytest.mark.spark
 def test_cli_writes_the_report(tmp_path: Path, spark_session) -> None:
     paths = logs(tmp_path)
     out = tmp_path / "out"
-    args = [a for p in paths for a in ("--events", p)] + ["--out", str(out)]
+    # The directory the servers write under, as `make run` lays it out: found recursively.
+    args = ["--events", str(tmp_path / "data"), "--out", str(out), "--no-skew-estimate"]
     result = CliRunner().invoke(report, args)
     assert result.exit_code == 0, result.output
     assert "availability 90.7500%" in result.stdout
+    for path in paths:  # the files read are listed
+        assert str(Path(path) / "events.jsonl") in result.stdout
     assert "report: " in result.stderr  # progress
 
-    expected = reference.compute(paths)
+    expected = reference.compute([str(tmp_path / "data")], estimate_skew=False)
     same(json.loads((out / "summary.json").read_text()), expected.summary, "summary.json")
     for name, (columns, _) in TABLES.items():
         with open(out / name / f"{name}.csv", newline="") as stream:
@@ -68,9 +80,35 @@ def test_cli_writes_the_report(tmp_path: Path, spark_session) -> None:
             for row in rows[1:]
         ]
         same(typed, expected.tables[name], f"{name}.csv")
-        parquet = spark_session.read.parquet(str(out / name / "parquet")).collect()
-        same([r.asDict() for r in parquet], expected.tables[name], f"{name} parquet")
-    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        parquet = _parquet_rows(spark_session, name, out / name / "parquet")
+        same(_ordered(name, parquet), expected.tables[name], f"{name} parquet")
+        if expected.tables[name]:
+            assert (out / name / "parquet" / "pair=backup+primary" / "day=2023-11-14").is_dir()
+    for picture in ("timeline.png", "fleet.png"):
+        assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "amqha-report: " in (out / "spark.log").read_text()
+
+
+def _csv_value(text: str, kind: str):
+    if text == "":
+        return None
+    if kind == "boolean":
+        return text == "True"
+    return {"double": float, "long": int, "string": str}[kind](text)
+
+
+@pytest.mark.parametrize("missing", ["nowhere", "nowhere/*.jsonl"])
+def test_a_path_that_gives_no_file_exits_non_zero_naming_it(tmp_path: Path, missing) -> None:
+    path = str(tmp_path / missing)
+    result = CliRunner().invoke(report, ["--events", path, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1 and path in result.stderr
+
+
+def test_a_directory_without_logs_exits_non_zero(tmp_path: Path) -> None:
+    (tmp_path / "var" / "primary").mkdir(parents=True)
+    (tmp_path / "var" / "primary" / "epoch").write_text("3")
+    result = CliRunner().invoke(report, ["--events", str(tmp_path / "var"), "--out", "o"])
+    assert result.exit_code == 1 and "no event log" in result.stderr
 
 
 @pytest.mark.spark

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from spark import job, reference
-from spark.model import REPORT_STATES, UnknownVersionError
+from spark.model import REPORT_STATES, ReportError, UnknownVersionError
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same
 from tests.spark.logs import T0
@@ -140,8 +140,13 @@ def build(name: str, folder: Path) -> list[str]:
     return write(getattr(scenarios, name)(), folder)
 
 
+PAIR = "backup+primary"  # logs that name no pair: named after their servers
+
+
 def check_known(report: reference.Report, known: Known) -> None:
-    summary, tables = report.summary, report.tables
+    summary, tables = report.summary["pairs"][PAIR], report.tables
+    assert report.summary["events"] == known.events
+    assert report.summary["bad_lines"] == known.bad_lines
     same(summary["window"]["seconds"], known.window, "window")
     same(summary["availability"], known.availability, "availability")
     same([(o["start"] - T0, o["end"] - T0) for o in tables["outages"]], known.outages, "outages")
@@ -185,8 +190,6 @@ def check_known(report: reference.Report, known: Known) -> None:
     )
     assert summary["misconfigurations"] == known.misconfigurations
     assert summary["dual_active"]["events"] == known.dual_active_events
-    assert summary["events"] == known.events
-    assert summary["bad_lines"] == known.bad_lines
     # Time in states adds up to the window for every server.
     for node, states in summary["state_seconds"].items():
         same(sum(states.values()), known.window, f"{node} total")
@@ -194,7 +197,9 @@ def check_known(report: reference.Report, known: Known) -> None:
 
 @pytest.mark.parametrize("name", CASES)
 def test_reference_gives_the_known_answer(name: str, tmp_path: Path) -> None:
-    check_known(reference.compute(build(name, tmp_path)), CASES[name])
+    # These stories are about states, on synced clocks: trusted here. Their 0.1 s message
+    # delays leave the offsets 0.19 s wide, which the skew tests below deal with.
+    check_known(reference.compute(build(name, tmp_path), estimate_skew=False), CASES[name])
 
 
 @pytest.mark.spark
@@ -206,7 +211,7 @@ def test_spark_equals_reference(name: str, tmp_path: Path, spark_session) -> Non
 
 def test_console_recovery_details(tmp_path: Path) -> None:
     report = reference.compute(build("console_recovery", tmp_path))
-    assert report.summary["manual_recoveries"] == {
+    assert report.summary["pairs"][PAIR]["manual_recoveries"] == {
         "recover_commands": 2,
         "manual_recover_transitions": 1,
         "handovers": 1,
@@ -243,7 +248,7 @@ def torn_logs(folder: Path) -> list[str]:
 
 
 def test_torn_last_line_is_counted_not_fatal(tmp_path: Path) -> None:
-    report = reference.compute(torn_logs(tmp_path))
+    report = reference.compute(torn_logs(tmp_path), estimate_skew=False)
     check_known(report, _with_bad_lines(2))
     assert report.summary["bad_lines_by_file"] == {
         str(tmp_path / "primary" / "events.jsonl"): 1,
@@ -262,37 +267,24 @@ def test_torn_last_line_spark_equals_reference(tmp_path: Path, spark_session) ->
     assert_same_report(job.compute(spark_session, paths), reference.compute(paths))
 
 
-# ---------------------------------------------------------------- empty input
+# ---------------------------------------------------------------- no valid record
 
 
 def empty_logs(folder: Path) -> list[str]:
     (folder / "primary").mkdir()
-    (folder / "primary" / "events.jsonl").write_bytes(b"")
-    (folder / "backup").mkdir()  # a server that never wrote its log
-    return [str(folder / "primary"), str(folder / "backup")]
+    (folder / "primary" / "events.jsonl").write_bytes(b"not json\n")
+    return [str(folder / "primary")]
 
 
-def test_empty_input(tmp_path: Path) -> None:
-    report = reference.compute(empty_logs(tmp_path))
-    summary = report.summary
-    assert (summary["events"], summary["bad_lines"], summary["nodes"]) == (0, 0, [])
-    assert summary["window"] is None and summary["availability"] is None
-    assert all(rows == [] for rows in report.tables.values())
-
-
-def test_empty_input_with_a_window_is_all_outage(tmp_path: Path) -> None:
-    report = reference.compute(empty_logs(tmp_path), since=T0, until=T0 + 10)
-    assert report.summary["availability"] == 0.0
-    same([(o["start"] - T0, o["end"] - T0) for o in report.tables["outages"]], [(0.0, 10.0)])
+def test_no_valid_record_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match="no valid event record .1 bad line"):
+        reference.compute(empty_logs(tmp_path))
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("window", [(None, None), (T0, T0 + 10)])
-def test_empty_input_spark_equals_reference(tmp_path: Path, spark_session, window) -> None:
-    paths = empty_logs(tmp_path)
-    assert_same_report(
-        job.compute(spark_session, paths, *window), reference.compute(paths, *window)
-    )
+def test_no_valid_record_is_an_error_in_spark(tmp_path: Path, spark_session) -> None:
+    with pytest.raises(ReportError, match="no valid event record .1 bad line"):
+        job.compute(spark_session, empty_logs(tmp_path))
 
 
 # ---------------------------------------------------------------- skewed clocks
@@ -303,19 +295,25 @@ def skewed_logs(folder: Path) -> list[str]:
     return write(scenarios.link_cut(backup_skew=30.0), folder)
 
 
-def test_skew_is_estimated_from_peer_messages(tmp_path: Path) -> None:
+def test_skew_is_estimated_from_causal_records(tmp_path: Path) -> None:
     report = reference.compute(skewed_logs(tmp_path))
-    offset = report.summary["clock_offsets"]["backup"]
-    assert offset["source"] == "estimated"
-    # Both directions take 0.1 s: primary heard the backup 0.1 s after it sent (lower bound
-    # 30 - 0.1), the backup heard the primary 0.1 s after (upper bound 30 + 0.1).
-    same((offset["lower"], offset["upper"], offset["seconds"]), (29.9, 30.1, 30.0))
-    check_known(report, CASES["link_cut"])
+    offset = report.summary["pairs"][PAIR]["clock_offsets"]["backup"]
+    # The primary heard the backup 0.1 s after it sent (lower bound 30 - 0.1); the backup
+    # went PASSIVE 0.09 s after the primary went ACTIVE (upper bound 30 + 0.09): the interval
+    # is wider than the resolution, so the offset is not known and its midpoint is used.
+    same((offset["lower"], offset["upper"]), (29.9, 30.09))
+    same(offset["seconds"], 29.995)
+    assert (offset["source"], offset["known"]) == ("estimated", False)
+    dual = report.tables["dual_active"]
+    assert len(dual) == 1 and dual[0]["uncertain"]
+    # The true 5.02 s lies in the range given.
+    assert dual[0]["min_duration_s"] <= 5.02 <= dual[0]["max_duration_s"]
 
 
 def test_given_skew_overrides_the_estimate(tmp_path: Path) -> None:
     report = reference.compute(skewed_logs(tmp_path), skew={"backup": 30.0})
-    assert report.summary["clock_offsets"]["backup"]["source"] == "given"
+    offset = report.summary["pairs"][PAIR]["clock_offsets"]["backup"]
+    assert (offset["source"], offset["known"]) == ("given", True)
     check_known(report, CASES["link_cut"])
 
 
@@ -324,7 +322,7 @@ def test_uncorrected_skew_distorts_the_report(tmp_path: Path) -> None:
     backup_incident = next(i for i in report.tables["incidents"] if i["node"] == "backup")
     # The backup's loss looks 30 s later than its peer's last message plus the timeout.
     same(backup_incident["detection_delay_s"], 33.0)
-    assert report.summary["window"]["seconds"] == pytest.approx(61.0)
+    assert report.summary["pairs"][PAIR]["window"]["seconds"] == pytest.approx(61.0)
 
 
 @pytest.mark.spark
@@ -345,15 +343,15 @@ WINDOW = (T0 + 10.0, T0 + 50.0)
 
 
 def test_window_clips_everything(tmp_path: Path) -> None:
-    report = reference.compute(build("console_recovery", tmp_path), *WINDOW)
+    report = reference.compute(build("console_recovery", tmp_path), *WINDOW, estimate_skew=False)
     tables = report.tables
     same(
         [(o["start"] - T0, o["end"] - T0) for o in tables["outages"]],
         [(10.0, 14.0), (45.01, 45.05)],
     )
-    same(report.summary["availability"], 1 - 4.04 / 40)
+    same(report.summary["pairs"][PAIR]["availability"], 1 - 4.04 / 40)
     same(
-        report.summary["state_seconds"]["primary"],
+        report.summary["pairs"][PAIR]["state_seconds"]["primary"],
         {"PRIMARY": 1.01, "BACKUP": 0.0, "ACTIVE": 4.95, "PASSIVE": 14.04, "DOWN": 20.0},
     )
     # Minutes are listed whole when they overlap the window: 22:13 (T0 - 20 s .. T0 + 40 s)

@@ -675,3 +675,16 @@ def test_bad_peer_tls(tmp_path: Path, pki) -> None:
     ]
     for peer_tls, key, problem in cases:
         assert_error(tmp_path, with_change("failover", "peer_tls", peer_tls), key, problem)
+
+
+def test_server_pair_is_checked_and_defaults_to_the_two_names(tmp_path: Path) -> None:
+    named = with_change("failover", "peer_name", "beta")
+    assert load_config(write(tmp_path, named)).pair == "alpha+beta"
+    unnamed = yaml.safe_load(yaml.safe_dump(VALID))
+    unnamed["failover"].pop("peer_name", None)
+    assert load_config(write(tmp_path, unnamed)).pair is None
+    assert load_config(write(tmp_path, with_change("server", "pair", "eu-1"))).pair == "eu-1"
+    for bad in ("", "a/b", " eu-1"):
+        with pytest.raises(ConfigError) as error:
+            load_config(write(tmp_path, with_change("server", "pair", bad)))
+        assert error.value.key == "server.pair" and str(tmp_path) in str(error.value)

@@ -282,3 +282,15 @@ def test_store_fsyncs_the_file_and_its_directory(
     assert len(synced) == 2
     assert Path(synced[0]).parent == tmp_path and Path(synced[0]).name.endswith(".tmp")
     assert synced[1] == str(tmp_path)
+
+
+def test_a_named_pair_is_in_every_record_after_the_envelope(log_path: Path) -> None:
+    with EventLog(log_path, "alpha", "primary", clock=FakeWallClock(), pair="eu-1") as named:
+        named.write("started", "PRIMARY", 0, listen="127.0.0.1:5672")
+        named.write("redirect", "PASSIVE", 1, client="1.2.3.4:5", to=None)
+        with pytest.raises(ValueError, match=r"\['pair'\]"):
+            named.write("console", "ACTIVE", 1, pair="other")
+    entries = read_events(log_path)
+    assert [e["pair"] for e in entries] == ["eu-1", "eu-1"]
+    assert list(entries[0])[:8] == ["v", "ts", "node", "role", "epoch", "state", "event", "pair"]
+    assert "pair" not in record(1.0, "alpha", "primary", 1, "ACTIVE", "console")

@@ -1,0 +1,568 @@
+"""Every figure of one pair, from that pair's few points and records.
+
+Owns: per-node state runs, outages and dual-active spells with their ranges over the clock
+offsets' intervals, incidents, recoveries, misconfigurations, time in state and the daily
+rows, split at UTC midnight of the pair's reference clock. The input is small: each node's
+non-bulk records, and points in which runs of redirects and refusals may be reduced to their
+first and last (``spark.job`` reduces them; ``spark.reference`` passes them all, and the two
+must agree). Pure: no I/O, no Spark.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark.model import (
+    CLOCK_RESOLUTION_S,
+    DOWN,
+    OUTCOMES,
+    PEER_EVENTS,
+    RANK_MARKER,
+    RANK_ORIGIN,
+    RANK_STARTED,
+    RECOVER_COMMAND,
+    RECOVERY_TRIGGERS,
+    REPORT_STATES,
+    TABLES,
+    Offset,
+    clock_constraints,
+    crashed_at_tail,
+    day_of,
+    day_spans,
+    estimate_offsets,
+    given_for,
+    minute_label,
+    record_rank,
+    reference_node,
+    report_window,
+)
+
+Point = tuple[float, int, str, str]  # (ts, rank, event, state): also the order inside a node
+Span = tuple[float, float]
+Row = dict[str, Any]
+_RECOVER = re.compile(RECOVER_COMMAND)
+
+
+def record_key(record: Mapping[str, Any]) -> Point:
+    return (record["ts"], record_rank(record["event"]), record["event"], record["state"])
+
+
+@dataclass
+class PairInput:
+    """One pair's input, each node on its own clock: ``points`` sorted (every record, or runs
+    of bulk records reduced to their ends), ``records`` the non-bulk records in point order."""
+
+    name: str
+    points: dict[str, list[Point]]
+    records: dict[str, list[Row]]
+    events: int
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(self.points)
+
+
+@dataclass
+class PairClocks:
+    reference: str
+    offsets: dict[str, Offset]
+    warnings: list[str]
+    window: tuple[float, float]
+
+    @property
+    def known(self) -> bool:
+        return all(o.known for o in self.offsets.values())
+
+
+@dataclass
+class PairReport:
+    summary: dict[str, Any]
+    tables: dict[str, list[Row]] = field(default_factory=dict)
+
+
+def pair_clocks(
+    pair: PairInput,
+    since: float | None,
+    until: float | None,
+    given: Mapping[str, float],
+    estimate: bool,
+) -> PairClocks:
+    """The pair's clock offsets and its window on the reference clock."""
+    roles = {
+        node: next((r["role"] for r in rows if r.get("role")), "")
+        for node, rows in pair.records.items()
+    }
+    reference = reference_node(pair.nodes, roles)
+    constraints = clock_constraints(pair.records) if estimate else []
+    offsets, warnings = estimate_offsets(
+        pair.nodes, reference, constraints, given_for(pair.name, pair.nodes, given), estimate
+    )
+    # By default the window spans the logs, as far as they surely reach whatever the offsets:
+    # an edge that moves with an unknown offset would make an outage of the move.
+    first = min(pts[0][0] - offsets[n].lower for n, pts in pair.points.items())
+    last = max(pts[-1][0] - offsets[n].upper for n, pts in pair.points.items())
+    window = report_window(since, until, first, last)
+    assert window is not None  # a pair has points
+    return PairClocks(reference, offsets, warnings, window)
+
+
+# ---------------------------------------------------------------- interval sets
+
+
+def _union(spans: Iterable[Span]) -> list[Span]:
+    merged: list[Span] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
+    return [(max(s, lo), min(e, hi)) for s, e in spans if min(e, hi) > max(s, lo)]
+
+
+def _measure(spans: Iterable[Span]) -> float:
+    return sum(e - s for s, e in spans)
+
+
+def _counted(sets: Sequence[Sequence[Span]], window: Span, wanted: Callable[[int], bool]) -> list:
+    """Maximal spans of the window where the number of sets covering a time is ``wanted``."""
+    delta: dict[float, int] = defaultdict(int)
+    delta[window[0]] += 0
+    delta[window[1]] += 0
+    for spans in sets:
+        for s, e in spans:
+            delta[s] += 1
+            delta[e] -= 1
+    times = sorted(delta)
+    found: list[Span] = []
+    count = 0
+    for t, t_next in zip(times, times[1:], strict=False):
+        count += delta[t]
+        if not wanted(count) or t_next <= window[0] or t >= window[1]:
+            continue
+        if found and found[-1][1] == t:
+            found[-1] = (found[-1][0], t_next)
+        else:
+            found.append((t, t_next))
+    return _clip(found, *window)
+
+
+def _shift(x: float, by: float) -> float:
+    return x if math.isinf(x) else x - by
+
+
+# ---------------------------------------------------------------- state runs
+
+
+def _node_runs(
+    points: Sequence[Point], markers: Sequence[float], crashed: bool
+) -> list[tuple[str, float, float]]:
+    """A node's states as maximal runs on its own clock, from before its first point (DOWN)
+    to after its last (held, or DOWN if it crashed). A point holds its state until the next
+    point, except that the gap before a ``started`` is DOWN (a crash leaves no ``stopped``);
+    peers' ``last_seen`` about the node are points that carry the state on."""
+    stream: list[Point] = [(-math.inf, RANK_ORIGIN, "", "")]
+    stream += points
+    stream += [(m, RANK_MARKER, "", "") for m in markers]
+    stream.sort()
+    runs: list[tuple[str, float, float]] = []
+    carry = DOWN
+    for i, (ts, rank, event, state) in enumerate(stream):
+        if rank != RANK_MARKER:
+            carry = DOWN if rank == RANK_ORIGIN or event == "stopped" else state
+        if i + 1 < len(stream):
+            end = stream[i + 1][0]
+            held = DOWN if stream[i + 1][1] == RANK_STARTED else carry
+        else:
+            end = math.inf
+            held = DOWN if crashed else carry
+        if end <= ts:
+            continue
+        if runs and runs[-1][0] == held:
+            runs[-1] = (held, runs[-1][1], end)
+        else:
+            runs.append((held, ts, end))
+    return runs
+
+
+# ---------------------------------------------------------------- spells with ranges
+
+
+def _spell_rows(
+    pair: str,
+    point: list[Span],
+    possible: list[Span],
+    certain: list[Span],
+    days: Sequence[tuple[str, float, float]],
+    known: bool,
+) -> list[Row]:
+    """Outage or dual-active rows, split at midnight. With every offset known they are the
+    point spells; otherwise each stretch where one is possible is a row: its duration at the
+    offsets used, and its range from what holds at every offset in the intervals to what
+    holds at some."""
+    rows = []
+    for day, lo, hi in days:
+        if known:
+            for s, e in _clip(point, lo, hi):
+                rows.append(_spell(pair, day, s, e, e - s, e - s, e - s))
+            continue
+        for s, e in _clip(possible, lo, hi):
+            here = _clip(point, s, e)
+            start, end = (here[0][0], here[-1][1]) if here else (s, e)
+            rows.append(
+                _spell(pair, day, start, end, _measure(here), _measure(_clip(certain, s, e)), e - s)
+            )
+    return rows
+
+
+def _spell(pair: str, day: str, start, end, duration, least, most) -> Row:
+    return {
+        "pair": pair,
+        "day": day,
+        "start": start,
+        "end": end,
+        "duration_s": duration,
+        "min_duration_s": least,
+        "max_duration_s": most,
+        # Uncertain: whether it happened at all, or how long, depends on the offsets.
+        "uncertain": least != most and (least == 0.0 or most - least > CLOCK_RESOLUTION_S),
+    }
+
+
+# ---------------------------------------------------------------- the pair
+
+
+def pair_report(
+    pair: PairInput,
+    clocks: PairClocks,
+    bulk_by_day: Mapping[str, tuple[int, int]],
+) -> PairReport:
+    """The pair's tables and summary. ``bulk_by_day`` holds redirects and refusals per day
+    of the window (each implementation counts them per minute itself)."""
+    name, nodes = pair.name, pair.nodes
+    offsets = clocks.offsets
+    since, until = clocks.window
+    length = until - since
+    days = day_spans(clocks.window)
+    known = clocks.known
+    tables: dict[str, list[Row]] = {t: [] for t in TABLES if t != "redirects_per_minute"}
+
+    def at(node: str, ts: float) -> float:
+        return ts - offsets[node].seconds
+
+    # Signs of life and claims of death: a peer_lost says its peer sent a state message at
+    # last_seen (on the peer's clock) and that the observer missed it from ts (on its own).
+    markers: dict[str, list[float]] = defaultdict(list)
+    claims: dict[str, float] = {}
+    for node in nodes:
+        for r in pair.records[node]:
+            peer = r.get("peer")
+            if r["event"] == "peer_lost" and peer in pair.points and peer != node:
+                claims[peer] = max(claims.get(peer, -math.inf), at(node, r["ts"]))
+                if r.get("last_seen") is not None:
+                    markers[peer].append(r["last_seen"])
+
+    runs: dict[str, list[tuple[str, float, float]]] = {}
+    for node in nodes:
+        points = pair.points[node]
+        last = max(points[-1][0], max(markers[node], default=-math.inf))
+        last_event = points[-1][2]
+        last_peer_event = next((p[2] for p in reversed(points) if p[2] in PEER_EVENTS), None)
+        crashed = crashed_at_tail(last_event, at(node, last), claims.get(node), last_peer_event)
+        runs[node] = _node_runs(points, markers[node], crashed)
+
+    spent: dict[tuple[str, str, str], float] = defaultdict(float)
+    for node in nodes:
+        d = offsets[node].seconds
+        shifted = [(state, _shift(s, d), _shift(e, d)) for state, s, e in runs[node]]
+        for day, lo, hi in days:
+            for state, s, e in shifted:
+                s, e = max(s, lo), min(e, hi)
+                if e > s:
+                    tables["state_intervals"].append(
+                        {
+                            "pair": name,
+                            "day": day,
+                            "node": node,
+                            "state": state,
+                            "start": s,
+                            "end": e,
+                            "duration_s": e - s,
+                        }
+                    )
+                    spent[(day, node, state)] += e - s
+    for day, lo, hi in days:
+        for node in nodes:
+            for state in REPORT_STATES:
+                seconds = spent[(day, node, state)]
+                tables["state_time"].append(
+                    {
+                        "pair": name,
+                        "day": day,
+                        "node": node,
+                        "state": state,
+                        "seconds": seconds,
+                        "fraction": seconds / (hi - lo) if hi > lo else None,
+                    }
+                )
+
+    # ACTIVE at the offsets used, at some offset in the intervals, and at every one.
+    point_sets, possible_sets, certain_sets = [], [], []
+    for node in nodes:
+        o = offsets[node]
+        if known:  # within the resolution: the offsets used are the offsets
+            o = Offset(o.seconds, o.source, o.seconds, o.seconds)
+        active = [(s, e) for state, s, e in runs[node] if state == "ACTIVE"]
+        point_sets.append(
+            _clip([(_shift(s, o.seconds), _shift(e, o.seconds)) for s, e in active], since, until)
+        )
+        possible_sets.append(
+            _clip(_union((_shift(s, o.upper), _shift(e, o.lower)) for s, e in active), since, until)
+        )
+        certain_sets.append(
+            _clip([(_shift(s, o.lower), _shift(e, o.upper)) for s, e in active], since, until)
+        )
+    window = (since, until)
+    outage = _counted(point_sets, window, lambda n: n == 0)
+    outage_possible = _counted(certain_sets, window, lambda n: n == 0)
+    outage_certain = _counted(possible_sets, window, lambda n: n == 0)
+    dual = _counted(point_sets, window, lambda n: n >= 2)
+    dual_possible = _counted(possible_sets, window, lambda n: n >= 2)
+    dual_certain = _counted(certain_sets, window, lambda n: n >= 2)
+    tables["outages"] = _spell_rows(name, outage, outage_possible, outage_certain, days, known)
+    tables["dual_active"] = _spell_rows(name, dual, dual_possible, dual_certain, days, known)
+
+    for node in nodes:
+        resolvers = [
+            r
+            for r in pair.records[node]
+            if r["event"] in ("peer_lost", "started", "stopped")
+            or (r["event"] == "transition" and r["state"] == "ACTIVE")
+        ]
+        for r, following in zip(resolvers, [*resolvers[1:], None], strict=True):
+            lost_ts = at(node, r["ts"])
+            if r["event"] != "peer_lost" or not since <= lost_ts <= until:
+                continue
+            active_ts = trigger = None
+            if r["state"] == "ACTIVE":
+                outcome, active_ts = "already_active", lost_ts
+            elif following is not None and following["event"] == "transition":
+                outcome, active_ts = "takeover", at(node, following["ts"])
+                trigger = following.get("trigger")
+            elif following is not None and following["event"] in ("started", "stopped"):
+                outcome = "survivor_down"
+            else:
+                outcome = "unresolved"
+            peer = r.get("peer")
+            seen = r.get("last_seen")
+            delay = least = most = last_seen = None
+            if seen is not None:
+                theirs = offsets.get(peer, offsets[node])
+                mine = offsets[node]
+                last_seen = seen - theirs.seconds
+                delay = lost_ts - last_seen
+                if known:
+                    least = most = delay
+                else:
+                    raw = r["ts"] - seen
+                    least = raw + theirs.lower - mine.upper
+                    most = raw + theirs.upper - mine.lower
+            tables["incidents"].append(
+                {
+                    "pair": name,
+                    "day": day_of(lost_ts),
+                    "node": node,
+                    "peer": peer,
+                    "peer_state": r.get("peer_state"),
+                    "epoch": r.get("epoch"),
+                    "last_seen": last_seen,
+                    "lost_ts": lost_ts,
+                    "detection_delay_s": delay,
+                    "min_detection_delay_s": least,
+                    "max_detection_delay_s": most,
+                    "active_ts": active_ts,
+                    "takeover_delay_s": None if active_ts is None else active_ts - lost_ts,
+                    "outcome": outcome,
+                    "trigger": trigger,
+                    "uncertain": least is not None and most - least > CLOCK_RESOLUTION_S,
+                }
+            )
+
+    dual_events: dict[str, int] = defaultdict(int)
+    for node in nodes:
+        for r in pair.records[node]:
+            ts = at(node, r["ts"])
+            if not since <= ts <= until:
+                continue
+            event = r["event"]
+            place = {"pair": name, "day": day_of(ts)}
+            if (event == "console" and _RECOVER.search(r.get("command") or "")) or (
+                event == "transition" and r.get("trigger") in RECOVERY_TRIGGERS
+            ):
+                tables["recoveries"].append(
+                    {
+                        **place,
+                        "ts": ts,
+                        "node": node,
+                        "event": event,
+                        "trigger": r.get("trigger"),
+                        "from_state": r.get("from"),
+                        "to_state": r.get("to"),
+                        "user": r.get("user"),
+                        "command": r.get("command"),
+                        "result": r.get("result"),
+                    }
+                )
+            elif event == "misconfigured":
+                tables["misconfigurations"].append(
+                    {
+                        **place,
+                        "ts": ts,
+                        "node": node,
+                        "peer": r.get("peer"),
+                        "peer_epoch": r.get("peer_epoch"),
+                        "reason": r.get("reason"),
+                    }
+                )
+            elif event == "dual_active":
+                dual_events[place["day"]] += 1
+
+    for table, (_, order) in TABLES.items():
+        if table in tables:
+            tables[table].sort(key=lambda row, order=order: tuple(row[c] for c in order))
+
+    for day, lo, hi in days:
+        seconds = hi - lo
+        out_point = _measure(_clip(outage, lo, hi))
+        out_most = _measure(_clip(outage_possible, lo, hi))
+        out_least = _measure(_clip(outage_certain, lo, hi))
+        today = [i for i in tables["incidents"] if i["day"] == day]
+        takeovers = [i["takeover_delay_s"] for i in today if i["outcome"] == "takeover"]
+        redirects, refusals = bulk_by_day.get(day, (0, 0))
+        tables["daily"].append(
+            {
+                "pair": name,
+                "day": day,
+                "seconds": seconds,
+                "availability": 1 - out_point / seconds if seconds > 0 else None,
+                "min_availability": 1 - out_most / seconds if seconds > 0 else None,
+                "max_availability": 1 - out_least / seconds if seconds > 0 else None,
+                "outages": sum(1 for o in tables["outages"] if o["day"] == day),
+                "outage_s": out_point,
+                "dual_active_s": _measure(_clip(dual, lo, hi)),
+                "max_dual_active_s": _measure(_clip(dual_possible, lo, hi)),
+                "incidents": len(today),
+                "takeovers": len(takeovers),
+                "max_takeover_delay_s": max(takeovers, default=None),
+                "redirects": redirects,
+                "refusals": refusals,
+                "recoveries": sum(1 for r in tables["recoveries"] if r["day"] == day),
+                "uncertain": any(
+                    row["uncertain"]
+                    for t in ("outages", "dual_active", "incidents")
+                    for row in tables[t]
+                    if row["day"] == day
+                ),
+            }
+        )
+
+    incidents = tables["incidents"]
+    outages, duals = tables["outages"], tables["dual_active"]
+    recoveries = tables["recoveries"]
+    out_total = _measure(outage)
+    summary = {
+        "pair": name,
+        "nodes": nodes,
+        "events": pair.events,
+        "reference_clock": clocks.reference,
+        "clock_offsets": {n: o.as_json() for n, o in sorted(offsets.items())},
+        "window": {"since": since, "until": until, "seconds": length},
+        "availability": 1 - out_total / length if length > 0 else None,
+        "min_availability": 1 - _measure(outage_possible) / length if length > 0 else None,
+        "max_availability": 1 - _measure(outage_certain) / length if length > 0 else None,
+        "uncertain": any(r["uncertain"] for r in (*outages, *duals, *incidents)),
+        "outages": {
+            "count": len(outages),
+            "seconds": out_total,
+            "min_seconds": _measure(outage_certain),
+            "max_seconds": _measure(outage_possible),
+            "longest_s": max((o["duration_s"] for o in outages), default=None),
+            "uncertain": sum(1 for o in outages if o["uncertain"]),
+        },
+        "dual_active": {
+            "count": len(duals),
+            "seconds": _measure(dual),
+            "min_seconds": _measure(dual_certain),
+            "max_seconds": _measure(dual_possible),
+            "uncertain": sum(1 for d in duals if d["uncertain"]),
+            "events": sum(dual_events.values()),
+        },
+        "incidents": {
+            "count": len(incidents),
+            "by_outcome": {o: sum(1 for i in incidents if i["outcome"] == o) for o in OUTCOMES},
+            "detection_delay_s": _stats(i["detection_delay_s"] for i in incidents),
+            "takeover_delay_s": _stats(
+                i["takeover_delay_s"] for i in incidents if i["outcome"] == "takeover"
+            ),
+        },
+        "state_seconds": {
+            node: {
+                state: sum(
+                    r["seconds"]
+                    for r in tables["state_time"]
+                    if r["node"] == node and r["state"] == state
+                )
+                for state in REPORT_STATES
+            }
+            for node in nodes
+        },
+        "redirects": sum(r for r, _ in bulk_by_day.values()),
+        "refusals": sum(f for _, f in bulk_by_day.values()),
+        "manual_recoveries": {
+            "recover_commands": sum(1 for r in recoveries if r["event"] == "console"),
+            "manual_recover_transitions": sum(
+                1 for r in recoveries if r["trigger"] == "MANUAL_RECOVER"
+            ),
+            "handovers": sum(1 for r in recoveries if r["trigger"] == "HANDOVER"),
+        },
+        "misconfigurations": len(tables["misconfigurations"]),
+        "warnings": list(clocks.warnings),
+    }
+    return PairReport(summary, tables)
+
+
+def _stats(values: Iterable[float | None]) -> dict[str, float | int | None]:
+    present = [v for v in values if v is not None]
+    return {
+        "count": len(present),
+        "mean": sum(present) / len(present) if present else None,
+        "max": max(present) if present else None,
+    }
+
+
+def minute_row(
+    pair: str, node: str, minute: int, counts: tuple[int, int], offset: float, window: Span
+) -> Row | None:
+    """A minute of redirects and refusals (on the node's clock), placed at its true start;
+    None when it does not overlap the window."""
+    start = minute - offset
+    if not (start <= window[1] and start + 60 > window[0]):
+        return None
+    return {
+        "pair": pair,
+        "day": day_of(start),
+        "node": node,
+        "minute_start": minute,
+        "minute": minute_label(minute),
+        "at": start,
+        "redirects": counts[0],
+        "refusals": counts[1],
+    }
