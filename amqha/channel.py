@@ -381,17 +381,7 @@ class Channel:
         message.decoded = None
         connection = self.connection
         if not delivered and publish.mandatory:
-            connection.send(
-                wire.return_frames(
-                    self.number,
-                    312,
-                    "NO_ROUTE",
-                    message.address,
-                    message.header,
-                    message.body,
-                    connection.frame_max,
-                )
-            )
+            self._return_unroutable(message)
         if self.confirm:
             self.publish_seq += 1
             if not accepted:
@@ -400,6 +390,20 @@ class Channel:
                 self.confirmed_upto = self.publish_seq
             else:
                 connection.confirms_due(self)
+
+    def _return_unroutable(self, message: Message) -> None:
+        """Basic.Return 312 NO_ROUTE of a mandatory publish that reached nothing."""
+        self.connection.send(
+            wire.return_frames(
+                self.number,
+                312,
+                "NO_ROUTE",
+                message.address,
+                message.header,
+                message.body,
+                self.connection.frame_max,
+            )
+        )
 
     def _reply(self, address: str, message: Message) -> bool:
         """A reply to a direct reply-to address: straight to its consumer, if still there."""
@@ -416,17 +420,7 @@ class Channel:
         if receiver is not None:
             receiver(message, self.connection)
         elif publish.mandatory:
-            self.connection.send(
-                wire.return_frames(
-                    self.number,
-                    312,
-                    "NO_ROUTE",
-                    message.address,
-                    message.header,
-                    message.body,
-                    self.connection.frame_max,
-                )
-            )
+            self._return_unroutable(message)
         if self.confirm:
             self.publish_seq += 1
             self.connection.confirms_due(self)

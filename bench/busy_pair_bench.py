@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.failover_bench import _quiet_clients, say, shipped
+from bench.failover_bench import _quiet_clients, say, shipped_pair
 from bench.starvation import KINDS, run_load
-from tests.pairs import Knocker, Pair
+from tests.pairs import Knocker
 
 
 def run(seconds: float = 60.0, kind: str = "match") -> dict[str, Any]:
@@ -34,16 +34,7 @@ def run(seconds: float = 60.0, kind: str = "match") -> dict[str, Any]:
 
 
 async def _run(seconds: float, kind: str, workdir: Path) -> dict[str, Any]:
-    primary = shipped("primary")
-    timings = {key: primary["failover"][key] for key in ("heartbeat", "timeout")}
-    pair = Pair(
-        workdir,
-        heartbeat=timings["heartbeat"],
-        timeout=timings["timeout"],
-        proxied=False,
-        users=primary["users"],
-        limits=primary.get("limits", {}),
-    )
+    pair, timings = shipped_pair(workdir)
     try:
         pair.start()
         await pair.wait_states("ACTIVE", "PASSIVE", timeout=20)

@@ -75,7 +75,8 @@ def _quiet_clients() -> Iterator[None]:
             logger.setLevel(level)
 
 
-async def _run(kills: int, workdir: Path) -> dict[str, Any]:
+def shipped_pair(workdir: Path) -> tuple[Pair, dict[str, float]]:
+    """A pair (not started) with the shipped timings, users and limits, and those timings."""
     primary, backup = shipped("primary"), shipped("backup")
     timings = {key: primary["failover"][key] for key in ("heartbeat", "timeout")}
     if timings != {key: backup["failover"][key] for key in timings}:
@@ -88,6 +89,11 @@ async def _run(kills: int, workdir: Path) -> dict[str, Any]:
         users=primary["users"],
         limits=primary.get("limits", {}),
     )
+    return pair, timings
+
+
+async def _run(kills: int, workdir: Path) -> dict[str, Any]:
+    pair, timings = shipped_pair(workdir)
     samples: list[dict[str, Any]] = []
     publisher: Publisher | None = None
     try:
