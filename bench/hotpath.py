@@ -26,7 +26,7 @@ from typing import Any
 
 from pamqp import commands, frame
 
-from amqha.connection import Connection
+from amqha.connection import OPEN, Connection
 from amqha.server import Broker, tune_gc
 from bench.broker_bench import new_loop
 from bench.rawclient import PROTOCOL_HEADER, ack_frame, publish_frames
@@ -46,7 +46,8 @@ class NullTransport(asyncio.Transport):
         self.written += len(data)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
+        # A loopback client: guest may log in from loopback only.
+        return ("127.0.0.1", 40000) if name == "peername" else default
 
     def is_closing(self) -> bool:
         return self.closing
@@ -102,6 +103,13 @@ async def open_connection(broker: Broker) -> tuple[Connection, NullTransport]:
     transport = NullTransport()
     connection.connection_made(transport)
     await feed(connection, handshake())
+    # The login is checked off the loop: the frames behind Start-Ok wait for its answer.
+    for _ in range(500):
+        if connection.state == OPEN:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise RuntimeError("the hot-path connection did not open")
     return connection, transport
 
 
