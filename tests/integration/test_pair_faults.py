@@ -165,9 +165,10 @@ async def poll_status(pair: Pair, server, predicate, timeout: float = 15.0) -> d
     return last
 
 
-async def test_a_frozen_active_confirms_nothing_after_waking_into_a_takeover(
+async def confirming_publisher_on_the_active(
     make_pair: MakePair,
-) -> None:
+) -> tuple[Pair, aiormq.abc.AbstractConnection, aiormq.abc.AbstractChannel, str]:
+    """A settled pair and an aiormq channel in confirm mode on its ACTIVE, with a queue."""
     pair = make_pair()
     pair.start()
     await pair.wait_states("ACTIVE", "PASSIVE")
@@ -175,14 +176,19 @@ async def test_a_frozen_active_confirms_nothing_after_waking_into_a_takeover(
     channel = await connection.channel()
     await channel.confirm_delivery()
     declared = await channel.queue_declare(f"frozen-{uuid.uuid4().hex}", auto_delete=True)
-    await channel.basic_publish(b"before", routing_key=declared.queue)
+    return pair, connection, channel, declared.queue
+
+
+async def test_a_frozen_active_confirms_nothing_after_waking_into_a_takeover(
+    make_pair: MakePair,
+) -> None:
+    pair, connection, channel, queue = await confirming_publisher_on_the_active(make_pair)
+    await channel.basic_publish(b"before", routing_key=queue)
     pid = pair.primary.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
         # Sent while the primary is frozen: it sits in the socket until it wakes.
-        pending = asyncio.ensure_future(
-            channel.basic_publish(b"during", routing_key=declared.queue)
-        )
+        pending = asyncio.ensure_future(channel.basic_publish(b"during", routing_key=queue))
         assert (await client_vote([pair.backup], retry_for=15.0))["name"] == "backup"
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -202,19 +208,11 @@ async def test_a_frozen_active_confirms_nothing_after_waking_into_a_takeover(
 
 
 async def test_a_short_freeze_holds_confirms_until_the_peer_is_heard(make_pair: MakePair) -> None:
-    pair = make_pair()
-    pair.start()
-    await pair.wait_states("ACTIVE", "PASSIVE")
-    connection = await aiormq.connect(pair.primary.url)
-    channel = await connection.channel()
-    await channel.confirm_delivery()
-    declared = await channel.queue_declare(f"short-{uuid.uuid4().hex}", auto_delete=True)
+    pair, connection, channel, queue = await confirming_publisher_on_the_active(make_pair)
     pid = pair.primary.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        pending = asyncio.ensure_future(
-            channel.basic_publish(b"during", routing_key=declared.queue)
-        )
+        pending = asyncio.ensure_future(channel.basic_publish(b"during", routing_key=queue))
         # Frozen longer than the timeout, with no client at the backup: no takeover.
         await asyncio.sleep(pair.timeout * 1.2)
     finally:
