@@ -23,7 +23,7 @@ import shlex
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aio_pika
@@ -297,13 +297,18 @@ async def run_command(
         return
     if command not in COMMANDS:
         raise click.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
-    url = servers[0]
-    async with ConsoleClient(url, timeout) as console:
-        if command == "controller":
-            if rest not in (["stop"], ["start"]):
-                raise click.UsageError("controller stop|start")
+    if command == "controller":
+        if rest not in (["stop"], ["start"]):
+            raise click.UsageError("controller stop|start")
+        # Acts on exactly the first server named: never on another one because it is down.
+        async with _reaching(servers[:1], timeout) as console:
             click.echo(await console.call("controller", action=rest[0]))
-        elif command == "events":
+        return
+    # Reads one server's view: the first listed that answers.
+    async with _reaching(servers, timeout) as console:
+        if len(servers) > 1:
+            click.echo(f"({_where(console.url)})", err=True)
+        if command == "events":
             await _events(console, follow="--follow" in rest or "-f" in rest, as_json=as_json)
         else:
             result = await console.call(command)
@@ -311,6 +316,33 @@ async def run_command(
                 click.echo(json.dumps(result, indent=2, default=str))
             else:
                 _print_rows(result)
+
+
+def _where(url: str) -> str:
+    return url.rsplit("@", 1)[-1].rstrip("/")
+
+
+@contextlib.asynccontextmanager
+async def _reaching(servers: tuple[str, ...], timeout: float) -> AsyncIterator[ConsoleClient]:
+    """A console connection to the first of ``servers`` that accepts one; a clear error
+    naming each server and why when none does."""
+    failures = []
+    for url in servers:
+        client = ConsoleClient(url, timeout)
+        try:
+            await client.__aenter__()
+        except (ConnectionError, OSError, aiormq.exceptions.AMQPConnectionError) as error:
+            failures.append(f"{_where(url)}: down ({type(error).__name__}: {error})")
+            continue
+        except aiormq.exceptions.AMQPError as error:
+            failures.append(f"{_where(url)}: refused ({error})")
+            continue
+        try:
+            yield client
+        finally:
+            await client.__aexit__(None, None, None)
+        return
+    raise click.ClickException("no server answered:\n  " + "\n  ".join(failures))
 
 
 async def _promote(servers: tuple[str, ...], rest: list[str], timeout: float) -> None:

@@ -49,3 +49,19 @@ async def test_console_commands_and_refusals(make_pair: MakePair) -> None:
     guest = console(pair, "status", user=("guest", "guest"))
     assert "ACCESS_REFUSED" in guest.stdout
     assert pair.primary.alive and pair.backup.alive
+
+
+async def test_commands_with_a_server_down_read_the_other_or_say_so(make_pair: MakePair) -> None:
+    pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    pair.kill(pair.primary)
+    # A read goes to the first server that answers, and says which.
+    events = console(pair, "events")
+    assert events.returncode == 0, events.stderr
+    assert f"({pair.backup.address})" in events.stderr
+    assert "backup [" in events.stdout
+    # A command that acts is never moved to another server: the first one named, or an error.
+    stopped = console(pair, "controller", "stop")
+    assert stopped.returncode == 1
+    assert f"{pair.primary.address}: down" in stopped.stderr
+    assert "Traceback" not in stopped.stderr
