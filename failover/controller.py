@@ -44,6 +44,9 @@ from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
 log = logging.getLogger("amqha.failover")
 
 MALFORMED_LOG_INTERVAL = 1.0
+# A refused state message is recorded in the event log once per kind of problem per minute:
+# whoever floods amq.peer cannot fill the log's disk.
+MALFORMED_RECORD_INTERVAL = 60.0
 
 
 class FailoverController:
@@ -78,7 +81,8 @@ class FailoverController:
         self.peer_boot: str | None = None
         self.peer_seq = -1
         self.malformed = 0
-        self._malformed_reported: set[str] = set()
+        # When each kind of refused message was last recorded in the event log.
+        self._malformed_recorded: dict[str, float] = {}
         self._last_malformed_log = 0.0
         self.clients = 0
         self.takeovers = 0
@@ -302,7 +306,6 @@ class FailoverController:
             return
         self.peer_boot, self.peer_seq = parsed.boot, parsed.seq
         self._peer_heard_mono = time.monotonic()
-        self._malformed_reported.clear()
         now = self.loop.time()
         peer = parsed.peer
         if kind == HANDOVER_TYPE:
@@ -340,7 +343,7 @@ class FailoverController:
 
     def _malformed(self, kind: str, reason: str, connection: Any) -> None:
         """Never acted on. Counted; logged at most once a second; recorded in the event log
-        once per kind of problem until a valid message arrives (a flood cannot fill it)."""
+        at most once a minute per kind of problem (a flood cannot fill it)."""
         self.malformed += 1
         sender = getattr(getattr(connection, "user", None), "name", None)
         where = getattr(connection, "peer", "?")
@@ -354,8 +357,10 @@ class FailoverController:
                 self.malformed,
                 reason,
             )
-        if kind not in self._malformed_reported:
-            self._malformed_reported.add(kind)
+        if now - self._malformed_recorded.get(kind, -MALFORMED_RECORD_INTERVAL) >= (
+            MALFORMED_RECORD_INTERVAL
+        ):
+            self._malformed_recorded[kind] = now
             self._write(
                 "misconfigured",
                 peer=sender,
