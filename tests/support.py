@@ -74,6 +74,19 @@ def wait_until(
         time.sleep(interval)
 
 
+def start_to_exit(
+    config: Path, *args: str, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """``amqha start --config CONFIG`` run to its end: for configurations it must refuse."""
+    return subprocess.run(
+        [sys.executable, "-m", "amqha", "start", "--config", str(config), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 class ServerProcess:
     """One ``amqha start`` process with its own config file, data dir and log."""
 

@@ -25,7 +25,7 @@ import pytest
 from pamqp import commands
 
 from tests.integration.protocol_support import RawClient
-from tests.support import ROOT, ServerProcess, wait_until
+from tests.support import ROOT, ServerProcess, start_to_exit, wait_until
 
 
 def passwd(password: str, *args: str) -> str:
@@ -181,12 +181,6 @@ def test_guest_logs_in_over_loopback_by_default(make_server, host: str) -> None:
 def test_a_file_without_users_no_longer_starts_with_guest(tmp_path: Path) -> None:
     config = tmp_path / "empty.yaml"
     config.write_text("")
-    result = subprocess.run(
-        [sys.executable, "-m", "amqha", "start", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    result = start_to_exit(config)
     assert result.returncode == 1
     assert f"{config}: users: missing" in result.stderr

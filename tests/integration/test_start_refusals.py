@@ -6,15 +6,13 @@ Each case is a real ``amqha start`` process: it must exit with status 1 and say
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from failover.epoch import EPOCH_FILE
 from tests.pairs import PAIR_SECRET
-from tests.support import ROOT, free_port
+from tests.support import free_port, start_to_exit
 
 USERS = "users:\n  - {name: peering, password: peering, tags: [peering]}\n"
 
@@ -70,22 +68,12 @@ CASES = {
 }
 
 
-def start(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "amqha", "start", "--config", str(config), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_at_start(tmp_path: Path, case: str) -> None:
     text, args, expected = CASES[case]
     config = tmp_path / "server.yaml"
     config.write_text(text)
-    result = start(config, *args)
+    result = start_to_exit(config, *args)
     assert result.returncode == 1, result.stderr
     assert "listening" not in result.stderr
     assert "Traceback" not in result.stderr
@@ -102,7 +90,7 @@ def test_a_corrupt_epoch_file_is_one_line(tmp_path: Path, content: bytes) -> Non
     (data_dir / EPOCH_FILE).write_bytes(content)
     config = tmp_path / "server.yaml"
     config.write_text(pair_file("primary").replace("{name: primary,", f"{{data_dir: '{data_dir}',"))
-    result = start(config)
+    result = start_to_exit(config)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.strip().splitlines() if "listening" not in line]

@@ -8,8 +8,6 @@ client without a certificate, or with one from a CA it does not trust.
 from __future__ import annotations
 
 import ssl
-import subprocess
-import sys
 from pathlib import Path
 
 import aio_pika
@@ -19,7 +17,7 @@ import pika.exceptions
 import pytest
 
 from tests.certs import Pki
-from tests.support import ROOT, free_port
+from tests.support import free_port, start_to_exit
 
 
 @pytest.fixture(scope="module")
@@ -144,13 +142,7 @@ def test_a_bad_certificate_stops_the_server_at_start(
     config.write_text(
         yaml.safe_dump({"users": [{"name": "guest", "password": "guest"}], "tls": tls})
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "amqha", "start", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    result = start_to_exit(config)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith(f"Error: bad configuration: {config}: {expected}"), (
         result.stderr
