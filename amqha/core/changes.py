@@ -1,0 +1,175 @@
+"""The change stream: every change of durable state, as one value.
+
+Owns: the value types the core emits when durable state changes, and ``ChangeLog``,
+the ordered list they are appended to until the host takes them (raft's ``Ready``:
+the core says what must be persisted or sent, the host reports back what is safe).
+
+A change carries resolved results, never the command that produced it: the chosen
+``amq.gen-`` queue name, the rewritten bytes of a dead letter, a wall-clock deadline.
+Applying the same changes in the same order to an empty state gives the same state
+(``amqha.core.apply``), which is how a restart reads the store back and how the
+PASSIVE follows the ACTIVE. See docs/durability.md.
+
+What is logged: changes to durable exchanges, durable (non-exclusive) queues and the
+bindings between durable ends, and every message on a durable queue (``persistent``
+says whether the store keeps it). Transient queues log nothing: their speed is today's.
+
+Must not know: the store, the loop, sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+
+class ExchangeDeclared(NamedTuple):
+    vhost: str
+    name: str
+    kind: str
+    auto_delete: bool
+    internal: bool
+    arguments: dict[str, Any]
+
+
+class ExchangeDeleted(NamedTuple):
+    vhost: str
+    name: str
+
+
+class QueueDeclared(NamedTuple):
+    vhost: str
+    name: str
+    auto_delete: bool
+    arguments: dict[str, Any]
+
+
+class QueueDeleted(NamedTuple):
+    vhost: str
+    name: str
+
+
+class Bound(NamedTuple):
+    """A binding from exchange ``source`` to a queue or (``to_exchange``) an exchange."""
+
+    vhost: str
+    source: str
+    destination: str
+    to_exchange: bool
+    routing_key: str
+    arguments: dict[str, Any]
+
+
+class Unbound(NamedTuple):
+    vhost: str
+    source: str
+    destination: str
+    to_exchange: bool
+    routing_key: str
+    arguments: dict[str, Any]
+
+
+class Enqueued(NamedTuple):
+    """A message reached a queue. ``deadline``: wall-clock seconds when it expires, or None."""
+
+    vhost: str
+    queue: str
+    msg_id: int
+    address: bytes
+    header: bytes
+    body: bytes
+    deadline: float | None
+    persistent: bool
+
+
+class Delivered(NamedTuple):
+    """Message ``msg_id`` of the queue went to a consumer: up to it, a restart or a
+    failover marks messages redelivered."""
+
+    vhost: str
+    queue: str
+    msg_id: int
+
+
+class Settled(NamedTuple):
+    """Messages left the queue for good: acked, rejected, expired, purged, dropped by a
+    length limit, dead-lettered (``reason``)."""
+
+    vhost: str
+    queue: str
+    msg_ids: tuple[int, ...]
+    reason: str
+
+
+class Batch(NamedTuple):
+    """A transaction's changes: applied all or none."""
+
+    changes: tuple[Any, ...]
+
+
+Change = (
+    ExchangeDeclared
+    | ExchangeDeleted
+    | QueueDeclared
+    | QueueDeleted
+    | Bound
+    | Unbound
+    | Enqueued
+    | Delivered
+    | Settled
+    | Batch
+)
+
+# The kinds a persistent store must have on disk before a confirm (Delivered and
+# Settled are made safe by the next write: losing them redelivers, never loses).
+WIRING = (ExchangeDeclared, ExchangeDeleted, QueueDeclared, QueueDeleted, Bound, Unbound)
+
+
+class ChangeLog:
+    """The ordered changes not yet taken by the host, and their sequence numbers.
+
+    ``lsn`` is the sequence number of the last change appended (0: none yet).
+    ``sync_lsn`` is that of the last change a confirm must wait for: a persistent
+    message on a durable queue, or wiring. ``on_first`` is called when a change is
+    appended to an empty log (the host schedules ``take`` once per turn of its loop).
+    """
+
+    __slots__ = ("pending", "lsn", "sync_lsn", "on_first", "_batch", "_batch_sync")
+
+    def __init__(self, on_first: Callable[[], None] | None = None) -> None:
+        self.pending: list[Change] = []
+        self.lsn = 0
+        self.sync_lsn = 0
+        self.on_first = on_first
+        self._batch: list[Change] | None = None
+        self._batch_sync = False
+
+    def emit(self, change: Change, sync: bool = False) -> None:
+        batch = self._batch
+        if batch is not None:
+            batch.append(change)
+            self._batch_sync = self._batch_sync or sync
+            return
+        pending = self.pending
+        if not pending and self.on_first is not None:
+            self.on_first()
+        pending.append(change)
+        self.lsn += 1
+        if sync:
+            self.sync_lsn = self.lsn
+
+    def begin_batch(self) -> None:
+        self._batch = []
+        self._batch_sync = False
+
+    def end_batch(self) -> None:
+        """Close the transaction: its changes become one Batch (nothing if empty)."""
+        batch, self._batch = self._batch, None
+        if batch:
+            self.emit(Batch(tuple(batch)), self._batch_sync)
+
+    def take(self) -> tuple[int, list[Change]]:
+        """The pending changes and the LSN of the first; the log is empty afterwards."""
+        pending = self.pending
+        self.pending = []
+        return self.lsn - len(pending) + 1, pending
