@@ -5,13 +5,15 @@ offsets' intervals, incidents, recoveries, misconfigurations, time in state and 
 rows, split at UTC midnight of the pair's reference clock. The input is small: each node's
 non-bulk records, and points in which runs of redirects and refusals may be reduced to their
 first and last (``spark.job`` reduces them; ``spark.reference`` passes them all, and the two
-must agree). Pure: no I/O, no Spark.
+must agree). Also the whole report from every record held in memory (``Collected``), which is
+how the reference works and how the Spark job finishes a small input. Pure: no I/O, no Spark.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from typing import Any
 from spark.model import (
     CLOCK_RESOLUTION_S,
     DOWN,
+    MINUTE,
     OUTCOMES,
     PEER_EVENTS,
     RANK_MARKER,
@@ -30,6 +33,7 @@ from spark.model import (
     REPORT_STATES,
     TABLES,
     Offset,
+    build_summary,
     clock_constraints,
     crashed_at_tail,
     day_of,
@@ -40,6 +44,7 @@ from spark.model import (
     record_rank,
     reference_node,
     report_window,
+    unnamed_pair,
 )
 
 Point = tuple[float, int, str, str]  # (ts, rank, event, state): also the order inside a node
@@ -566,3 +571,124 @@ def minute_row(
         "redirects": counts[0],
         "refusals": counts[1],
     }
+
+
+# ---------------------------------------------------------------- every record in memory
+
+BULK = frozenset({"redirect", "refuse"})
+
+
+@dataclass
+class Collected:
+    """Every good record of some logs, as points, the non-bulk ones whole too, and redirects
+    and refusals counted per minute; keyed by (pair, node), the pair None for logs that name
+    none. About a hundred bytes a record: names are shared, not copied."""
+
+    files: list[str]
+    count: int = 0
+    bad_by_file: dict[str, int] = field(default_factory=dict)
+    points: dict[tuple[str | None, str], list[Point]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    records: dict[tuple[str | None, str], list[Row]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    per_minute: dict[tuple[str | None, str, int], list[int]] = field(
+        default_factory=lambda: defaultdict(lambda: [0, 0])
+    )
+
+    def add(self, pair: str | None, node: str, record: Row) -> None:
+        """A good record (typed, ``ts`` finite, ``node``, ``event`` and ``state`` set)."""
+        event = sys.intern(record["event"])
+        ts = record["ts"]
+        key = (pair, node)
+        self.count += 1
+        self.points[key].append((ts, record_rank(event), event, sys.intern(record["state"])))
+        if event in BULK:
+            minute = math.floor(ts / MINUTE) * MINUTE
+            self.per_minute[(pair, node, minute)][event == "refuse"] += 1
+        else:
+            self.records[key].append(record)
+
+    def bad(self, file: str, lines: int = 1) -> None:
+        self.bad_by_file[file] = self.bad_by_file.get(file, 0) + lines
+
+    def pairs(self) -> dict[str, PairInput]:
+        """The records grouped by pair, each node's in order; logs that name no pair are one
+        pair named after its nodes. The lists are taken over, not copied: sorted in place."""
+        unnamed = unnamed_pair(node for pair, node in self.points if pair is None)
+        pairs: dict[str, PairInput] = {}
+        for (pair, node), points in self.points.items():
+            name = unnamed if pair is None else pair
+            found = pairs.setdefault(name, PairInput(name, {}, {}, 0))
+            records = self.records.get((pair, node), [])
+            if node in found.points:  # a node under its pair's name and in unnamed logs too
+                found.points[node].extend(points)
+                found.records[node].extend(records)
+            else:
+                found.points[node] = points
+                found.records[node] = list(records)
+            found.events += len(points)
+        for found in pairs.values():
+            for node in found.points:
+                found.points[node].sort()
+                found.records[node].sort(key=record_key)
+        return pairs
+
+    def minutes(self) -> dict[tuple[str, str], list[tuple[int, tuple[int, int]]]]:
+        """Redirects and refusals per (pair, node), by minute on the node's clock."""
+        unnamed = unnamed_pair(node for pair, node in self.points if pair is None)
+        found: dict[tuple[str, str], list[tuple[int, tuple[int, int]]]] = defaultdict(list)
+        for (pair, node, minute), (redirects, refusals) in self.per_minute.items():
+            found[(unnamed if pair is None else pair, node)].append((minute, (redirects, refusals)))
+        for rows in found.values():
+            rows.sort()
+        return found
+
+
+def report_of(
+    collected: Collected,
+    since: float | None,
+    until: float | None,
+    given: Mapping[str, float],
+    estimate: bool,
+    slo: float | None,
+) -> tuple[dict[str, Any], dict[str, list[Row]], dict[str, PairClocks]]:
+    """The summary, every table (sorted) and each pair's clocks, from every record."""
+    pairs = collected.pairs()
+    minutes = collected.minutes()
+    tables: dict[str, list[Row]] = {name: [] for name in TABLES}
+    summaries = {}
+    clocks = {}
+    for name, pair in sorted(pairs.items()):
+        clocks[name] = pair_clocks(pair, since, until, given, estimate)
+        rows = []
+        for node in pair.nodes:
+            offset = clocks[name].offsets[node].seconds
+            for minute, counts in minutes.get((name, node), []):
+                row = minute_row(name, node, minute, counts, offset, clocks[name].window)
+                if row is not None:
+                    rows.append(row)
+        by_day: dict[str, tuple[int, int]] = {}
+        for row in rows:
+            r, f = by_day.get(row["day"], (0, 0))
+            by_day[row["day"]] = (r + row["redirects"], f + row["refusals"])
+        found = pair_report(pair, clocks[name], by_day)
+        summaries[name] = found.summary
+        for table, table_rows in found.tables.items():
+            tables[table].extend(table_rows)
+        tables["redirects_per_minute"].extend(rows)
+    for table, (_, order) in TABLES.items():
+        tables[table].sort(key=lambda row, order=order: tuple(row[c] for c in order))
+    summary = build_summary(
+        files=collected.files,
+        events=collected.count,
+        bad_lines_by_file=collected.bad_by_file,
+        pairs=summaries,
+        daily=tables["daily"],
+        takeover_delays=[
+            i["takeover_delay_s"] for i in tables["incidents"] if i["outcome"] == "takeover"
+        ],
+        slo=slo,
+    )
+    return summary, tables, clocks
