@@ -1,6 +1,7 @@
 """The failover report as a Spark job.
 
-Owns: the Spark session (quiet, loopback-only and UI-less when local), reading the event logs
+Owns: the Spark session (quiet, loopback-only and UI-less when local; started while Python
+prepares the pictures, and ended with its JVM when the report is done), reading the event logs
 with an explicit schema, reducing them to what the figures need, and writing the report
 (Parquet tables partitioned by pair and day, CSV copies, ``summary.json``, pictures).
 
@@ -10,8 +11,11 @@ one pass"). A window over each node's spans and records then keeps only the firs
 point of each run of bulk records. What reaches the driver is therefore the non-bulk records,
 two points per run and aggregates: its size follows the number of failovers, not of events.
 The figures are computed from it by ``spark.metrics``, the same code ``spark.reference`` runs
-on every record, so the two must agree. No Python UDFs and no data made from Python objects:
-executors run no Python. Shuffle partitions are sized to the input on every master.
+on every record, so the two must agree. A small input is read in one job instead, every
+record to the driver, where the figures are computed as the reference computes them (see
+``WHOLE_INPUT_BYTES``). No Python UDFs and no data made from Python objects: executors run no
+Python. Shuffle partitions are sized to the input on every master. The tables on the driver
+are written by the driver (``spark.parquet``). See docs/report.md.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +38,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark import timeline
-from spark.metrics import PairInput, pair_clocks, pair_report, record_key
+from spark import jvm, parquet, timeline
+from spark.metrics import Collected, PairInput, pair_clocks, pair_report, record_key, report_of
 from spark.model import (
     CORRUPT_COLUMN,
     DAY_SECONDS,
@@ -77,7 +81,6 @@ _INF = float("inf")
 # One shuffle partition per this much input, at most two per core: the frames after the pass
 # are small, and every partition is a task in every stage.
 BYTES_PER_PARTITION = 128 << 20
-WRITERS = 4  # tables written at once
 ACTIVITY_BARS = 1500  # about this many bars of redirects over a timeline's window
 
 Progress = Callable[[str], None]
@@ -148,16 +151,20 @@ def build_session(
     return session
 
 
-def _input_bytes(spark: SparkSession, uris: Sequence[str]) -> int:
-    """The input's size through Hadoop's file systems (local, hdfs://, s3a://, ...)."""
+def _input_bytes(spark: SparkSession, uris: Sequence[str]) -> tuple[int, int]:
+    """The input's size through Hadoop's file systems (local, hdfs://, s3a://, ...): bytes of
+    plain files, and of gzip files."""
     jvm = spark.sparkContext._jvm
     conf = spark.sparkContext._jsc.hadoopConfiguration()
-    total = 0
+    plain = packed = 0
     for uri in uris:
         path = jvm.org.apache.hadoop.fs.Path(uri)
         for status in path.getFileSystem(conf).globStatus(path) or []:
-            total += status.getLen()
-    return total
+            if status.getPath().getName().endswith(".gz"):
+                packed += status.getLen()
+            else:
+                plain += status.getLen()
+    return plain, packed
 
 
 def fit_partitions(spark: SparkSession, input_bytes: int, user: Mapping[str, str]) -> int:
@@ -394,9 +401,15 @@ def _reduce(points: DataFrame) -> DataFrame:
 @dataclass
 class SparkReport:
     summary: dict
-    small: dict[str, list[dict[str, Any]]]  # every table but redirects_per_minute
-    per_minute: DataFrame  # redirects_per_minute, typed as spark.model.TABLES says
+    tables: dict[str, list[dict[str, Any]]]  # the tables on the driver, sorted
+    # redirects_per_minute when it stays in Spark (large inputs), typed as spark.model.TABLES
+    # says; None when it is in ``tables``
+    per_minute: DataFrame | None
     activity: dict[str, list[dict[str, Any]]]  # the drawn pair's redirects, few bars
+
+    def release(self) -> None:
+        if self.per_minute is not None:
+            self.per_minute.unpersist()
 
 
 def _collect_json(frames: Mapping[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
@@ -425,9 +438,12 @@ def compute(
     slo: float | None = None,
     conf: Mapping[str, str] | None = None,
     pair: str | None = None,
+    whole: bool | None = None,
 ) -> SparkReport:
     """The report of the logs at ``paths``; ``pair`` is the one whose redirects are binned
-    for its timeline (default: the only pair)."""
+    for its timeline (default: the only pair). ``whole``: bring every record to the driver
+    (True), or reduce the bulk of the records in Spark first (False); by default, the first
+    for inputs up to ``WHOLE_INPUT_BYTES``."""
     started = time.monotonic()
     chosen = pair
 
@@ -436,9 +452,24 @@ def compute(
 
     files = expand_paths(paths)
     uris = [_uri(f) for f in files]
-    partitions = fit_partitions(spark, _input_bytes(spark, uris), conf or {})
-    step(f"reading {len(files)} file(s), {partitions} shuffle partition(s)")
+    plain, packed = _input_bytes(spark, uris)
+    partitions = fit_partitions(spark, plain + packed, conf or {})
     lines = read_events(spark, uris)
+    if whole is None:
+        whole = plain + GZIP_RATIO * packed <= WHOLE_INPUT_BYTES
+    if whole:
+        step(f"reading {len(files)} file(s) in one job, every record to the driver")
+        collected = _collect_whole(lines, files)
+        step(f"{collected.count} events, {sum(collected.bad_by_file.values())} bad")
+        summary, tables, clocks = report_of(collected, since, until, skew or {}, estimate_skew, slo)
+        drawn = _drawn(chosen, clocks)
+        activity = {}
+        if drawn is not None:
+            rows = [r for r in tables["redirects_per_minute"] if r["pair"] == drawn]
+            activity[drawn] = _bars(rows, clocks[drawn].window)
+        step("computed")
+        return SparkReport(summary, tables, None, activity)
+    step(f"reading {len(files)} file(s), {partitions} shuffle partition(s)")
     groups = _one_pass(_keyed(lines)).cache()
     specials_df = groups.filter(F.col("special").isNotNull()).select(
         "pair", "node", "bucket", "events", "special.*"
@@ -569,9 +600,7 @@ def compute(
         )
         .cache()
     )
-    drawn = chosen if chosen is not None else (next(iter(inputs)) if len(inputs) == 1 else None)
-    if drawn is not None and drawn not in inputs:
-        raise ReportError(f"--pair {drawn}: no such pair (pairs: {', '.join(sorted(inputs))})")
+    drawn = _drawn(chosen, clocks)
     wanted = {
         "days": per_minute.groupBy("pair", "day").agg(
             F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
@@ -579,7 +608,7 @@ def compute(
     }
     if drawn is not None:
         lo, hi = clocks[drawn].window
-        width = max(1, math.ceil((hi - lo) / MINUTE / ACTIVITY_BARS)) * MINUTE
+        width = _bar_width(lo, hi)
         wanted["activity"] = (
             per_minute.filter(F.col("pair") == drawn)
             .groupBy("node", F.floor((F.col("at") - lo) / width).alias("bar"))
@@ -628,6 +657,88 @@ def compute(
     return SparkReport(summary, small, per_minute, activity)
 
 
+def _drawn(chosen: str | None, clocks: Mapping[str, Any]) -> str | None:
+    """The pair whose timeline is drawn: the one asked for, else the only one."""
+    drawn = chosen if chosen is not None else (next(iter(clocks)) if len(clocks) == 1 else None)
+    if drawn is not None and drawn not in clocks:
+        raise ReportError(f"--pair {drawn}: no such pair (pairs: {', '.join(sorted(clocks))})")
+    return drawn
+
+
+def _bar_width(lo: float, hi: float) -> int:
+    return max(1, math.ceil((hi - lo) / MINUTE / ACTIVITY_BARS)) * MINUTE
+
+
+def _bars(per_minute: Sequence[Mapping[str, Any]], window: tuple[float, float]) -> list[dict]:
+    """A pair's minutes of redirects grouped into bars as the Spark path groups them: per node,
+    ``width`` seconds from the window's start, each at the true start of its first minute."""
+    lo, hi = window
+    width = _bar_width(lo, hi)
+    bars: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in per_minute:
+        key = (row["node"], math.floor((row["at"] - lo) / width))
+        bar = bars.get(key)
+        if bar is None:
+            bars[key] = {
+                "node": row["node"],
+                "at": row["at"],
+                "redirects": row["redirects"],
+                "refusals": row["refusals"],
+                "width": width,
+            }
+        else:
+            bar["at"] = min(bar["at"], row["at"])
+            bar["redirects"] += row["redirects"]
+            bar["refusals"] += row["refusals"]
+    return sorted(bars.values(), key=lambda r: (r["node"], r["at"]))
+
+
+# Inputs up to this size (plain text; gzip counted as GZIP_RATIO times its size) are read in
+# one Spark job that brings every parsed record to the driver, about 100 bytes each there,
+# and the figures are computed as the reference computes them: on a small input the fixed
+# cost of Spark jobs and stages, not the records, is the time.
+WHOLE_INPUT_BYTES = 16 << 20
+GZIP_RATIO = 10
+_WHOLE_FIELDS = [f for f in _SPECIAL_FIELDS if f not in ("ts", "rank", "event", "state")]
+
+
+def _collect_whole(lines: DataFrame, files: Sequence[str]) -> Collected:
+    """Every line in one job: bad lines as their file and version, good ones as their
+    point, with their other fields when they are not redirects or refusals."""
+    good = F.col("good")
+    whole = good & ~F.col("event").isin(*_BULK)
+    rows = lines.select(
+        "file",
+        "good",
+        F.when(~good, F.col("v")).alias("v"),
+        F.when(good, F.col("pair")).alias("pair"),
+        *[F.when(good, F.col(c)).alias(c) for c in ("node", "ts", "event", "state")],
+        *[F.when(whole, F.col(f"`{f}`")).alias(f) for f in _WHOLE_FIELDS],
+    ).collect()
+    collected = Collected(list(files))
+    bad: dict[str, int] = defaultdict(int)
+    versions = []
+    for row in rows:
+        if not row[1]:
+            version = row[2]
+            if version is not None and version != SCHEMA_VERSION:
+                versions.append((local_path(row[0]), version))
+            else:
+                bad[row[0]] += 1
+            continue
+        record = {"node": row[4], "ts": row[5], "event": row[6], "state": row[7]}
+        if record["event"] not in _BULK:
+            record.update(zip(_WHOLE_FIELDS, row[8:], strict=True))
+        collected.add(row[3], row[4], record)
+    if versions:
+        raise UnknownVersionError(*min(versions))
+    by_path = {local_path(uri): count for uri, count in bad.items()}
+    collected.bad_by_file = {f: by_path[f] for f in files if f in by_path}
+    if collected.count == 0:
+        raise no_valid_record(files, sum(by_path.values()))
+    return collected
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -652,92 +763,75 @@ def _clear_partitions(folder: str, windows: Mapping[str, Sequence[str]]) -> None
 
 
 def _write_table(
-    spark: SparkSession,
     report: SparkReport,
     name: str,
     out: str,
-    staging: str,
     days: Mapping[str, Sequence[str]],
 ) -> None:
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
     columns = [c for c, _ in TABLES[name][0]]
     csv_path = os.path.join(folder, f"{name}.csv")
-    parquet = os.path.join(folder, "parquet")
-    _clear_partitions(parquet, days)
-    os.makedirs(parquet, exist_ok=True)
-    if name in report.small:
-        rows = report.small[name]
+    parquet_folder = os.path.join(folder, "parquet")
+    _clear_partitions(parquet_folder, days)
+    os.makedirs(parquet_folder, exist_ok=True)
+    if name in report.tables:
+        rows = report.tables[name]
         write_csv(csv_path, columns, ([r[c] for c in columns] for r in rows))
-        if not rows:
-            return  # its partitions are cleared: nothing to write
-        staged = os.path.join(staging, f"{name}.jsonl")
-        with open(staged, "w", encoding="utf-8") as stream:
-            for row in rows:
-                stream.write(json.dumps(row, allow_nan=False) + "\n")
-        frame = spark.read.schema(table_schema(name)).json(_uri(os.path.abspath(staged)))
-    else:
-        frame = report.per_minute.select(*columns)
-        _, order = TABLES[name]
-        ordered = frame.coalesce(1).sortWithinPartitions(*order)
-        write_csv(csv_path, columns, (tuple(r) for r in ordered.toLocalIterator()))
-    frame.write.mode("append").partitionBy("pair", "day").parquet(_uri(os.path.abspath(parquet)))
+        parquet.write_partitioned(parquet_folder, TABLES[name][0], rows, ("pair", "day"))
+        return
+    assert report.per_minute is not None
+    frame = report.per_minute.select(*columns)
+    _, order = TABLES[name]
+    ordered = frame.coalesce(1).sortWithinPartitions(*order)
+    write_csv(csv_path, columns, (tuple(r) for r in ordered.toLocalIterator()))
+    frame.write.mode("append").partitionBy("pair", "day").parquet(
+        _uri(os.path.abspath(parquet_folder))
+    )
 
 
 def write_report(
-    spark: SparkSession,
     report: SparkReport,
     out: str,
     progress: Progress = _quiet,
 ) -> None:
     """Tables as ``<out>/<table>/parquet/pair=P/day=D/`` and ``<out>/<table>/<table>.csv`` (this
     run's rows), ``summary.json``, ``fleet.png`` and ``timeline.png`` (of the pair binned by
-    ``compute``). ``out`` is a directory on the driver; on a cluster the executors must share
-    it: they read the small tables staged there and write the Parquet parts. The tables are
-    written by concurrent Spark jobs: each is small, and one at a time most of the time would
-    go to scheduling."""
+    ``compute``). ``out`` is a directory on the driver. The tables on the driver are written
+    there by the driver (``spark.parquet``): a Spark job each would cost more than writing
+    them. Only ``redirects_per_minute`` of a large input, which stays in Spark, is written
+    by Spark (on a cluster the executors must share ``out``)."""
     os.makedirs(out, exist_ok=True)
     days: dict[str, list[str]] = defaultdict(list)
-    for row in report.small["daily"]:
+    for row in report.tables["daily"]:
         days[row["pair"]].append(row["day"])
-    staging = os.path.join(out, "_staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
     progress(f"writing {len(TABLES)} tables")
-    with ThreadPoolExecutor(max_workers=WRITERS) as pool:
-        for done in [
-            pool.submit(_write_table, spark, report, name, out, staging, days) for name in TABLES
-        ]:
-            done.result()
-    shutil.rmtree(staging, ignore_errors=True)
+    for name in TABLES:
+        _write_table(report, name, out, days)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as stream:
         json.dump(report.summary, stream, indent=2, sort_keys=False)
         stream.write("\n")
     progress("drawing fleet.png")
-    timeline.render_fleet(os.path.join(out, "fleet.png"), report.summary, report.small["daily"])
+    timeline.render_fleet(os.path.join(out, "fleet.png"), report.summary, report.tables["daily"])
     for pair, activity in report.activity.items():
         progress(f"drawing timeline.png of {pair}")
         timeline.render(
             os.path.join(out, "timeline.png"),
             report.summary["pairs"][pair],
-            {t: [r for r in rows if r["pair"] == pair] for t, rows in report.small.items()},
+            {t: [r for r in rows if r["pair"] == pair] for t, rows in report.tables.items()},
             activity,
         )
 
 
-SMALL_INPUT_BYTES = 256 << 20
+def _end(spark: SparkSession, archive: jvm.ClassArchive | None) -> None:
+    """Stop the session this run started, and its JVM."""
+    spark.stop()
+    exited = jvm.end_started_jvm()
+    if archive is not None:
+        archive.finish(exited)
 
 
-def _small_input_settings(master: str | None, files: Sequence[str]) -> dict[str, str]:
-    """On a local master, a small input is done before the JIT's optimising compiler pays
-    for itself: the quick compiler alone starts the job seconds sooner."""
-    if master is None or not is_local(master):
-        return {}
-    if sum(os.path.getsize(f) for f in files if os.path.isfile(f)) > SMALL_INPUT_BYTES:
-        return {}
-    if any(not os.path.isfile(f) for f in files):
-        return {}
-    return {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"  # given with --conf, they replace the report's
 
 
 def run_report(
@@ -774,19 +868,36 @@ def run_report(
 
     spark = SparkSession.getActiveSession()
     owned = spark is None
-    if spark is None:
-        logged(f"starting Spark ({master or 'from spark-submit'}); its log: {log_file}")
-        spark = build_session(
-            master, log_file, {**_small_input_settings(master, files), **(conf or {})}
-        )
-    logged(f"Spark {spark.version}, master {spark.sparkContext.master}")
+    archive = None
+    ending: Future | None = None
+    pool = ThreadPoolExecutor(max_workers=1)
     try:
+        if spark is None:
+            logged(f"starting Spark ({master or 'from spark-submit'}); its log: {log_file}")
+            settings = dict(conf or {})
+            if master is not None and is_local(master) and JAVA_OPTIONS not in settings:
+                archive = jvm.class_archive()
+                settings[JAVA_OPTIONS] = jvm.driver_options(files, archive)
+            starting = pool.submit(build_session, master, log_file, settings)
+            timeline.warm_up()  # while the JVM starts
+            spark = starting.result()
+            if archive is not None and archive.creating is not None:
+                logged(f"class archive: this JVM writes {archive.path} as it exits (once)")
+            elif archive is not None:
+                logged(f"class archive: {archive.path}")
+        logged(f"Spark {spark.version}, master {spark.sparkContext.master}")
         report = compute(spark, paths, since, until, skew, estimate_skew, logged, slo, conf, pair)
-        write_report(spark, report, out, logged)
-        report.per_minute.unpersist()
+        if owned and report.per_minute is None:
+            ending = pool.submit(_end, spark, archive)  # Spark has nothing left to do
+        write_report(report, out, logged)
+        report.release()
     finally:
-        if owned:
-            spark.stop()
+        if owned and spark is not None:
+            if ending is None:
+                _end(spark, archive)
+            else:
+                ending.result()
+        pool.shutdown()
     if echo is not None:
-        echo(render_text(report.summary, report.small))
+        echo(render_text(report.summary, report.tables))
     return report.summary

@@ -5,26 +5,19 @@ coloured bands, a "service" band with client-visible outages and dual-active spe
 ones hatched), the incidents (peer last seen, peer lost, survivor ACTIVE; close ones clustered
 into one numbered marker) and redirects + refusals over time; and the fleet's availability per
 pair per day as a heat map, worst pair first. It draws the small tables it is given and
-computes nothing; it must not know Spark.
+computes nothing; it must not know Spark. matplotlib is imported on first use (``warm_up``),
+so that a report can load it while its JVM starts.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from spark.model import iso  # noqa: E402
+from spark.model import iso
 
 COLOURS = {
     "ACTIVE": "#2e9e44",
@@ -39,6 +32,25 @@ SERVING = "#b9e3c0"
 NODE_GREYS = ("#555555", "#a0a0a0", "#d0d0d0")
 CLUSTERS = 60  # incidents closer than 1/CLUSTERS of the window share one marker
 DAY = 86400.0
+
+
+def warm_up() -> None:
+    """Import matplotlib and draw once (fonts, the Agg renderer): the first picture's fixed
+    cost, paid here when there is time to spare."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.set_title("x")
+    fig.savefig(io.BytesIO(), format="png", dpi=10)
+    plt.close(fig)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _x(ts: float) -> float:
@@ -57,6 +69,12 @@ def render(
     tables: Mapping[str, Sequence[Mapping[str, Any]]],
     activity: Sequence[Mapping[str, Any]],
 ) -> None:
+    import matplotlib.dates as mdates
+    from matplotlib.collections import PolyCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    plt = _pyplot()
     window = summary["window"]
     nodes = list(summary["nodes"])
     if window is None:
@@ -154,28 +172,30 @@ def render(
         Line2D([], [], color="k", marker="^", ls="", label="survivor ACTIVE"),
     ]
     # Stacked bars, each at the true start of its bucket (minutes on the server's clock were
-    # moved by its offset before grouping), so nothing is dropped or shifted.
+    # moved by its offset before grouping), so nothing is dropped or shifted; one collection
+    # of rectangles per server, as a patch each would take seconds to draw.
     width = activity[0]["width"] if activity else 60
     base: dict[float, int] = {}
+    servers = []
     for colour, node in zip(itertools.cycle(NODE_GREYS), nodes, strict=False):
         mine = [a for a in activity if a["node"] == node]
-        if mine:
-            heights = [a["redirects"] + a["refusals"] for a in mine]
-            bottom.bar(
-                [_x(a["at"]) for a in mine],
-                heights,
-                width=width / DAY,
-                bottom=[base.get(a["at"], 0) for a in mine],
-                align="edge",
-                color=colour,
-                label=node,
-            )
-            for a, h in zip(mine, heights, strict=True):
-                base[a["at"]] = base.get(a["at"], 0) + h
+        if not mine:
+            continue
+        bars = []
+        for a in mine:
+            x0, x1 = _x(a["at"]), _x(a["at"] + width)
+            y0 = base.get(a["at"], 0)
+            y1 = y0 + a["redirects"] + a["refusals"]
+            bars.append([(x0, y0), (x0, y1), (x1, y1), (x1, y0)])
+            base[a["at"]] = y1
+        bottom.add_collection(PolyCollection(bars, facecolors=colour, edgecolors="none"))
+        servers.append(Patch(facecolor=colour, label=node))
+    if base:
+        bottom.set_ylim(0, max(base.values()) * 1.05)
     bottom.set_ylabel(f"redirects +\nrefusals\nper {width // 60} min", fontsize=8)
     bottom.set_ylim(bottom=0)
-    if activity:
-        bottom.legend(fontsize=8, loc="upper right")
+    if servers:
+        bottom.legend(handles=servers, fontsize=8, loc="upper right")
     bottom.grid(alpha=0.3)
     locator = mdates.AutoDateLocator()
     bottom.xaxis.set_major_locator(locator)
@@ -198,6 +218,7 @@ def _clusters(incidents: Sequence[Mapping[str, Any]], gap: float) -> list[list[M
 
 def render_fleet(path: str, summary: Mapping[str, Any], daily: Sequence[Mapping[str, Any]]) -> None:
     """Availability per pair (rows, worst first) per day (columns) as a heat map."""
+    plt = _pyplot()
     pairs = summary["pairs"]
     order = sorted(
         pairs, key=lambda n: (pairs[n]["availability"] is None, pairs[n]["availability"] or 0, n)

@@ -1,5 +1,6 @@
 """Fixtures of the report's tests: one local Spark session for the whole run (starting Spark
-costs seconds), and the scenarios' logs written to a temporary folder."""
+costs seconds), and both ways the job reads its input: every record to the driver (small
+inputs) or the bulk of the records reduced in Spark first (large ones)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,20 @@ def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     session = build_session("local[2]", str(log), {"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(params=[True, False], ids=["whole", "reduced"])
+def whole(request: pytest.FixtureRequest) -> bool:
+    """``whole`` for ``spark.job.compute``: each test comparing it with the reference runs
+    both ways."""
+    return request.param
+
+
+@pytest.fixture(params=["whole", "reduced"])
+def read_as(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``spark.job.run_report`` reading its input both ways (it chooses by the input's size)."""
+    from spark import job
+
+    if request.param == "reduced":
+        monkeypatch.setattr(job, "WHOLE_INPUT_BYTES", -1)
+    return request.param

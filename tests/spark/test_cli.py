@@ -57,7 +57,7 @@ def _ordered(name: str, rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.spark
-def test_cli_writes_the_report(tmp_path: Path, spark_session) -> None:
+def test_cli_writes_the_report(tmp_path: Path, spark_session, read_as) -> None:
     paths = logs(tmp_path)
     out = tmp_path / "out"
     # The directory the servers write under, as `make run` lays it out: found recursively.

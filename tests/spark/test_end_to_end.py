@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,8 @@ async def test_report_shows_the_failover_and_the_recovery(
     command = [sys.executable, "-m", "amqha", "report", "--out", str(out), "--master", "local[2]"]
     for server in pair.servers:
         command += ["--events", str(server.events_path.parent)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # its own class archive
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
 
     report = json.loads((out / "summary.json").read_text())

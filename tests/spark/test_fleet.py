@@ -67,15 +67,16 @@ def test_unnamed_pairs_are_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_spark_equals_reference_on_a_fleet(tmp_path: Path, spark_session) -> None:
+def test_spark_equals_reference_on_a_fleet(tmp_path: Path, spark_session, whole) -> None:
     paths = fleet(tmp_path)
     assert_same_report(
-        job.compute(spark_session, paths, slo=99.95), reference.compute(paths, slo=99.95)
+        job.compute(spark_session, paths, slo=99.95, whole=whole),
+        reference.compute(paths, slo=99.95),
     )
 
 
 @pytest.mark.spark
-def test_a_rerun_replaces_its_partitions(tmp_path: Path, spark_session) -> None:
+def test_a_rerun_replaces_its_partitions(tmp_path: Path, spark_session, read_as) -> None:
     paths = fleet(tmp_path / "logs")
     out = str(tmp_path / "out")
     job.run_report(paths, out)
@@ -97,7 +98,7 @@ def test_a_rerun_replaces_its_partitions(tmp_path: Path, spark_session) -> None:
 
 
 @pytest.mark.spark
-def test_spark_equals_reference_on_a_generated_fleet(tmp_path: Path, spark_session) -> None:
+def test_spark_equals_reference_on_a_generated_fleet(tmp_path: Path, spark_session, whole) -> None:
     """Pairs with skewed backups, rotated gzip logs, storms, every kind of incident."""
     from bench.fleet import generate_fleet
 
@@ -106,4 +107,4 @@ def test_spark_equals_reference_on_a_generated_fleet(tmp_path: Path, spark_sessi
     assert sorted(report.summary["pairs"]) == sorted(written)
     assert report.summary["events"] == sum(written.values())
     assert report.summary["fleet"]["incidents"] > 0
-    assert_same_report(job.compute(spark_session, [str(tmp_path)], slo=99.99), report)
+    assert_same_report(job.compute(spark_session, [str(tmp_path)], slo=99.99, whole=whole), report)

@@ -43,6 +43,6 @@ def test_reference_counts_bad_lines(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_spark_counts_bad_lines_like_the_reference(tmp_path: Path, spark_session) -> None:
+def test_spark_counts_bad_lines_like_the_reference(tmp_path: Path, spark_session, whole) -> None:
     paths = write(tmp_path)
-    assert_same_report(job.compute(spark_session, paths), reference.compute(paths))
+    assert_same_report(job.compute(spark_session, paths, whole=whole), reference.compute(paths))

@@ -204,9 +204,9 @@ def test_reference_gives_the_known_answer(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("name", CASES)
-def test_spark_equals_reference(name: str, tmp_path: Path, spark_session) -> None:
+def test_spark_equals_reference(name: str, tmp_path: Path, spark_session, whole) -> None:
     paths = build(name, tmp_path)
-    assert_same_report(job.compute(spark_session, paths), reference.compute(paths))
+    assert_same_report(job.compute(spark_session, paths, whole=whole), reference.compute(paths))
 
 
 def test_console_recovery_details(tmp_path: Path) -> None:
@@ -262,9 +262,9 @@ def _with_bad_lines(count: int) -> Known:
 
 
 @pytest.mark.spark
-def test_torn_last_line_spark_equals_reference(tmp_path: Path, spark_session) -> None:
+def test_torn_last_line_spark_equals_reference(tmp_path: Path, spark_session, whole) -> None:
     paths = torn_logs(tmp_path)
-    assert_same_report(job.compute(spark_session, paths), reference.compute(paths))
+    assert_same_report(job.compute(spark_session, paths, whole=whole), reference.compute(paths))
 
 
 # ---------------------------------------------------------------- no valid record
@@ -282,9 +282,9 @@ def test_no_valid_record_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_no_valid_record_is_an_error_in_spark(tmp_path: Path, spark_session) -> None:
+def test_no_valid_record_is_an_error_in_spark(tmp_path: Path, spark_session, whole) -> None:
     with pytest.raises(ReportError, match="no valid event record .1 bad line"):
-        job.compute(spark_session, empty_logs(tmp_path))
+        job.compute(spark_session, empty_logs(tmp_path), whole=whole)
 
 
 # ---------------------------------------------------------------- skewed clocks
@@ -329,10 +329,11 @@ def test_uncorrected_skew_distorts_the_report(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "options", [{}, {"skew": {"backup": 30.0}}, {"estimate_skew": False}], ids=str
 )
-def test_skewed_spark_equals_reference(tmp_path: Path, spark_session, options) -> None:
+def test_skewed_spark_equals_reference(tmp_path: Path, spark_session, options, whole) -> None:
     paths = skewed_logs(tmp_path)
     assert_same_report(
-        job.compute(spark_session, paths, **options), reference.compute(paths, **options)
+        job.compute(spark_session, paths, whole=whole, **options),
+        reference.compute(paths, **options),
     )
 
 
@@ -363,10 +364,11 @@ def test_window_clips_everything(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_window_spark_equals_reference(tmp_path: Path, spark_session) -> None:
+def test_window_spark_equals_reference(tmp_path: Path, spark_session, whole) -> None:
     paths = build("console_recovery", tmp_path)
     assert_same_report(
-        job.compute(spark_session, paths, *WINDOW), reference.compute(paths, *WINDOW)
+        job.compute(spark_session, paths, *WINDOW, whole=whole),
+        reference.compute(paths, *WINDOW),
     )
 
 
@@ -388,8 +390,8 @@ def test_unknown_version_is_an_error_naming_file_and_version(tmp_path: Path) -> 
 
 
 @pytest.mark.spark
-def test_unknown_version_spark(tmp_path: Path, spark_session) -> None:
+def test_unknown_version_spark(tmp_path: Path, spark_session, whole) -> None:
     paths, culprit = future_logs(tmp_path)
     with pytest.raises(UnknownVersionError, match="version 2") as error:
-        job.compute(spark_session, paths)
+        job.compute(spark_session, paths, whole=whole)
     assert str(culprit) in str(error.value)

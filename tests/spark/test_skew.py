@@ -130,6 +130,6 @@ def test_skewed_clocks_evidence_on_both_sides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "name", ["synced_no_primary_peer_up", "skewed_one_side", "skewed_both_sides"]
 )
-def test_spark_equals_reference(name: str, tmp_path: Path, spark_session) -> None:
+def test_spark_equals_reference(name: str, tmp_path: Path, spark_session, whole) -> None:
     paths = [str(s.write(tmp_path)) for s in getattr(scenarios, name)()]
-    assert_same_report(job.compute(spark_session, paths), reference.compute(paths))
+    assert_same_report(job.compute(spark_session, paths, whole=whole), reference.compute(paths))
