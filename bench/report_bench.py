@@ -1,14 +1,20 @@
-"""Failover report benchmark: the Spark job (local[2]) beside the plain-Python reference.
+"""Failover report benchmark: cold runs, a warm 10 M run, and fleets of growing size with the
+Spark job (local[2]) beside the plain-Python reference.
 
-    python -m bench.report_bench [--sizes 1000000,10000000] [--cold 20000] [--pairs 20]
+    python -m bench.report_bench [--sizes 1000000,10000000,100000000] [--cold 20000]
+                                 [--cold-repeat 3] [--warm 10000000] [--pairs 20]
 
-Owns: timing, on fleets written by ``bench.fleet`` (pairs x days, rotated gzip logs, incidents
-and redirect storms), a cold ``amqha report`` run (a new process: JVM start and all) on a small
-input, then the Spark job warm and the reference on the same files in one run, with the
-driver's memory: the Python driver's peak RSS while Spark computes, and the reference's peak
-RSS (measured in a child process, as it holds every record). The reference is skipped above
-``--reference-max`` events, where it would not fit in memory. Figures only: nothing here
-asserts a speed.
+Owns: timing ``amqha report`` from a cold start (a new process: JVM start and all) on a small
+input laid out two ways (one pair's day: two plain files; one pair's month: 60 rotated gzip
+files), with a class archive made for the occasion (as a user's second run writes it) and
+without one; then, in one Spark session, the job warm on one pair's 10 M events in two plain
+files, and on fleets written by ``bench.fleet`` (pairs x days, rotated gzip logs, incidents and redirect
+storms) beside the reference on the same files. Memory: the Python driver's and the driver
+JVM's peak RSS while Spark computes (sampled), and the reference's peak RSS (a child process of
+its own, as it holds every record); the reference runs only where its records fit in memory.
+The load average is given beside every timing: the machine may be shared. Logs are generated
+in a child process, so that its memory is not counted as the driver's. Figures only: nothing
+here asserts a speed.
 """
 
 from __future__ import annotations
@@ -22,16 +28,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from bench.fleet import generate_fleet
 
 DEFAULT_SIZES = (1_000_000, 10_000_000)
 QUICK_SIZES = (100_000, 1_000_000)
 DAYS = 7
-REFERENCE_MAX = 30_000_000  # about 300 bytes an event: the reference needs ~10 GB beyond
+REFERENCE_BYTES_PER_EVENT = 130  # measured: its points and records, names shared
+REFERENCE_MEMORY_SHARE = 0.7  # of the memory available when it would start
 
 
 def _agree(a: Any, b: Any) -> bool:
@@ -48,8 +56,72 @@ def _log(message: str) -> None:
     print(f"report_bench: {message}", file=sys.stderr, flush=True)
 
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _available_bytes() -> int:
+    with open("/proc/meminfo", encoding="ascii") as stream:
+        for line in stream:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rss_mib(pid: int | str = "self") -> float:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as stream:
+            for line in stream:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+@contextmanager
+def _peak_rss(pids: dict[str, int | str]) -> Iterator[dict[str, float]]:
+    """The highest RSS of each process while the block runs, sampled every 0.1 s."""
+    peaks = {name: _rss_mib(pid) for name, pid in pids.items()}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            for name, pid in pids.items():
+                peaks[name] = max(peaks[name], _rss_mib(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peaks
+    finally:
+        done.set()
+        sampler.join(5)
+        for name, pid in pids.items():
+            peaks[name] = round(max(peaks[name], _rss_mib(pid)))
+
+
+def _generate(folder: Path, events: int, pairs: int, days: int) -> tuple[int, float]:
+    """A fleet's logs, written by a child process; (events written, seconds)."""
+    clock = time.perf_counter()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.fleet",
+            str(folder),
+            "--events",
+            str(events),
+            "--pairs",
+            str(pairs),
+            "--days",
+            str(days),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)["events"], time.perf_counter() - clock
 
 
 def _reference_in_child(folder: Path) -> dict[str, Any]:
@@ -70,83 +142,159 @@ def _reference_in_child(folder: Path) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
-def cold(events: int, pairs: int, scratch: Path) -> dict[str, Any]:
-    """``amqha report`` in a new process on ``events`` records of one pair (or ``pairs``)."""
-    folder = scratch / f"cold-{events}"
-    generate_fleet(folder, events, pairs=pairs, days=1)
-    out = scratch / f"cold-{events}-out"
+def _cold_run(folder: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
     command = [sys.executable, "-m", "amqha", "report", "--events", str(folder), "--out", str(out)]
+    load = _load()
     clock = time.perf_counter()
-    subprocess.run([*command, "--master", "local[2]", "-q"], check=True, capture_output=True)
+    subprocess.run(
+        [*command, "--master", "local[2]", "-q"],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **env},
+    )
     seconds = time.perf_counter() - clock
-    shutil.rmtree(folder)
     shutil.rmtree(out)
-    return {"events": events, "pairs": pairs, "seconds": round(seconds, 2)}
+    return {"seconds": round(seconds, 2), "load": round(load, 2)}
+
+
+def cold(events: int, repeat: int, scratch: Path) -> dict[str, Any]:
+    """``amqha report`` in a new process, on one pair's ``events`` records laid out as a day
+    (two plain files) and as a month (rotated daily: 60 gzip files). In a cache directory of
+    its own: the first run only marks it, the second writes the class archive, the others
+    start from it; then as many runs without it."""
+    cache = scratch / "cache"
+    with_archive = {"XDG_CACHE_HOME": str(cache)}
+    without = {"AMQHA_REPORT_CLASS_ARCHIVE": "off"}
+    found: dict[str, Any] = {"events": events}
+    for layout, days in (("day", 1), ("month", 30)):
+        folder = scratch / f"cold-{layout}"
+        written, _ = _generate(folder, events, 1, days)
+        runs: dict[str, Any] = {
+            "events": written,
+            "files": sum(1 for f in folder.rglob("*") if f.is_file()),
+        }
+        out = scratch / "cold-out"
+        if layout == "day":
+            runs["first (marks the cache)"] = _cold_run(folder, out, with_archive)
+            runs["second (writes the class archive)"] = _cold_run(folder, out, with_archive)
+        runs["class archive"] = [_cold_run(folder, out, with_archive) for _ in range(repeat)]
+        runs["no class archive"] = [_cold_run(folder, out, without) for _ in range(repeat)]
+        _log(f"cold, one pair's {layout}: {runs}")
+        found[layout] = runs
+        shutil.rmtree(folder)
+    shutil.rmtree(cache, ignore_errors=True)
+    return found
+
+
+def _timed_compute(spark: Any, folder: Path, job: Any) -> tuple[Any, float, dict[str, float]]:
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    jvm_pid = gateway.proc.pid if gateway is not None and gateway.proc is not None else "self"
+    with _peak_rss({"driver_python": "self", "driver_jvm": jvm_pid}) as peaks:
+        clock = time.perf_counter()
+        report = job.compute(spark, [str(folder)], progress=_log)
+        seconds = time.perf_counter() - clock
+    return report, seconds, peaks
+
+
+def warm(spark: Any, events: int, scratch: Path, job: Any) -> dict[str, Any]:
+    """The job on one pair's ``events`` records of one day: two plain files."""
+    folder = scratch / "warm"
+    written, _ = _generate(folder, events, 1, 1)
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    load = _load()
+    report, seconds, peaks = _timed_compute(spark, folder, job)
+    report.release()
+    shutil.rmtree(folder)
+    found = {
+        "events": written,
+        "bytes": size,
+        "spark_s": round(seconds, 2),
+        "load": round(load, 2),
+        "peak_rss_mib": peaks,
+    }
+    _log(f"warm: {found}")
+    return found
+
+
+def fleet(
+    spark: Any, size: int, pairs: int, scratch: Path, job: Any, reference_max: int | None
+) -> dict[str, Any]:
+    folder = scratch / str(size)
+    events, generated = _generate(folder, size, pairs, DAYS)
+    _log(f"{events} events in {pairs} pairs x {DAYS} days generated in {generated:.1f}s")
+    load = _load()
+    report, spark_s, peaks = _timed_compute(spark, folder, job)
+    report.release()
+    _log(f"{events} events: spark {spark_s:.1f}s, peak RSS {peaks}")
+    row: dict[str, Any] = {
+        "events": events,
+        "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
+        "generate_s": round(generated, 2),
+        "spark_s": round(spark_s, 2),
+        "spark_load": round(load, 2),
+        "spark_s_per_million": round(spark_s / events * 1e6, 2),
+        "peak_rss_mib": peaks,
+        "incidents": report.summary["fleet"]["incidents"],
+    }
+    fits = events * REFERENCE_BYTES_PER_EVENT < REFERENCE_MEMORY_SHARE * _available_bytes()
+    if reference_max is not None:
+        fits = events <= reference_max
+    if fits:
+        load = _load()
+        found = _reference_in_child(folder)
+        _log(f"{events} events: reference {found['seconds']:.1f}s")
+        row.update(
+            {
+                "reference_s": round(found["seconds"], 2),
+                "reference_load": round(load, 2),
+                "reference_s_per_million": round(found["seconds"] / events * 1e6, 2),
+                "reference_peak_rss_mib": round(found["rss_mib"]),
+                "spark_over_reference": round(spark_s / found["seconds"], 3),
+                "agree": _agree(report.summary, found["summary"]),
+            }
+        )
+    else:
+        row["reference"] = "skipped: its records would not fit in the memory available"
+    shutil.rmtree(folder)
+    return row
 
 
 def run(
     sizes: tuple[int, ...] = DEFAULT_SIZES,
     cold_events: int = 20_000,
+    cold_repeat: int = 3,
+    warm_events: int = 10_000_000,
     pairs: int = 20,
-    reference_max: int = REFERENCE_MAX,
+    reference_max: int | None = None,
 ) -> dict:
     from spark import job
 
     scratch = Path(tempfile.mkdtemp(prefix="amqha-report-bench-"))
     results: dict[str, Any] = {"spark_master": "local[2]", "cpus": os.cpu_count()}
-    if cold_events:
-        results["cold"] = cold(cold_events, 1, scratch)
-        _log(f"cold: {results['cold']}")
-    started = time.perf_counter()
-    spark = job.build_session("local[2]", str(scratch / "spark.log"))
-    results["spark_version"] = spark.version
-    results["spark_startup_s"] = round(time.perf_counter() - started, 2)
-    results["sizes"] = {}
     try:
-        warm = scratch / "warm-up"
-        generate_fleet(warm, 20_000, pairs=2, days=1)
-        job.compute(spark, [str(warm)])  # JIT and codegen, not timed
-        shutil.rmtree(warm)
-        for size in sizes:
-            folder = scratch / str(size)
-            clock = time.perf_counter()
-            written = generate_fleet(folder, size, pairs=pairs, days=DAYS)
-            generated = time.perf_counter() - clock
-            events = sum(written.values())
-            _log(f"{events} events in {pairs} pairs x {DAYS} days generated in {generated:.1f}s")
-
-            clock = time.perf_counter()
-            spark_report = job.compute(spark, [str(folder)], progress=_log)
-            spark_s = time.perf_counter() - clock
-            driver_rss = _rss_mib()
-            spark_report.per_minute.unpersist()
-            _log(f"{events} events: spark {spark_s:.1f}s")
-            row: dict[str, Any] = {
-                "events": events,
-                "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
-                "generate_s": round(generated, 2),
-                "spark_s": round(spark_s, 2),
-                "spark_events_per_s": round(events / spark_s),
-                "driver_python_peak_rss_mib": round(driver_rss),
-                "incidents": spark_report.summary["fleet"]["incidents"],
+        if cold_events:
+            results["cold"] = cold(cold_events, cold_repeat, scratch)
+        started = time.perf_counter()
+        spark = job.build_session("local[2]", str(scratch / "spark.log"))
+        results["spark_version"] = spark.version
+        results["spark_startup_s"] = round(time.perf_counter() - started, 2)
+        try:
+            _generate(scratch / "warm-up", 20_000, 2, 1)
+            job.compute(spark, [str(scratch / "warm-up")], whole=False).release()  # not timed
+            if warm_events:
+                results["warm"] = warm(spark, warm_events, scratch, job)
+            results["sizes"] = {
+                str(size): fleet(spark, size, pairs, scratch, job, reference_max) for size in sizes
             }
-            if events <= reference_max:
-                found = _reference_in_child(folder)
-                _log(f"{events} events: reference {found['seconds']:.1f}s")
-                row.update(
-                    {
-                        "reference_s": round(found["seconds"], 2),
-                        "reference_events_per_s": round(events / found["seconds"]),
-                        "reference_peak_rss_mib": round(found["rss_mib"]),
-                        "spark_over_reference": round(spark_s / found["seconds"], 3),
-                        "agree": _agree(spark_report.summary, found["summary"]),
-                    }
-                )
-            results["sizes"][str(size)] = row
-            shutil.rmtree(folder)
+        finally:
+            spark.stop()
     finally:
-        spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+    results["driver_python_peak_rss_mib"] = round(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
     if len(sizes) > 1:
         first, last = results["sizes"][str(sizes[0])], results["sizes"][str(sizes[-1])]
         results["growth"] = {
@@ -161,14 +309,26 @@ def main() -> None:
     parser.add_argument(
         "--sizes",
         default=",".join(str(s) for s in DEFAULT_SIZES),
-        help="comma-separated event counts (default %(default)s)",
+        help="comma-separated fleet sizes in events (default %(default)s)",
     )
-    parser.add_argument("--cold", type=int, default=20_000, help="events of the cold run (0: none)")
+    parser.add_argument(
+        "--cold", type=int, default=20_000, help="events of the cold runs (0: none)"
+    )
+    parser.add_argument("--cold-repeat", type=int, default=3, help="cold runs of each kind")
+    parser.add_argument(
+        "--warm", type=int, default=10_000_000, help="events of the warm one-pair run (0: none)"
+    )
     parser.add_argument("--pairs", type=int, default=20, help="pairs in each fleet")
-    parser.add_argument("--reference-max", type=int, default=REFERENCE_MAX)
+    parser.add_argument(
+        "--reference-max",
+        type=int,
+        default=None,
+        help="run the reference up to this many events (default: where it fits in memory)",
+    )
     args = parser.parse_args()
     sizes = tuple(int(s) for s in args.sizes.split(","))
-    print(json.dumps(run(sizes, args.cold, args.pairs, args.reference_max), indent=2))
+    found = run(sizes, args.cold, args.cold_repeat, args.warm, args.pairs, args.reference_max)
+    print(json.dumps(found, indent=2))
 
 
 if __name__ == "__main__":
