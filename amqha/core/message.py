@@ -44,7 +44,7 @@ def _unshortstr_pair(address: bytes) -> tuple[str, str]:
 class Message:
     """One message. Shared by every queue it was routed to; never mutated after routing."""
 
-    __slots__ = ("address", "header", "body", "decoded", "cost")
+    __slots__ = ("address", "header", "body", "decoded", "cost", "msg_id")
 
     # Bytes held by all live messages of this process (see the module docstring).
     held = 0
@@ -55,8 +55,11 @@ class Message:
         header: bytes,
         body: bytes,
         decoded: commands.Basic.Properties | None = None,
+        msg_id: int = 0,
     ) -> None:
         self.address = address
+        # Stable identity, given when the message is first enqueued (see core.vhost).
+        self.msg_id = msg_id
         self.header = header
         self.body = body
         # The properties already decoded while the message is routed; the publisher

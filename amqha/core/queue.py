@@ -1,26 +1,36 @@
 """Queues: holding messages in order and handing them to consumers.
 
-Owns: the message list of one queue, its arguments (TTL, expiry, length limits,
-overflow, dead-letter target), its consumers and the round-robin choice among the
-ready ones, redelivery marks, when the queue next needs a timer (``next_due``), and
-the counts the console shows.
+Owns: the messages of one queue until they are settled, its arguments (TTL, expiry,
+length limits, overflow, dead-letter target), its consumers and the round-robin choice
+among the ready ones, redelivery marks, when the queue next needs a timer
+(``next_due``), and the counts the console shows.
+
+A queue owns a message from enqueue to settlement (RabbitMQ's backing queue is the
+model): ``fetch`` hands it out and keeps it as outstanding under its ``msg_id``;
+``ack``, ``reject`` and ``requeue`` take ids. A requeued message goes back to its own
+position: the ready side is the deque of never-delivered messages (in id order) plus a
+min-heap of returned ones, and the head is whichever has the lower id. A queue on a
+``ChangeLog`` (a durable one) emits every change of its contents as a value (see
+``changes``); the others emit nothing and cost what they always did.
 
 Consumers cost O(1) each to add, remove and skip: a consumer found not ready is set
 aside until its channel says it may be ready again (``wake``), so a delivery never
 walks the consumers that cannot take it.
 
-Must not know: channels or sockets (a consumer is anything with ``ready()`` and
-``deliver()``), the clock (``now`` is passed in, in seconds), where dead letters go
-(the vhost gives an ``on_dead_letter`` callback).
+Must not know: channels or sockets (a consumer is anything with ``no_ack``, ``ready()``
+and ``deliver()``), the clock (``now`` is passed in, wall-clock seconds), where dead
+letters go (the vhost gives an ``on_dead_letter`` callback), the store.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from .changes import ChangeLog, Delivered, Enqueued, Settled
 from .message import Message
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -29,19 +39,11 @@ OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 class Consumer(Protocol):
     tag: str
     exclusive: bool
+    no_ack: bool
 
     def ready(self) -> bool: ...
 
     def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None: ...
-
-
-class Redelivery:
-    """A message put back on a queue after a delivery: it goes out again marked redelivered."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, message: Message) -> None:
-        self.message = message
 
 
 class QueueArgumentError(ValueError):
@@ -116,6 +118,8 @@ class Queue:
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
         now: float = 0.0,
+        log: ChangeLog | None = None,
+        vhost: str = "/",
     ) -> None:
         self.name = name
         self.durable = durable
@@ -123,9 +127,20 @@ class Queue:
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
         self.limits = QueueLimits(self.arguments)
-        self.messages: deque[Message | Redelivery] = deque()
-        # Expiry times run parallel to ``messages``; kept only once some message can expire.
+        # Where this queue's changes go (None: a transient queue, nothing is emitted).
+        self.log = log
+        self.vhost = vhost
+        # Never-delivered messages in id order, and (a heap) the returned ones by id.
+        self.ready: deque[Message] = deque()
+        self.returned: list[tuple[int, float, Message]] = []
+        # Deadlines (wall clock) parallel to ``ready``; kept once some message can expire.
         self.expiries: deque[float] | None = None
+        # Delivered and not yet settled, by id; their deadlines while the queue has any.
+        self.outstanding: dict[int, Message] = {}
+        self.outstanding_deadlines: dict[int, float] = {}
+        # The highest id ever delivered: a ready message at or below it (recovered from a
+        # store or followed from a peer) has been delivered before.
+        self.delivered_mark = 0
         self.bytes = 0
         # Every consumer, in subscription order; ``_ready`` holds those that may take a
         # message, in round-robin order, ``_waiting`` those found not ready.
@@ -133,8 +148,7 @@ class Queue:
         self._ready: OrderedDict[Consumer, None] = OrderedDict()
         self._waiting: set[Consumer] = set()
         self._exclusive_consumers = 0
-        self.unacked = 0
-        # Running totals for the metrics endpoint (counted by the broker and channels).
+        # Running totals for the metrics endpoint.
         self.published = 0
         self.delivered = 0
         self.acked = 0
@@ -148,13 +162,17 @@ class Queue:
         self.on_due_changed: Callable[[Queue], None] | None = None
 
     def __repr__(self) -> str:
-        return f"<Queue {self.name!r} messages={len(self.messages)}>"
+        return f"<Queue {self.name!r} messages={self.message_count}>"
 
     # -- counts ------------------------------------------------------------------
 
     @property
     def message_count(self) -> int:
-        return len(self.messages)
+        return len(self.ready) + len(self.returned)
+
+    @property
+    def unacked(self) -> int:
+        return len(self.outstanding)
 
     @property
     def consumer_count(self) -> int:
@@ -167,7 +185,7 @@ class Queue:
         limits = self.limits
         if limits.overflow == "drop-head":
             return False
-        if limits.max_length is not None and len(self.messages) >= limits.max_length:
+        if limits.max_length is not None and self.message_count >= limits.max_length:
             return True
         return (
             limits.max_length_bytes is not None
@@ -175,92 +193,156 @@ class Queue:
         )
 
     def enqueue(self, message: Message, now: float, expiration: float | None = None) -> None:
-        """Append a message (the caller checked ``would_reject``), then apply drop-head.
-
-        ``expiration`` is the message's own TTL in seconds, if it has one.
-        """
+        """Append a message (the caller checked ``would_reject`` and gave it its
+        ``msg_id``), then apply drop-head. ``expiration`` is the message's own TTL in
+        seconds, if it has one."""
         ttl = self.limits.message_ttl
         if expiration is not None and (ttl is None or expiration < ttl):
             ttl = expiration
         if ttl is not None and self.expiries is None:
-            self.expiries = deque(math.inf for _ in self.messages)
-        self.messages.append(message)
+            self.expiries = deque(math.inf for _ in self.ready)
+        self.ready.append(message)
+        deadline = math.inf
         if self.expiries is not None:
-            self.expiries.append(now + ttl if ttl is not None else math.inf)
-            if len(self.messages) == 1 and self.on_due_changed is not None:
+            deadline = now + ttl if ttl is not None else math.inf
+            self.expiries.append(deadline)
+            if self.message_count == 1 and self.on_due_changed is not None:
                 self.on_due_changed(self)
         self.bytes += len(message.body)
+        log = self.log
+        if log is not None:
+            persistent = message.is_persistent()
+            log.emit(
+                Enqueued(
+                    self.vhost,
+                    self.name,
+                    message.msg_id,
+                    message.address,
+                    message.header,
+                    message.body,
+                    None if deadline == math.inf else deadline,
+                    persistent,
+                ),
+                persistent,
+            )
         limits = self.limits
         if limits.max_length is not None or limits.max_length_bytes is not None:
             self._drop_over_limit()
 
+    def restore(self, message: Message, deadline: float | None) -> None:
+        """Put back a message known from the change stream (a store, a peer), in id order;
+        nothing is emitted and no limit applies: it was checked when first enqueued."""
+        if deadline is not None and self.expiries is None:
+            self.expiries = deque(math.inf for _ in self.ready)
+        self.ready.append(message)
+        if self.expiries is not None:
+            self.expiries.append(math.inf if deadline is None else deadline)
+        self.bytes += len(message.body)
+
     def _drop_over_limit(self) -> None:
         limits = self.limits
-        while self.messages and (
-            (limits.max_length is not None and len(self.messages) > limits.max_length)
+        dropped = []
+        while self.message_count and (
+            (limits.max_length is not None and self.message_count > limits.max_length)
             or (limits.max_length_bytes is not None and self.bytes > limits.max_length_bytes)
         ):
-            self._dead_letter(self._pop_head()[0], "maxlen")
+            message = self._pop_head()[0]
+            self._dead_letter(message, "maxlen")
+            dropped.append(message.msg_id)
+        if dropped and self.log is not None:
+            self.log.emit(Settled(self.vhost, self.name, tuple(dropped), "maxlen"))
 
-    def requeue(self, messages: Iterable[Message], now: float) -> None:
-        """Put delivered-but-unsettled messages back at the head, in their original order."""
-        for message in reversed(list(messages)):
-            self.messages.appendleft(Redelivery(message))
-            if self.expiries is not None:
-                self.expiries.appendleft(math.inf)
-            self.bytes += len(message.body)
+    # -- the head ------------------------------------------------------------------
 
-    # -- dequeue -----------------------------------------------------------------
-
-    def _pop_head(self) -> tuple[Message, bool]:
-        item = self.messages.popleft()
-        if self.expiries is not None:
-            self.expiries.popleft()
-            # A new head: with per-message TTLs it may expire before the old one did.
-            if self.on_due_changed is not None and self.expiries:
-                self.on_due_changed(self)
-        if type(item) is Redelivery:
-            message, redelivered = item.message, True
+    def _pop_head(self) -> tuple[Message, float, bool]:
+        """The next message to hand out, its deadline and whether it was delivered before."""
+        returned = self.returned
+        ready = self.ready
+        if returned and (not ready or returned[0][0] < ready[0].msg_id):
+            _, deadline, message = heapq.heappop(returned)
+            redelivered = True
         else:
-            message, redelivered = item, False  # type: ignore[assignment]
+            message = ready.popleft()
+            redelivered = message.msg_id <= self.delivered_mark
+            expiries = self.expiries
+            if expiries is None:
+                deadline = math.inf
+            else:
+                deadline = expiries.popleft()
+                # A new head: with per-message TTLs it may expire before the old one did.
+                if self.on_due_changed is not None and (expiries or returned):
+                    self.on_due_changed(self)
         self.bytes -= len(message.body)
-        return message, redelivered
+        return message, deadline, redelivered
+
+    def _head_deadline(self) -> float:
+        returned = self.returned
+        ready = self.ready
+        if returned and (not ready or returned[0][0] < ready[0].msg_id):
+            return returned[0][1]
+        if ready and self.expiries is not None:
+            return self.expiries[0]
+        return math.inf
 
     def expire(self, now: float) -> int:
         """Dead-letter (or drop) expired messages at the head; returns how many."""
-        expiries = self.expiries
-        count = 0
+        if self.expiries is None and not self.returned:
+            return 0
+        expired = []
         # Strictly past the deadline: a TTL 0 message still goes to a consumer ready at the
         # instant it arrives, and expires only if there is none (as in RabbitMQ).
-        while expiries and expiries[0] < now:
-            self._dead_letter(self._pop_head()[0], "expired")
-            count += 1
-        return count
+        while self.message_count and self._head_deadline() < now:
+            message = self._pop_head()[0]
+            self._dead_letter(message, "expired")
+            expired.append(message.msg_id)
+        if expired and self.log is not None:
+            self.log.emit(Settled(self.vhost, self.name, tuple(expired), "expired"))
+        return len(expired)
 
     def next_expiry(self) -> float | None:
-        if self.expiries:
-            head = self.expiries[0]
+        if self.message_count:
+            head = self._head_deadline()
             return None if head == math.inf else head
         return None
 
-    def get(self, now: float) -> tuple[Message, bool] | None:
+    # -- handing out ---------------------------------------------------------------
+
+    def _fetch(self, no_ack: bool) -> tuple[Message, bool]:
+        """Take the head: settled at once (no_ack) or kept as outstanding under its id."""
+        message, deadline, redelivered = self._pop_head()
+        msg_id = message.msg_id
+        if msg_id > self.delivered_mark:
+            self.delivered_mark = msg_id
+        self.delivered += 1
+        log = self.log
+        if no_ack:
+            if log is not None:
+                log.emit(Settled(self.vhost, self.name, (msg_id,), "consumed"))
+        else:
+            self.outstanding[msg_id] = message
+            if deadline != math.inf:
+                self.outstanding_deadlines[msg_id] = deadline
+            if log is not None:
+                log.emit(Delivered(self.vhost, self.name, msg_id))
+        return message, redelivered
+
+    def get(self, now: float, no_ack: bool = True) -> tuple[Message, bool] | None:
         """Basic.Get: the head message, expired ones skipped."""
         self.last_used = now
-        if self.expiries is not None:
-            self.expire(now)
-        if not self.messages:
+        self.expire(now)
+        if not self.message_count:
             return None
-        return self._pop_head()
+        return self._fetch(no_ack)
 
     def drain(self, now: float) -> None:
         """Hand messages to ready consumers, round-robin, until either runs out."""
-        messages = self.messages
-        if not messages or not self.consumers:
+        if not self.consumers or not (self.ready or self.returned):
             return
-        if self.expiries is not None:
+        expiring = self.expiries is not None or self.returned
+        if expiring:
             self.expire(now)
         ready = self._ready
-        while messages:
+        while self.ready or self.returned:
             while True:
                 if not ready:
                     return
@@ -271,18 +353,143 @@ class Queue:
                 self._waiting.add(consumer)
             if len(ready) > 1:
                 ready.move_to_end(consumer)
-            message, redelivered = self._pop_head()
+            message, redelivered = self._fetch(consumer.no_ack)
             consumer.deliver(self, message, redelivered)
-            if self.expiries is not None:
+            if expiring:
                 self.expire(now)
 
+    # -- settling by id -------------------------------------------------------------
+
+    def ack(self, msg_ids: list[int]) -> None:
+        """Settle outstanding messages for good (acked by their consumer)."""
+        outstanding = self.outstanding
+        deadlines = self.outstanding_deadlines
+        for msg_id in msg_ids:
+            outstanding.pop(msg_id, None)
+            if deadlines:
+                deadlines.pop(msg_id, None)
+        self.acked += len(msg_ids)
+        if self.log is not None:
+            self.log.emit(Settled(self.vhost, self.name, tuple(msg_ids), "ack"))
+
+    def ack_one(self, msg_id: int) -> None:
+        """``ack`` of one id, the usual case (an ack per message)."""
+        self.outstanding.pop(msg_id, None)
+        if self.outstanding_deadlines:
+            self.outstanding_deadlines.pop(msg_id, None)
+        self.acked += 1
+        if self.log is not None:
+            self.log.emit(Settled(self.vhost, self.name, (msg_id,), "ack"))
+
+    def requeue(self, msg_ids: Iterable[int]) -> None:
+        """Put outstanding messages back at their own positions, marked redelivered."""
+        outstanding = self.outstanding
+        deadlines = self.outstanding_deadlines
+        returned = self.returned
+        head_before = self._head_deadline() if self.on_due_changed is not None else None
+        for msg_id in msg_ids:
+            message = outstanding.pop(msg_id, None)
+            if message is None:
+                continue
+            deadline = deadlines.pop(msg_id, math.inf) if deadlines else math.inf
+            heapq.heappush(returned, (msg_id, deadline, message))
+            self.bytes += len(message.body)
+        if head_before is not None and self._head_deadline() < head_before:
+            self.on_due_changed(self)  # type: ignore[misc]
+
+    def reject(self, msg_ids: Iterable[int], reason: str = "rejected") -> None:
+        """Settle outstanding messages refused without requeue: dead-lettered if the queue
+        says where to."""
+        outstanding = self.outstanding
+        deadlines = self.outstanding_deadlines
+        settled = []
+        for msg_id in msg_ids:
+            message = outstanding.pop(msg_id, None)
+            if message is None:
+                continue
+            if deadlines:
+                deadlines.pop(msg_id, None)
+            self._dead_letter(message, reason)
+            settled.append(msg_id)
+        if settled and self.log is not None:
+            self.log.emit(Settled(self.vhost, self.name, tuple(settled), reason))
+
+    def refuse(self, message: Message) -> None:
+        """A publish refused by reject-publish-dlx overflow: dead-lettered, never queued."""
+        self._dead_letter(message, "maxlen")
+
+    def discard(self, msg_ids: Iterable[int]) -> None:
+        """Remove messages wherever they are, settled elsewhere (a peer's or a store's
+        ``Settled``); nothing is emitted or dead-lettered."""
+        wanted = set(msg_ids)
+        for msg_id in wanted:
+            if self.outstanding.pop(msg_id, None) is not None:
+                self.outstanding_deadlines.pop(msg_id, None)
+        ready = self.ready
+        while ready and wanted and ready[0].msg_id in wanted:
+            wanted.discard(ready[0].msg_id)
+            self.bytes -= len(ready.popleft().body)
+            if self.expiries is not None:
+                self.expiries.popleft()
+        if not wanted:
+            return
+        keep = [
+            (message, deadline)
+            for message, deadline in zip(
+                ready,
+                self.expiries if self.expiries is not None else [math.inf] * len(ready),
+                strict=True,
+            )
+            if message.msg_id not in wanted
+        ]
+        if len(keep) != len(ready):
+            ready.clear()
+            ready.extend(message for message, _ in keep)
+            if self.expiries is not None:
+                self.expiries = deque(deadline for _, deadline in keep)
+        self.returned = [entry for entry in self.returned if entry[0] not in wanted]
+        heapq.heapify(self.returned)
+        self.bytes = sum(len(m.body) for m in ready) + sum(
+            len(entry[2].body) for entry in self.returned
+        )
+
     def purge(self) -> int:
-        count = len(self.messages)
-        self.messages.clear()
+        """Drop every ready message (outstanding ones stay with their consumers)."""
+        count = self.message_count
+        if self.log is not None and count:
+            ids = tuple(m.msg_id for m in self.ready) + tuple(e[0] for e in self.returned)
+            self.log.emit(Settled(self.vhost, self.name, ids, "purged"))
+        self.ready.clear()
+        self.returned.clear()
         if self.expiries is not None:
             self.expiries.clear()
         self.bytes = 0
         return count
+
+    def close(self) -> int:
+        """The queue is deleted: drop everything it holds; returns the ready count."""
+        count = self.message_count
+        self.deleted = True
+        self.ready.clear()
+        self.returned.clear()
+        if self.expiries is not None:
+            self.expiries.clear()
+        self.outstanding.clear()
+        self.outstanding_deadlines.clear()
+        self.bytes = 0
+        return count
+
+    def messages(self) -> list[tuple[Message, float | None]]:
+        """Every message not yet settled, in id order, with its deadline (tests, snapshots)."""
+        expiries = self.expiries
+        found = [
+            (m, None if expiries is None or expiries[i] == math.inf else expiries[i])
+            for i, m in enumerate(self.ready)
+        ]
+        found += [(m, None if d == math.inf else d) for _, d, m in self.returned]
+        found += [(m, self.outstanding_deadlines.get(i)) for i, m in self.outstanding.items()]
+        found.sort(key=lambda pair: pair[0].msg_id)
+        return found
 
     # -- consumers ---------------------------------------------------------------
 
@@ -345,8 +552,3 @@ class Queue:
     def _dead_letter(self, message: Message, reason: str) -> None:
         if self.limits.dead_letter_exchange is not None and self.on_dead_letter is not None:
             self.on_dead_letter(self, message, reason)
-
-    def reject(self, message: Message, reason: str = "rejected") -> None:
-        """Dead-letter, if configured, a message refused without requeue: by a consumer
-        ("rejected") or by reject-publish-dlx overflow ("maxlen", as RabbitMQ marks it)."""
-        self._dead_letter(message, reason)
