@@ -70,6 +70,7 @@ def main() -> None:
 def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: bool) -> None:
     """Start one broker and serve until SIGTERM or Ctrl-C."""
     from .server import install_uvloop, serve
+    from .store import StoreError
 
     if config_path is None:
         if role is None:
@@ -95,6 +96,8 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
         asyncio.run(serve(config, pair=pair))
     except EpochFileError as error:
         raise click.ClickException(f"bad epoch file: {error}") from None
+    except StoreError as error:
+        raise click.ClickException(f"cannot open the message store: {error}") from None
     except OSError as error:
         where = config.listen if config.tls is None else f"{config.listen} or {config.tls.listen}"
         raise click.ClickException(f"cannot listen on {where}: {error.strerror}") from None

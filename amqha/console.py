@@ -101,6 +101,7 @@ class ConsoleService:
             ),
             uptime=round(time.time() - broker.started, 1),
             control_received=broker.control_received,
+            store=broker.store_status(),
         )
         return status
 

@@ -134,6 +134,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """The message store (docs/durability.md): durable wiring and persistent messages on
+    durable queues, on disk before their confirm."""
+
+    enabled: bool = True
+    path: str | None = None  # default: DATA_DIR/store.sqlite
+    max_bytes: int | None = None  # the store's disk budget; past it publishes are nacked
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     name: str = "amqha"
     host: str = "127.0.0.1"
@@ -156,6 +166,7 @@ class ServerConfig:
     metrics_listen: tuple[str, int] | None = None
     tls: TlsListener | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
 
     @property
     def listen(self) -> str:
@@ -172,6 +183,10 @@ class ServerConfig:
     @property
     def event_log_path(self) -> str:
         return self.events_path or os.path.join(self.data_dir, "events.jsonl")
+
+    @property
+    def store_path(self) -> str:
+        return self.store.path or os.path.join(self.data_dir, "store.sqlite")
 
     def user(self, name: str) -> User | None:
         return next((u for u in self.users if u.name == name), None)
@@ -679,6 +694,19 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         None if metrics_value is None else parse_host_port(path, "metrics.listen", metrics_value)
     )
     metrics.check_unknown()
+    store_section = top.section("store")
+    store = StoreConfig(
+        enabled=store_section.get("enabled", bool, True),
+        path=store_section.get("path", str, None),
+        max_bytes=(
+            store_section.size("max_bytes", 0) if store_section.data.get("max_bytes") else None
+        ),
+    )
+    if store.max_bytes is not None and store.max_bytes < 1024 * 1024:
+        raise ConfigError(
+            path, "store.max_bytes", f"must be 1MiB (1048576 bytes) or more, got {store.max_bytes}"
+        )
+    store_section.check_unknown()
     top.check_unknown()
     return ServerConfig(
         name=name,
@@ -706,4 +734,5 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         metrics_listen=metrics_listen,
         tls=tls,
         auth=auth,
+        store=store,
     )
