@@ -1,0 +1,116 @@
+"""Workload for the tests that kill servers: a confirming publisher, an acking consumer,
+and the ledger that says whether a confirmed message went missing or one was invented.
+
+Both clients are plain aiormq and stop quietly when their server dies; the ledger is
+what they saw, so the check after the crash compares the promises made with what the
+restarted server holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import aiormq
+from pamqp import commands
+
+PERSISTENT = commands.Basic.Properties(delivery_mode=2)
+
+
+@dataclass
+class Ledger:
+    sent: set[bytes] = field(default_factory=set)
+    confirmed: set[bytes] = field(default_factory=set)
+    nacked: set[bytes] = field(default_factory=set)
+    acked: set[bytes] = field(default_factory=set)  # acks the consumer sent
+
+    def check(self, remaining: list[bytes]) -> tuple[set[bytes], set[bytes]]:
+        """(lost, invented): confirmed and neither acked nor still queued; queued but
+        never sent."""
+        held = set(remaining)
+        return self.confirmed - self.acked - held, held - self.sent
+
+
+async def publish_confirmed(
+    url: str,
+    routing_key: str,
+    ledger: Ledger,
+    prefix: str,
+    stop: asyncio.Event,
+    window: int = 50,
+    limit: int = 1_000_000,
+    exchange: str = "",
+) -> None:
+    """Publish persistent messages ``window`` at a time, each awaited for its confirm,
+    until ``stop`` or ``limit``; returns quietly when the connection dies."""
+    number = 0
+    with contextlib.suppress(Exception):
+        connection = await aiormq.connect(url)
+        try:
+            channel = await connection.channel(publisher_confirms=True)
+            while not stop.is_set() and number < limit:
+                bodies = [f"{prefix}-{number + i}".encode() for i in range(window)]
+                number += window
+                ledger.sent.update(bodies)
+                results = await asyncio.gather(
+                    *(
+                        channel.basic_publish(
+                            body, exchange=exchange, routing_key=routing_key, properties=PERSISTENT
+                        )
+                        for body in bodies
+                    ),
+                    return_exceptions=True,
+                )
+                for body, result in zip(bodies, results, strict=True):
+                    if isinstance(result, commands.Basic.Ack):
+                        ledger.confirmed.add(body)
+                    elif isinstance(result, aiormq.exceptions.DeliveryError):
+                        ledger.nacked.add(body)
+                if any(
+                    isinstance(result, BaseException)
+                    and not isinstance(result, aiormq.exceptions.DeliveryError)
+                    for result in results
+                ):
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 2)
+
+
+async def consume_acking(
+    url: str, queue: str, ledger: Ledger, stop: asyncio.Event, prefetch: int = 20
+) -> None:
+    """Consume and ack each message; returns quietly when the connection dies."""
+    with contextlib.suppress(Exception):
+        connection = await aiormq.connect(url)
+        try:
+            channel = await connection.channel()
+            await channel.basic_qos(prefetch_count=prefetch)
+
+            async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
+                await channel.basic_ack(message.delivery.delivery_tag)
+                ledger.acked.add(message.body)
+
+            await channel.basic_consume(queue, on_message)
+            while not stop.is_set() and not connection.is_closed:
+                await asyncio.sleep(0.05)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 2)
+
+
+async def drain(url: str, queue: str, limit: int = 1_000_000) -> list[tuple[bytes, bool]]:
+    """Every message left on ``queue``: (body, redelivered), acked as it is read."""
+    connection = await aiormq.connect(url)
+    try:
+        channel = await connection.channel()
+        found: list[tuple[bytes, bool]] = []
+        for _ in range(limit):
+            got = await channel.basic_get(queue, no_ack=True)
+            if got.delivery_tag is None:
+                return found
+            found.append((got.body, bool(got.redelivered)))
+        raise AssertionError(f"{queue} still had messages after {limit}")
+    finally:
+        await connection.close()
