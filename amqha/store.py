@@ -7,9 +7,10 @@ in the write that enqueued it never touches the disk), what a failed write means
 (``StoreFailure``: the messages of that LSN range were not stored; the rest is retried),
 and reading the state back as change values for ``amqha.core.apply``.
 
-The file is opened in WAL mode with ``synchronous=FULL`` and an exclusive lock, so a
-second server pointed at the same file is refused at open. See docs/durability.md,
-section 4, for the layout, the rules and the measured figures.
+The file is opened in WAL mode with ``synchronous=FULL`` (a write of settles and
+delivery marks only commits without its own fsync: the next write's covers it) and an
+exclusive lock, so a second server pointed at the same file is refused at open. See
+docs/durability.md, section 4, for the layout, the rules and the measured figures.
 
 Must not know: the loop, sockets, frames, the core's objects (it sees change values
 only), which publishes wait for which LSN (the host's business).
@@ -563,7 +564,10 @@ class Store:
             if stop:
                 items = [item for item in items if item is not _STOP]
             if items:
-                self._write(items)
+                try:
+                    self._write(items)
+                except Exception:  # the writer thread must outlive any one write
+                    log.exception("%s: a write went wrong", self.path)
             if stop:
                 return
 
