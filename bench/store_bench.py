@@ -9,7 +9,7 @@ file. Prints one JSON document:
 
 - ``insert_<n>``: 100-byte persistent messages in writes of n (100, 1000), the next
   write submitted when the last is reported: messages/s, commits, commit (fsync) ms per
-  write;
+  write, the writer thread's CPU µs per message;
 - ``insert_100_pipelined``: writes of 100 submitted while up to 20 are in flight, so the
   writer takes several per transaction (group commit): messages/s, messages per commit;
 - ``insert_1000_busy_loop``: as ``insert_1000`` while another thread runs Python
@@ -99,6 +99,13 @@ class Feed:
             for msg_id in range(first, first + count)
         ]
 
+    def writer_cpu(self) -> float:
+        """CPU seconds the store's writer thread has used (steadier than wall time on a
+        shared machine)."""
+        (thread,) = [t for t in threading.enumerate() if t.name == "amqha-store"]
+        assert thread.ident is not None
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
     def close(self) -> None:
         self.store.close()
 
@@ -126,6 +133,7 @@ def insert(
         alone = spinner.rate(SPIN_ALONE) if spinner is not None else 0.0
         if spinner is not None:
             spinner.start()
+        cpu = feed.writer_cpu()
         started = time.perf_counter()
         pending: list[int] = []
         for changes in batches:
@@ -134,6 +142,7 @@ def insert(
             pending.append(feed.submit(changes))
         feed.wait(feed.lsn)
         seconds = time.perf_counter() - started
+        cpu = feed.writer_cpu() - cpu
         during = spinner.stop() / seconds if spinner is not None else 0.0
     finally:
         if spinner is not None:
@@ -149,6 +158,7 @@ def insert(
         "messages_per_commit": round(total / commits, 1),
         "commit_ms": round(commit_seconds / commits * 1000, 3),
         "write_ms": round(seconds / commits * 1000, 3),
+        "writer_cpu_us_per_message": round(cpu / total * 1e6, 2),
     }
     if spinner is not None:
         # The busy thread's own speed while the store writes, over its speed alone.
