@@ -156,7 +156,8 @@ def _comm(pid: int) -> str:
 
 
 class RabbitNode:
-    """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``."""
+    """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``. In between,
+    ``shutdown()`` and ``start()`` restart it on the same data (same name, same ports)."""
 
     def __init__(self, port: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="amqha-bench-rabbitmq-"))
@@ -168,6 +169,7 @@ class RabbitNode:
         self.version: str | None = None
         self.erlang_version: str | None = None
         self.start_seconds: float | None = None
+        self.spawned = 0.0  # perf_counter() when the node process was last spawned
         self.env = self._environment()
 
     @property
@@ -202,16 +204,24 @@ class RabbitNode:
             ERL_EPMD_PORT=str(self.epmd_port),
         )
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Spawn the node on this node's directory (kept across ``shutdown()``); with
+        ``wait``, return once it serves AMQP (``start_seconds``: spawn to that)."""
         script = _script(SERVER_SCRIPTS, "rabbitmq-server")
         if script is None:
             raise RuntimeError("rabbitmq-server is not installed")
         log = open(self.dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
-        started = time.perf_counter()
+        self.spawned = time.perf_counter()
         self.process = subprocess.Popen(
             [script], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir
         )
         log.close()
+        if wait:
+            self.wait_serving()
+
+    def wait_serving(self) -> None:
+        """Until the node completes an AMQP handshake, at most ``START_TIMEOUT`` seconds."""
+        assert self.process is not None
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -220,7 +230,7 @@ class RabbitNode:
                 )
             properties = ping("127.0.0.1", self.port, limit=1.0)
             if properties is not None:
-                self.start_seconds = time.perf_counter() - started
+                self.start_seconds = time.perf_counter() - self.spawned
                 version = properties.get("version")
                 self.version = version.decode() if isinstance(version, bytes) else version
                 platform = properties.get("platform")
@@ -251,7 +261,9 @@ class RabbitNode:
             pending = found
         return None
 
-    def stop(self) -> None:
+    def shutdown(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the node cleanly (``rabbitmqctl stop``, then by pid if it takes longer than
+        ``timeout``) and its private epmd; its directory stays, for ``start()`` again."""
         process = self.process
         if process is None:
             return
@@ -266,10 +278,10 @@ class RabbitNode:
                     [ctl, "-n", self.nodename, "stop"],
                     env=self.env,
                     capture_output=True,
-                    timeout=STOP_TIMEOUT,
+                    timeout=timeout,
                 )
         try:
-            process.wait(timeout=STOP_TIMEOUT)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             for pid in pids:
                 with contextlib.suppress(OSError):
@@ -297,6 +309,10 @@ class RabbitNode:
                     timeout=10,
                 )
         self.process = None
+
+    def stop(self) -> None:
+        """Stop the node and remove its directory: the end of this node."""
+        self.shutdown()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
