@@ -37,6 +37,7 @@ from amqha.core.changes import (
     ExchangeDeleted,
     QueueDeclared,
     QueueDeleted,
+    Reset,
     Settled,
     Unbound,
 )
@@ -339,6 +340,12 @@ class _Write:
             db.execute(_DELETE_BINDINGS_FROM, (vhost, name))
             db.execute(_DELETE_BINDINGS_TO_EXCHANGE, (vhost, name))
             db.execute(_DELETE_EXCHANGE, (vhost, name))
+        elif kind is Reset:
+            # A snapshot follows in this stream: what the store held is replaced.
+            db.execute("DELETE FROM messages")
+            db.execute("DELETE FROM bindings")
+            db.execute("DELETE FROM queues")
+            db.execute("DELETE FROM exchanges")
         else:
             raise TypeError(f"not a change: {change!r}")
 

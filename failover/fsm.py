@@ -44,6 +44,11 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   heard ACTIVE, PROMOTE is refused: FORCE_PROMOTE takes the service anyway, in an epoch above
   the peer's, so the peer yields by the dual-active rule. A misconfigured pair is refused
   either way: promotion does not fix a configuration.
+- The takeover rule (replication). A PASSIVE that is not in sync with its ACTIVE (it is
+  still catching up, or it never was) does not take over by client vote, and PROMOTE
+  refuses it too: it would serve without messages the ACTIVE confirmed. The refusal says
+  why. `failover.takeover_unsynced` (the controller sets `takeover_unsynced`) lets the
+  client vote through; FORCE_PROMOTE always may, and its reason says it was not in sync.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -116,6 +121,11 @@ class Machine:
     peer_expiry: float
     peer: PeerInfo | None = None  # the last correctly configured peer message; None: never
     misconfigured: str | None = None  # why the last peer message was refused, if it was
+    # Replication (docs/durability.md): whether this server holds everything its ACTIVE
+    # peer confirmed (a PASSIVE that has caught up), and whether a PASSIVE that has not
+    # may take over anyway (failover.takeover_unsynced).
+    in_sync: bool = True
+    takeover_unsynced: bool = False
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
@@ -353,10 +363,31 @@ def _refuse(why: str) -> Handler:
 # Handlers whose result depends on more than the cell.
 
 
+_NOT_IN_SYNC = (
+    "this server is not in sync with the ACTIVE it followed (it has not caught up): "
+    "taking over would lose confirmed messages; `amqha console promote --force` or "
+    "failover.takeover_unsynced overrides"
+)
+
+
+def _unsynced(machine: Machine) -> bool:
+    return machine.state is State.PASSIVE and not machine.in_sync
+
+
 def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
-    """No peer heard for a timeout: the client's request makes us ACTIVE (failover)."""
+    """No peer heard for a timeout: the client's request makes us ACTIVE (failover),
+    unless this PASSIVE is not in sync and the configuration does not allow it."""
     if now < machine.peer_expiry or machine.misconfigured is not None:
         return Outcome(machine, decision=_not_serving(machine, now))
+    if _unsynced(machine):
+        if not machine.takeover_unsynced:
+            return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
+        return _become_active(
+            machine,
+            event,
+            "no peer heard for a timeout: client vote, NOT in sync (failover.takeover_unsynced)",
+            _ACCEPT,
+        )
     return _become_active(machine, event, "no peer heard for a timeout: client vote", _ACCEPT)
 
 
@@ -442,6 +473,10 @@ def _promote(machine: Machine, event: Event, now: float) -> Outcome:
         why = "promoted by an administrator: the peer follows"
     else:
         why = "promoted by an administrator: the peer is not heard"
+    if _unsynced(machine):
+        if event is not Event.FORCE_PROMOTE:
+            return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
+        why += "; forced while NOT in sync"
     return _become_active(machine, event, why, _ACCEPT)
 
 

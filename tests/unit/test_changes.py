@@ -62,17 +62,23 @@ class Logged:
         return self.log.take()[1]
 
 
-def replay(changes: list[Any]) -> dict[str, VHost]:
-    vhosts: dict[str, VHost] = {}
+class Replica:
+    """An empty state to apply changes to (what a fresh server or a PASSIVE starts from)."""
 
-    def vhost_of(name: str) -> VHost:
-        if name not in vhosts:
-            vhosts[name] = VHost(name, lambda: WALL)
-        return vhosts[name]
+    def __init__(self) -> None:
+        self.vhosts: dict[str, VHost] = {}
 
+    def vhost(self, name: str) -> VHost:
+        if name not in self.vhosts:
+            self.vhosts[name] = VHost(name, lambda: WALL)
+        return self.vhosts[name]
+
+
+def replay(changes: list[Any], replica: Replica | None = None) -> dict[str, VHost]:
+    replica = replica or Replica()
     for change in changes:
-        apply(vhost_of, change, WALL)
-    return vhosts
+        apply(replica, change, WALL)
+    return replica.vhosts
 
 
 class Taker:
@@ -209,9 +215,10 @@ def test_apply_every_kind() -> None:
 
 
 def test_apply_refuses_to_run_on_a_vhost_that_logs() -> None:
-    logged = VHost("/", lambda: WALL, ChangeLog())
+    replica = Replica()
+    replica.vhosts["/"] = VHost("/", lambda: WALL, ChangeLog())
     with pytest.raises(AssertionError):
-        apply(lambda name: logged, QueueDeclared("/", "q", False, {}), WALL)
+        apply(replica, QueueDeclared("/", "q", False, {}), WALL)
 
 
 # -- a scripted workload, replayed --------------------------------------------------------

@@ -492,6 +492,36 @@ def test_passive_redirects_to_the_active_until_it_expires_then_the_client_vote()
     assert_unchanged(refused, misconfigured)
     assert refused.decision == Refuse("same name")
 
+    # The takeover rule: a PASSIVE not in sync with its ACTIVE refuses the client vote...
+    unsynced = replace(machine, in_sync=False)
+    kept = step(unsynced, Event.CLIENT_REQUEST, EXPIRED)
+    assert_unchanged(kept, unsynced)
+    assert isinstance(kept.decision, Refuse) and "not in sync" in kept.decision.reason
+    # ... and still redirects while the ACTIVE is heard.
+    assert step(unsynced, Event.CLIENT_REQUEST, NOW).decision == Redirect("alpha.example:5672")
+    # failover.takeover_unsynced lets it through, and the reason says so.
+    allowed = step(replace(unsynced, takeover_unsynced=True), Event.CLIENT_REQUEST, EXPIRED)
+    assert allowed.machine.state is State.ACTIVE and allowed.decision == Accept()
+    assert allowed.transition is not None and "NOT in sync" in allowed.transition.reason
+
+
+def test_the_takeover_rule_holds_only_for_a_passive_server() -> None:
+    """A started primary has no ACTIVE it followed: its client vote is the usual one."""
+    started = replace(ours(Role.PRIMARY, State.PRIMARY, epoch=2), in_sync=False)
+    outcome = step(started, Event.CLIENT_REQUEST, EXPIRED)
+    assert outcome.machine.state is State.ACTIVE and outcome.decision == Accept()
+
+
+def test_promote_refuses_a_passive_server_not_in_sync_and_force_overrides() -> None:
+    unsynced = replace(ours(Role.BACKUP, State.PASSIVE, epoch=3), in_sync=False)
+    refused = step(unsynced, Event.PROMOTE, EXPIRED)
+    assert_unchanged(refused, unsynced)
+    assert isinstance(refused.decision, Refuse) and "not in sync" in refused.decision.reason
+    forced = step(unsynced, Event.FORCE_PROMOTE, EXPIRED)
+    assert forced.machine.state is State.ACTIVE and forced.decision == Accept()
+    assert forced.transition is not None
+    assert forced.transition.reason.endswith("forced while NOT in sync")
+
 
 @cell(State.PASSIVE, Event.MANUAL_RECOVER)
 def test_recover_is_refused_on_a_passive_server() -> None:
