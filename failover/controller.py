@@ -203,6 +203,7 @@ class FailoverController:
                 "listen": self.config.public_address,
                 "clients": self.clients,
                 "version": __version__,
+                "in_sync": machine.in_sync,
             },
         )
 

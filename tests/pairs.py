@@ -91,6 +91,7 @@ class Pair:
         roles: tuple[str, str] = ("primary", "backup"),
         names: tuple[str, str] | None = None,
         peering_tls: tuple[tuple[dict[str, Any], dict[str, Any]], ...] | None = None,
+        failover_extra: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         """``overrides``: further config sections for both servers (as ServerProcess takes).
@@ -122,15 +123,18 @@ class Pair:
                 dirs[i],
                 names[i],
                 port=ports[i],
-                failover=failover_section(
-                    roles[i],
-                    peer_ports[i],
-                    heartbeat,
-                    timeout,
-                    peer_listen=ports[1 - i],
-                    # Equal names are how misconfigured pairs are built: leave them unpinned.
-                    peer_name=names[1 - i] if names[0] != names[1] else None,
-                ),
+                failover={
+                    **failover_section(
+                        roles[i],
+                        peer_ports[i],
+                        heartbeat,
+                        timeout,
+                        peer_listen=ports[1 - i],
+                        # Equal names are how misconfigured pairs are built: leave them unpinned.
+                        peer_name=names[1 - i] if names[0] != names[1] else None,
+                    ),
+                    **(failover_extra or {}),
+                },
                 **overrides,
             )
             for i in range(2)

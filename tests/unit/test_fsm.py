@@ -1211,3 +1211,32 @@ def test_any_interleaving_keeps_one_active_on_a_healthy_link(operations: list[st
         State.ACTIVE,
         State.PASSIVE,
     ]
+
+
+# -- who leads when one of them is not in sync (replication) ------------------------------
+
+
+def test_a_passive_primary_not_in_sync_stays_passive_when_its_backup_returns() -> None:
+    unsynced = replace(ours(Role.PRIMARY, State.PASSIVE, epoch=4), in_sync=False)
+    outcome = hear(unsynced, peer(Role.BACKUP, State.BACKUP, 4))
+    assert outcome.machine.state is State.PASSIVE and outcome.transition is None
+    synced = hear(ours(Role.PRIMARY, State.PASSIVE, epoch=4), peer(Role.BACKUP, State.BACKUP, 4))
+    assert synced.machine.state is State.ACTIVE
+
+
+def test_a_restarted_backup_leads_when_the_passive_primary_is_not_in_sync() -> None:
+    backup = ours(Role.BACKUP, State.BACKUP, epoch=4)
+    unsynced_primary = replace(peer(Role.PRIMARY, State.PASSIVE, 4), in_sync=False)
+    outcome = hear(backup, unsynced_primary)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.transition is not None and "not in sync" in outcome.transition.reason
+    waits = hear(backup, peer(Role.PRIMARY, State.PASSIVE, 4))
+    assert waits.machine.state is State.BACKUP
+
+
+def test_of_two_passive_servers_the_one_in_sync_leads() -> None:
+    backup = ours(Role.BACKUP, State.PASSIVE, epoch=4)
+    unsynced_primary = replace(peer(Role.PRIMARY, State.PASSIVE, 4), in_sync=False)
+    assert hear(backup, unsynced_primary).machine.state is State.ACTIVE
+    primary = replace(ours(Role.PRIMARY, State.PASSIVE, epoch=4), in_sync=False)
+    assert hear(primary, peer(Role.BACKUP, State.PASSIVE, 4)).machine.state is State.PASSIVE
