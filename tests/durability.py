@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 import aio_pika
@@ -27,6 +28,7 @@ class Ledger:
     confirmed: set[bytes] = field(default_factory=set)
     nacked: set[bytes] = field(default_factory=set)
     acked: set[bytes] = field(default_factory=set)  # acks the consumer sent
+    confirm_times: list[float] = field(default_factory=list)  # wall clock of each confirm
     duplicates: int = 0  # deliveries of a message the consumer had acked already
     redelivered: int = 0
 
@@ -154,9 +156,11 @@ async def keep_publishing(
                     return_exceptions=True,
                 )
                 failed = False
+                now = time.time()
                 for body, result in zip(bodies, results, strict=True):
                     if isinstance(result, commands.Basic.Ack):
                         ledger.confirmed.add(body)
+                        ledger.confirm_times.append(now)
                     elif isinstance(result, aio_pika.exceptions.DeliveryError):
                         ledger.nacked.add(body)
                     else:
