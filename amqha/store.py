@@ -7,9 +7,10 @@ in the write that enqueued it never touches the disk), what a failed write means
 (``StoreFailure``: the messages of that LSN range were not stored; the rest is retried),
 and reading the state back as change values for ``amqha.core.apply``.
 
-The file is opened in WAL mode with ``synchronous=FULL`` and an exclusive lock, so a
-second server pointed at the same file is refused at open. See docs/durability.md,
-section 4, for the layout, the rules and the measured figures.
+The file is opened in WAL mode with ``synchronous=FULL`` (a write of settles and
+delivery marks only commits without its own fsync: the next write's covers it) and an
+exclusive lock, so a second server pointed at the same file is refused at open. See
+docs/durability.md, section 4, for the layout, the rules and the measured figures.
 
 Must not know: the loop, sockets, frames, the core's objects (it sees change values
 only), which publishes wait for which LSN (the host's business).
@@ -83,7 +84,8 @@ CREATE TABLE messages (
 ) WITHOUT ROWID;
 """
 
-_QUEUE_ID = "(SELECT id FROM queues WHERE vhost = ? AND name = ?)"
+_QUEUE_ID_OF = "SELECT id FROM queues WHERE vhost = ? AND name = ?"
+_QUEUE_ID = f"({_QUEUE_ID_OF})"
 _UPSERT_EXCHANGE = (
     "INSERT INTO exchanges VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (vhost, name) DO UPDATE SET"
     " kind = excluded.kind, auto_delete = excluded.auto_delete,"
@@ -121,16 +123,8 @@ _STORE_HIGH_ID = "UPDATE meta SET value = max(value, ?) WHERE key = 'max_msg_id'
 
 
 def _insert_sql(rows: int) -> str:
-    """INSERT of ``rows`` Enqueued values bound as they are (all eight fields, flattened);
-    the queue's id is looked up by name in SQL, and a queue the store does not hold
-    matches nothing."""
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
-    return (
-        "INSERT OR IGNORE INTO messages"
-        " SELECT q.id, v.column3, v.column4, v.column5, v.column6, v.column7"
-        f" FROM (VALUES {values}) AS v"
-        " JOIN queues AS q ON q.vhost = v.column1 AND q.name = v.column2"
-    )
+    """INSERT of ``rows`` messages, their columns bound as one flat list."""
+    return "INSERT OR IGNORE INTO messages VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
 
 
 # Statements of 128, 64, ..., 1 rows: a write of n messages runs n // 128 full ones and
@@ -156,6 +150,7 @@ class StoreFailure(NamedTuple):
 Notify = Callable[[int, StoreFailure | None], None]
 
 _STOP = object()
+_UNKNOWN = object()
 
 # Errors of the disk or the file (full, I/O, locked; and a plain DatabaseError, which is
 # corruption): the changes of a write that met one are kept for a retry.
@@ -229,10 +224,13 @@ class _Write:
     the transaction's effect is the stream's order.
     """
 
-    __slots__ = ("db", "enqueued", "settled", "delivered", "high_id")
+    __slots__ = ("db", "queue_ids", "enqueued", "settled", "delivered", "high_id")
 
-    def __init__(self, db: sqlite3.Connection, high_id: int) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, queue_ids: dict[Any, int | None], high_id: int
+    ) -> None:
         self.db = db
+        self.queue_ids = queue_ids  # (vhost, name) -> the queue's row id, None: not held
         self.enqueued: list[Enqueued] = []
         self.settled: list[Settled] = []
         self.delivered: dict[Any, int] = {}
@@ -289,12 +287,23 @@ class _Write:
                 else:
                     kept.append(message)
             enqueued = kept
-        at, count, size = 0, len(enqueued), INSERT_ROWS
-        while at < count:
-            while size > count - at:
-                size >>= 1
-            db.execute(_INSERTS[size], list(chain.from_iterable(enqueued[at : at + size])))
-            at += size
+        if enqueued:
+            queue_ids = self.queue_ids
+            rows: list[tuple[Any, ...]] = []
+            add = rows.append
+            for message in enqueued:
+                key = message[:2]
+                queue_id = queue_ids.get(key, _UNKNOWN)
+                if queue_id is _UNKNOWN:
+                    queue_id = self.queue_id(key)
+                if queue_id is not None:
+                    add((queue_id, *message[2:7]))
+            at, count, size = 0, len(rows), INSERT_ROWS
+            while at < count:
+                while size > count - at:
+                    size >>= 1
+                db.execute(_INSERTS[size], list(chain.from_iterable(rows[at : at + size])))
+                at += size
         for (vhost, name), ids in gone.items():
             if ids:
                 db.execute(_SETTLE, (vhost, name, "[" + ",".join(map(str, ids)) + "]"))
@@ -305,14 +314,21 @@ class _Write:
         self.settled.clear()
         self.delivered.clear()
 
+    def queue_id(self, key: Any) -> int | None:
+        row = self.db.execute(_QUEUE_ID_OF, key).fetchone()
+        queue_id = self.queue_ids[key] = row[0] if row else None
+        return queue_id
+
     def wiring(self, change: Any) -> None:
         db = self.db
         kind = type(change)
         if kind is QueueDeclared:
             vhost, name, auto_delete, arguments = change
             db.execute(_UPSERT_QUEUE, (vhost, name, auto_delete, _arguments(arguments)))
+            self.queue_ids.pop((vhost, name), None)
         elif kind is QueueDeleted:
             vhost, name = change
+            self.queue_ids.pop((vhost, name), None)
             db.execute(_DELETE_MESSAGES, (vhost, name))
             db.execute(_DELETE_BINDINGS_TO_QUEUE, (vhost, name))
             db.execute(_DELETE_QUEUE, (vhost, name))
@@ -366,6 +382,7 @@ class Store:
         self._notify: Notify | None = None
         self._closed = False
         self._retained: list[Change] = []
+        self._queue_ids: dict[Any, int | None] = {}
         (self._high_id,) = db.execute("SELECT value FROM meta WHERE key = 'max_msg_id'").fetchone()
         self._stored_high_id = self._high_id
         self._synchronous = "FULL"
@@ -554,7 +571,10 @@ class Store:
             if stop:
                 items = [item for item in items if item is not _STOP]
             if items:
-                self._write(items)
+                try:
+                    self._write(items)
+                except Exception:  # the writer thread must outlive any one write
+                    log.exception("%s: a write went wrong", self.path)
             if stop:
                 return
 
@@ -617,7 +637,7 @@ class Store:
         if synchronous != self._synchronous:
             db.execute(f"PRAGMA synchronous = {synchronous}")  # not allowed inside a transaction
             self._synchronous = synchronous
-        write = _Write(db, self._high_id)
+        write = _Write(db, self._queue_ids, self._high_id)
         db.execute("BEGIN")
         changed = db.total_changes
         for changes in batches:
@@ -638,6 +658,7 @@ class Store:
         self._stored_high_id = stored_high_id
 
     def _rollback(self) -> None:
+        self._queue_ids.clear()  # ids read or assigned in the transaction may be gone
         db = self._db
         if db.in_transaction:
             try:

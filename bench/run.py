@@ -3,7 +3,8 @@
     python -m bench.run [--quick] [--only broker,failover,report] [--out FILE]
 
 Modules: ``bench.broker_bench`` (amqha beside RabbitMQ), ``bench.failover_bench`` and
-``bench.busy_pair_bench`` (``run() -> dict``) and ``bench.report_bench`` (``run(sizes) -> dict``). A module
+``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench`` and
+``bench.store_bench`` (``run(sizes) -> dict``). A module
 that is not there is skipped and said so; one that fails is reported with its error,
 and the others still run. The JSON goes to stdout and to ``bench/out/latest.json``;
 a short table goes to stderr.
@@ -30,6 +31,7 @@ BENCHES = {
     "failover": "bench.failover_bench",
     "busy_pair": "bench.busy_pair_bench",
     "report": "bench.report_bench",
+    "store": "bench.store_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 

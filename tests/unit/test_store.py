@@ -226,6 +226,9 @@ def test_non_persistent_messages_are_not_stored_but_their_ids_are_not_reused(
 
 
 def test_the_highest_msg_id_survives_settling_every_message(path: Path) -> None:
+    store = Store.open(path)
+    assert store.max_msg_id() == 0
+    store.close()
     writer = Writer(path)
     writer.write(queue("q"), *(message("q", i) for i in range(1, 11)))
     writer.write(Settled("/", "q", tuple(range(1, 11)), "ack"))
@@ -574,9 +577,10 @@ def test_a_killed_writer_loses_no_write_it_reported(path: Path) -> None:
     assert lsn <= last
     store = Store.open(path)
     stored = {change.msg_id for change in store.recover() if type(change) is Enqueued}
-    store.close()
     assert must_have - settled <= stored
     assert not settled & stored
+    assert store.max_msg_id() >= max(must_have)
+    store.close()
 
 
 def test_a_change_the_store_cannot_write_fails_its_own_write_only(path: Path) -> None:
