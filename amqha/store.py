@@ -362,6 +362,7 @@ class _Write:
             db.execute("DELETE FROM bindings")
             db.execute("DELETE FROM queues")
             db.execute("DELETE FROM exchanges")
+            self.queue_ids.clear()
         else:
             raise TypeError(f"not a change: {change!r}")
 
