@@ -257,3 +257,36 @@ async def test_a_split_brain_keeps_the_losers_confirmed_messages_in_quarantine(
     remaining = [body for body, _ in await drain(pair.backup.url, "split")]
     confirmed = before.confirmed | alone.confirmed | winner_side.confirmed
     assert confirmed <= set(remaining)
+
+
+async def test_replication_can_be_turned_off_per_queue_and_for_the_server(make_pair: Any) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "kept")
+    await declare(pair.primary.url, "local", **{"x-amqha-replicate": False})
+    connection = await aiormq.connect(pair.primary.url)
+    channel = await connection.channel()
+    for queue in ("kept", "local"):
+        await asyncio.gather(
+            *(
+                channel.basic_publish(b"%d" % n, routing_key=queue, properties=PERSISTENT)
+                for n in range(50)
+            )
+        )
+    await connection.close()
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    assert len(await drain(pair.backup.url, "kept")) == 50
+    # The queue that is not replicated was never declared on the backup.
+    probe = await aiormq.connect(pair.backup.url)
+    probe_channel = await probe.channel()
+    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+        await probe_channel.queue_declare("local", passive=True)
+        raise AssertionError("the unreplicated queue reached the backup")
+    await probe.close()
+
+    off = make_pair(replication={"enabled": False}).start()
+    await off.wait_states("ACTIVE", "PASSIVE")
+    status = await replication(off, off.primary)
+    assert status == {"enabled": False}
+    assert not [e for e in off.events(off.primary) if e["event"] == "sync"]
