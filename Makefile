@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench compat demo report clean venv
+.PHONY: run test unit lint bench compat demo report clean venv soak
 
 venv: $(STAMP)
 
@@ -31,6 +31,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check amqha peering failover spark config tests bench
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
 	$(BIN)/mypy failover/fsm.py failover/peer_message.py amqha/wire.py amqha/gate.py amqha/store.py amqha/core
+
+## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --kills 100
 
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)

@@ -51,6 +51,8 @@ _REPLY_TO_FLAG = 0x02
 # channel's requests carry in reply_to (the name followed by a token naming the channel).
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
+# The pair's replication feed (see replication.py): only a peering login consumes it.
+FEED_QUEUE = "amq.replication"
 
 # An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
 Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
@@ -174,6 +176,8 @@ class Channel:
         # Direct reply-to: this channel's reply consumer and the address its requests carry.
         self.reply_consumer: ChannelConsumer | None = None
         self.reply_address = ""
+        # The replication feed, when the PASSIVE's link subscribed on this channel.
+        self.feed: Any = None
         self.handlers: dict[type, Callable[[Any], None]] = {
             commands.Channel.Open: self.on_channel_open,
             commands.Channel.Close: self.on_channel_close,
@@ -497,6 +501,9 @@ class Channel:
                 consumer.unacked -= 1
 
     def _ack(self, tag: int, multiple: bool) -> None:
+        if self.feed is not None:
+            self.feed.acked(self, tag, multiple)
+            return
         entries = self._take_unacked(tag, multiple)
         if self.transaction is not None:
             # Validated now (an unknown tag is an error at once), settled on commit.
@@ -610,6 +617,9 @@ class Channel:
         if method.queue == REPLY_TO:
             self._consume_replies(tag, method)
             return
+        if method.queue == FEED_QUEUE:
+            self._consume_feed(tag, method)
+            return
         queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
         if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
             raise exceptions.AMQPAccessRefused(
@@ -641,6 +651,27 @@ class Channel:
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
 
+    def _consume_feed(self, tag: str, method: commands.Basic.Consume) -> None:
+        """The PASSIVE's replication link subscribes to this server's change stream."""
+        if "peering" not in self.connection.user.tags:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - '{FEED_QUEUE}' is the pair's replication feed: it needs "
+                "a user tagged 'peering'"
+            )
+        broker = self.broker
+        if not broker.leading or broker.log is None or not broker.config.replication.enabled:
+            raise exceptions.AMQPNotFound(
+                "NOT_FOUND - no replication feed here: this server is not ACTIVE, or "
+                "replication or the store is off"
+            )
+        if method.no_ack or self.consumers or self.reply_consumer is not None:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - '{FEED_QUEUE}' needs acks, on a channel of its own"
+            )
+        if not method.nowait:
+            self.reply(commands.Basic.ConsumeOk(tag))
+        broker.feed.subscribe(self, tag)
+
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:
             self.broker.direct_replies.pop(self.reply_address, None)
@@ -650,6 +681,8 @@ class Channel:
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
         if self.reply_consumer is not None and self.reply_consumer.tag == method.consumer_tag:
             self._stop_replies()
+        if self.feed is not None:
+            self.feed.unsubscribed(self)
         consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._detach(consumer)
@@ -949,6 +982,8 @@ class Channel:
         if self.state is CLOSING:
             return
         self.connection.confirm_channels.discard(self)
+        if self.feed is not None:
+            self.feed.unsubscribed(self)
         if self.confirms.unsafe:
             self.confirms.drop_unsafe()
             self.broker.unsafe_channels.discard(self)

@@ -61,6 +61,7 @@ class Snapshot:
     blocked: bool = False
     memory_blocked: bool = False
     store: dict[str, Any] = field(default_factory=dict)
+    replication: dict[str, Any] = field(default_factory=dict)
     pair: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,6 +74,7 @@ def take_snapshot(broker: Broker) -> Snapshot:
         blocked=broker.blocked,
         memory_blocked=broker.memory_over,
         store=broker.store_status(),
+        replication=broker.replication_status(),
         pair=broker.pair.status(),
     )
     for vhost in broker.vhosts.values():
@@ -199,6 +201,32 @@ def broker_metrics(snapshot: Snapshot) -> Iterator[Metric]:
             "amqha_store_unwritten_changes",
             "Changes of durable state not yet on disk",
             value=store["lsn"] - store["safe_lsn"],
+        )
+    replication = snapshot.replication
+    feed = replication.get("feed")
+    if feed is not None:
+        yield GaugeMetricFamily(
+            "amqha_replication_in_sync",
+            "1 while an in-sync PASSIVE holds every confirmed message; 0: confirms rest on "
+            "this server's store alone",
+            value=int(feed["state"] == "in_sync"),
+        )
+        yield GaugeMetricFamily(
+            "amqha_replication_lag_changes",
+            "Changes the PASSIVE has not acked yet",
+            value=feed["lag_changes"] or 0,
+        )
+        yield GaugeMetricFamily(
+            "amqha_replication_lag_seconds",
+            "Age of the oldest run the PASSIVE has not acked",
+            value=feed["lag_seconds"] or 0.0,
+        )
+    follower = replication.get("follower")
+    if follower is not None:
+        yield GaugeMetricFamily(
+            "amqha_replication_following_in_sync",
+            "On a PASSIVE: 1 once it holds everything its ACTIVE confirmed",
+            value=int(bool(follower["in_sync"])),
         )
 
 

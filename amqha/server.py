@@ -54,6 +54,13 @@ from .core.queue import Queue
 from .core.vhost import MessageIds, VHost
 from .gate import Pair, Standalone
 from .metrics import MetricsEndpoint
+from .quarantine import (
+    clear_unprotected_mark,
+    quarantine,
+    read_unprotected_mark,
+    write_unprotected_mark,
+)
+from .replication import Feed, Follower
 
 if TYPE_CHECKING:
     from .store import Store, StoreFailure
@@ -72,6 +79,8 @@ CHANNEL_COST = 1200
 HOLD_RECHECK = 0.05
 TLS_HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT = 2.0
+# Message ids of one ACTIVE term: a block of 2**40 per (epoch, role).
+ID_BLOCK_BITS = 40
 # After a store write fails (a full disk), publishers stay blocked this long before the
 # next write is tried.
 STORE_RETRY = 1.0
@@ -104,7 +113,8 @@ class Broker:
         # store is recovered (None: nothing is durable, as with store.enabled false).
         self.log: ChangeLog | None = None
         self.store: Store | None = None
-        self.safe_lsn = 0  # the store has everything up to this LSN on disk
+        self.safe_lsn = 0  # confirms may go out for everything up to this LSN
+        self.store_lsn = 0  # the store has everything up to this LSN on disk
         self.unsafe_channels: set[Any] = set()  # channels with confirms waiting for it
         self.waiting_safe: collections.deque[tuple[int, Callable[[bool], None]]] = (
             collections.deque()
@@ -113,6 +123,17 @@ class Broker:
         self.store_failures = 0
         self.store_retry: asyncio.TimerHandle | None = None
         self.recovered: dict[str, Any] = {}
+        # Replication (docs/durability.md, section 5). A standalone server leads; a pair
+        # member leads while ACTIVE (``lead``) and follows its ACTIVE peer while PASSIVE
+        # (``follow``): the pair tells it which.
+        self.leading = config.failover.role is None
+        self.feed = Feed(self, self._feed_sync)
+        self.follower: Follower | None = None
+        # (side, in_sync, reason) for the pair's event log: "active" (this server's feed)
+        # or "passive" (this server following its peer).
+        self.on_sync: Callable[[str, bool, str], None] | None = None
+        self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
+        self.quarantined: list[dict[str, Any]] = []
         for user in config.users:
             for name in user.vhosts:
                 self.vhost(name)
@@ -162,6 +183,7 @@ class Broker:
         if vhost is None:
             vhost = VHost(name, time.time, self.log, self.ids)
             vhost.max_queues = self.config.limits.vhost.max_queues
+            vhost.replicate_default = self.config.replication.default
             vhost.on_queue_deleted = self._queue_deleted
             self.vhosts[name] = vhost
         return vhost
@@ -204,7 +226,7 @@ class Broker:
         store = Store.open(path, self.config.store.max_bytes)
         now = self.now()
         for change in store.recover():
-            apply(self.vhost, change, now)
+            apply(self, change, now)
         self.ids.seen(store.max_msg_id())
         counts = store.counts()
         seconds = time.monotonic() - started
@@ -235,6 +257,7 @@ class Broker:
         first, changes = self.log.take()
         if changes:
             self.store.submit(first, changes)
+            self.feed.live(first, changes)
 
     def _store_notified(self, last_lsn: int, failed: StoreFailure | None) -> None:
         """Called on the store's writer thread: hand the news to the loop."""
@@ -243,7 +266,7 @@ class Broker:
             self.loop.call_soon_threadsafe(self._stored, last_lsn, failed)
 
     def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
-        self.safe_lsn = max(self.safe_lsn, last_lsn)
+        self.store_lsn = max(self.store_lsn, last_lsn)
         failed_range = None
         if failed is not None:
             failed_range = (failed.first_lsn, failed.last_lsn)
@@ -258,13 +281,121 @@ class Broker:
                 self._update_blocked()
             if self.store_retry is None:
                 self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
+        self._release_confirms(failed_range)
+
+    def _release_confirms(self, failed_range: tuple[int, int] | None = None) -> None:
+        """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
+        what the PASSIVE has too (the watermark of docs/durability.md)."""
+        safe = self.store_lsn
+        if self.feed.in_sync and self.feed.replicated_lsn < safe:
+            safe = self.feed.replicated_lsn
+        if safe <= self.safe_lsn and failed_range is None:
+            return
+        self.safe_lsn = max(self.safe_lsn, safe)
+        safe = self.safe_lsn
         for channel in list(self.unsafe_channels):
-            if not channel.store_progress(last_lsn, failed_range):
+            if not channel.store_progress(safe, failed_range):
                 self.unsafe_channels.discard(channel)
         waiting = self.waiting_safe
-        while waiting and waiting[0][0] <= last_lsn:
+        while waiting and waiting[0][0] <= safe:
             lsn, done = waiting.popleft()
             done(failed_range is None or not failed_range[0] <= lsn <= failed_range[1])
+
+    # -- replication ----------------------------------------------------------------------
+
+    def _feed_sync(self, in_sync: bool, reason: str) -> None:
+        """The feed's subscriber became (or stopped being) an in-sync PASSIVE, or acked."""
+        if reason:
+            self._mark_unprotected(not in_sync)
+            if self.on_sync is not None:
+                self.on_sync("active", in_sync, reason)
+        self._release_confirms()
+
+    def _follower_sync(self, in_sync: bool, reason: str) -> None:
+        if self.on_sync is not None:
+            self.on_sync("passive", in_sync, reason)
+
+    def lead(self, epoch: int, role_bit: int) -> None:
+        """This server is ACTIVE: its changes are logged (and fed to a PASSIVE), its
+        timers run, and new message ids come from its own block for this epoch (two
+        ACTIVE servers of a split never give the same id)."""
+        self.ids.seen(((epoch * 2 + role_bit) << ID_BLOCK_BITS) - 1)
+        if self.leading:
+            return
+        self.leading = True
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            self.loop.create_task(follower.stop())
+        for vhost in self.vhosts.values():
+            vhost.set_log(self.log)
+            for queue in vhost.queues.values():
+                self.watch_queue(queue)
+        if not self.feed.in_sync:
+            self._mark_unprotected(True)
+            if self.on_sync is not None and self.config.replication.enabled:
+                self.on_sync("active", False, "ACTIVE with no in-sync passive")
+
+    def follow(self, url: str, connect_options: dict[str, Any]) -> None:
+        """This server is PASSIVE: it takes its state from the ACTIVE at ``url``."""
+        if not self.leading and self.follower is not None:
+            return
+        self.leading = False
+        self.feed.drop("this server is no longer ACTIVE")
+        for vhost in self.vhosts.values():
+            vhost.set_log(None)
+        if not self.config.replication.enabled or self.store is None:
+            return
+        self.follower = Follower(self, url, self._follower_sync, connect_options, self.config.name)
+        self.loop.create_task(self.follower.start())
+
+    def replicated(self, changes: list[Any]) -> int:
+        """Changes received from the ACTIVE (already applied): to the store, like ours.
+        Returns the LSN the store must pass for them."""
+        log_ = self.log
+        assert log_ is not None
+        for change in changes:
+            log_.emit(change, True)
+        return log_.lsn
+
+    def before_reset(self) -> None:
+        """A snapshot from the ACTIVE is about to replace the durable state: messages this
+        server accepted while it had no in-sync PASSIVE (a split brain's losing side) are
+        kept in a quarantine file first, and reported."""
+        mark = read_unprotected_mark(self.config.data_dir)
+        if mark is None:
+            return
+        found = quarantine(self.vhosts, mark, self.config.data_dir, self.config.name)
+        clear_unprotected_mark(self.config.data_dir)
+        if found is not None:
+            self.quarantined.append(found)
+            log.warning(
+                "quarantined %d messages accepted while unprotected into %s",
+                found["messages"],
+                found["path"],
+            )
+            if self.on_quarantine is not None:
+                self.on_quarantine(found)
+
+    def _mark_unprotected(self, unprotected: bool) -> None:
+        if not self.leading or self.store is None or not self.config.replication.enabled:
+            return
+        if unprotected:
+            if read_unprotected_mark(self.config.data_dir) is None:
+                write_unprotected_mark(self.config.data_dir, self.ids.next)
+        else:
+            clear_unprotected_mark(self.config.data_dir)
+
+    def replication_status(self) -> dict[str, Any]:
+        if not self.config.replication.enabled:
+            return {"enabled": False}
+        status: dict[str, Any] = {"enabled": True, "leading": self.leading}
+        if self.leading:
+            status["feed"] = self.feed.status()
+        if self.follower is not None:
+            status["follower"] = self.follower.status()
+        if self.quarantined:
+            status["quarantined"] = self.quarantined
+        return status
 
     def _retry_store(self) -> None:
         """Let publishers try again: a write that fails again blocks them again."""
@@ -275,7 +406,7 @@ class Broker:
             self._update_blocked()
 
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
-        """Call ``done(ok)`` once the store has written up to ``lsn``."""
+        """Call ``done(ok)`` once the store (and an in-sync PASSIVE) has up to ``lsn``."""
         if lsn <= self.safe_lsn or self.store is None:
             self.loop.call_soon(done, True)
         else:
@@ -290,7 +421,7 @@ class Broker:
             "failing": self.store_failing,
             "failures": self.store_failures,
             "lsn": self.log.lsn if self.log is not None else 0,
-            "safe_lsn": self.safe_lsn,
+            "safe_lsn": self.store_lsn,
             "recovered": self.recovered,
         }
 
@@ -332,6 +463,8 @@ class Broker:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
 
     def _on_queue_due(self, queue: Queue, now: float) -> None:
+        if not self.leading:
+            return  # a PASSIVE's queues follow the ACTIVE's expiries, never their own
         queue.expire(now)
         if queue.is_idle_expired(now):
             vhost = self._vhost_of(queue)

@@ -38,6 +38,7 @@ from amqha.core.changes import (
     ExchangeDeleted,
     QueueDeclared,
     QueueDeleted,
+    Reset,
     Settled,
     Unbound,
 )
@@ -355,6 +356,13 @@ class _Write:
             db.execute(_DELETE_BINDINGS_FROM, (vhost, name))
             db.execute(_DELETE_BINDINGS_TO_EXCHANGE, (vhost, name))
             db.execute(_DELETE_EXCHANGE, (vhost, name))
+        elif kind is Reset:
+            # A snapshot follows in this stream: what the store held is replaced.
+            db.execute("DELETE FROM messages")
+            db.execute("DELETE FROM bindings")
+            db.execute("DELETE FROM queues")
+            db.execute("DELETE FROM exchanges")
+            self.queue_ids.clear()
         else:
             raise TypeError(f"not a change: {change!r}")
 

@@ -34,6 +34,7 @@ BENCHES = {
     "busy_pair": "bench.busy_pair_bench",
     "report": "bench.report_bench",
     "store": "bench.store_bench",
+    "replication": "bench.replication_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 

@@ -92,6 +92,9 @@ class FailoverConfig:
     # Addresses the peer may announce to clients; a redirect never points elsewhere.
     peer_listen: tuple[str, ...] = ()
     peer_tls: PeerTls | None = None
+    # A PASSIVE not in sync with the ACTIVE may still take over by client vote (losing
+    # what it has not caught up): docs/durability.md.
+    takeover_unsynced: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,14 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class ReplicationConfig:
+    """Replication to the PASSIVE (docs/durability.md, section 5)."""
+
+    enabled: bool = True
+    default: bool = True  # durable queues without x-amqha-replicate are replicated
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     name: str = "amqha"
     host: str = "127.0.0.1"
@@ -167,6 +178,7 @@ class ServerConfig:
     tls: TlsListener | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     @property
     def listen(self) -> str:
@@ -633,6 +645,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         for key in ("secret", "secret_file", "peer_tls"):
             failover.used.add(key)
     peer_name = failover.get("peer_name", str, None)
+    takeover_unsynced = failover.get("takeover_unsynced", bool, False)
     if pair is None and peer_name is not None:
         pair = "+".join(sorted((name, peer_name)))
     peer_listen = failover.get("peer_listen", list, [])
@@ -707,6 +720,12 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             path, "store.max_bytes", f"must be 1MiB (1048576 bytes) or more, got {store.max_bytes}"
         )
     store_section.check_unknown()
+    replication_section = top.section("replication")
+    replication = ReplicationConfig(
+        enabled=replication_section.get("enabled", bool, True),
+        default=replication_section.get("default", bool, True),
+    )
+    replication_section.check_unknown()
     top.check_unknown()
     return ServerConfig(
         name=name,
@@ -727,6 +746,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             peer_name=peer_name,
             peer_listen=tuple(peer_listen),
             peer_tls=peer_tls,
+            takeover_unsynced=takeover_unsynced,
         ),
         limits=limits,
         source=path,
@@ -735,4 +755,5 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         tls=tls,
         auth=auth,
         store=store,
+        replication=replication,
     )

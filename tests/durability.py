@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
+import aio_pika
 import aiormq
 from pamqp import commands
+
+from amqha.client import connect as ha_connect
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 
@@ -24,6 +28,9 @@ class Ledger:
     confirmed: set[bytes] = field(default_factory=set)
     nacked: set[bytes] = field(default_factory=set)
     acked: set[bytes] = field(default_factory=set)  # acks the consumer sent
+    confirm_times: list[float] = field(default_factory=list)  # wall clock of each confirm
+    duplicates: int = 0  # deliveries of a message the consumer had acked already
+    redelivered: int = 0
 
     def check(self, remaining: list[bytes]) -> tuple[set[bytes], set[bytes]]:
         """(lost, invented): confirmed and neither acked nor still queued; queued but
@@ -114,3 +121,86 @@ async def drain(url: str, queue: str, limit: int = 1_000_000) -> list[tuple[byte
         raise AssertionError(f"{queue} still had messages after {limit}")
     finally:
         await connection.close()
+
+
+async def keep_publishing(
+    urls: list[str], queue: str, ledger: Ledger, prefix: str, stop: asyncio.Event, window: int = 20
+) -> None:
+    """Publish persistent messages with confirms to whichever server is ACTIVE, through
+    every failover (reconnecting with ``amqha.client``), until ``stop``."""
+    number = 0
+    while not stop.is_set():
+        try:
+            connection = await ha_connect(urls, retry_for=5.0, attempt_timeout=2.0)
+        except ConnectionError:
+            continue
+        try:
+            channel = await connection.channel(publisher_confirms=True)
+            while not stop.is_set():
+                bodies = [f"{prefix}-{number + i}".encode() for i in range(window)]
+                number += window
+                ledger.sent.update(bodies)
+                results = await asyncio.gather(
+                    *(
+                        asyncio.wait_for(
+                            channel.default_exchange.publish(
+                                aio_pika.Message(
+                                    body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                                ),
+                                routing_key=queue,
+                            ),
+                            10.0,
+                        )
+                        for body in bodies
+                    ),
+                    return_exceptions=True,
+                )
+                failed = False
+                now = time.time()
+                for body, result in zip(bodies, results, strict=True):
+                    if isinstance(result, commands.Basic.Ack):
+                        ledger.confirmed.add(body)
+                        ledger.confirm_times.append(now)
+                    elif isinstance(result, aio_pika.exceptions.DeliveryError):
+                        ledger.nacked.add(body)
+                    else:
+                        failed = True
+                if failed:
+                    break
+        except Exception:
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 2)
+
+
+async def keep_consuming(
+    urls: list[str], queue: str, ledger: Ledger, stop: asyncio.Event, prefetch: int = 20
+) -> None:
+    """Consume and ack from whichever server is ACTIVE, through every failover."""
+    while not stop.is_set():
+        try:
+            connection = await ha_connect(urls, retry_for=5.0, attempt_timeout=2.0)
+        except ConnectionError:
+            continue
+        try:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=prefetch)
+            source = await channel.declare_queue(queue, passive=True)
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                if message.redelivered:
+                    ledger.redelivered += 1
+                await message.ack()
+                if message.body in ledger.acked:
+                    ledger.duplicates += 1
+                ledger.acked.add(message.body)
+
+            await source.consume(on_message)
+            while not stop.is_set() and not connection.is_closed:
+                await asyncio.sleep(0.05)
+        except Exception:
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 2)

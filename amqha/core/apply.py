@@ -13,8 +13,8 @@ Must not know: the store, the loop, sockets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from .changes import (
     Batch,
@@ -26,6 +26,7 @@ from .changes import (
     ExchangeDeleted,
     QueueDeclared,
     QueueDeleted,
+    Reset,
     Settled,
     Unbound,
 )
@@ -34,13 +35,25 @@ from .routing import Exchange
 from .vhost import VHost
 
 
-def apply(vhost_of: Callable[[str], VHost], change: Change, now: float) -> None:
-    """Apply one change; ``vhost_of(name)`` gives (or makes) the vhost it names."""
+class State(Protocol):
+    """Where changes are applied: the vhosts by name, made on first use (a broker)."""
+
+    vhosts: dict[str, VHost]
+
+    def vhost(self, name: str) -> VHost: ...
+
+
+def apply(state: State, change: Change, now: float) -> None:
+    """Apply one change to ``state``."""
     if isinstance(change, Batch):
         for inner in change.changes:
-            apply(vhost_of, inner, now)
+            apply(state, inner, now)
         return
-    vhost = vhost_of(change.vhost)
+    if isinstance(change, Reset):
+        for vhost in state.vhosts.values():
+            reset(vhost)
+        return
+    vhost = state.vhost(change.vhost)
     assert vhost.log is None, "apply() on a vhost that logs would emit the change again"
     match change:
         case Enqueued():
@@ -89,6 +102,94 @@ def apply(vhost_of: Callable[[str], VHost], change: Change, now: float) -> None:
             )
         case _:
             raise ValueError(f"not a change: {change!r}")
+
+
+def reset(vhost: VHost) -> None:
+    """Drop the vhost's durable state: durable exchanges, durable queues (with their
+    messages and bindings). What follows a ``Reset`` rebuilds it."""
+    assert vhost.log is None, "reset() on a vhost that logs"
+    for queue in list(vhost.queues.values()):
+        if queue.durable and queue.exclusive_owner is None:
+            vhost.remove_queue(queue)
+    for exchange in list(vhost.exchanges.values()):
+        if _stored_exchange(exchange):
+            vhost.remove_exchange(exchange)
+
+
+def _stored_exchange(exchange: Exchange) -> bool:
+    return (
+        exchange.durable
+        and not exchange.control
+        and bool(exchange.name)
+        and not exchange.name.startswith("amq.")
+    )
+
+
+def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Iterator[Change]:
+    """The durable state as changes, from a ``Reset``: applied to any state, they give
+    this one (the snapshot a joining PASSIVE receives). What it reads is fixed when the
+    generator starts: later changes to the state do not leak into it."""
+    wiring: list[Change] = [Reset()]
+    contents: list[tuple[str, str, int, list[tuple[Message, float | None]]]] = []
+    for name, vhost in vhosts.items():
+        wanted = {
+            queue.name: queue
+            for queue in vhost.queues.values()
+            if queue.durable
+            and queue.exclusive_owner is None
+            and (queue.replicated or not replicated_only)
+        }
+        for exchange in vhost.exchanges.values():
+            if _stored_exchange(exchange):
+                wiring.append(
+                    ExchangeDeclared(
+                        name,
+                        exchange.name,
+                        exchange.kind,
+                        exchange.auto_delete,
+                        exchange.internal,
+                        dict(exchange.arguments),
+                    )
+                )
+        for queue in wanted.values():
+            wiring.append(QueueDeclared(name, queue.name, queue.auto_delete, dict(queue.arguments)))
+        for exchange in vhost.exchanges.values():
+            if not (exchange.durable and not exchange.control and exchange.name):
+                continue
+            for binding in exchange.bindings.values():
+                destination = binding.destination
+                if isinstance(destination, Exchange):
+                    if not _stored_exchange(destination):
+                        continue
+                elif getattr(destination, "name", None) not in wanted:
+                    continue
+                wiring.append(
+                    Bound(
+                        name,
+                        exchange.name,
+                        destination.name,  # type: ignore[attr-defined]
+                        isinstance(destination, Exchange),
+                        binding.routing_key,
+                        dict(binding.arguments),
+                    )
+                )
+        for queue in wanted.values():
+            contents.append((name, queue.name, queue.delivered_mark, queue.messages()))
+    yield from wiring
+    for vhost_name, queue_name, mark, messages in contents:
+        if mark:
+            yield Delivered(vhost_name, queue_name, mark)
+        for message, deadline in messages:
+            yield Enqueued(
+                vhost_name,
+                queue_name,
+                message.msg_id,
+                message.address,
+                message.header,
+                message.body,
+                deadline,
+                message.is_persistent(),
+            )
 
 
 def snapshot(vhosts: dict[str, VHost]) -> dict[str, Any]:

@@ -129,6 +129,8 @@ class Queue:
         self.limits = QueueLimits(self.arguments)
         # Where this queue's changes go (None: a transient queue, nothing is emitted).
         self.log = log
+        # Whether the PASSIVE gets this queue's changes (set by the vhost: docs/durability.md).
+        self.replicated = False
         self.vhost = vhost
         # Never-delivered messages in id order, and (a heap) the returned ones by id.
         self.ready: deque[Message] = deque()

@@ -112,6 +112,10 @@ class VHost:
         # Where changes of durable state go (None: nothing is logged, as with no store).
         self.log = log
         self.ids = ids if ids is not None else MessageIds()
+        # Durable queues are replicated to the PASSIVE unless asked otherwise; the names
+        # of the durable queues that are not (the feed leaves their changes out).
+        self.replicate_default = True
+        self.unreplicated: set[str] = set()
         self.queues: dict[str, Queue] = {}
         # At most this many queues (0: no limit); a declare past it is refused with 406.
         self.max_queues = 0
@@ -330,6 +334,7 @@ class VHost:
             arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
         )
         _check_queue_type(name, arguments)
+        asked = _replication_asked(name, arguments, durable, exclusive)
         existing = self.queues.get(name)
         if existing is not None:
             self._check_owner(existing, owner)
@@ -365,6 +370,7 @@ class VHost:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
         queue.on_dead_letter = self._dead_letter
         self.queues[name] = queue
+        self._set_replicated(queue, asked)
         if self.log is not None and self._logged_queue(queue):
             queue.log = self.log
             self._emit(QueueDeclared(self.name, name, auto_delete, dict(arguments)))
@@ -379,7 +385,17 @@ class VHost:
             queue = Queue(name, True, None, auto_delete, dict(arguments), now, vhost=self.name)
             queue.on_dead_letter = self._dead_letter
             self.queues[name] = queue
+            self._set_replicated(
+                queue, arguments.get(REPLICATE) if _queue_type(arguments) != "quorum" else True
+            )
         return queue
+
+    def _set_replicated(self, queue: Queue, asked: bool | None) -> None:
+        queue.replicated = self._logged_queue(queue) and (
+            self.replicate_default if asked is None else asked
+        )
+        if self._logged_queue(queue) and not queue.replicated:
+            self.unreplicated.add(queue.name)
 
     def delete_queue(
         self,
@@ -405,6 +421,7 @@ class VHost:
         if self.queues.get(queue.name) is not queue:
             return 0
         del self.queues[queue.name]
+        self.unreplicated.discard(queue.name)
         if queue.log is not None:
             self._emit(QueueDeleted(self.name, queue.name))
         count = queue.close()
@@ -623,21 +640,57 @@ class VHost:
 
 # Queue types RabbitMQ knows that this server does not build yet, and what they are.
 _UNBUILT_QUEUE_TYPES = {
-    "quorum": "quorum queues (replicated durable queues) are not available on this server yet",
     "stream": "stream queues are not available on this server",
 }
+REPLICATE = "x-amqha-replicate"
 
 
-def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
+def _replication_asked(
+    name: str, arguments: dict[str, Any], durable: bool, exclusive: bool
+) -> bool | None:
+    """What the arguments ask: True (``x-amqha-replicate: true`` or a quorum queue), False,
+    or None (the vhost's default). A replicated queue must be durable and not exclusive."""
+    asked = arguments.get(REPLICATE)
+    if asked is not None and not isinstance(asked, bool):
+        raise exceptions.AMQPPreconditionFailed(
+            f"PRECONDITION_FAILED - invalid arg '{REPLICATE}' for queue '{name}': "
+            f"{asked!r} (need true or false)"
+        )
+    if _queue_type(arguments) == "quorum":
+        if asked is False:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - queue '{name}': a quorum queue is replicated; "
+                f"'{REPLICATE}: false' contradicts it"
+            )
+        asked = True
+        if not durable or exclusive:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - invalid property 'non-durable' or 'exclusive' for "
+                f"quorum queue '{name}'"
+            )
+    if asked and (not durable or exclusive):
+        raise exceptions.AMQPPreconditionFailed(
+            f"PRECONDITION_FAILED - queue '{name}': '{REPLICATE}' needs a durable, "
+            "non-exclusive queue"
+        )
+    return asked
+
+
+def _queue_type(arguments: dict[str, Any]) -> str:
     kind = arguments.get("x-queue-type", "classic")
     if isinstance(kind, bytes):
         kind = kind.decode(errors="replace")
-    if kind == "classic":
+    return str(kind)
+
+
+def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
+    kind = _queue_type(arguments)
+    if kind in ("classic", "quorum"):
         return
     if kind in _UNBUILT_QUEUE_TYPES:
         problem = _UNBUILT_QUEUE_TYPES[kind]
     else:
-        problem = f"unknown queue type {kind!r} (this server has 'classic')"
+        problem = f"unknown queue type {kind!r} (this server has 'classic' and 'quorum')"
     raise exceptions.AMQPPreconditionFailed(
         f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}': {problem}"
     )

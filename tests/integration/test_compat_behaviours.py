@@ -267,7 +267,9 @@ def test_pika_recover_with_requeue_still_works_and_without_is_540(broker: Server
 # -- x-queue-type -----------------------------------------------------------------------------
 
 
-async def test_aio_pika_classic_accepted_quorum_refused_by_name(broker: ServerProcess) -> None:
+async def test_aio_pika_classic_and_quorum_accepted_stream_refused_by_name(
+    broker: ServerProcess,
+) -> None:
     connection = await aio_pika.connect(broker.url)
     async with connection:
         channel = await connection.channel()
@@ -278,20 +280,25 @@ async def test_aio_pika_classic_accepted_quorum_refused_by_name(broker: ServerPr
         # Declaring it again without the argument is the same queue.
         await channel.declare_queue(name, auto_delete=True)
         await queue.delete()
-        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed, match="quorum queues"):
+        # A quorum queue is RabbitMQ's replicated queue: here a replicated durable queue.
+        quorum = await channel.declare_queue(
+            unique("typed"), durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await quorum.delete()
+        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed, match="stream queues"):
             await channel.declare_queue(
-                unique("typed"), durable=True, arguments={"x-queue-type": "quorum"}
+                unique("typed"), durable=True, arguments={"x-queue-type": "stream"}
             )
 
 
-def test_pika_quorum_queue_is_a_406_naming_the_missing_feature(broker: ServerProcess) -> None:
+def test_pika_non_durable_quorum_queue_is_a_406_as_in_rabbitmq(broker: ServerProcess) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(broker.url))
     try:
         channel = connection.channel()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
-            channel.queue_declare(unique("q"), durable=True, arguments={"x-queue-type": "quorum"})
+            channel.queue_declare(unique("q"), durable=False, arguments={"x-queue-type": "quorum"})
         assert caught.value.reply_code == 406
-        assert "replicated durable queues" in caught.value.reply_text
+        assert "quorum queue" in caught.value.reply_text
     finally:
         connection.close()
 

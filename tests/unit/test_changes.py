@@ -14,7 +14,8 @@ import pytest
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from amqha.core.apply import apply, snapshot
+from amqha.core import codec
+from amqha.core.apply import apply, snapshot, state_changes
 from amqha.core.changes import (
     Batch,
     Bound,
@@ -62,17 +63,23 @@ class Logged:
         return self.log.take()[1]
 
 
-def replay(changes: list[Any]) -> dict[str, VHost]:
-    vhosts: dict[str, VHost] = {}
+class Replica:
+    """An empty state to apply changes to (what a fresh server or a PASSIVE starts from)."""
 
-    def vhost_of(name: str) -> VHost:
-        if name not in vhosts:
-            vhosts[name] = VHost(name, lambda: WALL)
-        return vhosts[name]
+    def __init__(self) -> None:
+        self.vhosts: dict[str, VHost] = {}
 
+    def vhost(self, name: str) -> VHost:
+        if name not in self.vhosts:
+            self.vhosts[name] = VHost(name, lambda: WALL)
+        return self.vhosts[name]
+
+
+def replay(changes: list[Any], replica: Replica | None = None) -> dict[str, VHost]:
+    replica = replica or Replica()
     for change in changes:
-        apply(vhost_of, change, WALL)
-    return vhosts
+        apply(replica, change, WALL)
+    return replica.vhosts
 
 
 class Taker:
@@ -209,15 +216,20 @@ def test_apply_every_kind() -> None:
 
 
 def test_apply_refuses_to_run_on_a_vhost_that_logs() -> None:
-    logged = VHost("/", lambda: WALL, ChangeLog())
+    replica = Replica()
+    replica.vhosts["/"] = VHost("/", lambda: WALL, ChangeLog())
     with pytest.raises(AssertionError):
-        apply(lambda name: logged, QueueDeclared("/", "q", False, {}), WALL)
+        apply(replica, QueueDeclared("/", "q", False, {}), WALL)
 
 
 # -- a scripted workload, replayed --------------------------------------------------------
 
 
-def run_workload(seed: int, steps: int) -> tuple[Logged, list[Any]]:
+def run_workload(
+    seed: int, steps: int, at_step: int | None = None, captured: list[Any] | None = None
+) -> tuple[Logged, list[Any]]:
+    """A random but repeatable workload on a logged vhost; its changes, in order. With
+    ``at_step``, ``captured`` gets (LSN, the state as changes) taken before that step."""
     rng = random.Random(seed)
     h = Logged()
     v = h.vhost
@@ -247,6 +259,8 @@ def run_workload(seed: int, steps: int) -> tuple[Logged, list[Any]]:
         v.queues[name].add_consumer(taker, h.now)
     outstanding: dict[str, list[int]] = {name: [] for name in takers}
     for step in range(steps):
+        if step == at_step and captured is not None:
+            captured.append((h.log.lsn, list(state_changes({"/": v}))))
         h.now += rng.choice((0.0, 0.1, 0.5, 1.5))
         op = rng.random()
         queue_name = rng.choice(list(takers))
@@ -312,3 +326,40 @@ def test_deleting_everything_replays_to_nothing() -> None:
     replayed = snapshot(replay(changes))
     assert replayed == snapshot({"/": h.vhost})
     assert replayed["/"] == {"exchanges": {}, "queues": {}, "bindings": []}
+
+
+# -- the PASSIVE's view: a snapshot, then the live changes, over the wire format ----------
+
+
+def runs(changes: list[Any], first_lsn: int, size: int) -> list[bytes]:
+    return [
+        codec.encode(first_lsn + at, changes[at : at + size]) for at in range(0, len(changes), size)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_snapshot_then_the_live_stream_gives_the_passive_the_actives_exact_state(
+    seed: int,
+) -> None:
+    captured: list[Any] = []
+    h, changes = run_workload(seed, 500, at_step=250, captured=captured)
+    snapshot_lsn, snapshot_changes = captured[0]
+    # The PASSIVE held something else before (a stale store): the snapshot's Reset clears it.
+    stale, _ = run_workload(seed + 100, 50)
+    passive = Replica()
+    replay(changes[:40], passive)
+    received = runs(snapshot_changes, 0, 37) + runs(changes[snapshot_lsn:], snapshot_lsn + 1, 53)
+    for run in received:
+        _, decoded = codec.decode(run)
+        replay(decoded, passive)
+    assert snapshot(passive.vhosts) == snapshot({"/": h.vhost})
+
+
+def test_the_wire_format_round_trips_every_kind_and_refuses_garbage() -> None:
+    _, changes = run_workload(7, 300)
+    data = codec.encode(41, changes)
+    first, decoded = codec.decode(data)
+    assert first == 41 and decoded == changes
+    for broken in (data[:-1], data + b"x", b"\x02" + data[1:], data[:20]):
+        with pytest.raises(ValueError):
+            codec.decode(broken)

@@ -29,6 +29,7 @@ from amqha.core.changes import (
     ExchangeDeleted,
     QueueDeclared,
     QueueDeleted,
+    Reset,
     Settled,
     Unbound,
 )
@@ -594,3 +595,33 @@ def test_a_change_the_store_cannot_write_fails_its_own_write_only(path: Path) ->
     assert writer.write(message("q", 2)) is None
     writer.close()
     assert recovered(path) == [queue("q"), message("q", 2)]
+
+
+def test_a_reset_replaces_everything_the_store_held(tmp_path: Path) -> None:
+    """A PASSIVE's snapshot starts with Reset: what its store held before is gone, and
+    what follows in the same stream is kept (the queue ids cached are not reused)."""
+    path = tmp_path / "store.sqlite"
+    store = Store.open(str(path))
+    header = b"h" * 10
+    first = [
+        ExchangeDeclared("/", "old-x", "direct", False, False, {}),
+        QueueDeclared("/", "q", False, {}),
+        Bound("/", "old-x", "q", False, "k", {}),
+        Enqueued("/", "q", 1, b"a", header, b"stale", None, True),
+    ]
+    after = [
+        Reset(),
+        QueueDeclared("/", "q", False, {}),
+        Enqueued("/", "q", 5, b"a", header, b"fresh", None, True),
+    ]
+    done = threading.Event()
+    store.start(lambda lsn, failed: done.set() if lsn == len(first) + len(after) else None)
+    store.submit(1, first)
+    store.submit(len(first) + 1, after)
+    assert done.wait(10)
+    store.close()
+    again = Store.open(str(path))
+    recovered = list(again.recover())
+    again.close()
+    assert [type(c).__name__ for c in recovered] == ["QueueDeclared", "Enqueued"]
+    assert recovered[1].body == b"fresh"

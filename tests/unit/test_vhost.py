@@ -695,10 +695,46 @@ def test_missing_alternate_drops_and_redeclare_must_name_the_same(h: Harness) ->
         h.vhost.declare_exchange("e", "direct")
 
 
-@pytest.mark.parametrize("kind", ["quorum", "stream", "lazy"])
-def test_queue_types_other_than_classic_are_a_406(h: Harness, kind: str) -> None:
+@pytest.mark.parametrize("kind", ["stream", "lazy"])
+def test_queue_types_other_than_classic_and_quorum_are_a_406(h: Harness, kind: str) -> None:
     with pytest.raises(exceptions.AMQPPreconditionFailed, match="x-queue-type"):
         h.queue("typed", **{"x-queue-type": kind})
     assert "typed" not in h.vhost.queues
     h.queue("typed", **{"x-queue-type": "classic"})
     h.queue("typed")
+
+
+def test_durable_queues_are_replicated_unless_asked_otherwise(h: Harness) -> None:
+    vhost = h.vhost
+    plain = vhost.declare_queue("plain", OWNER, h.now, durable=True)
+    off = vhost.declare_queue(
+        "off", OWNER, h.now, durable=True, arguments={"x-amqha-replicate": False}
+    )
+    quorum = vhost.declare_queue(
+        "quorum", OWNER, h.now, durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    transient = vhost.declare_queue("transient", OWNER, h.now)
+    assert (plain.replicated, off.replicated, quorum.replicated) == (True, False, True)
+    assert not transient.replicated and vhost.unreplicated == {"off"}
+    vhost.delete_queue("off", OWNER)
+    assert vhost.unreplicated == set()
+
+
+@pytest.mark.parametrize(
+    ("durable", "exclusive", "arguments", "match"),
+    [
+        (False, False, {"x-queue-type": "quorum"}, "quorum"),
+        (True, True, {"x-queue-type": "quorum"}, "quorum"),
+        (False, False, {"x-amqha-replicate": True}, "durable"),
+        (True, False, {"x-amqha-replicate": "yes"}, "true or false"),
+        (True, False, {"x-queue-type": "quorum", "x-amqha-replicate": False}, "contradicts"),
+    ],
+)
+def test_replication_needs_a_durable_shared_queue(
+    h: Harness, durable: bool, exclusive: bool, arguments: dict, match: str
+) -> None:
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match=match):
+        h.vhost.declare_queue(
+            "r", OWNER, h.now, durable=durable, exclusive=exclusive, arguments=arguments
+        )
+    assert "r" not in h.vhost.queues
