@@ -360,7 +360,16 @@ class Follower:
 
         def stored(ok: bool) -> None:
             if not ok:
-                return  # not on disk: no ack, the ACTIVE keeps waiting (and resends)
+                # Not on this disk: never acked. The link is dropped so the ACTIVE stops
+                # waiting for us (it confirms on its own store, and says so); we
+                # subscribe again, from a new snapshot, once writes work.
+                self.state = "store_failing"
+                if self.in_sync:
+                    self.in_sync = False
+                    self.on_sync(False, "this server's store could not write the changes")
+                if not channel.is_closed:
+                    asyncio.ensure_future(channel.close())
+                return
             if end and not self.in_sync:
                 self.in_sync = True
                 self.state = "in_sync"
