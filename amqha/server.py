@@ -89,6 +89,10 @@ STORE_RETRY = 1.0
 # publish path's CPU. Collecting young objects every 10000 allocations instead leaves
 # too little of that to measure; the broker's own reference cycles are few and short-lived.
 GC_THRESHOLDS = (10_000, 10, 10)
+# How long a thread may hold the GIL while another waits for it. The store's writer thread
+# returns from each SQLite call (and the heartbeat thread wakes) needing the GIL back
+# from a busy loop thread: at Python's default 5 ms, every group commit waits that long.
+SWITCH_INTERVAL = 0.0005
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -800,6 +804,7 @@ class QueueTimers:
 
 def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 def install_uvloop() -> bool:

@@ -236,6 +236,43 @@ def _decode(reader: _Reader, depth: int) -> Change:
     raise ValueError(f"unknown change kind {kind}")
 
 
+_ENQUEUED_TAIL = struct.Struct(">dB")
+
+
+def _decode_enqueued(data: bytes, at: int) -> tuple[Enqueued, int]:
+    """The hot kind, read with local offsets (the generic reader costs 3x as much)."""
+    end = at + 1 + data[at]
+    vhost = data[at + 1 : end].decode()
+    at = end + 1 + data[end]
+    queue = data[end + 1 : at].decode()
+    (msg_id,) = _I64.unpack_from(data, at)
+    at += 8
+    (size,) = _U32.unpack_from(data, at)
+    address = data[at + 4 : at + 4 + size]
+    at += 4 + size
+    (size,) = _U32.unpack_from(data, at)
+    header = data[at + 4 : at + 4 + size]
+    at += 4 + size
+    (size,) = _U32.unpack_from(data, at)
+    body = data[at + 4 : at + 4 + size]
+    at += 4 + size
+    deadline, persistent = _ENQUEUED_TAIL.unpack_from(data, at)
+    at += 9
+    if at > len(data) or len(body) != size or persistent > 1:
+        raise ValueError("truncated or bad Enqueued")
+    change = Enqueued(
+        vhost,
+        queue,
+        msg_id,
+        address,
+        header,
+        body,
+        None if math.isnan(deadline) else deadline,
+        bool(persistent),
+    )
+    return change, at
+
+
 def decode(data: bytes) -> tuple[int, list[Change]]:
     """(LSN of the first change, the changes); ValueError if ``data`` is not a whole run."""
     if len(data) < _HEAD.size:
@@ -245,7 +282,16 @@ def decode(data: bytes) -> tuple[int, list[Change]]:
         raise ValueError(f"change run version {version}, this server reads {VERSION}")
     reader = _Reader(data)
     reader.at = _HEAD.size
-    changes = [_decode(reader, 0) for _ in range(count)]
+    changes: list[Change] = []
+    try:
+        for _ in range(count):
+            if data[reader.at] == 1:
+                change, reader.at = _decode_enqueued(data, reader.at + 1)
+                changes.append(change)
+            else:
+                changes.append(_decode(reader, 0))
+    except (IndexError, struct.error, UnicodeDecodeError) as error:
+        raise ValueError(f"malformed change run: {error}") from None
     if reader.at != len(data):
         raise ValueError("bytes left after the change run")
     return first_lsn, changes

@@ -23,6 +23,8 @@ from pamqp.header import ContentHeader
 
 from ..wire import decode_properties, with_headers
 
+_FLAG_CONTENT_TYPE = 1 << 15
+_FLAG_CONTENT_ENCODING = 1 << 14
 _FLAG_HEADERS = 1 << 13
 _FLAG_DELIVERY_MODE = 1 << 12
 _FLAG_REPLY_TO = 1 << 9
@@ -134,7 +136,23 @@ class Message:
         return Message(self.address, with_headers(content.marshal(), headers), self.body)
 
     def is_persistent(self) -> bool:
-        return bool(self._flags() & _FLAG_DELIVERY_MODE) and self.properties().delivery_mode == 2
+        """delivery_mode == 2, read from the header bytes: the properties before it (two
+        short strings and the headers table) are skipped, not decoded."""
+        header = self.header
+        flags = (header[12] << 8) | header[13]
+        if not flags & _FLAG_DELIVERY_MODE:
+            return False
+        at = 14
+        try:
+            if flags & _FLAG_CONTENT_TYPE:
+                at += 1 + header[at]
+            if flags & _FLAG_CONTENT_ENCODING:
+                at += 1 + header[at]
+            if flags & _FLAG_HEADERS:
+                at += 4 + int.from_bytes(header[at : at + 4], "big")
+            return header[at] == 2
+        except IndexError:  # checked on arrival; kept safe for any header
+            return self.properties().delivery_mode == 2
 
     def rewritten(
         self, address: bytes, headers: dict[str, Any], drop_expiration: bool = False
