@@ -82,11 +82,13 @@ async def soak(workdir: Path, kills: int) -> dict[str, Any]:
             other = pair.other(active)
             await _until(lambda: pair.state(other) == "ACTIVE", 30, "takeover")  # noqa: B023
             await _until(
-                lambda: any(t > kill.after for t in ledger.confirm_times[-50:]),  # noqa: B023
+                lambda: any(  # noqa: B023
+                    t > kill.after and by == other.name for t, by in ledger.confirm_times[-50:]
+                ),
                 30,
-                "a confirm after the takeover",
+                "a confirm by the new ACTIVE",
             )
-            first = min(t for t in ledger.confirm_times if t > kill.after)
+            first = min(t for t, by in ledger.confirm_times if t > kill.after and by == other.name)
             takeovers.append(first - kill.before)
             active.start()
             print(

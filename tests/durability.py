@@ -28,7 +28,8 @@ class Ledger:
     confirmed: set[bytes] = field(default_factory=set)
     nacked: set[bytes] = field(default_factory=set)
     acked: set[bytes] = field(default_factory=set)  # acks the consumer sent
-    confirm_times: list[float] = field(default_factory=list)  # wall clock of each confirm
+    # (wall clock, server name) of each confirm
+    confirm_times: list[tuple[float, str]] = field(default_factory=list)
     duplicates: int = 0  # deliveries of a message the consumer had acked already
     redelivered: int = 0
 
@@ -135,6 +136,9 @@ async def keep_publishing(
         except ConnectionError:
             continue
         try:
+            server = str(
+                dict(connection.transport.connection.server_properties["amqha"]).get("name")  # type: ignore[attr-defined]
+            )
             channel = await connection.channel(publisher_confirms=True)
             while not stop.is_set():
                 bodies = [f"{prefix}-{number + i}".encode() for i in range(window)]
@@ -160,7 +164,7 @@ async def keep_publishing(
                 for body, result in zip(bodies, results, strict=True):
                     if isinstance(result, commands.Basic.Ack):
                         ledger.confirmed.add(body)
-                        ledger.confirm_times.append(now)
+                        ledger.confirm_times.append((now, server))
                     elif isinstance(result, aio_pika.exceptions.DeliveryError):
                         ledger.nacked.add(body)
                     else:
