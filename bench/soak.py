@@ -81,9 +81,11 @@ async def soak(workdir: Path, kills: int) -> dict[str, Any]:
             kill = pair.kill(active)
             other = pair.other(active)
             await _until(lambda: pair.state(other) == "ACTIVE", 30, "takeover")  # noqa: B023
+            after, name = kill.after, other.name
             await _until(
-                lambda: any(  # noqa: B023
-                    t > kill.after and by == other.name for t, by in ledger.confirm_times[-50:]
+                lambda: any(
+                    t > after and by == name  # noqa: B023
+                    for t, by in ledger.confirm_times[-50:]
                 ),
                 30,
                 "a confirm by the new ACTIVE",
