@@ -112,7 +112,9 @@ async def test_twenty_kill_9s_of_the_active_lose_no_confirmed_message(make_pair:
     lost, invented = ledger.check(remaining)
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
     assert not invented
-    assert len(ledger.confirmed) > 4000 and ledger.acked
+    assert len(ledger.confirmed) > 4000
+    # The consumer kept up through every failover: most of what was confirmed was acked.
+    assert len(ledger.acked) > len(ledger.confirmed) // 2
 
 
 async def fill(url: str, queue: str, ledger: Ledger, count: int, size: int) -> None:
