@@ -226,6 +226,30 @@ class Pair:
             for e in events[became:]
         )
 
+    async def settled(self, timeout: float = 60.0) -> tuple[ServerProcess, ServerProcess]:
+        """Until one server is ACTIVE and the other PASSIVE and in sync (a dual active
+        resolving, a restart still joining, are waited out): (active, passive)."""
+
+        def healthy() -> tuple[ServerProcess, ServerProcess] | None:
+            states = self.states()
+            if states == ("ACTIVE", "PASSIVE"):
+                active, passive = self.primary, self.backup
+            elif states == ("PASSIVE", "ACTIVE"):
+                active, passive = self.backup, self.primary
+            else:
+                return None
+            return (active, passive) if not self.replicating or self.in_sync(passive) else None
+
+        found: tuple[ServerProcess, ServerProcess] = await poll(
+            healthy, timeout, "one ACTIVE and one PASSIVE in sync, logs say {}", self.states
+        )
+        return found
+
+    def quarantine_files(self) -> list[Path]:
+        return sorted(
+            path for server in self.servers for path in server.data_dir.glob("quarantine/*.sqlite")
+        )
+
     async def wait_in_sync(self, server: ServerProcess, timeout: float = 30.0) -> None:
         await poll(lambda: self.in_sync(server), timeout, f"{server.name} in sync")
 

@@ -25,6 +25,17 @@ from tests.durability import (
 from tests.pairs import Pair, client_vote, hold, poll, raw_open
 
 
+def replay(path: Any, url: str) -> None:
+    """``amqha quarantine replay PATH --url URL``, as an operator runs it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "amqha", "quarantine", "replay", str(path), "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
 async def declare(url: str, queue: str, **arguments: Any) -> None:
     connection = await aiormq.connect(url)
     channel = await connection.channel()
@@ -86,9 +97,7 @@ async def kill_the_active_repeatedly(pair: Pair, kills: int, queue: str) -> Ledg
     ]
     try:
         for _ in range(kills):
-            states = pair.states()
-            active = pair.primary if states[0] == "ACTIVE" else pair.backup
-            await wait_in_sync(pair, active)
+            active, _ = await pair.settled()
             target = len(ledger.confirmed) + 200
             await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed")  # noqa: B023
             pair.kill(active)
@@ -106,8 +115,11 @@ async def test_twenty_kill_9s_of_the_active_lose_no_confirmed_message(make_pair:
     await pair.wait_states("ACTIVE", "PASSIVE")
     await declare(pair.primary.url, "work")
     ledger = await kill_the_active_repeatedly(pair, 20, "work")
-    states = pair.states()
-    active = pair.primary if states[0] == "ACTIVE" else pair.backup
+    active, _ = await pair.settled()
+    # A restarted server may be voted ACTIVE by a client before it hears its peer (a dual
+    # active): what it confirmed alone is in a quarantine file, replayed as an operator would.
+    for path in pair.quarantine_files():
+        await asyncio.to_thread(replay, path, active.url)
     remaining = [body for body, _ in await drain(active.url, "work")]
     lost, invented = ledger.check(remaining)
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
