@@ -116,8 +116,8 @@ def test_amq_prefix_and_default_exchange_are_403(h: Harness) -> None:
         h.vhost.declare_exchange("amq.topic", "fanout", durable=True)
 
 
-def test_unknown_exchange_type_is_503(h: Harness) -> None:
-    with pytest.raises(exceptions.AMQPCommandInvalid):
+def test_unknown_exchange_type_is_406(h: Harness) -> None:
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match="unknown exchange type"):
         h.vhost.declare_exchange("weird", "x-consistent-hash")
     assert "weird" not in h.vhost.exchanges
 
