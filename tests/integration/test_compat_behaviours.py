@@ -2,7 +2,7 @@
 
 Connection.UpdateSecret, publisher confirms before Channel.CloseOk, the socket kept open
 after Connection.CloseOk until the client closes it, channels closed or abandoned released
-on both sides, idempotent deletes, x-death as RabbitMQ writes it, Basic.Recover with
+on both sides, idempotent deletes and unbinds, x-death as RabbitMQ writes it, Basic.Recover with
 requeue=false, x-queue-type.
 """
 
@@ -217,6 +217,50 @@ def test_pika_deletes_of_missing_queue_and_exchange_succeed(broker: ServerProces
         assert channel.queue_delete(unique("never-declared")).method.message_count == 0
         channel.exchange_delete(unique("never-declared"))
         assert channel.is_open
+    finally:
+        connection.close()
+
+
+async def test_aio_pika_cleanup_unbinds_after_auto_delete_succeed(broker: ServerProcess) -> None:
+    """aio-pika's RPC close and its suite's cleanups unbind after an auto-delete queue or
+    exchange went: as in RabbitMQ, an unbind where nothing is bound succeeds."""
+    connection = await aio_pika.connect(broker.url)
+    async with connection:
+        channel = await connection.channel()
+        source = await channel.declare_exchange(unique("src"), auto_delete=True)
+        middle = await channel.declare_exchange(unique("mid"), auto_delete=True)
+        queue = await channel.declare_queue(unique("q"), auto_delete=True)
+        await queue.bind(middle, "k")
+        await middle.bind(source, "k")
+        await queue.delete()
+        await queue.unbind(middle, "k")  # the queue is gone
+        # Unbinding the queue's last binding took the auto-delete middle exchange, and
+        # with it the source's only binding: both are gone now.
+        await middle.unbind(source, "k")
+        underlay = await channel.get_underlay_channel()
+        await underlay.queue_unbind(unique("never"), unique("never"), "k")
+        await underlay.exchange_unbind(unique("never"), unique("never"), "k")
+        assert not channel.is_closed
+        # A queue that is there still refuses another connection's unbind (exclusive).
+        mine = await channel.declare_queue(unique("mine"), exclusive=True)
+        other = await aio_pika.connect(broker.url)
+        async with other:
+            theirs = await (await other.channel()).get_underlay_channel()
+            with pytest.raises(aiormq.exceptions.ChannelLockedResource):
+                await theirs.queue_unbind(mine.name, "amq.direct", "k")
+
+
+def test_pika_unbinds_of_missing_queue_and_exchange_succeed(broker: ServerProcess) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        channel = connection.channel()
+        channel.queue_unbind(unique("never"), unique("never"), "k")
+        channel.exchange_unbind(unique("never"), "amq.direct", "k")
+        channel.exchange_unbind("amq.direct", unique("never"), "k")
+        assert channel.is_open
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_unbind(unique("never"), "", "k")
+        assert refused.value.reply_code == 403, "the default exchange is never unbound"
     finally:
         connection.close()
 
