@@ -18,6 +18,11 @@ Suites (``make compat``; downloads, so not part of ``make test``):
   a private network namespace like pika's, one ``node --test`` per test file (a file that
   hangs is stopped after FILE_TIMEOUT and counts as one more failure; its tests that never
   reported are missing from the tally).
+- aio-pika's own tests (``tests/``, in its source tree, not its wheel): ``AIOPIKA_SOURCE``
+  if set, else ``git clone`` of tag AIOPIKA_TAG, run with that tree's aio_pika and the
+  libraries its tests need in a virtualenv of the suite's own. Its fixtures start RabbitMQ
+  in a Docker container; a small pytest plugin (AIO_PIKA_BROKER, loaded with ``-p``) hands
+  them the broker under test instead, and its amqps tests find no TLS port (on both).
 - a Celery worker end to end: a worker process and a client in their own virtualenv
   (Celery is installed there, not in the project's), tasks sent and their results read
   back through the rpc:// result backend.
@@ -55,6 +60,21 @@ PIKA_REPOSITORY = "https://github.com/pika/pika"
 PIKA_FILES = ("tests/acceptance",)
 PIKA_CHECK_FILE = "tests/acceptance/async_adapter_tests.py"
 PIKA_EXTRAS = ("pytest", "pytest-timeout", "tornado", "gevent", "twisted")
+AIOPIKA_TAG = os.environ.get("AIOPIKA_TAG", "9.6.0")
+AIOPIKA_REPOSITORY = "https://github.com/mosquito/aio-pika"
+# What aio-pika's tests import beyond its own tree (its pyproject's dependencies and dev
+# group); the released package of the same version too, for its metadata (aio_pika reads
+# its own version from it), while the code imported is the tree's.
+AIOPIKA_PACKAGES = (
+    f"aio-pika=={AIOPIKA_TAG}",
+    "aiormq>=6.8,<7",
+    "yarl",
+    "aiomisc>=18.0",
+    "aiomisc-pytest",
+    "shortuuid",
+    "pytest",
+    "pytest-timeout",
+)
 AMQPLIB_TAG = os.environ.get("AMQPLIB_TAG", "v2.0.1")
 AMQPLIB_REPOSITORY = "https://github.com/amqp-node/amqplib"
 # amqplib's package.json gives each test 1 s; on a busy machine that measures the machine.
@@ -110,7 +130,12 @@ BROKERS: dict[str, Callable[..., Any]] = {"amqha": amqha_broker, "rabbitmq": rab
 
 
 def run_pytest(
-    files: list[str], cwd: Path, env: dict[str, str], report: Path, python: Path | None = None
+    files: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    report: Path,
+    python: Path | None = None,
+    options: tuple[str, ...] = (),
 ) -> dict[str, str]:
     command = [
         str(python or sys.executable),
@@ -123,6 +148,7 @@ def run_pytest(
         "addopts=",
         "--timeout=120",
         f"--junitxml={report}",
+        *options,
         *files,
     ]
     subprocess.run(command, cwd=cwd, env=env, timeout=SUITE_TIMEOUT, stdout=sys.stderr, check=False)
@@ -414,6 +440,96 @@ def node_outcomes(report: Path, prefix: str) -> dict[str, str]:
     return results
 
 
+# -- aio-pika -----------------------------------------------------------------------------
+
+AIO_PIKA_BROKER = textwrap.dedent(
+    """
+    \"\"\"pytest plugin: aio-pika's fixtures get the broker under test, not a container.\"\"\"
+    import os
+
+    import tests.docker_client as docker_client
+
+    PORT = int(os.environ["COMPAT_AMQP_PORT"])
+
+
+    class BrokerUnderTest:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, image, ports, environment=None):
+            # No TLS listener: the amqps tests fail alike on both brokers.
+            return docker_client.ContainerInfo(
+                id="compat", ports={"5672/tcp": PORT, "5671/tcp": 1}, host="127.0.0.1"
+            )
+
+        def kill(self, container_id):
+            pass
+
+        def remove(self, container_id):
+            pass
+
+
+    docker_client.check_docker_available = lambda: docker_client.DockerHostInfo(is_tcp=False)
+    docker_client.DockerClient = BrokerUnderTest
+    """
+)
+
+
+def aio_pika_source() -> Path:
+    given = os.environ.get("AIOPIKA_SOURCE")
+    if given:
+        source = Path(given)
+        if not (source / "tests" / "conftest.py").exists() or not (source / "aio_pika").exists():
+            raise SuiteUnavailable(f"AIOPIKA_SOURCE={given} has no aio_pika/ and tests/conftest.py")
+        return source
+    target = WORK / f"aio-pika-{AIOPIKA_TAG}"
+    if not target.exists():
+        say(f"aio-pika's tests: cloning {AIOPIKA_REPOSITORY} {AIOPIKA_TAG}")
+        done = subprocess.run(
+            [
+                "git",
+                "clone",
+                "--quiet",
+                "--depth",
+                "1",
+                "--branch",
+                AIOPIKA_TAG,
+                AIOPIKA_REPOSITORY,
+                str(target),
+            ],
+            check=False,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise SuiteUnavailable(
+                f"cannot clone {AIOPIKA_REPOSITORY} (tag {AIOPIKA_TAG}); set AIOPIKA_SOURCE to "
+                "an aio-pika source tree"
+            )
+    return target
+
+
+def aio_pika_suite(broker: str) -> dict[str, str]:
+    source = aio_pika_source()
+    python = suite_python("aio-pika", AIOPIKA_PACKAGES)
+    plugin_dir = WORK / "aio-pika-plugin"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    (plugin_dir / "compat_broker.py").write_text(AIO_PIKA_BROKER)
+    with BROKERS[broker]() as (_host, port):
+        env = dict(
+            os.environ,
+            COMPAT_AMQP_PORT=str(port),
+            PYTHONPATH=os.pathsep.join((str(source), str(plugin_dir))),
+        )
+        return run_pytest(
+            ["tests"],
+            source,
+            env,
+            WORK / f"aio-pika-{broker}.xml",
+            python,
+            ("-p", "compat_broker", "-p", "no:asyncio", "-o", "log_cli=false"),
+        )
+
+
 # -- Celery -------------------------------------------------------------------------------
 
 CELERY_APP = textwrap.dedent(
@@ -438,7 +554,8 @@ def suite_python(name: str, packages: tuple[str, ...]) -> Path:
     venv = WORK / f"{name}-venv"
     python = venv / "bin" / "python"
     ready = venv / ".installed"
-    if not ready.exists():
+    wanted = "\n".join(packages) + "\n"
+    if not ready.exists() or ready.read_text() != wanted:
         say(f"installing {', '.join(packages)} into a virtualenv for {name}")
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         done = subprocess.run(
@@ -446,7 +563,7 @@ def suite_python(name: str, packages: tuple[str, ...]) -> Path:
         )
         if done.returncode != 0:
             raise SuiteUnavailable(f"pip could not install {', '.join(packages)} for {name}")
-        ready.write_text("\n".join(packages) + "\n")
+        ready.write_text(wanted)
     return python
 
 
@@ -518,6 +635,7 @@ SUITES: dict[str, Callable[[str], dict[str, str]]] = {
     "kombu-py-amqp": kombu_suite,
     "pika-acceptance": pika_suite,
     "amqplib": amqplib_suite,
+    "aio-pika": aio_pika_suite,
     "celery-worker": celery_suite,
 }
 
