@@ -535,7 +535,6 @@ def aio_pika_suite(broker: str) -> dict[str, str]:
 CELERY_APP = textwrap.dedent(
     """
     import os
-import shutil
     from celery import Celery
 
     app = Celery("compat", broker=os.environ["BROKER_URL"], backend="rpc://")
