@@ -40,8 +40,9 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
 
-## Real clients' own suites (kombu, pika, a Celery worker) on amqha and on RabbitMQ, side by
-## side. Downloads the suites (and installs RabbitMQ from Debian if missing): not in make test.
+## Real clients' own suites (kombu, pika, amqplib, aio-pika, a Celery worker) on amqha and on
+## RabbitMQ, side by side. Downloads the suites (and installs RabbitMQ from Debian if
+## missing): not in make test.
 compat: $(STAMP)
 	$(BIN)/python -m bench.compat
 

@@ -159,9 +159,11 @@ class RabbitNode:
     """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``. In between,
     ``shutdown()`` and ``start()`` restart it on the same data (same name, same ports)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, ipv6: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="amqha-bench-rabbitmq-"))
         self.port = port or free_port()
+        # Also listen on [::1] (same port): for suites that connect to amqp://[::1].
+        self.ipv6 = ipv6
         self.dist_port = free_port()
         self.epmd_port = free_port()
         self.nodename = f"bench-{os.getpid()}@localhost"
@@ -179,14 +181,14 @@ class RabbitNode:
     def _environment(self) -> dict[str, str]:
         for sub in ("mnesia", "log"):
             (self.dir / sub).mkdir()
+        listeners = f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+        if self.ipv6:
+            listeners += f"listeners.tcp.ipv6 = ::1:{self.port}\n"
         (self.dir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            "loopback_users = none\n"
-            "log.console = false\n"
-            "log.file.level = warning\n"
+            listeners + "loopback_users = none\nlog.console = false\nlog.file.level = warning\n"
         )
         (self.dir / "enabled_plugins").write_text("[].\n")
-        return dict(
+        env = dict(
             os.environ,
             HOME=str(self.dir),  # the Erlang cookie is written here, not in ours
             RABBITMQ_NODENAME=self.nodename,
@@ -203,6 +205,10 @@ class RabbitNode:
             ERL_EPMD_ADDRESS="127.0.0.1",
             ERL_EPMD_PORT=str(self.epmd_port),
         )
+        if self.ipv6:
+            # These variables would replace the listeners the config file names.
+            del env["RABBITMQ_NODE_IP_ADDRESS"], env["RABBITMQ_NODE_PORT"]
+        return env
 
     def start(self, wait: bool = True) -> None:
         """Spawn the node on this node's directory (kept across ``shutdown()``); with

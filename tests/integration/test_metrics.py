@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import urllib.error
-import urllib.request
 
 import aio_pika
 import pika
 import pytest
 from pamqp import commands
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.protocol_support import unique
+from tests.integration.protocol_support import scrape, unique
 from tests.pairs import MakePair, raw_open
 from tests.support import free_port, wait_until
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def queue_labels(name: str) -> tuple[tuple[str, str], ...]:

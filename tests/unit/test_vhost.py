@@ -112,8 +112,8 @@ def test_amq_prefix_and_default_exchange_are_403(h: Harness) -> None:
         h.vhost.declare_exchange("amq.topic", "fanout", durable=True)
 
 
-def test_unknown_exchange_type_is_503(h: Harness) -> None:
-    with pytest.raises(exceptions.AMQPCommandInvalid):
+def test_unknown_exchange_type_is_406(h: Harness) -> None:
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match="unknown exchange type"):
         h.vhost.declare_exchange("weird", "x-consistent-hash")
     assert "weird" not in h.vhost.exchanges
 
@@ -278,7 +278,7 @@ def test_binding_missing_things_is_404(h: Harness) -> None:
     with pytest.raises(exceptions.AMQPNotFound):
         h.vhost.bind_exchange("nope", "amq.direct", "k", {})
     with pytest.raises(exceptions.AMQPNotFound):
-        h.vhost.unbind_exchange("amq.direct", "nope", "k", {})
+        h.vhost.bind_exchange("amq.direct", "nope", "k", {})
 
 
 def test_invalid_headers_binding_is_406(h: Harness) -> None:
@@ -291,6 +291,13 @@ def test_unbinding_what_is_not_bound_is_fine(h: Harness) -> None:
     h.queue("q")
     h.vhost.unbind_queue("q", "amq.direct", "k", {}, OWNER)
     h.vhost.unbind_exchange("amq.fanout", "amq.direct", "k", {})
+    # Nothing is bound where the queue or an exchange is missing: also fine, as in RabbitMQ.
+    h.vhost.unbind_queue("nope", "amq.direct", "k", {}, OWNER)
+    h.vhost.unbind_queue("q", "nope", "k", {}, OWNER)
+    h.vhost.unbind_exchange("amq.direct", "nope", "k", {})
+    h.vhost.unbind_exchange("nope", "amq.direct", "k", {})
+    with pytest.raises(exceptions.AMQPAccessRefused):
+        h.vhost.unbind_queue("nope", "", "k", {}, OWNER)
 
 
 def test_default_exchange_routes_by_queue_name(h: Harness) -> None:
