@@ -25,7 +25,7 @@ from pamqp.base import Frame as Method
 from . import wire
 from .core.confirms import Confirms
 from .core.message import Message
-from .core.queue import Queue
+from .core.queue import Queue, QueueArgumentError, consumer_priority
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -621,7 +621,14 @@ class Channel:
             self._consume_feed(tag, method)
             return
         queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
-        if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
+        try:
+            priority = consumer_priority(method.arguments, queue.name)
+        except QueueArgumentError as error:
+            raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
+        # As RabbitMQ: an exclusive consumer is refused on a single-active-consumer queue.
+        if queue.has_exclusive_consumer() or (
+            method.exclusive and (queue.consumers or queue.single_active)
+        ):
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - queue '{queue.name}' in vhost '{self.vhost.name}' "
                 "in exclusive use"
@@ -631,7 +638,7 @@ class Channel:
         )
         self.consumers[tag] = consumer
         now = self.broker.now()
-        queue.add_consumer(consumer, now)
+        queue.add_consumer(consumer, now, priority)
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
         queue.drain(now)
@@ -688,6 +695,11 @@ class Channel:
             self._detach(consumer)
         if not method.nowait:
             self.reply(commands.Basic.CancelOk(method.consumer_tag))
+        if consumer is not None and not consumer.unacked and not consumer.queue.deleted:
+            # A single active consumer's successor starts now. If the old one still holds
+            # deliveries, it starts when the queue next moves (they come back first when
+            # the channel closes; RabbitMQ starts it at the next event too).
+            consumer.queue.drain(self.broker.now())
 
     def _detach(self, consumer: ChannelConsumer) -> None:
         queue = consumer.queue
@@ -994,6 +1006,12 @@ class Channel:
         for consumer in consumers:
             self._detach(consumer)
         self._requeue_all()
+        # A single active consumer's successor starts once what this channel held is
+        # back in the queue (it gets those first, as in RabbitMQ).
+        now = self.broker.now()
+        for queue in {consumer.queue: None for consumer in consumers}:
+            if not queue.deleted:
+                queue.drain(now)
         self.transaction = None
 
 

@@ -102,6 +102,7 @@ CAPABILITIES = {
     "connection.blocked": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "consumer_priorities": True,
     "connection.redirect": True,
     "direct_reply_to": True,
 }

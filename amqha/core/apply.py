@@ -68,8 +68,8 @@ def apply(state: State, change: Change, now: float) -> None:
                 queue.discard(change.msg_ids)
         case Delivered():
             queue = vhost.queues.get(change.queue)
-            if queue is not None and change.msg_id > queue.delivered_mark:
-                queue.delivered_mark = change.msg_id
+            if queue is not None:
+                queue.mark_delivered(change.msg_id)
         case QueueDeclared():
             vhost.restore_queue(change.name, change.auto_delete, change.arguments, now)
         case QueueDeleted():

@@ -27,9 +27,12 @@ _FLAG_CONTENT_TYPE = 1 << 15
 _FLAG_CONTENT_ENCODING = 1 << 14
 _FLAG_HEADERS = 1 << 13
 _FLAG_DELIVERY_MODE = 1 << 12
+_FLAG_PRIORITY = 1 << 11
 _FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
+_FLAG_CONTINUED = 1
 _flags_at = struct.Struct(">H")
+_table_size = struct.Struct(">I")
 _body_size = struct.Struct(">Q")
 
 # What a queued message costs beyond its header and body bytes: the Message object,
@@ -134,6 +137,26 @@ class Message:
             body_size=_body_size.unpack_from(self.header, 4)[0], properties=properties
         )
         return Message(self.address, with_headers(content.marshal(), headers), self.body)
+
+    def priority(self) -> int:
+        """The priority property (0 when absent), read from the header bytes: the
+        properties before it are skipped by their sizes, nothing is decoded."""
+        header = self.header
+        flags = _flags_at.unpack_from(header, 12)[0]
+        if not flags & _FLAG_PRIORITY:
+            return 0
+        if flags & _FLAG_CONTINUED:
+            return self.properties().priority or 0
+        at = 14
+        if flags & _FLAG_CONTENT_TYPE:
+            at += 1 + header[at]
+        if flags & _FLAG_CONTENT_ENCODING:
+            at += 1 + header[at]
+        if flags & _FLAG_HEADERS:
+            at += 4 + _table_size.unpack_from(header, at)[0]
+        if flags & _FLAG_DELIVERY_MODE:
+            at += 1
+        return header[at]
 
     def is_persistent(self) -> bool:
         """delivery_mode == 2, read from the header bytes: the properties before it (two

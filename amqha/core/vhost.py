@@ -33,7 +33,7 @@ from .changes import (
     Unbound,
 )
 from .message import Message
-from .queue import Queue, QueueArgumentError
+from .queue import Queue, QueueArgumentError, new_queue
 from .routing import EXCHANGE_CLASSES, ControlExchange, DirectExchange, Exchange
 
 PEER_EXCHANGE = "amq.peer"
@@ -361,7 +361,7 @@ class VHost:
                 f"'{self.name}' ({self.max_queues}) is reached"
             )
         try:
-            queue = Queue(
+            queue = new_queue(
                 name,
                 durable,
                 owner if exclusive else None,
@@ -386,7 +386,7 @@ class VHost:
         """A durable queue from the change stream (``apply``): no checks, nothing emitted."""
         queue = self.queues.get(name)
         if queue is None:
-            queue = Queue(name, True, None, auto_delete, dict(arguments), now, vhost=self.name)
+            queue = new_queue(name, True, None, auto_delete, dict(arguments), now, vhost=self.name)
             queue.on_dead_letter = self._dead_letter
             self.queues[name] = queue
             self._set_replicated(

@@ -38,6 +38,7 @@ ADVERTISED = (
     "connection.blocked",
     "authentication_failure_close",
     "per_consumer_qos",
+    "consumer_priorities",
 )
 
 
