@@ -520,9 +520,22 @@ class Channel:
             if not queue.deleted:
                 queue.ack_one(message.msg_id)
         else:
-            self._release(entries)
-            for queue, ids in _by_queue(entries).items():
-                queue.ack(ids)
+            # A multiple ack: almost always of one queue's deliveries, settled in one call.
+            first = entries[0][2]
+            ids = []
+            mixed = False
+            for _tag, consumer, queue, message in entries:
+                if consumer is not None:
+                    consumer.unacked -= 1
+                if queue is not first:
+                    mixed = True
+                ids.append(message.msg_id)
+            if not mixed:
+                if not first.deleted:
+                    first.ack(ids)
+            else:
+                for each, queue_ids in _by_queue(entries).items():
+                    each.ack(queue_ids)
         self._wake_consumers()
 
     def _wake_consumers(self) -> None:

@@ -436,11 +436,12 @@ class Queue:
 
     def ack(self, msg_ids: list[int]) -> None:
         """Settle outstanding messages for good (acked by their consumer)."""
-        outstanding = self.outstanding
+        pop = self.outstanding.pop
         deadlines = self.outstanding_deadlines
         for msg_id in msg_ids:
-            outstanding.pop(msg_id, None)
-            if deadlines:
+            pop(msg_id, None)
+        if deadlines:
+            for msg_id in msg_ids:
                 deadlines.pop(msg_id, None)
         self.acked += len(msg_ids)
         if self.log is not None:
