@@ -411,6 +411,33 @@ class Queue:
         if expiring:
             self.expire(now)
         ready = self._ready
+        if not expiring and self.log is None:
+            # The usual transient case, inlined: nothing requeued, nothing can expire,
+            # nothing to emit; ids come in order, so a message above the mark is new.
+            messages = self.ready
+            outstanding = self.outstanding
+            while messages and not self.returned and self.expiries is None:
+                while True:
+                    if not ready:
+                        return
+                    consumer = next(iter(ready))
+                    if consumer.ready():
+                        break
+                    del ready[consumer]
+                    self._waiting.add(consumer)
+                if len(ready) > 1:
+                    ready.move_to_end(consumer)
+                message = messages.popleft()
+                self.bytes -= len(message.body)
+                msg_id = message.msg_id
+                redelivered = msg_id <= self.delivered_mark
+                if not redelivered:
+                    self.delivered_mark = msg_id
+                self.delivered += 1
+                if not consumer.no_ack:
+                    outstanding[msg_id] = message
+                consumer.deliver(self, message, redelivered)
+            expiring = self.expiries is not None or self.returned
         while self.ready or self.returned:
             while True:
                 if not ready:
