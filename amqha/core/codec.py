@@ -182,19 +182,8 @@ class _Reader:
 def _decode(reader: _Reader, depth: int) -> Change:
     kind = reader.u8()
     if kind == 1:
-        vhost, queue, msg_id = reader.name(), reader.name(), reader.i64()
-        address, header, body = reader.blob(), reader.blob(), reader.blob()
-        deadline = float(_F64.unpack(reader.take(8))[0])
-        return Enqueued(
-            vhost,
-            queue,
-            msg_id,
-            address,
-            header,
-            body,
-            None if math.isnan(deadline) else deadline,
-            reader.flag(),
-        )
+        change, reader.at = _decode_enqueued(reader.data, reader.at)
+        return change
     if kind == 2:
         return Delivered(reader.name(), reader.name(), reader.i64())
     if kind == 3:

@@ -410,23 +410,15 @@ class Queue:
         expiring = self.expiries is not None or self.returned
         if expiring:
             self.expire(now)
-        ready = self._ready
         if not expiring and self.log is None:
             # The usual transient case, inlined: nothing requeued, nothing can expire,
             # nothing to emit; ids come in order, so a message above the mark is new.
             messages = self.ready
             outstanding = self.outstanding
             while messages and not self.returned and self.expiries is None:
-                while True:
-                    if not ready:
-                        return
-                    consumer = next(iter(ready))
-                    if consumer.ready():
-                        break
-                    del ready[consumer]
-                    self._waiting.add(consumer)
-                if len(ready) > 1:
-                    ready.move_to_end(consumer)
+                consumer = self._next_consumer()
+                if consumer is None:
+                    return
                 message = messages.popleft()
                 self.bytes -= len(message.body)
                 msg_id = message.msg_id
@@ -439,20 +431,27 @@ class Queue:
                 consumer.deliver(self, message, redelivered)
             expiring = self.expiries is not None or self.returned
         while self.ready or self.returned:
-            while True:
-                if not ready:
-                    return
-                consumer = next(iter(ready))
-                if consumer.ready():
-                    break
-                del ready[consumer]
-                self._waiting.add(consumer)
-            if len(ready) > 1:
-                ready.move_to_end(consumer)
+            consumer = self._next_consumer()
+            if consumer is None:
+                return
             message, redelivered = self._fetch(consumer.no_ack)
             consumer.deliver(self, message, redelivered)
             if expiring:
                 self.expire(now)
+
+    def _next_consumer(self) -> Consumer | None:
+        """The next ready consumer, round-robin; those found not ready are set aside
+        until their channel wakes them (``wake``). None: nobody can take a message."""
+        ready = self._ready
+        while ready:
+            consumer = next(iter(ready))
+            if consumer.ready():
+                if len(ready) > 1:
+                    ready.move_to_end(consumer)
+                return consumer
+            del ready[consumer]
+            self._waiting.add(consumer)
+        return None
 
     def mark_delivered(self, msg_id: int) -> None:
         """A delivery known from the change stream (a store's mark, a peer's Delivered)."""
@@ -1002,18 +1001,10 @@ class PriorityQueue(Queue):
             return
         if self.timed:
             self.expire(now)
-        ready = self._ready
         while self.count:
-            while True:
-                if not ready:
-                    return
-                consumer = next(iter(ready))
-                if consumer.ready():
-                    break
-                del ready[consumer]
-                self._waiting.add(consumer)
-            if len(ready) > 1:
-                ready.move_to_end(consumer)
+            consumer = self._next_consumer()
+            if consumer is None:
+                return
             message, redelivered = self._fetch(consumer.no_ack)
             consumer.deliver(self, message, redelivered)
             if self.timed:
