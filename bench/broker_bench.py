@@ -137,17 +137,25 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-async def measure(results: dict[str, Any], name: str, step: Callable[[], Awaitable[Any]]) -> None:
-    """Run one measurement; its failure is recorded, not fatal for the others."""
+async def measure(
+    results: dict[str, Any],
+    name: str,
+    step: Callable[[], Awaitable[Any]],
+    limit: float = LIMIT,
+    tell: Callable[[str], None] | None = None,
+) -> None:
+    """Run one measurement (at most ``limit`` s); its failure is recorded, not fatal for
+    the others. ``tell`` prints progress (this module's ``say`` by default)."""
+    tell = tell or say
     started = time.perf_counter()
     try:
-        async with asyncio.timeout(LIMIT):
+        async with asyncio.timeout(limit):
             await step()
     except Exception as error:  # a broken measurement must not hide the others
         results.setdefault("errors", {})[name] = f"{type(error).__name__}: {error}"
-        say(f"  {name}: FAILED {type(error).__name__}: {error}")
+        tell(f"  {name}: FAILED {type(error).__name__}: {error}")
         return
-    say(f"  {name}: done in {time.perf_counter() - started:.1f} s")
+    tell(f"  {name}: done in {time.perf_counter() - started:.1f} s")
 
 
 def queue_name(kind: str) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 
 from bench import rabbitmq, rawclient
 from bench.broker_bench import cpu_seconds, queue_name, record_cpu, run_async, vm_rss
+from bench.broker_bench import measure as broker_measure
 from tests.support import ServerProcess
 
 HOST = "127.0.0.1"
@@ -67,16 +68,8 @@ def say(text: str) -> None:
 
 
 async def measure(results: dict[str, Any], name: str, step: Callable[[], Awaitable[Any]]) -> None:
-    """Run one measurement; its failure is recorded, not fatal for the others."""
-    started = time.perf_counter()
-    try:
-        async with asyncio.timeout(LIMIT):
-            await step()
-    except Exception as error:  # a broken measurement must not hide the others
-        results.setdefault("errors", {})[name] = f"{type(error).__name__}: {error}"
-        say(f"  {name}: FAILED {type(error).__name__}: {error}")
-        return
-    say(f"  {name}: done in {time.perf_counter() - started:.1f} s")
+    """broker_bench's measure, with this bench's limit and voice."""
+    await broker_measure(results, name, step, LIMIT, say)
 
 
 def disk_usage(path: Path, prefix: str = "") -> dict[str, int]:
