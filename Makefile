@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench compat demo report clean venv
+.PHONY: run test unit lint bench compat demo report clean venv soak
 
 venv: $(STAMP)
 
@@ -30,14 +30,19 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check amqha peering failover spark config tests bench
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
-	$(BIN)/mypy failover/fsm.py failover/peer_message.py amqha/wire.py amqha/gate.py amqha/core
+	$(BIN)/mypy failover/fsm.py failover/peer_message.py amqha/wire.py amqha/gate.py amqha/store.py amqha/core
+
+## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --kills 100
 
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
 
-## Real clients' own suites (kombu, pika, a Celery worker) on amqha and on RabbitMQ, side by
-## side. Downloads the suites (and installs RabbitMQ from Debian if missing): not in make test.
+## Real clients' own suites (kombu, pika, amqplib, aio-pika, a Celery worker) on amqha and on
+## RabbitMQ, side by side. Downloads the suites (and installs RabbitMQ from Debian if
+## missing): not in make test.
 compat: $(STAMP)
 	$(BIN)/python -m bench.compat
 

@@ -23,13 +23,18 @@ from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
 from . import wire
+from .core.confirms import Confirms
 from .core.message import Message
-from .core.queue import Queue
+from .core.queue import Queue, QueueArgumentError, consumer_priority
 
 if TYPE_CHECKING:
     from .connection import Connection
 
 OPEN, CLOSING = "open", "closing"
+
+# A hold on reading a connection (see Connection.hold_reading): a transaction's
+# Commit-Ok waits for the store.
+READ_HELD_STORE = 32
 
 _CLOSE_INDEXES = (
     wire.method_index_bytes(commands.Channel.Close),
@@ -46,9 +51,24 @@ _REPLY_TO_FLAG = 0x02
 # channel's requests carry in reply_to (the name followed by a token naming the channel).
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
+# The pair's replication feed (see replication.py): only a peering login consumes it.
+FEED_QUEUE = "amq.replication"
 
 # An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
 Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
+
+# A transaction is data: the actions it will take on commit, in order.
+TX_PUBLISH, TX_ACK, TX_RETURN = 0, 1, 2
+TxAction = tuple[Any, ...]
+
+
+def _by_queue(entries: list[Unacked]) -> dict[Queue, list[int]]:
+    """The message ids of ``entries`` per queue, in delivery order (deleted queues skipped)."""
+    by_queue: dict[Queue, list[int]] = {}
+    for _tag, _consumer, queue, message in entries:
+        if not queue.deleted:
+            by_queue.setdefault(queue, []).append(message.msg_id)
+    return by_queue
 
 
 class ChannelConsumer:
@@ -100,10 +120,6 @@ class ChannelConsumer:
             channel.unacked[tag] = (tag, self, queue, message)
             channel.unacked_order.append(tag)
             self.unacked += 1
-            queue.unacked += 1
-            queue.delivered += 1
-        elif queue is not None:  # a direct reply has no queue
-            queue.delivered += 1
         connection.send(
             wire.deliver_frames(
                 channel.number,
@@ -150,9 +166,8 @@ class Channel:
         self.consumer_prefetch = 0
         self.global_prefetch = 0
         self.confirm = False
-        self.publish_seq = 0
-        self.confirmed_upto = 0  # highest sequence number already acked to the publisher
-        self.transaction: list[Callable[[], None]] | None = None
+        self.confirms = Confirms()
+        self.transaction: list[TxAction] | None = None
         # Deliveries acked inside the open transaction: a rollback makes them unacked again.
         self.transaction_acks: list[Unacked] = []
         self.pending: PendingPublish | None = None
@@ -161,6 +176,8 @@ class Channel:
         # Direct reply-to: this channel's reply consumer and the address its requests carry.
         self.reply_consumer: ChannelConsumer | None = None
         self.reply_address = ""
+        # The replication feed, when the PASSIVE's link subscribed on this channel.
+        self.feed: Any = None
         self.handlers: dict[type, Callable[[Any], None]] = {
             commands.Channel.Open: self.on_channel_open,
             commands.Channel.Close: self.on_channel_close,
@@ -362,7 +379,7 @@ class Channel:
         if not broker.blocked and Message.held > broker.message_budget:
             broker.check_memory()
         if self.transaction is not None:
-            self.transaction.append(lambda: self._route(pending.exchange, publish, message))
+            self.transaction.append((TX_PUBLISH, pending.exchange, publish, message))
             return
         self._route(pending.exchange, publish, message)
 
@@ -370,8 +387,11 @@ class Channel:
         if exchange.control:
             self._to_control_plane(exchange, publish, message)
             return
-        queues = self.vhost.route(exchange, publish.routing_key, message)
-        accepted = self.broker.enqueue(message, queues) if queues else True
+        vhost = self.vhost
+        queues = vhost.route(exchange, publish.routing_key, message)
+        log = vhost.log
+        sync_before = log.sync_lsn if log is not None else 0
+        accepted = vhost.enqueue(message, queues, self.broker.now()) if queues else True
         delivered = bool(queues) or (
             exchange.name == ""
             and publish.routing_key.startswith(REPLY_TO_PREFIX)
@@ -383,11 +403,16 @@ class Channel:
         if not delivered and publish.mandatory:
             self._return_unroutable(message)
         if self.confirm:
-            self.publish_seq += 1
+            confirms = self.confirms
+            seq = confirms.publish()
             if not accepted:
-                self._flush_confirms(self.publish_seq - 1)
-                connection.send(wire.nack_frame(self.number, self.publish_seq, False))
-                self.confirmed_upto = self.publish_seq
+                confirms.refuse(seq)
+                connection.confirms_due(self)
+            elif log is not None and log.sync_lsn != sync_before:
+                # Confirmed once the store has it on disk (``store_progress``).
+                if not confirms.unsafe:
+                    self.broker.unsafe_channels.add(self)
+                confirms.wait_for(seq, log.sync_lsn)
             else:
                 connection.confirms_due(self)
 
@@ -422,19 +447,25 @@ class Channel:
         elif publish.mandatory:
             self._return_unroutable(message)
         if self.confirm:
-            self.publish_seq += 1
+            self.confirms.publish()
             self.connection.confirms_due(self)
 
     def flush_confirms(self) -> None:
-        """Ack every accepted publish not yet confirmed, as one ``multiple`` ack."""
-        self._flush_confirms(self.publish_seq)
+        """Send the confirms that may go out (see core.confirms for the order)."""
+        for ack, seq, multiple in self.confirms.due():
+            self.connection.send(
+                wire.ack_frame(self.number, seq, multiple)
+                if ack
+                else wire.nack_frame(self.number, seq, multiple)
+            )
 
-    def _flush_confirms(self, upto: int) -> None:
-        if upto <= self.confirmed_upto:
-            return
-        multiple = upto - self.confirmed_upto > 1
-        self.connection.send(wire.ack_frame(self.number, upto, multiple))
-        self.confirmed_upto = upto
+    def store_progress(self, safe_lsn: int, failed: tuple[int, int] | None) -> bool:
+        """The store has written up to ``safe_lsn`` (``failed``: an LSN range it could not
+        write, whose publishes are nacked). True while publishes still wait."""
+        confirms = self.confirms
+        if confirms.progress(safe_lsn, failed) and self.state is OPEN:
+            self.connection.confirms_due(self)
+        return bool(confirms.unsafe)
 
     # -- acks ----------------------------------------------------------------------
 
@@ -462,25 +493,49 @@ class Channel:
             order.popleft()
         return [entry]
 
-    def _release(self, entries: list[Unacked]) -> None:
-        for _tag, consumer, queue, _message in entries:
+    @staticmethod
+    def _release(entries: list[Unacked]) -> None:
+        for entry in entries:
+            consumer = entry[1]
             if consumer is not None:
                 consumer.unacked -= 1
-            queue.unacked -= 1
 
     def _ack(self, tag: int, multiple: bool) -> None:
-        if self.transaction is not None:
-            # Validate now (an unknown tag is an error at once), settle on commit.
-            entries = self._take_unacked(tag, multiple)
-            self.transaction_acks.extend(entries)
-            self.transaction.append(lambda: self._settle(entries))
+        if self.feed is not None:
+            self.feed.acked(self, tag, multiple)
             return
-        self._settle(self._take_unacked(tag, multiple))
+        entries = self._take_unacked(tag, multiple)
+        if self.transaction is not None:
+            # Validated now (an unknown tag is an error at once), settled on commit.
+            self.transaction_acks.extend(entries)
+            self.transaction.append((TX_ACK, entries, False))
+            return
+        self._settle(entries)
 
     def _settle(self, entries: list[Unacked]) -> None:
-        for entry in entries:
-            entry[2].acked += 1
-        self._release(entries)
+        if len(entries) == 1:
+            _tag, consumer, queue, message = entries[0]
+            if consumer is not None:
+                consumer.unacked -= 1
+            if not queue.deleted:
+                queue.ack_one(message.msg_id)
+        else:
+            # A multiple ack: almost always of one queue's deliveries, settled in one call.
+            first = entries[0][2]
+            ids = []
+            mixed = False
+            for _tag, consumer, queue, message in entries:
+                if consumer is not None:
+                    consumer.unacked -= 1
+                if queue is not first:
+                    mixed = True
+                ids.append(message.msg_id)
+            if not mixed:
+                if not first.deleted:
+                    first.ack(ids)
+            else:
+                for each, queue_ids in _by_queue(entries).items():
+                    each.ack(queue_ids)
         self._wake_consumers()
 
     def _wake_consumers(self) -> None:
@@ -501,21 +556,19 @@ class Channel:
             queue.drain(now)
 
     def _return_to_queues(self, entries: list[Unacked], requeue: bool) -> None:
+        """Nack, reject, recover, cancel or close: back to their positions, or settled as
+        rejected (dead-lettered where the queue says)."""
         self._release(entries)
+        by_queue = _by_queue(entries)
         now = self.broker.now()
+        for queue, ids in by_queue.items():
+            if requeue:
+                queue.requeue(ids)
+            else:
+                queue.reject(ids)
         if requeue:
-            by_queue: dict[Queue, list[Message]] = {}
-            for _tag, _consumer, queue, message in entries:
-                if not queue.deleted:
-                    by_queue.setdefault(queue, []).append(message)
-            for queue, messages in by_queue.items():
-                queue.requeue(messages, now)
             for queue in by_queue:
                 queue.drain(now)
-        else:
-            for _tag, _consumer, queue, message in entries:
-                if not queue.deleted:
-                    queue.reject(message)
         self._wake_consumers()
 
     def on_basic_ack(self, method: commands.Basic.Ack) -> None:
@@ -523,18 +576,18 @@ class Channel:
 
     def on_basic_nack(self, method: commands.Basic.Nack) -> None:
         entries = self._take_unacked(method.delivery_tag, method.multiple)
-        self._later_or_now(entries, lambda: self._return_to_queues(entries, method.requeue))
+        self._return_or_later(entries, method.requeue)
 
     def on_basic_reject(self, method: commands.Basic.Reject) -> None:
         entries = self._take_unacked(method.delivery_tag, False)
-        self._later_or_now(entries, lambda: self._return_to_queues(entries, method.requeue))
+        self._return_or_later(entries, method.requeue)
 
-    def _later_or_now(self, entries: list[Unacked], action: Callable[[], None]) -> None:
+    def _return_or_later(self, entries: list[Unacked], requeue: bool) -> None:
         if self.transaction is not None:
             self.transaction_acks.extend(entries)
-            self.transaction.append(action)
+            self.transaction.append((TX_RETURN, entries, requeue))
         else:
-            action()
+            self._return_to_queues(entries, requeue)
 
     def on_basic_recover(
         self, method: commands.Basic.Recover | commands.Basic.RecoverAsync
@@ -577,8 +630,18 @@ class Channel:
         if method.queue == REPLY_TO:
             self._consume_replies(tag, method)
             return
+        if method.queue == FEED_QUEUE:
+            self._consume_feed(tag, method)
+            return
         queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
-        if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
+        try:
+            priority = consumer_priority(method.arguments, queue.name)
+        except QueueArgumentError as error:
+            raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
+        # As RabbitMQ: an exclusive consumer is refused on a single-active-consumer queue.
+        if queue.has_exclusive_consumer() or (
+            method.exclusive and (queue.consumers or queue.single_active)
+        ):
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - queue '{queue.name}' in vhost '{self.vhost.name}' "
                 "in exclusive use"
@@ -588,7 +651,7 @@ class Channel:
         )
         self.consumers[tag] = consumer
         now = self.broker.now()
-        queue.add_consumer(consumer, now)
+        queue.add_consumer(consumer, now, priority)
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
         queue.drain(now)
@@ -608,6 +671,27 @@ class Channel:
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
 
+    def _consume_feed(self, tag: str, method: commands.Basic.Consume) -> None:
+        """The PASSIVE's replication link subscribes to this server's change stream."""
+        if "peering" not in self.connection.user.tags:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - '{FEED_QUEUE}' is the pair's replication feed: it needs "
+                "a user tagged 'peering'"
+            )
+        broker = self.broker
+        if not broker.leading or broker.log is None or not broker.config.replication.enabled:
+            raise exceptions.AMQPNotFound(
+                "NOT_FOUND - no replication feed here: this server is not ACTIVE, or "
+                "replication or the store is off"
+            )
+        if method.no_ack or self.consumers or self.reply_consumer is not None:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - '{FEED_QUEUE}' needs acks, on a channel of its own"
+            )
+        if not method.nowait:
+            self.reply(commands.Basic.ConsumeOk(tag))
+        broker.feed.subscribe(self, tag)
+
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:
             self.broker.direct_replies.pop(self.reply_address, None)
@@ -617,11 +701,18 @@ class Channel:
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
         if self.reply_consumer is not None and self.reply_consumer.tag == method.consumer_tag:
             self._stop_replies()
+        if self.feed is not None:
+            self.feed.unsubscribed(self)
         consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._detach(consumer)
         if not method.nowait:
             self.reply(commands.Basic.CancelOk(method.consumer_tag))
+        if consumer is not None and not consumer.unacked and not consumer.queue.deleted:
+            # A single active consumer's successor starts now. If the old one still holds
+            # deliveries, it starts when the queue next moves (they come back first when
+            # the channel closes; RabbitMQ starts it at the next event too).
+            consumer.queue.drain(self.broker.now())
 
     def _detach(self, consumer: ChannelConsumer) -> None:
         queue = consumer.queue
@@ -643,18 +734,16 @@ class Channel:
 
     def on_basic_get(self, method: commands.Basic.Get) -> None:
         queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
-        got = queue.get(self.broker.now())
+        got = queue.get(self.broker.now(), method.no_ack)
         if got is None:
             self.reply(commands.Basic.GetEmpty())
             return
         message, redelivered = got
-        queue.delivered += 1
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         if not method.no_ack:
             self.unacked[tag] = (tag, None, queue, message)
             self.unacked_order.append(tag)
-            queue.unacked += 1
         connection = self.connection
         connection.send(
             wire.get_ok_frames(
@@ -797,7 +886,7 @@ class Channel:
             self.transaction = []
         self.reply(commands.Tx.SelectOk())
 
-    def _require_transaction(self) -> list[Callable[[], None]]:
+    def _require_transaction(self) -> list[TxAction]:
         if self.transaction is None:
             raise exceptions.AMQPPreconditionFailed(
                 "PRECONDITION_FAILED - channel is not transactional"
@@ -808,12 +897,48 @@ class Channel:
         actions = self._require_transaction()
         self.transaction = None
         self.transaction_acks = []
+        log = self.vhost.log
+        sync_before = log.sync_lsn if log is not None else 0
+        if log is not None:
+            log.begin_batch()  # the transaction's changes leave as one Batch
         try:
             for action in actions:
-                action()
+                if action[0] == TX_PUBLISH:
+                    self._route(action[1], action[2], action[3])
+                elif action[0] == TX_ACK:
+                    self._settle(action[1])
+                else:
+                    self._return_to_queues(action[1], action[2])
         finally:
+            if log is not None:
+                log.end_batch()
             self.transaction = []
-        self.reply(commands.Tx.CommitOk())
+        if log is not None and log.sync_lsn != sync_before:
+            self._commit_when_safe(log.sync_lsn)
+        else:
+            self.reply(commands.Tx.CommitOk())
+
+    def _commit_when_safe(self, lsn: int) -> None:
+        """Commit-Ok once the store has the transaction on disk; the connection is not
+        read meanwhile, so nothing overtakes it."""
+        connection = self.connection
+        connection.hold_reading(READ_HELD_STORE, True)
+
+        def done(ok: bool) -> None:
+            connection.hold_reading(READ_HELD_STORE, False)
+            if self.state is not OPEN or connection.channels.get(self.number) is not self:
+                return
+            if ok:
+                self.reply(commands.Tx.CommitOk())
+            else:
+                connection.fail(
+                    exceptions.AMQPInternalError(
+                        "INTERNAL_ERROR - the store could not write the transaction"
+                    )
+                )
+            connection.flush()
+
+        self.broker.when_safe(lsn, done)
 
     def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
         actions = self._require_transaction()
@@ -877,10 +1002,16 @@ class Channel:
             self.flush_confirms()
 
     def release(self) -> None:
-        """The channel is going away: requeue what it holds, drop its consumers."""
+        """The channel is going away: requeue what it holds, drop its consumers. Publishes
+        not yet safe stay unconfirmed (the publisher sees the channel close first)."""
         if self.state is CLOSING:
             return
         self.connection.confirm_channels.discard(self)
+        if self.feed is not None:
+            self.feed.unsubscribed(self)
+        if self.confirms.unsafe:
+            self.confirms.drop_unsafe()
+            self.broker.unsafe_channels.discard(self)
         self._stop_replies()
         self._drop_pending()
         consumers = list(self.consumers.values())
@@ -888,6 +1019,12 @@ class Channel:
         for consumer in consumers:
             self._detach(consumer)
         self._requeue_all()
+        # A single active consumer's successor starts once what this channel held is
+        # back in the queue (it gets those first, as in RabbitMQ).
+        now = self.broker.now()
+        for queue in {consumer.queue: None for consumer in consumers}:
+            if not queue.deleted:
+                queue.drain(now)
         self.transaction = None
 
 

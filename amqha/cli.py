@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import click
 
@@ -70,6 +73,7 @@ def main() -> None:
 def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: bool) -> None:
     """Start one broker and serve until SIGTERM or Ctrl-C."""
     from .server import install_uvloop, serve
+    from .store import StoreError
 
     if config_path is None:
         if role is None:
@@ -95,6 +99,8 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
         asyncio.run(serve(config, pair=pair))
     except EpochFileError as error:
         raise click.ClickException(f"bad epoch file: {error}") from None
+    except StoreError as error:
+        raise click.ClickException(f"cannot open the message store: {error}") from None
     except OSError as error:
         where = config.listen if config.tls is None else f"{config.listen} or {config.tls.listen}"
         raise click.ClickException(f"cannot listen on {where}: {error.strerror}") from None
@@ -185,6 +191,91 @@ def passwd(scheme: str, from_stdin: bool) -> None:
     if not password:
         raise click.ClickException("an empty password is not accepted")
     click.echo(hash_password(password, scheme))
+
+
+@main.group()
+def quarantine() -> None:
+    """Messages a server kept aside after a split brain (docs/durability.md).
+
+    \b
+    A server that accepted messages while no in-sync passive held them, and then had
+    to take its peer's state, writes them to DATA_DIR/quarantine/*.sqlite first and
+    records a `quarantine` event. List them, then replay them onto the ACTIVE:
+      amqha quarantine list var/primary
+      amqha quarantine replay var/primary/quarantine/FILE.sqlite --url amqp://...
+    """
+
+
+@quarantine.command("list")
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
+def quarantine_list(data_dir: str) -> None:
+    """The quarantine files of a server's data dir, with their message counts."""
+    from .quarantine import read_quarantine
+
+    files = sorted(Path(data_dir, "quarantine").glob("*.sqlite*"))
+    if not files:
+        click.echo(f"no quarantine files in {data_dir}")
+        return
+    for path in files:
+        try:
+            rows = read_quarantine(str(path))
+        except Exception as error:  # a file this command cannot read is named, not fatal
+            click.echo(f"{path}: unreadable ({error})")
+            continue
+        queues = sorted({f"{vhost}/{queue}" for vhost, queue, *_ in rows})
+        state = "replayed" if path.suffix == ".replayed" else "to replay"
+        click.echo(f"{path}: {len(rows)} messages on {', '.join(queues)} ({state})")
+
+
+@quarantine.command("replay")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--url", required=True, help="The ACTIVE server (amqp://user:password@host:port/).")
+def quarantine_replay(path: str, url: str) -> None:
+    """Publish a quarantine file's messages to their queues on URL, with confirms.
+
+    Each message goes to the queue it was on (the default exchange), with its own
+    properties. The file is renamed to FILE.replayed once every message is confirmed,
+    so it is not replayed twice.
+    """
+    from .quarantine import read_quarantine
+
+    if path.endswith(".replayed"):
+        raise click.ClickException(f"{path} was replayed already")
+    rows = read_quarantine(path)
+    confirmed = asyncio.run(_replay(rows, url))
+    if confirmed != len(rows):
+        raise click.ClickException(
+            f"{len(rows) - confirmed} of {len(rows)} messages were not confirmed; the file is "
+            "kept as it is"
+        )
+    os.replace(path, path + ".replayed")
+    click.echo(f"replayed {confirmed} messages to {len(set(r[:2] for r in rows))} queues")
+
+
+async def _replay(rows: list[tuple[str, str, int, bytes, bytes, bytes]], url: str) -> int:
+    import aiormq
+    from pamqp import commands
+
+    from .wire import decode_properties
+
+    confirmed = 0
+    connections: dict[str, Any] = {}
+    try:
+        for vhost, queue, _msg_id, _address, header, body in rows:
+            if vhost not in connections:
+                target = url.rstrip("/") + "/" + quote(vhost, safe="")
+                connection = await aiormq.connect(target)
+                connections[vhost] = (connection, await connection.channel())
+            channel = connections[vhost][1]
+            answer = await channel.basic_publish(
+                body, routing_key=queue, properties=decode_properties(header)
+            )
+            if isinstance(answer, commands.Basic.Ack):
+                confirmed += 1
+    finally:
+        for connection, _ in connections.values():
+            await connection.close()
+    return confirmed
 
 
 main.add_command(console)

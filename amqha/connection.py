@@ -73,6 +73,7 @@ READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to
 READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
 READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
 READ_HELD_LOGIN = 16  # a login is being checked: frames behind Start-Ok wait for its answer
+# READ_HELD_STORE (32, channel.py): a transaction's Commit-Ok waits for the store
 
 
 class Connection(asyncio.Protocol):

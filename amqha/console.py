@@ -101,6 +101,7 @@ class ConsoleService:
             ),
             uptime=round(time.time() - broker.started, 1),
             control_received=broker.control_received,
+            store=broker.store_status(),
         )
         return status
 
@@ -241,8 +242,37 @@ async def _status_all(servers: tuple[str, ...], timeout: float) -> list[tuple[st
     return results
 
 
+def _replication_text(status: dict[str, Any]) -> str:
+    """One cell: an ACTIVE's feed, a PASSIVE's catch-up, quarantined files."""
+    replication = status.get("replication") or {}
+    if not replication.get("enabled"):
+        return "off" if replication else ""
+    feed, follower = replication.get("feed"), replication.get("follower")
+    if feed is not None:
+        text = {"in_sync": "in sync", "catching_up": "catching up", "none": "unprotected"}.get(
+            feed.get("state"), str(feed.get("state"))
+        )
+        if feed.get("state") == "catching_up":
+            text += f" (lag {feed.get('lag_changes')})"
+    elif follower is not None:
+        text = (
+            "following, in sync"
+            if follower.get("in_sync")
+            else f"following, {follower.get('state')}"
+        )
+    else:
+        text = ""
+    quarantined = replication.get("quarantined") or []
+    if quarantined:
+        text += f", {len(quarantined)} quarantined"
+    return text
+
+
 def _print_status(results: list[tuple[str, Any]]) -> None:
-    header = f"{'server':24} {'name':10} {'role':8} {'state':8} {'epoch':>5} {'peer':22} {'clients':>7} {'queues':>6}"
+    header = (
+        f"{'server':24} {'name':10} {'role':8} {'state':8} {'epoch':>5} {'peer':22} "
+        f"{'clients':>7} {'queues':>6}  replication"
+    )
     click.echo(header)
     for url, status in results:
         where = url.rsplit("@", 1)[-1].rstrip("/")
@@ -258,6 +288,7 @@ def _print_status(results: list[tuple[str, Any]]) -> None:
         click.echo(
             f"{where:24} {status.get('name', ''):10} {status.get('role', ''):8} {status.get('state', ''):8} "
             f"{status.get('epoch', 0):>5} {peer_text:22} {status.get('clients', 0):>7} {status.get('queues', 0):>6}"
+            f"  {_replication_text(status)}"
         )
 
 

@@ -59,6 +59,9 @@ class Snapshot:
     queued_bytes: int = 0
     watermark: int = 0
     blocked: bool = False
+    memory_blocked: bool = False
+    store: dict[str, Any] = field(default_factory=dict)
+    replication: dict[str, Any] = field(default_factory=dict)
     pair: dict[str, Any] = field(default_factory=dict)
 
 
@@ -69,6 +72,9 @@ def take_snapshot(broker: Broker) -> Snapshot:
         channels=sum(len(c.channels) for c in broker.connections),
         watermark=broker.config.limits.memory_high_watermark,
         blocked=broker.blocked,
+        memory_blocked=broker.memory_over,
+        store=broker.store_status(),
+        replication=broker.replication_status(),
         pair=broker.pair.status(),
     )
     for vhost in broker.vhosts.values():
@@ -177,8 +183,51 @@ def broker_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "rabbitmq_alarms_memory_used_watermark",
         "1 while the memory watermark blocks publishers",
-        value=int(snapshot.blocked),
+        value=int(snapshot.memory_blocked),
     )
+    store = snapshot.store
+    if store.get("enabled"):
+        yield GaugeMetricFamily(
+            "amqha_store_failing",
+            "1 while the message store cannot write (publishes nacked, publishers blocked)",
+            value=int(store["failing"]),
+        )
+        yield CounterMetricFamily(
+            "amqha_store_write_failures",
+            "Store writes that failed (a full or failing disk)",
+            value=store["failures"],
+        )
+        yield GaugeMetricFamily(
+            "amqha_store_unwritten_changes",
+            "Changes of durable state not yet on disk",
+            value=store["lsn"] - store["safe_lsn"],
+        )
+    replication = snapshot.replication
+    feed = replication.get("feed")
+    if feed is not None:
+        yield GaugeMetricFamily(
+            "amqha_replication_in_sync",
+            "1 while an in-sync PASSIVE holds every confirmed message; 0: confirms rest on "
+            "this server's store alone",
+            value=int(feed["state"] == "in_sync"),
+        )
+        yield GaugeMetricFamily(
+            "amqha_replication_lag_changes",
+            "Changes the PASSIVE has not acked yet",
+            value=feed["lag_changes"] or 0,
+        )
+        yield GaugeMetricFamily(
+            "amqha_replication_lag_seconds",
+            "Age of the oldest run the PASSIVE has not acked",
+            value=feed["lag_seconds"] or 0.0,
+        )
+    follower = replication.get("follower")
+    if follower is not None:
+        yield GaugeMetricFamily(
+            "amqha_replication_following_in_sync",
+            "On a PASSIVE: 1 once it holds everything its ACTIVE confirmed",
+            value=int(bool(follower["in_sync"])),
+        )
 
 
 PAIR_STATES = ("PRIMARY", "BACKUP", "ACTIVE", "PASSIVE")

@@ -23,6 +23,8 @@ failover state machine (it only ever sees the ``gate.Pair`` interface).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import gc
 import heapq
 import itertools
@@ -33,7 +35,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands, exceptions
 
@@ -45,11 +47,23 @@ from . import __version__, wire
 from .auth import Authenticator, Refused
 from .connection import OPEN, READ_HELD_MEMORY, Connection
 from .console import ConsoleService
+from .core.apply import apply
+from .core.changes import ChangeLog
 from .core.message import Message
 from .core.queue import Queue
-from .core.vhost import VHost
+from .core.vhost import MessageIds, VHost
 from .gate import Pair, Standalone
 from .metrics import MetricsEndpoint
+from .quarantine import (
+    clear_unprotected_mark,
+    quarantine,
+    read_unprotected_mark,
+    write_unprotected_mark,
+)
+from .replication import Feed, Follower
+
+if TYPE_CHECKING:
+    from .store import Store, StoreFailure
 
 log = logging.getLogger("amqha.server")
 
@@ -65,11 +79,20 @@ CHANNEL_COST = 1200
 HOLD_RECHECK = 0.05
 TLS_HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT = 2.0
+# Message ids of one ACTIVE term: a block of 2**40 per (epoch, role).
+ID_BLOCK_BITS = 40
+# After a store write fails (a full disk), publishers stay blocked this long before the
+# next write is tried.
+STORE_RETRY = 1.0
 # Queued messages are many small long-lived objects: at the default thresholds (700,
 # 10, 10) the collector walks them over and over while queues fill, a sixth of the
 # publish path's CPU. Collecting young objects every 10000 allocations instead leaves
 # too little of that to measure; the broker's own reference cycles are few and short-lived.
 GC_THRESHOLDS = (10_000, 10, 10)
+# How long a thread may hold the GIL while another waits for it. The store's writer thread
+# returns from each SQLite call (and the heartbeat thread wakes) needing the GIL back
+# from a busy loop thread: at Python's default 5 ms, every group commit waits that long.
+SWITCH_INTERVAL = 0.0005
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -79,6 +102,7 @@ CAPABILITIES = {
     "connection.blocked": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "consumer_priorities": True,
     "connection.redirect": True,
     "direct_reply_to": True,
 }
@@ -89,11 +113,39 @@ class Broker:
         self.config = config
         self.loop = asyncio.get_running_loop()
         self.vhosts: dict[str, VHost] = {}
+        self.ids = MessageIds()
+        # The change stream and the store it feeds: attached by ``open_store`` once the
+        # store is recovered (None: nothing is durable, as with store.enabled false).
+        self.log: ChangeLog | None = None
+        self.store: Store | None = None
+        self.safe_lsn = 0  # confirms may go out for everything up to this LSN
+        self.store_lsn = 0  # the store has everything up to this LSN on disk
+        self.unsafe_channels: set[Any] = set()  # channels with confirms waiting for it
+        self.waiting_safe: collections.deque[tuple[int, Callable[[bool], None]]] = (
+            collections.deque()
+        )
+        self.store_failing = False
+        self.store_failures = 0
+        self.store_retry: asyncio.TimerHandle | None = None
+        self.recovered: dict[str, Any] = {}
+        # Replication (docs/durability.md, section 5). A standalone server leads; a pair
+        # member leads while ACTIVE (``lead``) and follows its ACTIVE peer while PASSIVE
+        # (``follow``): the pair tells it which.
+        self.leading = config.failover.role is None
+        self.feed = Feed(self, self._feed_sync)
+        self.follower: Follower | None = None
+        # (side, in_sync, reason) for the pair's event log: "active" (this server's feed)
+        # or "passive" (this server following its peer).
+        self.on_sync: Callable[[str, bool, str], None] | None = None
+        self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
+        self.quarantined: list[dict[str, Any]] = []
         for user in config.users:
             for name in user.vhosts:
                 self.vhost(name)
         self.connections: set[Connection] = set()
-        self.timers = QueueTimers(self.loop, self._on_queue_due)
+        self.timers = QueueTimers(self.loop, self._on_queue_due, time.time)
+        # Publishers are blocked (Connection.Blocked, not read) while either holds.
+        self.memory_over = False
         self.blocked = False
         # Memory counted against the watermark beyond Message.held (see the docstring).
         self.input_bytes = 0  # partial frames and multi-frame bodies being assembled
@@ -127,14 +179,16 @@ class Broker:
     # -- model access ---------------------------------------------------------------------
 
     def now(self) -> float:
-        return self.loop.time()
+        """Wall-clock seconds: deadlines in the change stream mean the same after a
+        restart and on the peer (timers convert to the loop's clock)."""
+        return time.time()
 
     def vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = VHost(name, time.time)
+            vhost = VHost(name, time.time, self.log, self.ids)
             vhost.max_queues = self.config.limits.vhost.max_queues
-            vhost.deliver_routed = self.enqueue
+            vhost.replicate_default = self.config.replication.default
             vhost.on_queue_deleted = self._queue_deleted
             self.vhosts[name] = vhost
         return vhost
@@ -162,26 +216,225 @@ class Broker:
 
     # -- delivery -------------------------------------------------------------------------
 
-    def enqueue(self, message: Message, queues: tuple[Queue, ...]) -> bool:
-        """Put a routed message on its queues and start delivery; False if any refused it."""
-        now = self.loop.time()
-        expiration_ms = message.expiration_ms()
-        expiration = None if expiration_ms is None else expiration_ms / 1000.0
-        accepted = True
-        for queue in queues:
-            limits = queue.limits
-            if (
-                limits.max_length is not None or limits.max_length_bytes is not None
-            ) and queue.would_reject(message):
-                accepted = False
-                if limits.overflow == "reject-publish-dlx":
-                    queue.reject(message, "maxlen")
-                continue
-            queue.enqueue(message, now, expiration)
-            queue.published += 1
-            if queue.consumers:
-                queue.drain(now)
-        return accepted
+    # -- the store ------------------------------------------------------------------------
+
+    def open_store(self) -> None:
+        """Open the store, rebuild the durable state from it, then log every change to it.
+
+        A store that cannot be read raises ``StoreError`` (one line naming the file)."""
+        if not self.config.store.enabled:
+            return
+        from .store import Store
+
+        started = time.monotonic()
+        path = self.config.store_path
+        store = Store.open(path, self.config.store.max_bytes)
+        now = self.now()
+        for change in store.recover():
+            apply(self, change, now)
+        self.ids.seen(store.max_msg_id())
+        counts = store.counts()
+        seconds = time.monotonic() - started
+        self.recovered = dict(counts, seconds=round(seconds, 3), path=path)
+        if counts.get("queues") or counts.get("messages"):
+            print(
+                f"amqha {self.config.name}: recovered {counts.get('queues', 0)} durable "
+                f"queues and {counts.get('messages', 0)} persistent messages from {path} "
+                f"in {seconds:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.log = ChangeLog(self._changes_pending)
+        for vhost in self.vhosts.values():
+            vhost.set_log(self.log)
+            for queue in vhost.queues.values():
+                self.watch_queue(queue)
+        store.start(self._store_notified)
+        self.store = store
+
+    def _changes_pending(self) -> None:
+        """The first change of this turn: they all go to the store when the turn ends."""
+        self.loop.call_soon(self._take_changes)
+
+    def _take_changes(self) -> None:
+        if self.log is None or self.store is None:
+            return
+        first, changes = self.log.take()
+        if changes:
+            self.store.submit(first, changes)
+            self.feed.live(first, changes)
+
+    def _store_notified(self, last_lsn: int, failed: StoreFailure | None) -> None:
+        """Called on the store's writer thread: hand the news to the loop."""
+        # A closed loop: the server is gone and nothing waits any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._stored, last_lsn, failed)
+
+    def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
+        self.store_lsn = max(self.store_lsn, last_lsn)
+        failed_range = None
+        if failed is not None:
+            failed_range = (failed.first_lsn, failed.last_lsn)
+            self.store_failures += 1
+            if not self.store_failing:
+                log.warning(
+                    "the store could not write (%s): publishes not stored are nacked and "
+                    "publishers blocked; consumers are still served",
+                    failed.error,
+                )
+                self.store_failing = True
+                self._update_blocked()
+            if self.store_retry is None:
+                self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
+        self._release_confirms(failed_range)
+
+    def _release_confirms(self, failed_range: tuple[int, int] | None = None) -> None:
+        """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
+        what the PASSIVE has too (the watermark of docs/durability.md)."""
+        safe = self.store_lsn
+        if self.feed.in_sync and self.feed.replicated_lsn < safe:
+            safe = self.feed.replicated_lsn
+        if safe <= self.safe_lsn and failed_range is None:
+            return
+        self.safe_lsn = max(self.safe_lsn, safe)
+        safe = self.safe_lsn
+        for channel in list(self.unsafe_channels):
+            if not channel.store_progress(safe, failed_range):
+                self.unsafe_channels.discard(channel)
+        waiting = self.waiting_safe
+        while waiting and waiting[0][0] <= safe:
+            lsn, done = waiting.popleft()
+            done(failed_range is None or not failed_range[0] <= lsn <= failed_range[1])
+
+    # -- replication ----------------------------------------------------------------------
+
+    def _feed_sync(self, in_sync: bool, reason: str) -> None:
+        """The feed's subscriber became (or stopped being) an in-sync PASSIVE, or acked."""
+        if reason:
+            self._mark_unprotected(not in_sync)
+            if self.on_sync is not None:
+                self.on_sync("active", in_sync, reason)
+        self._release_confirms()
+
+    def _follower_sync(self, in_sync: bool, reason: str) -> None:
+        if self.on_sync is not None:
+            self.on_sync("passive", in_sync, reason)
+
+    def lead(self, epoch: int, role_bit: int) -> None:
+        """This server is ACTIVE: its changes are logged (and fed to a PASSIVE), its
+        timers run, and new message ids come from its own block for this epoch (two
+        ACTIVE servers of a split never give the same id)."""
+        self.ids.seen(((epoch * 2 + role_bit) << ID_BLOCK_BITS) - 1)
+        if self.leading:
+            return
+        self.leading = True
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            self.loop.create_task(follower.stop())
+        for vhost in self.vhosts.values():
+            vhost.set_log(self.log)
+            for queue in vhost.queues.values():
+                self.watch_queue(queue)
+        if not self.feed.in_sync:
+            self._mark_unprotected(True)
+            if self.on_sync is not None and self.config.replication.enabled:
+                self.on_sync("active", False, "ACTIVE with no in-sync passive")
+
+    def follow(self, url: str, connect_options: dict[str, Any]) -> None:
+        """This server is PASSIVE: it takes its state from the ACTIVE at ``url``."""
+        if not self.leading and self.follower is not None:
+            return
+        self.leading = False
+        self.feed.drop("this server is no longer ACTIVE")
+        for vhost in self.vhosts.values():
+            vhost.set_log(None)
+        if not self.config.replication.enabled or self.store is None:
+            return
+        self.follower = Follower(self, url, self._follower_sync, connect_options, self.config.name)
+        self.loop.create_task(self.follower.start())
+
+    def replicated(self, changes: list[Any]) -> int:
+        """Changes received from the ACTIVE (already applied): to the store, like ours.
+        Returns the LSN the store must pass for them."""
+        log_ = self.log
+        assert log_ is not None
+        for change in changes:
+            log_.emit(change, True)
+        return log_.lsn
+
+    def before_reset(self) -> None:
+        """A snapshot from the ACTIVE is about to replace the durable state: messages this
+        server accepted while it had no in-sync PASSIVE (a split brain's losing side) are
+        kept in a quarantine file first, and reported."""
+        mark = read_unprotected_mark(self.config.data_dir)
+        if mark is None:
+            return
+        found = quarantine(self.vhosts, mark, self.config.data_dir, self.config.name)
+        clear_unprotected_mark(self.config.data_dir)
+        if found is not None:
+            self.quarantined.append(found)
+            log.warning(
+                "quarantined %d messages accepted while unprotected into %s",
+                found["messages"],
+                found["path"],
+            )
+            if self.on_quarantine is not None:
+                self.on_quarantine(found)
+
+    def _mark_unprotected(self, unprotected: bool) -> None:
+        if not self.leading or self.store is None or not self.config.replication.enabled:
+            return
+        if unprotected:
+            if read_unprotected_mark(self.config.data_dir) is None:
+                write_unprotected_mark(self.config.data_dir, self.ids.next)
+        else:
+            clear_unprotected_mark(self.config.data_dir)
+
+    def replication_status(self) -> dict[str, Any]:
+        if not self.config.replication.enabled:
+            return {"enabled": False}
+        status: dict[str, Any] = {"enabled": True, "leading": self.leading}
+        if self.leading:
+            status["feed"] = self.feed.status()
+        if self.follower is not None:
+            status["follower"] = self.follower.status()
+        if self.quarantined:
+            status["quarantined"] = self.quarantined
+        return status
+
+    def _retry_store(self) -> None:
+        """Let publishers try again: a write that fails again blocks them again."""
+        self.store_retry = None
+        if self.store_failing:
+            self.store_failing = False
+            log.warning("retrying the store: publishers unblocked")
+            self._update_blocked()
+
+    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
+        """Call ``done(ok)`` once the store (and an in-sync PASSIVE) has up to ``lsn``."""
+        if lsn <= self.safe_lsn or self.store is None:
+            self.loop.call_soon(done, True)
+        else:
+            self.waiting_safe.append((lsn, done))
+
+    def store_status(self) -> dict[str, Any]:
+        if self.store is None:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "path": self.config.store_path,
+            "failing": self.store_failing,
+            "failures": self.store_failures,
+            "lsn": self.log.lsn if self.log is not None else 0,
+            "safe_lsn": self.store_lsn,
+            "recovered": self.recovered,
+        }
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def enqueue(self, message: Message, queues: tuple[Queue, ...], vhost: str = "/") -> bool:
+        """Put a message on given queues (the console's answers); False if refused."""
+        return self.vhost(vhost).enqueue(message, queues, self.now())
 
     def watch_queue(self, queue: Queue) -> None:
         """A queue was declared (or redeclared): its timer follows its due time from now on."""
@@ -215,8 +468,9 @@ class Broker:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
 
     def _on_queue_due(self, queue: Queue, now: float) -> None:
-        if queue.expiries:
-            queue.expire(now)
+        if not self.leading:
+            return  # a PASSIVE's queues follow the ACTIVE's expiries, never their own
+        queue.expire(now)
         if queue.is_idle_expired(now):
             vhost = self._vhost_of(queue)
             if vhost is not None:
@@ -246,9 +500,9 @@ class Broker:
         in_use = self.memory_in_use()
         self.message_budget = limit - (in_use - Message.held)
         over = in_use > limit
-        if over == self.blocked:
+        if over == self.memory_over:
             return
-        self.blocked = over
+        self.memory_over = over
         log.warning(
             "memory watermark %s: %d bytes in use %s %d",
             "reached, blocking publishers" if over else "cleared, unblocking publishers",
@@ -256,6 +510,13 @@ class Broker:
             ">" if over else "<=",
             limit,
         )
+        self._update_blocked()
+
+    def _update_blocked(self) -> None:
+        blocked = self.memory_over or self.store_failing
+        if blocked == self.blocked:
+            return
+        self.blocked = blocked
         for connection in list(self.connections):
             self._apply_block(connection)
 
@@ -263,8 +524,9 @@ class Broker:
         if connection.transport is None or connection.state != OPEN:
             return
         if connection.capability("connection.blocked"):
+            reason = "low on memory" if self.memory_over else "message store cannot write"
             method = (
-                commands.Connection.Blocked("low on memory")
+                commands.Connection.Blocked(reason)
                 if self.blocked
                 else commands.Connection.Unblocked()
             )
@@ -393,6 +655,7 @@ class Broker:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.open_store()
         for host, port in self.config.addresses:
             self.servers.extend(await self._listen(host, port))
         self.server = self.servers[0]
@@ -452,6 +715,21 @@ class Broker:
             if connection.transport is not None:
                 connection.transport.abort()
         self.auth.close()
+        self.close_store()
+
+    def close_store(self) -> None:
+        """Write what the store has not been given yet, then close it."""
+        if self.store_retry is not None:
+            self.store_retry.cancel()
+            self.store_retry = None
+        store, self.store = self.store, None
+        if store is None:
+            return
+        if self.log is not None:
+            first, changes = self.log.take()
+            if changes:
+                store.submit(first, changes)
+        store.close()
 
 
 class QueueTimers:
@@ -463,10 +741,16 @@ class QueueTimers:
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, on_due: Callable[[Queue, float], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_due: Callable[[Queue, float], None],
+        clock: Callable[[], float],
     ) -> None:
         self.loop = loop
         self.on_due = on_due
+        # Due times are on this clock (the wall clock, as deadlines are); the loop's timer
+        # is armed for the same moment on its own clock.
+        self.clock = clock
         self.heap: list[tuple[float, int, Queue]] = []
         self.order = itertools.count()
         self.handle: asyncio.TimerHandle | None = None
@@ -487,12 +771,12 @@ class QueueTimers:
         if self.handle is not None:
             self.handle.cancel()
         self.armed_for = due
-        self.handle = self.loop.call_at(due, self._fire)
+        self.handle = self.loop.call_later(max(0.0, due - self.clock()), self._fire)
 
     def _fire(self) -> None:
         self.handle = None
         heap = self.heap
-        now = self.loop.time()
+        now = self.clock()
         due_now = []
         while heap and heap[0][0] <= now:
             due, _, queue = heapq.heappop(heap)
@@ -521,6 +805,7 @@ class QueueTimers:
 
 def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 def install_uvloop() -> bool:

@@ -570,6 +570,14 @@ def field_table(table: dict[str, Any]) -> bytes:
     return _long.pack(len(data)) + data
 
 
+def decode_field_table(data: bytes) -> dict[str, Any]:
+    """The fields of a table written by ``field_table``; ValueError if it does not decode."""
+    end, table = _table(data, 0, 0)
+    if end != len(data):
+        raise ValueError("bytes left after the field table")
+    return table
+
+
 def _field_value(value: Any) -> bytes:
     if isinstance(value, bool):
         return b"t\x01" if value else b"t\x00"

@@ -6,9 +6,23 @@ Suites (``make compat``; downloads, so not part of ``make test``):
   (``pip download``); it reads the broker's address from RABBITMQ_HOST/RABBITMQ_5672_TCP.
 - pika's acceptance tests (``tests/acceptance``), which are not in pika's sdist: taken from
   a pika source tree, ``PIKA_SOURCE`` if set, else ``git clone`` of pika's tag PIKA_TAG from
-  GitHub; without either the suite fails with the reason. They hard-code 127.0.0.1:5672, so
-  each broker runs for them inside a private network namespace (``unshare -n``) with its
-  own loopback, leaving whatever listens on the host's 5672 alone.
+  GitHub; without either the suite fails with the reason. The whole directory runs, every
+  adapter included (tornado, gevent and Twisted are installed, with pytest, into a
+  virtualenv of the suite's own). They hard-code 127.0.0.1:5672, so each broker runs for
+  them inside a private network namespace (``unshare -n``) with its own loopback (both
+  127.0.0.1 and [::1]), leaving whatever listens on the host's 5672 alone.
+- amqplib's own tests (Node.js, ``node --test``), which are not in its npm package either:
+  from ``AMQPLIB_SOURCE`` if set, else ``git clone`` of tag AMQPLIB_TAG; the one library
+  they need beyond Node (``claire``, at the version their package.json names) is installed
+  with npm into a directory of its own. They hard-code ``amqp://localhost``, so they run in
+  a private network namespace like pika's, one ``node --test`` per test file (a file that
+  hangs is stopped after FILE_TIMEOUT and counts as one more failure; its tests that never
+  reported are missing from the tally).
+- aio-pika's own tests (``tests/``, in its source tree, not its wheel): ``AIOPIKA_SOURCE``
+  if set, else ``git clone`` of tag AIOPIKA_TAG, run with that tree's aio_pika and the
+  libraries its tests need in a virtualenv of the suite's own. Its fixtures start RabbitMQ
+  in a Docker container; a small pytest plugin (AIO_PIKA_BROKER, loaded with ``-p``) hands
+  them the broker under test instead, and its amqps tests find no TLS port (on both).
 - a Celery worker end to end: a worker process and a client in their own virtualenv
   (Celery is installed there, not in the project's), tasks sent and their results read
   back through the rpc:// result backend.
@@ -23,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -40,10 +55,31 @@ WORK = ROOT / "var" / "compat"
 KOMBU_VERSION = "5.7.0"
 PIKA_TAG = os.environ.get("PIKA_TAG", "1.4.4")
 PIKA_REPOSITORY = "https://github.com/pika/pika"
-PIKA_FILES = (
-    "tests/acceptance/blocking_adapter_test.py",
-    "tests/acceptance/async_adapter_tests.py",
+# The whole acceptance directory: the blocking adapter, every asynchronous adapter (select,
+# asyncio, tornado, gevent) and the Twisted adapter, which need their own libraries.
+PIKA_FILES = ("tests/acceptance",)
+PIKA_CHECK_FILE = "tests/acceptance/async_adapter_tests.py"
+PIKA_EXTRAS = ("pytest", "pytest-timeout", "tornado", "gevent", "twisted")
+AIOPIKA_TAG = os.environ.get("AIOPIKA_TAG", "9.6.0")
+AIOPIKA_REPOSITORY = "https://github.com/mosquito/aio-pika"
+# What aio-pika's tests import beyond its own tree (its pyproject's dependencies and dev
+# group); the released package of the same version too, for its metadata (aio_pika reads
+# its own version from it), while the code imported is the tree's.
+AIOPIKA_PACKAGES = (
+    f"aio-pika=={AIOPIKA_TAG}",
+    "aiormq>=6.8,<7",
+    "yarl",
+    "aiomisc>=18.0",
+    "aiomisc-pytest",
+    "shortuuid",
+    "pytest",
+    "pytest-timeout",
 )
+AMQPLIB_TAG = os.environ.get("AMQPLIB_TAG", "v2.0.1")
+AMQPLIB_REPOSITORY = "https://github.com/amqp-node/amqplib"
+# amqplib's package.json gives each test 1 s; on a busy machine that measures the machine.
+AMQPLIB_TEST_TIMEOUT_MS = 5000
+FILE_TIMEOUT = 300
 SUITE_TIMEOUT = 1800
 CELERY_TASKS = 200
 
@@ -60,9 +96,12 @@ def say(text: str) -> None:
 
 
 @contextmanager
-def amqha_broker(port: int | None = None) -> Iterator[tuple[str, int]]:
+def amqha_broker(port: int | None = None, ipv6: bool = False) -> Iterator[tuple[str, int]]:
     with tempfile.TemporaryDirectory(prefix="amqha-compat-") as tmp:
-        server = ServerProcess(Path(tmp), "compat", port=port).start()
+        server = ServerProcess(Path(tmp), "compat", port=port)
+        if ipv6:
+            server.config["server"]["listen"] = [server.address, f"[::1]:{server.port}"]
+        server.start()
         try:
             yield "127.0.0.1", server.port
         finally:
@@ -70,13 +109,13 @@ def amqha_broker(port: int | None = None) -> Iterator[tuple[str, int]]:
 
 
 @contextmanager
-def rabbitmq_broker(port: int | None = None) -> Iterator[tuple[str, int]]:
+def rabbitmq_broker(port: int | None = None, ipv6: bool = False) -> Iterator[tuple[str, int]]:
     from bench.rabbitmq import RabbitNode, ensure_installed
 
     installed, how = ensure_installed()
     if not installed:
         raise SuiteUnavailable(f"RabbitMQ is not available: {how}")
-    node = RabbitNode(port=port)
+    node = RabbitNode(port=port, ipv6=ipv6)
     node.start()
     try:
         yield "127.0.0.1", node.port
@@ -90,9 +129,16 @@ BROKERS: dict[str, Callable[..., Any]] = {"amqha": amqha_broker, "rabbitmq": rab
 # -- running a pytest suite and reading its outcome ---------------------------------------
 
 
-def run_pytest(files: list[str], cwd: Path, env: dict[str, str], report: Path) -> dict[str, str]:
+def run_pytest(
+    files: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    report: Path,
+    python: Path | None = None,
+    options: tuple[str, ...] = (),
+) -> dict[str, str]:
     command = [
-        sys.executable,
+        str(python or sys.executable),
         "-m",
         "pytest",
         "-q",
@@ -102,6 +148,7 @@ def run_pytest(files: list[str], cwd: Path, env: dict[str, str], report: Path) -
         "addopts=",
         "--timeout=120",
         f"--junitxml={report}",
+        *options,
         *files,
     ]
     subprocess.run(command, cwd=cwd, env=env, timeout=SUITE_TIMEOUT, stdout=sys.stderr, check=False)
@@ -177,8 +224,8 @@ def pika_source() -> Path:
     given = os.environ.get("PIKA_SOURCE")
     if given:
         source = Path(given)
-        if not all((source / name).exists() for name in PIKA_FILES):
-            raise SuiteUnavailable(f"PIKA_SOURCE={given} has no {PIKA_FILES[0]}")
+        if not (source / PIKA_CHECK_FILE).exists():
+            raise SuiteUnavailable(f"PIKA_SOURCE={given} has no {PIKA_CHECK_FILE}")
         return source
     target = WORK / f"pika-{PIKA_TAG}"
     if not target.exists():
@@ -209,7 +256,14 @@ def pika_source() -> Path:
 def pika_suite(broker: str) -> dict[str, str]:
     """In a private network namespace: the suite hard-codes 127.0.0.1:5672."""
     source = pika_source()
-    report = WORK / f"pika-{broker}.xml"
+    suite_python("pika", PIKA_EXTRAS)  # installed here, where the network is
+    return in_namespace("pika-acceptance", broker, source)
+
+
+def in_namespace(suite: str, broker: str, source: Path) -> dict[str, str]:
+    """Run ``suite`` against ``broker`` on 127.0.0.1:5672 of a private network namespace."""
+    # pytest writes JUnit XML; the amqplib runner, which reads node's reports, writes JSON.
+    report = WORK / f"{suite}-{broker}.{'json' if suite == 'amqplib' else 'xml'}"
     report.unlink(missing_ok=True)
     done = subprocess.run(
         [
@@ -219,6 +273,7 @@ def pika_suite(broker: str) -> dict[str, str]:
             "-m",
             "bench.compat",
             "--inside-namespace",
+            suite,
             broker,
             str(source),
             str(report),
@@ -228,15 +283,251 @@ def pika_suite(broker: str) -> dict[str, str]:
         timeout=SUITE_TIMEOUT + 120,
     )
     if done.returncode != 0 and not report.exists():
-        raise SuiteUnavailable(f"the pika suite could not run in a network namespace ({broker})")
+        raise SuiteUnavailable(f"the {suite} suite could not run in a network namespace ({broker})")
+    if report.suffix == ".json":
+        return json.loads(report.read_text())  # type: ignore[no-any-return]
     return outcomes(report)
 
 
-def inside_namespace(broker: str, source: Path, report: Path) -> None:
+def inside_namespace(suite: str, broker: str, source: Path, report: Path) -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    with BROKERS[broker](port=5672):
+    # Both loopbacks, as a broker listening on every interface would be reached.
+    with BROKERS[broker](port=5672, ipv6=True):
+        if suite == "amqplib":
+            report.write_text(json.dumps(amqplib_run(source)))
+            return
         env = dict(os.environ, PYTHONPATH=str(source))
-        run_pytest(list(PIKA_FILES), source, env, report)
+        run_pytest(list(PIKA_FILES), source, env, report, suite_python("pika", PIKA_EXTRAS))
+
+
+# -- amqplib ------------------------------------------------------------------------------
+
+
+def amqplib_source() -> Path:
+    given = os.environ.get("AMQPLIB_SOURCE")
+    if given:
+        source = Path(given)
+        if not (source / "test" / "channel_api.test.js").exists():
+            raise SuiteUnavailable(f"AMQPLIB_SOURCE={given} has no test/channel_api.test.js")
+        return source
+    target = WORK / f"amqplib-{AMQPLIB_TAG}"
+    if not target.exists():
+        say(
+            f"amqplib's tests are not in its npm package: cloning {AMQPLIB_REPOSITORY} {AMQPLIB_TAG}"
+        )
+        done = subprocess.run(
+            [
+                "git",
+                "clone",
+                "--quiet",
+                "--depth",
+                "1",
+                "--branch",
+                AMQPLIB_TAG,
+                AMQPLIB_REPOSITORY,
+                str(target),
+            ],
+            check=False,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise SuiteUnavailable(
+                f"cannot clone {AMQPLIB_REPOSITORY} (tag {AMQPLIB_TAG}); set AMQPLIB_SOURCE to "
+                "an amqplib source tree that has test/"
+            )
+    return target
+
+
+def amqplib_modules(source: Path) -> Path:
+    """The test-only library amqplib's tests require, at the version its package.json names."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise SuiteUnavailable("node and npm are needed for amqplib's tests")
+    version = json.loads((source / "package.json").read_text())["devDependencies"]["claire"]
+    prefix = WORK / "amqplib-deps"
+    modules = prefix / "node_modules"
+    if not (modules / "claire" / "package.json").exists():
+        say(f"installing claire@{version} (amqplib's test library) with npm")
+        done = subprocess.run(
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(prefix),
+                "--no-save",
+                "--no-package-lock",
+                f"claire@{version}",
+            ],
+            check=False,
+            timeout=600,
+            stdout=sys.stderr,
+        )
+        if done.returncode != 0:
+            raise SuiteUnavailable(f"npm could not install claire@{version}")
+    return modules
+
+
+def amqplib_suite(broker: str) -> dict[str, str]:
+    source = amqplib_source()
+    amqplib_modules(source)
+    return in_namespace("amqplib", broker, source)
+
+
+def amqplib_run(source: Path) -> dict[str, str]:
+    """Each test file in its own ``node --test``, with a JUnit report read back per file."""
+    env = dict(
+        os.environ, NODE_PATH=str(WORK / "amqplib-deps" / "node_modules"), URL="amqp://localhost"
+    )
+    results: dict[str, str] = {}
+    for test_file in sorted((source / "test").glob("*.test.js")):
+        report = WORK / f"amqplib-{test_file.stem}.xml"
+        report.unlink(missing_ok=True)
+        command = [
+            "node",
+            "--test",
+            f"--test-timeout={AMQPLIB_TEST_TIMEOUT_MS}",
+            "--test-reporter=spec",
+            "--test-reporter-destination=stderr",
+            "--test-reporter=junit",
+            f"--test-reporter-destination={report}",
+            str(test_file.relative_to(source)),
+        ]
+        process = subprocess.Popen(command, cwd=source, env=env, stdout=sys.stderr)
+        try:
+            process.wait(timeout=FILE_TIMEOUT)
+            hung = False
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+            hung = True
+        found = node_outcomes(report, test_file.name)
+        if hung:
+            say(f"{test_file.name} did not finish in {FILE_TIMEOUT} s: stopped")
+            found[f"{test_file.name}::(file did not finish)"] = "failed"
+        results.update(found)
+    return results
+
+
+def node_outcomes(report: Path, prefix: str) -> dict[str, str]:
+    """Each test's outcome from node's JUnit report: suites nest, names are their path."""
+    if not report.exists() or not report.stat().st_size:
+        return {}
+    try:
+        root = ElementTree.parse(report).getroot()
+    except ElementTree.ParseError:
+        return {}
+    results: dict[str, str] = {}
+
+    def walk(element: ElementTree.Element, path: str) -> None:
+        for child in element:
+            if child.tag == "testsuite":
+                walk(child, f"{path} > {child.get('name')}")
+            elif child.tag == "testcase":
+                name = f"{path} > {child.get('name')}"
+                outcome = "passed"
+                for mark in child:
+                    if mark.tag in ("failure", "error"):
+                        outcome = "failed"
+                    elif mark.tag == "skipped" and outcome == "passed":
+                        outcome = "skipped"
+                number = 2
+                unique = name
+                while unique in results:
+                    unique = f"{name} #{number}"
+                    number += 1
+                results[unique] = outcome
+
+    walk(root, prefix)
+    return results
+
+
+# -- aio-pika -----------------------------------------------------------------------------
+
+AIO_PIKA_BROKER = textwrap.dedent(
+    """
+    \"\"\"pytest plugin: aio-pika's fixtures get the broker under test, not a container.\"\"\"
+    import os
+
+    import tests.docker_client as docker_client
+
+    PORT = int(os.environ["COMPAT_AMQP_PORT"])
+
+
+    class BrokerUnderTest:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, image, ports, environment=None):
+            # No TLS listener: the amqps tests fail alike on both brokers.
+            return docker_client.ContainerInfo(
+                id="compat", ports={"5672/tcp": PORT, "5671/tcp": 1}, host="127.0.0.1"
+            )
+
+        def kill(self, container_id):
+            pass
+
+        def remove(self, container_id):
+            pass
+
+
+    docker_client.check_docker_available = lambda: docker_client.DockerHostInfo(is_tcp=False)
+    docker_client.DockerClient = BrokerUnderTest
+    """
+)
+
+
+def aio_pika_source() -> Path:
+    given = os.environ.get("AIOPIKA_SOURCE")
+    if given:
+        source = Path(given)
+        if not (source / "tests" / "conftest.py").exists() or not (source / "aio_pika").exists():
+            raise SuiteUnavailable(f"AIOPIKA_SOURCE={given} has no aio_pika/ and tests/conftest.py")
+        return source
+    target = WORK / f"aio-pika-{AIOPIKA_TAG}"
+    if not target.exists():
+        say(f"aio-pika's tests: cloning {AIOPIKA_REPOSITORY} {AIOPIKA_TAG}")
+        done = subprocess.run(
+            [
+                "git",
+                "clone",
+                "--quiet",
+                "--depth",
+                "1",
+                "--branch",
+                AIOPIKA_TAG,
+                AIOPIKA_REPOSITORY,
+                str(target),
+            ],
+            check=False,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise SuiteUnavailable(
+                f"cannot clone {AIOPIKA_REPOSITORY} (tag {AIOPIKA_TAG}); set AIOPIKA_SOURCE to "
+                "an aio-pika source tree"
+            )
+    return target
+
+
+def aio_pika_suite(broker: str) -> dict[str, str]:
+    source = aio_pika_source()
+    python = suite_python("aio-pika", AIOPIKA_PACKAGES)
+    plugin_dir = WORK / "aio-pika-plugin"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    (plugin_dir / "compat_broker.py").write_text(AIO_PIKA_BROKER)
+    with BROKERS[broker]() as (_host, port):
+        env = dict(
+            os.environ,
+            COMPAT_AMQP_PORT=str(port),
+            PYTHONPATH=os.pathsep.join((str(source), str(plugin_dir))),
+        )
+        return run_pytest(
+            ["tests"],
+            source,
+            env,
+            WORK / f"aio-pika-{broker}.xml",
+            python,
+            ("-p", "compat_broker", "-p", "no:asyncio", "-o", "log_cli=false"),
+        )
 
 
 # -- Celery -------------------------------------------------------------------------------
@@ -257,22 +548,26 @@ CELERY_APP = textwrap.dedent(
 )
 
 
-def celery_python() -> Path:
-    venv = WORK / "celery-venv"
+def suite_python(name: str, packages: tuple[str, ...]) -> Path:
+    """A virtualenv of a suite's own, with what it needs (never the project's)."""
+    venv = WORK / f"{name}-venv"
     python = venv / "bin" / "python"
-    if not python.exists():
-        say("installing Celery into its own virtualenv")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    ready = venv / ".installed"
+    wanted = "\n".join(packages) + "\n"
+    if not ready.exists() or ready.read_text() != wanted:
+        say(f"installing {', '.join(packages)} into a virtualenv for {name}")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         done = subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "celery"], check=False, timeout=900
+            [str(python), "-m", "pip", "install", "--quiet", *packages], check=False, timeout=900
         )
         if done.returncode != 0:
-            raise SuiteUnavailable("pip could not install celery")
+            raise SuiteUnavailable(f"pip could not install {', '.join(packages)} for {name}")
+        ready.write_text(wanted)
     return python
 
 
 def celery_suite(broker: str) -> dict[str, str]:
-    python = celery_python()
+    python = suite_python("celery", ("celery",))
     app_dir = WORK / "celery-app"
     app_dir.mkdir(parents=True, exist_ok=True)
     (app_dir / "compat_app.py").write_text(CELERY_APP)
@@ -338,6 +633,8 @@ def celery_suite(broker: str) -> dict[str, str]:
 SUITES: dict[str, Callable[[str], dict[str, str]]] = {
     "kombu-py-amqp": kombu_suite,
     "pika-acceptance": pika_suite,
+    "amqplib": amqplib_suite,
+    "aio-pika": aio_pika_suite,
     "celery-worker": celery_suite,
 }
 
@@ -404,11 +701,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", action="append", choices=sorted(SUITES))
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--inside-namespace", nargs=3, metavar=("BROKER", "SOURCE", "REPORT"))
+    parser.add_argument(
+        "--inside-namespace", nargs=4, metavar=("SUITE", "BROKER", "SOURCE", "REPORT")
+    )
     options = parser.parse_args()
     if options.inside_namespace:
-        broker, source, report = options.inside_namespace
-        inside_namespace(broker, Path(source), Path(report))
+        suite, broker, source, report = options.inside_namespace
+        inside_namespace(suite, broker, Path(source), Path(report))
         return
     figures = compare(options.suite or list(SUITES))
     if options.json:

@@ -156,11 +156,14 @@ def _comm(pid: int) -> str:
 
 
 class RabbitNode:
-    """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``."""
+    """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``. In between,
+    ``shutdown()`` and ``start()`` restart it on the same data (same name, same ports)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, ipv6: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="amqha-bench-rabbitmq-"))
         self.port = port or free_port()
+        # Also listen on [::1] (same port): for suites that connect to amqp://[::1].
+        self.ipv6 = ipv6
         self.dist_port = free_port()
         self.epmd_port = free_port()
         self.nodename = f"bench-{os.getpid()}@localhost"
@@ -168,6 +171,7 @@ class RabbitNode:
         self.version: str | None = None
         self.erlang_version: str | None = None
         self.start_seconds: float | None = None
+        self.spawned = 0.0  # perf_counter() when the node process was last spawned
         self.env = self._environment()
 
     @property
@@ -177,14 +181,14 @@ class RabbitNode:
     def _environment(self) -> dict[str, str]:
         for sub in ("mnesia", "log"):
             (self.dir / sub).mkdir()
+        listeners = f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+        if self.ipv6:
+            listeners += f"listeners.tcp.ipv6 = ::1:{self.port}\n"
         (self.dir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            "loopback_users = none\n"
-            "log.console = false\n"
-            "log.file.level = warning\n"
+            listeners + "loopback_users = none\nlog.console = false\nlog.file.level = warning\n"
         )
         (self.dir / "enabled_plugins").write_text("[].\n")
-        return dict(
+        env = dict(
             os.environ,
             HOME=str(self.dir),  # the Erlang cookie is written here, not in ours
             RABBITMQ_NODENAME=self.nodename,
@@ -201,17 +205,29 @@ class RabbitNode:
             ERL_EPMD_ADDRESS="127.0.0.1",
             ERL_EPMD_PORT=str(self.epmd_port),
         )
+        if self.ipv6:
+            # These variables would replace the listeners the config file names.
+            del env["RABBITMQ_NODE_IP_ADDRESS"], env["RABBITMQ_NODE_PORT"]
+        return env
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Spawn the node on this node's directory (kept across ``shutdown()``); with
+        ``wait``, return once it serves AMQP (``start_seconds``: spawn to that)."""
         script = _script(SERVER_SCRIPTS, "rabbitmq-server")
         if script is None:
             raise RuntimeError("rabbitmq-server is not installed")
         log = open(self.dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
-        started = time.perf_counter()
+        self.spawned = time.perf_counter()
         self.process = subprocess.Popen(
             [script], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir
         )
         log.close()
+        if wait:
+            self.wait_serving()
+
+    def wait_serving(self) -> None:
+        """Until the node completes an AMQP handshake, at most ``START_TIMEOUT`` seconds."""
+        assert self.process is not None
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -220,7 +236,7 @@ class RabbitNode:
                 )
             properties = ping("127.0.0.1", self.port, limit=1.0)
             if properties is not None:
-                self.start_seconds = time.perf_counter() - started
+                self.start_seconds = time.perf_counter() - self.spawned
                 version = properties.get("version")
                 self.version = version.decode() if isinstance(version, bytes) else version
                 platform = properties.get("platform")
@@ -251,7 +267,9 @@ class RabbitNode:
             pending = found
         return None
 
-    def stop(self) -> None:
+    def shutdown(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the node cleanly (``rabbitmqctl stop``, then by pid if it takes longer than
+        ``timeout``) and its private epmd; its directory stays, for ``start()`` again."""
         process = self.process
         if process is None:
             return
@@ -266,10 +284,10 @@ class RabbitNode:
                     [ctl, "-n", self.nodename, "stop"],
                     env=self.env,
                     capture_output=True,
-                    timeout=STOP_TIMEOUT,
+                    timeout=timeout,
                 )
         try:
-            process.wait(timeout=STOP_TIMEOUT)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             for pid in pids:
                 with contextlib.suppress(OSError):
@@ -297,6 +315,10 @@ class RabbitNode:
                     timeout=10,
                 )
         self.process = None
+
+    def stop(self) -> None:
+        """Stop the node and remove its directory: the end of this node."""
+        self.shutdown()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -271,8 +271,8 @@ class RawClient(asyncio.Protocol):
             async with asyncio.timeout(limit):
                 await self.closed
 
-    async def declare_queue(self, name: str, passive: bool = False) -> int:
-        ok = await self.rpc(commands.Queue.Declare(queue=name, passive=passive))
+    async def declare_queue(self, name: str, passive: bool = False, durable: bool = False) -> int:
+        ok = await self.rpc(commands.Queue.Declare(queue=name, passive=passive, durable=durable))
         return int(ok.message_count)
 
     async def delete_queue(self, name: str) -> None:

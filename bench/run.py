@@ -1,9 +1,11 @@
 """``make bench``: run every benchmark module that exists, print one JSON document.
 
-    python -m bench.run [--quick] [--only broker,failover,report] [--out FILE]
+    python -m bench.run [--quick] [--only broker,durable,failover,report] [--out FILE]
 
-Modules: ``bench.broker_bench`` (amqha beside RabbitMQ), ``bench.failover_bench`` and
-``bench.busy_pair_bench`` (``run() -> dict``) and ``bench.report_bench`` (``run(sizes) -> dict``). A module
+Modules: ``bench.broker_bench`` and ``bench.durable_bench`` (amqha beside RabbitMQ, the
+second on a durable queue with persistent messages), ``bench.failover_bench`` and
+``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench`` and
+``bench.store_bench`` (``run(sizes) -> dict``). A module
 that is not there is skipped and said so; one that fails is reported with its error,
 and the others still run. The JSON goes to stdout and to ``bench/out/latest.json``;
 a short table goes to stderr.
@@ -27,9 +29,12 @@ from typing import Any
 
 BENCHES = {
     "broker": "bench.broker_bench",
+    "durable": "bench.durable_bench",
     "failover": "bench.failover_bench",
     "busy_pair": "bench.busy_pair_bench",
     "report": "bench.report_bench",
+    "store": "bench.store_bench",
+    "replication": "bench.replication_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 
@@ -67,18 +72,24 @@ def _figure(value: Any) -> str:
 
 
 def print_table(document: dict[str, Any]) -> None:
-    broker = document["benches"].get("broker", {})
-    if "amqha" not in broker:
-        return
-    from bench.broker_bench import summary_rows
-
-    rabbit = broker["rabbitmq"]
-    label = f"RabbitMQ {rabbit.get('version')}" if rabbit.get("available") else "RabbitMQ (n/a)"
-    lines = [f"{'measurement':44} {'amqha':>14} {label:>16} {'ratio(>1 ours)':>15}"]
-    for name, ours, theirs, ratio in summary_rows(broker):
-        lines.append(f"{name:44} {_figure(ours):>14} {_figure(theirs):>16} {_figure(ratio):>15}")
-    lines.append("targets: " + ", ".join(f"{k}={v}" for k, v in broker["targets"].items()))
-    print("\n".join(lines), file=sys.stderr)
+    """Side by side figures of the benches that compare amqha with RabbitMQ."""
+    lines = []
+    for name in ("broker", "durable"):
+        result = document["benches"].get(name, {})
+        if "amqha" not in result:
+            continue
+        rows = importlib.import_module(BENCHES[name]).summary_rows(result)
+        width = max(44, *(len(row[0]) for row in rows))
+        rabbit = result["rabbitmq"]
+        label = f"RabbitMQ {rabbit.get('version')}" if rabbit.get("available") else "RabbitMQ (n/a)"
+        lines.append(f"{'measurement':{width}} {'amqha':>14} {label:>16} {'ratio(>1 ours)':>15}")
+        for row, ours, theirs, ratio in rows:
+            lines.append(
+                f"{row:{width}} {_figure(ours):>14} {_figure(theirs):>16} {_figure(ratio):>15}"
+            )
+        lines.append("targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
+    if lines:
+        print("\n".join(lines), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,6 +92,9 @@ class FailoverConfig:
     # Addresses the peer may announce to clients; a redirect never points elsewhere.
     peer_listen: tuple[str, ...] = ()
     peer_tls: PeerTls | None = None
+    # A PASSIVE not in sync with the ACTIVE may still take over by client vote (losing
+    # what it has not caught up): docs/durability.md.
+    takeover_unsynced: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,24 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """The message store (docs/durability.md): durable wiring and persistent messages on
+    durable queues, on disk before their confirm."""
+
+    enabled: bool = True
+    path: str | None = None  # default: DATA_DIR/store.sqlite
+    max_bytes: int | None = None  # the store's disk budget; past it publishes are nacked
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """Replication to the PASSIVE (docs/durability.md, section 5)."""
+
+    enabled: bool = True
+    default: bool = True  # durable queues without x-amqha-replicate are replicated
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     name: str = "amqha"
     host: str = "127.0.0.1"
@@ -156,6 +177,8 @@ class ServerConfig:
     metrics_listen: tuple[str, int] | None = None
     tls: TlsListener | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     @property
     def listen(self) -> str:
@@ -172,6 +195,10 @@ class ServerConfig:
     @property
     def event_log_path(self) -> str:
         return self.events_path or os.path.join(self.data_dir, "events.jsonl")
+
+    @property
+    def store_path(self) -> str:
+        return self.store.path or os.path.join(self.data_dir, "store.sqlite")
 
     def user(self, name: str) -> User | None:
         return next((u for u in self.users if u.name == name), None)
@@ -618,6 +645,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         for key in ("secret", "secret_file", "peer_tls"):
             failover.used.add(key)
     peer_name = failover.get("peer_name", str, None)
+    takeover_unsynced = failover.get("takeover_unsynced", bool, False)
     if pair is None and peer_name is not None:
         pair = "+".join(sorted((name, peer_name)))
     peer_listen = failover.get("peer_listen", list, [])
@@ -679,6 +707,25 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         None if metrics_value is None else parse_host_port(path, "metrics.listen", metrics_value)
     )
     metrics.check_unknown()
+    store_section = top.section("store")
+    store = StoreConfig(
+        enabled=store_section.get("enabled", bool, True),
+        path=store_section.get("path", str, None),
+        max_bytes=(
+            store_section.size("max_bytes", 0) if store_section.data.get("max_bytes") else None
+        ),
+    )
+    if store.max_bytes is not None and store.max_bytes < 1024 * 1024:
+        raise ConfigError(
+            path, "store.max_bytes", f"must be 1MiB (1048576 bytes) or more, got {store.max_bytes}"
+        )
+    store_section.check_unknown()
+    replication_section = top.section("replication")
+    replication = ReplicationConfig(
+        enabled=replication_section.get("enabled", bool, True),
+        default=replication_section.get("default", bool, True),
+    )
+    replication_section.check_unknown()
     top.check_unknown()
     return ServerConfig(
         name=name,
@@ -699,6 +746,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             peer_name=peer_name,
             peer_listen=tuple(peer_listen),
             peer_tls=peer_tls,
+            takeover_unsynced=takeover_unsynced,
         ),
         limits=limits,
         source=path,
@@ -706,4 +754,6 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         metrics_listen=metrics_listen,
         tls=tls,
         auth=auth,
+        store=store,
+        replication=replication,
     )

@@ -57,12 +57,15 @@ class FailoverController:
         self.loop = asyncio.get_running_loop()
         self.role = fsm.Role(config.failover.role)
         self.timeout = config.failover.timeout
-        self.machine = fsm.Machine.start(
-            config.name,
-            self.role,
-            load_epoch(config.data_dir),
-            config.failover.timeout,
-            self.loop.time(),
+        self.machine = replace(
+            fsm.Machine.start(
+                config.name,
+                self.role,
+                load_epoch(config.data_dir),
+                config.failover.timeout,
+                self.loop.time(),
+            ),
+            takeover_unsynced=config.failover.takeover_unsynced,
         )
         self.events = EventLog(
             config.event_log_path, config.name, self.role.value, pair=config.pair
@@ -123,6 +126,11 @@ class FailoverController:
             fsm.LogDualActive: self._log_dual_active,
             fsm.LogMisconfigured: self._log_misconfigured,
         }
+        # Replication follows the machine: the broker leads while ACTIVE and follows its
+        # peer while PASSIVE (docs/durability.md, section 5).
+        broker.on_sync = self._on_sync
+        broker.on_quarantine = self._on_quarantine
+        self._following = False
         self._commands: dict[str, Callable[[dict[str, Any], str], Any]] = {
             "recover": self._command_recover,
             "promote": self._command_promote,
@@ -195,6 +203,7 @@ class FailoverController:
                 "listen": self.config.public_address,
                 "clients": self.clients,
                 "version": __version__,
+                "in_sync": machine.in_sync,
             },
         )
 
@@ -485,7 +494,57 @@ class FailoverController:
         transition = outcome.transition
         if transition is not None:
             self._log_transition(transition)
+        self._lead_or_follow()
         return outcome.decision
+
+    # -- replication ----------------------------------------------------------------------
+
+    def _lead_or_follow(self) -> None:
+        state = self.machine.state
+        if state is fsm.State.ACTIVE:
+            self._following = False
+            self.broker.lead(self.machine.epoch, 0 if self.role is fsm.Role.PRIMARY else 1)
+        elif state is fsm.State.PASSIVE and not self._following:
+            self._following = True
+            peer_tls = self.config.failover.peer_tls
+            options: dict[str, Any] = {}
+            if peer_tls is not None:
+                options["ssl_context"] = client_context(peer_tls, self.config.source)
+                options["server_hostname"] = peer_tls.server_name
+            self.broker.follow(self._peer_url, options)
+            follower = self.broker.follower
+            self.machine = replace(
+                self.machine, in_sync=follower.in_sync if follower is not None else True
+            )
+
+    def _on_sync(self, side: str, in_sync: bool, reason: str) -> None:
+        """The broker's replication changed: recorded; a PASSIVE's state feeds the rule."""
+        if side == "passive":
+            self.machine = replace(self.machine, in_sync=in_sync)
+        status = self.broker.replication_status()
+        lag = (status.get("feed") or {}) if side == "active" else {}
+        log.log(
+            logging.INFO if in_sync else logging.WARNING,
+            "replication (%s side): %s: %s",
+            side,
+            "in sync" if in_sync else "out of sync",
+            reason,
+        )
+        self._write(
+            "sync",
+            side=side,
+            sync="in_sync" if in_sync else "out_of_sync",
+            reason=reason,
+            lag_changes=lag.get("lag_changes"),
+        )
+
+    def _on_quarantine(self, found: dict[str, Any]) -> None:
+        self._write(
+            "quarantine",
+            messages=found["messages"],
+            path=found["path"],
+            queues=found["queues"],
+        )
 
     def _persist_epoch(self, action: fsm.PersistEpoch, outcome: fsm.Outcome) -> fsm.Refuse | None:
         try:
@@ -602,6 +661,8 @@ class FailoverController:
                 "target": self.config.failover.peer,
             },
             "misconfigured": machine.misconfigured,
+            "in_sync": machine.in_sync,
+            "replication": self.broker.replication_status(),
             "malformed_peer_messages": self.malformed,
             "event_log_lost": self.events.lost,
             "takeovers": self.takeovers,

@@ -44,6 +44,15 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   heard ACTIVE, PROMOTE is refused: FORCE_PROMOTE takes the service anyway, in an epoch above
   the peer's, so the peer yields by the dual-active rule. A misconfigured pair is refused
   either way: promotion does not fix a configuration.
+- The takeover rule (replication). A PASSIVE that is not in sync with its ACTIVE (it is
+  still catching up, or it never was) does not take over by client vote, and PROMOTE
+  refuses it too: it would serve without messages the ACTIVE confirmed. The refusal says
+  why. `failover.takeover_unsynced` (the controller sets `takeover_unsynced`) lets the
+  client vote through; FORCE_PROMOTE always may, and its reason says it was not in sync.
+  The same rule decides who leads when the ACTIVE is gone and the other one restarts: a
+  PASSIVE primary not in sync stays PASSIVE when its backup comes back (the backup's own
+  store has what was confirmed) and the backup, told so by the primary's state message,
+  takes ACTIVE; of two PASSIVE servers, the one in sync leads.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -101,6 +110,7 @@ class PeerInfo:
     state: State
     epoch: int
     listen: str  # the host:port clients should use to reach the peer
+    in_sync: bool = True  # the peer holds everything its ACTIVE confirmed (replication)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +126,11 @@ class Machine:
     peer_expiry: float
     peer: PeerInfo | None = None  # the last correctly configured peer message; None: never
     misconfigured: str | None = None  # why the last peer message was refused, if it was
+    # Replication (docs/durability.md): whether this server holds everything its ACTIVE
+    # peer confirmed (a PASSIVE that has caught up), and whether a PASSIVE that has not
+    # may take over anyway (failover.takeover_unsynced).
+    in_sync: bool = True
+    takeover_unsynced: bool = False
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
@@ -353,10 +368,31 @@ def _refuse(why: str) -> Handler:
 # Handlers whose result depends on more than the cell.
 
 
+_NOT_IN_SYNC = (
+    "this server is not in sync with the ACTIVE it followed (it has not caught up): "
+    "taking over would lose confirmed messages; `amqha console promote --force` or "
+    "failover.takeover_unsynced overrides"
+)
+
+
+def _unsynced(machine: Machine) -> bool:
+    return machine.state is State.PASSIVE and not machine.in_sync
+
+
 def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
-    """No peer heard for a timeout: the client's request makes us ACTIVE (failover)."""
+    """No peer heard for a timeout: the client's request makes us ACTIVE (failover),
+    unless this PASSIVE is not in sync and the configuration does not allow it."""
     if now < machine.peer_expiry or machine.misconfigured is not None:
         return Outcome(machine, decision=_not_serving(machine, now))
+    if _unsynced(machine):
+        if not machine.takeover_unsynced:
+            return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
+        return _become_active(
+            machine,
+            event,
+            "no peer heard for a timeout: client vote, NOT in sync (failover.takeover_unsynced)",
+            _ACCEPT,
+        )
     return _become_active(machine, event, "no peer heard for a timeout: client vote", _ACCEPT)
 
 
@@ -442,13 +478,46 @@ def _promote(machine: Machine, event: Event, now: float) -> Outcome:
         why = "promoted by an administrator: the peer follows"
     else:
         why = "promoted by an administrator: the peer is not heard"
+    if _unsynced(machine):
+        if event is not Event.FORCE_PROMOTE:
+            return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
+        why += "; forced while NOT in sync"
     return _become_active(machine, event, why, _ACCEPT)
 
 
 def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
-    """Both PASSIVE: the primary takes ACTIVE, the backup stays; never leave no server."""
+    """Both PASSIVE: the primary takes ACTIVE, the backup stays; never leave no server.
+    If exactly one of them is in sync with the ACTIVE they followed, that one leads."""
+    peer = machine.peer
+    assert peer is not None
+    if machine.in_sync != peer.in_sync:
+        if machine.in_sync:
+            return _become_active(
+                machine, event, "both servers PASSIVE: we are in sync, the peer is not"
+            )
+        return Outcome(machine)
     if machine.role is Role.PRIMARY:
         return _become_active(machine, event, "both servers PASSIVE: the primary leads")
+    return Outcome(machine)
+
+
+def _backup_returns(machine: Machine, event: Event, now: float) -> Outcome:
+    """The backup restarted while we stood by: we hold the service, unless we are not in
+    sync (then the backup, which held it, leads)."""
+    if _unsynced(machine) and not machine.takeover_unsynced:
+        return Outcome(machine)
+    return _become_active(machine, event, "the backup restarted: we hold the service")
+
+
+def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Outcome:
+    """The primary goes ACTIVE when it sees a BACKUP; if the primary is a PASSIVE that is
+    not in sync, it will not, and this backup (whose store held the service) leads."""
+    peer = machine.peer
+    assert peer is not None
+    if not peer.in_sync:
+        return _become_active(
+            machine, event, "the primary is PASSIVE and not in sync: the backup leads"
+        )
     return Outcome(machine)
 
 
@@ -477,7 +546,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.BACKUP, Event.PEER_PRIMARY): _stay("the primary will take ACTIVE"),
     (State.BACKUP, Event.PEER_BACKUP): _same_role,
     (State.BACKUP, Event.PEER_ACTIVE): _go_passive("the primary is ACTIVE: normal start"),
-    (State.BACKUP, Event.PEER_PASSIVE): _stay("the primary goes ACTIVE when it sees a BACKUP"),
+    (State.BACKUP, Event.PEER_PASSIVE): _backup_waits_for_primary,
     (State.BACKUP, Event.CLIENT_REQUEST): _backup_never_serves_first,
     (State.BACKUP, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "BACKUP"),
     (State.BACKUP, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "BACKUP"),
@@ -497,7 +566,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.PEER_PRIMARY): _stay(
         "the restarted primary goes ACTIVE on seeing us PASSIVE; racing it risks dual active"
     ),
-    (State.PASSIVE, Event.PEER_BACKUP): _go_active("the backup restarted: we hold the service"),
+    (State.PASSIVE, Event.PEER_BACKUP): _backup_returns,
     (State.PASSIVE, Event.PEER_ACTIVE): _stay("normal passive duty"),
     (State.PASSIVE, Event.PEER_PASSIVE): _primary_leads,
     (State.PASSIVE, Event.CLIENT_REQUEST): _client_vote,

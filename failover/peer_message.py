@@ -134,8 +134,13 @@ def parse(
         raise MalformedPeerMessage("field", "negative seq")
     ts = data.get("ts")
     heard = data.get("heard")
+    # Optional (servers without replication do not send it): whether the peer holds
+    # everything its ACTIVE confirmed.
+    in_sync = data.get("in_sync", True)
+    if not isinstance(in_sync, bool):
+        raise MalformedPeerMessage("field", "field 'in_sync' is not true or false")
     return StateMessage(
-        fsm.PeerInfo(data["name"], role, state, epoch, data["listen"]),
+        fsm.PeerInfo(data["name"], role, state, epoch, data["listen"], in_sync),
         data["boot"],
         data["seq"],
         float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None,

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +59,12 @@ class Peering:
         client_properties: dict[str, Any] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
+        on_channel: Callable[[aiormq.abc.AbstractChannel], Awaitable[None]] | None = None,
     ) -> None:
         """``ssl_context``: connect with TLS (``url`` then says amqps); ``server_hostname``:
-        the name checked in the remote's certificate, if not the host of ``url``."""
+        the name checked in the remote's certificate, if not the host of ``url``;
+        ``on_channel``: awaited with each new link's channel before it counts as up (to
+        subscribe, say); if it fails, the link is retried like a failed connect."""
         self.url = url
         self.name = name
         self.backoff_initial = backoff_initial
@@ -70,6 +73,7 @@ class Peering:
         self.heartbeat = heartbeat
         self.on_up = on_up
         self.on_down = on_down
+        self.on_channel = on_channel
         self.client_properties = {"connection_name": name, **(client_properties or {})}
         self.status = PeeringStatus()
         # What the remote announced in Connection.Start on the current link, for callers to vet.
@@ -147,7 +151,10 @@ class Peering:
                     timeout=self.connect_timeout,
                 )
                 self._connection = connection
-                self._channel = await asyncio.wait_for(connection.channel(), self.connect_timeout)
+                channel = await asyncio.wait_for(connection.channel(), self.connect_timeout)
+                if self.on_channel is not None:
+                    await asyncio.wait_for(self.on_channel(channel), self.connect_timeout)
+                self._channel = channel
             except asyncio.CancelledError:
                 raise
             except Exception as error:

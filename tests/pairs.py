@@ -91,6 +91,7 @@ class Pair:
         roles: tuple[str, str] = ("primary", "backup"),
         names: tuple[str, str] | None = None,
         peering_tls: tuple[tuple[dict[str, Any], dict[str, Any]], ...] | None = None,
+        failover_extra: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         """``overrides``: further config sections for both servers (as ServerProcess takes).
@@ -122,15 +123,18 @@ class Pair:
                 dirs[i],
                 names[i],
                 port=ports[i],
-                failover=failover_section(
-                    roles[i],
-                    peer_ports[i],
-                    heartbeat,
-                    timeout,
-                    peer_listen=ports[1 - i],
-                    # Equal names are how misconfigured pairs are built: leave them unpinned.
-                    peer_name=names[1 - i] if names[0] != names[1] else None,
-                ),
+                failover={
+                    **failover_section(
+                        roles[i],
+                        peer_ports[i],
+                        heartbeat,
+                        timeout,
+                        peer_listen=ports[1 - i],
+                        # Equal names are how misconfigured pairs are built: leave them unpinned.
+                        peer_name=names[1 - i] if names[0] != names[1] else None,
+                    ),
+                    **(failover_extra or {}),
+                },
                 **overrides,
             )
             for i in range(2)
@@ -140,6 +144,7 @@ class Pair:
             server.config["tls"] = {**tls, "listen": f"127.0.0.1:{tls_ports[i]}"}
             server.config["failover"] = {**server.config["failover"], "peer_tls": peer_tls}
         self.kills: list[Kill] = []
+        self.replicating = (overrides.get("replication") or {}).get("enabled", True)
 
     @property
     def primary(self) -> ServerProcess:
@@ -202,6 +207,52 @@ class Pair:
                 state = record["to"]
         return state
 
+    def in_sync(self, server: ServerProcess) -> bool:
+        """Whether this PASSIVE has caught up with its ACTIVE since it last became PASSIVE
+        (its event log's ``sync`` record), so it may take over by client vote."""
+        events = lifetime(self.events(server))
+        became = max(
+            (
+                i
+                for i, e in enumerate(events)
+                if e["event"] == "transition" and e.get("to") == "PASSIVE"
+            ),
+            default=None,
+        )
+        if became is None:
+            return False
+        return any(
+            e["event"] == "sync" and e.get("side") == "passive" and e.get("sync") == "in_sync"
+            for e in events[became:]
+        )
+
+    async def settled(self, timeout: float = 60.0) -> tuple[ServerProcess, ServerProcess]:
+        """Until one server is ACTIVE and the other PASSIVE and in sync (a dual active
+        resolving, a restart still joining, are waited out): (active, passive)."""
+
+        def healthy() -> tuple[ServerProcess, ServerProcess] | None:
+            states = self.states()
+            if states == ("ACTIVE", "PASSIVE"):
+                active, passive = self.primary, self.backup
+            elif states == ("PASSIVE", "ACTIVE"):
+                active, passive = self.backup, self.primary
+            else:
+                return None
+            return (active, passive) if not self.replicating or self.in_sync(passive) else None
+
+        found: tuple[ServerProcess, ServerProcess] = await poll(
+            healthy, timeout, "one ACTIVE and one PASSIVE in sync, logs say {}", self.states
+        )
+        return found
+
+    def quarantine_files(self) -> list[Path]:
+        return sorted(
+            path for server in self.servers for path in server.data_dir.glob("quarantine/*.sqlite")
+        )
+
+    async def wait_in_sync(self, server: ServerProcess, timeout: float = 30.0) -> None:
+        await poll(lambda: self.in_sync(server), timeout, f"{server.name} in sync")
+
     def states(self) -> tuple[str | None, str | None]:
         return self.state(self.primary), self.state(self.backup)
 
@@ -211,11 +262,24 @@ class Pair:
     async def wait_states(
         self, primary: str | None, backup: str | None, timeout: float = 10.0
     ) -> None:
-        """Until the event logs show these states (None: either), at most ``timeout`` s."""
+        """Until the event logs show these states (None: either), at most ``timeout`` s.
+
+        A healthy pair (one ACTIVE, one PASSIVE) counts as reached once the PASSIVE is in
+        sync (when it replicates): only then may it take over by client vote."""
+        wanted = (primary, backup)
+        passive = (
+            self.servers[wanted.index("PASSIVE")]
+            if sorted(map(str, wanted)) == ["ACTIVE", "PASSIVE"] and self.replicating
+            else None
+        )
 
         def reached() -> bool:
             now = self.states()
-            return (primary is None or now[0] == primary) and (backup is None or now[1] == backup)
+            return (
+                (primary is None or now[0] == primary)
+                and (backup is None or now[1] == backup)
+                and (passive is None or self.in_sync(passive))
+            )
 
         await poll(reached, timeout, f"states {primary}/{backup}, logs say {{}}", self.states)
 

@@ -7,8 +7,10 @@ ever signalled. Every wait is bounded in time.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -198,3 +200,56 @@ class ServerProcess:
             with contextlib.suppress(Exception):
                 self.terminate(timeout=5)
             self.kill()
+
+
+# amqplib (Node.js), for the tests that show what its users read. Installed once with npm
+# into var/ (it has no dependencies of its own); tests that need it skip, with the reason,
+# where node or the package cannot be had.
+AMQPLIB_VERSION = "2.3.1"
+NODE_MODULES = ROOT / "var" / "node" / "node_modules"
+
+
+def amqplib_modules() -> Path | str:
+    """The node_modules directory holding amqplib, or why it cannot be had here."""
+    if shutil.which("node") is None:
+        return "node is not installed"
+    if (NODE_MODULES / "amqplib" / "package.json").exists():
+        return NODE_MODULES
+    if shutil.which("npm") is None:
+        return "npm is not installed, and amqplib is not in var/node"
+    try:
+        done = subprocess.run(
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(NODE_MODULES.parent),
+                "--no-save",
+                "--no-package-lock",
+                f"amqplib@{AMQPLIB_VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"npm install amqplib@{AMQPLIB_VERSION} failed: {error}"
+    if done.returncode != 0 or not (NODE_MODULES / "amqplib").exists():
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
+        return f"npm install amqplib@{AMQPLIB_VERSION} failed: {tail}"
+    return NODE_MODULES
+
+
+def amqplib_run(modules: Path, script: str, *args: str, timeout: float = 30.0) -> Any:
+    """Run a Node.js script with amqplib on its path; it prints one JSON line, returned."""
+    done = subprocess.run(
+        ["node", "-e", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, NODE_PATH=str(modules)),
+    )
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"node printed nothing (exit {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(lines[-1])

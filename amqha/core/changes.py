@@ -101,6 +101,13 @@ class Settled(NamedTuple):
     reason: str
 
 
+class Reset(NamedTuple):
+    """A snapshot starts: every durable exchange, queue, binding and message is dropped,
+    and the changes that follow rebuild them (a PASSIVE joining its ACTIVE)."""
+
+    vhost: str = ""
+
+
 class Batch(NamedTuple):
     """A transaction's changes: applied all or none."""
 
@@ -117,12 +124,13 @@ Change = (
     | Enqueued
     | Delivered
     | Settled
+    | Reset
     | Batch
 )
 
 # The kinds a persistent store must have on disk before a confirm (Delivered and
 # Settled are made safe by the next write: losing them redelivers, never loses).
-WIRING = (ExchangeDeclared, ExchangeDeleted, QueueDeclared, QueueDeleted, Bound, Unbound)
+WIRING = (ExchangeDeclared, ExchangeDeleted, QueueDeclared, QueueDeleted, Bound, Unbound, Reset)
 
 
 class ChangeLog:

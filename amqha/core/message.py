@@ -23,11 +23,16 @@ from pamqp.header import ContentHeader
 
 from ..wire import decode_properties, with_headers
 
+_FLAG_CONTENT_TYPE = 1 << 15
+_FLAG_CONTENT_ENCODING = 1 << 14
 _FLAG_HEADERS = 1 << 13
 _FLAG_DELIVERY_MODE = 1 << 12
+_FLAG_PRIORITY = 1 << 11
 _FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
+_FLAG_CONTINUED = 1
 _flags_at = struct.Struct(">H")
+_table_size = struct.Struct(">I")
 _body_size = struct.Struct(">Q")
 
 # What a queued message costs beyond its header and body bytes: the Message object,
@@ -44,7 +49,7 @@ def _unshortstr_pair(address: bytes) -> tuple[str, str]:
 class Message:
     """One message. Shared by every queue it was routed to; never mutated after routing."""
 
-    __slots__ = ("address", "header", "body", "decoded", "cost")
+    __slots__ = ("address", "header", "body", "decoded", "cost", "msg_id")
 
     # Bytes held by all live messages of this process (see the module docstring).
     held = 0
@@ -55,8 +60,11 @@ class Message:
         header: bytes,
         body: bytes,
         decoded: commands.Basic.Properties | None = None,
+        msg_id: int = 0,
     ) -> None:
         self.address = address
+        # Stable identity, given when the message is first enqueued (see core.vhost).
+        self.msg_id = msg_id
         self.header = header
         self.body = body
         # The properties already decoded while the message is routed; the publisher
@@ -130,8 +138,44 @@ class Message:
         )
         return Message(self.address, with_headers(content.marshal(), headers), self.body)
 
+    def priority(self) -> int:
+        """The priority property (0 when absent), read from the header bytes: the
+        properties before it are skipped by their sizes, nothing is decoded."""
+        header = self.header
+        flags = _flags_at.unpack_from(header, 12)[0]
+        if not flags & _FLAG_PRIORITY:
+            return 0
+        if flags & _FLAG_CONTINUED:
+            return self.properties().priority or 0
+        at = 14
+        if flags & _FLAG_CONTENT_TYPE:
+            at += 1 + header[at]
+        if flags & _FLAG_CONTENT_ENCODING:
+            at += 1 + header[at]
+        if flags & _FLAG_HEADERS:
+            at += 4 + _table_size.unpack_from(header, at)[0]
+        if flags & _FLAG_DELIVERY_MODE:
+            at += 1
+        return header[at]
+
     def is_persistent(self) -> bool:
-        return bool(self._flags() & _FLAG_DELIVERY_MODE) and self.properties().delivery_mode == 2
+        """delivery_mode == 2, read from the header bytes: the properties before it (two
+        short strings and the headers table) are skipped, not decoded."""
+        header = self.header
+        flags = (header[12] << 8) | header[13]
+        if not flags & _FLAG_DELIVERY_MODE:
+            return False
+        at = 14
+        try:
+            if flags & _FLAG_CONTENT_TYPE:
+                at += 1 + header[at]
+            if flags & _FLAG_CONTENT_ENCODING:
+                at += 1 + header[at]
+            if flags & _FLAG_HEADERS:
+                at += 4 + int.from_bytes(header[at : at + 4], "big")
+            return header[at] == 2
+        except IndexError:  # checked on arrival; kept safe for any header
+            return self.properties().delivery_mode == 2
 
     def rewritten(
         self, address: bytes, headers: dict[str, Any], drop_expiration: bool = False

@@ -2,10 +2,13 @@
 
 Owns: declare/delete/bind/unbind with AMQP's rules and reply codes (raised as pamqp
 exceptions: soft ones close a channel, hard ones the connection), routing a message
-through exchange-to-exchange bindings to queues, and dead-lettering.
+through exchange-to-exchange bindings to queues, giving each enqueued message its id,
+dead-lettering, and the changes of durable wiring it emits on its ``ChangeLog`` (see
+``changes``; the ``restore_*`` methods take them back without emitting, for ``apply``).
 
-Must not know: channels, sockets, the clock (``now`` is passed in). An exclusive
-queue's owner is an opaque object (the connection) compared by identity.
+Must not know: channels, sockets, the clock (``now`` is passed in, wall-clock seconds),
+the store. An exclusive queue's owner is an opaque object (the connection) compared by
+identity.
 """
 
 from __future__ import annotations
@@ -19,8 +22,18 @@ from typing import Any
 from pamqp import exceptions
 
 from ..wire import address_of
+from .changes import (
+    Bound,
+    Change,
+    ChangeLog,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    QueueDeclared,
+    QueueDeleted,
+    Unbound,
+)
 from .message import Message
-from .queue import Queue, QueueArgumentError
+from .queue import Queue, QueueArgumentError, new_queue
 from .routing import EXCHANGE_CLASSES, ControlExchange, DirectExchange, Exchange
 
 PEER_EXCHANGE = "amq.peer"
@@ -70,11 +83,39 @@ def _inequivalent(what: str, name: str, arg: str) -> exceptions.AMQPPrecondition
     )
 
 
+class MessageIds:
+    """The server-wide message id counter, shared by every vhost: ids are never reused
+    (a restart resumes above the highest one recovered)."""
+
+    __slots__ = ("next",)
+
+    def __init__(self, start: int = 1) -> None:
+        self.next = start
+
+    def seen(self, msg_id: int) -> None:
+        if msg_id >= self.next:
+            self.next = msg_id + 1
+
+
 class VHost:
-    def __init__(self, name: str, wall_clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        name: str,
+        wall_clock: Callable[[], float],
+        log: ChangeLog | None = None,
+        ids: MessageIds | None = None,
+    ) -> None:
         self.name = name
-        # Only x-death's "time" field reads it; injected so the model stays clock-free.
+        # x-death's "time" and dead letters' deadlines read it; injected so the model
+        # stays clock-free.
         self.wall_clock = wall_clock
+        # Where changes of durable state go (None: nothing is logged, as with no store).
+        self.log = log
+        self.ids = ids if ids is not None else MessageIds()
+        # Durable queues are replicated to the PASSIVE unless asked otherwise; the names
+        # of the durable queues that are not (the feed leaves their changes out).
+        self.replicate_default = True
+        self.unreplicated: set[str] = set()
         self.queues: dict[str, Queue] = {}
         # At most this many queues (0: no limit); a declare past it is refused with 406.
         self.max_queues = 0
@@ -87,8 +128,49 @@ class VHost:
         # them needs the recursive walk, all others take the one-hop fast path.
         self._has_exchange_destinations: set[str] = set()
         self.on_queue_deleted: Callable[[Queue], None] | None = None
-        # Where dead letters are routed to; set by the broker so it can wake consumers.
-        self.deliver_routed: Callable[[Message, tuple[Queue, ...]], None] | None = None
+
+    # -- the change stream ----------------------------------------------------------
+
+    def _emit(self, change: Change) -> None:
+        if self.log is not None:
+            self.log.emit(change, True)
+
+    @staticmethod
+    def _logged_queue(queue: Queue) -> bool:
+        """A queue whose contents and wiring survive: durable and not exclusive (an
+        exclusive queue dies with its connection, so with any restart)."""
+        return queue.durable and queue.exclusive_owner is None
+
+    @staticmethod
+    def _logged_exchange(exchange: Exchange) -> bool:
+        return exchange.durable and not exchange.control and exchange.name != ""
+
+    def _binding_change(
+        self, kind: type, source: Exchange, destination: Exchange | Queue, key: str, args: dict
+    ) -> None:
+        if self.log is None or not self._logged_exchange(source):
+            return
+        if isinstance(destination, Exchange):
+            if not self._logged_exchange(destination):
+                return
+        elif not self._logged_queue(destination):
+            return
+        self._emit(
+            kind(
+                self.name,
+                source.name,
+                destination.name,
+                isinstance(destination, Exchange),
+                key,
+                dict(args),
+            )
+        )
+
+    def set_log(self, log: ChangeLog | None) -> None:
+        """Start (or stop) logging: every durable queue emits on ``log`` from now on."""
+        self.log = log
+        for queue in self.queues.values():
+            queue.log = log if self._logged_queue(queue) else None
 
     # -- the control plane ---------------------------------------------------------
 
@@ -140,7 +222,11 @@ class VHost:
                 else "ACCESS_REFUSED - operation not permitted on the default exchange"
             )
         if kind not in EXCHANGE_CLASSES:
-            raise exceptions.AMQPCommandInvalid(f"COMMAND_INVALID - unknown exchange type '{kind}'")
+            # A channel error, as in RabbitMQ since 3.12: one bad declare does not close
+            # every channel of the connection (docs/compat.md).
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - unknown exchange type '{kind}'"
+            )
         for key in _EXCHANGE_REFERENCES:
             self._refuse_control_reference((arguments or {}).get(key), key)
         if existing is not None:
@@ -159,7 +245,22 @@ class VHost:
             return existing
         exchange = EXCHANGE_CLASSES[kind](name, durable, auto_delete, internal, arguments or {})
         self.exchanges[name] = exchange
+        if durable:
+            self._emit(
+                ExchangeDeclared(
+                    self.name, name, kind, auto_delete, internal, dict(exchange.arguments)
+                )
+            )
         return exchange
+
+    def restore_exchange(
+        self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict[str, Any]
+    ) -> None:
+        """A durable exchange from the change stream (``apply``): no checks, nothing emitted."""
+        if name not in self.exchanges:
+            self.exchanges[name] = EXCHANGE_CLASSES[kind](
+                name, True, auto_delete, internal, dict(arguments)
+            )
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         if name in UNDELETABLE or name.startswith("amq."):
@@ -173,7 +274,16 @@ class VHost:
             raise exceptions.AMQPPreconditionFailed(
                 f"PRECONDITION_FAILED - exchange '{name}' in use"
             )
+        self.remove_exchange(exchange)
+
+    def remove_exchange(self, exchange: Exchange) -> None:
+        """Delete an exchange and every binding to it (no checks: they were made)."""
+        name = exchange.name
+        if self.exchanges.get(name) is not exchange:
+            return
         del self.exchanges[name]
+        if exchange.durable:
+            self._emit(ExchangeDeleted(self.name, name))
         self._has_exchange_destinations.discard(name)
         for other in list(self.exchanges.values()):
             if other.unbind_destination(exchange):
@@ -183,7 +293,7 @@ class VHost:
         if not any(isinstance(b.destination, Exchange) for b in exchange.bindings.values()):
             self._has_exchange_destinations.discard(exchange.name)
         if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
-            self.delete_exchange(exchange.name)
+            self.remove_exchange(exchange)
 
     # -- queues --------------------------------------------------------------------
 
@@ -228,6 +338,7 @@ class VHost:
             arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
         )
         _check_queue_type(name, arguments)
+        asked = _replication_asked(name, arguments, durable, exclusive)
         existing = self.queues.get(name)
         if existing is not None:
             self._check_owner(existing, owner)
@@ -250,12 +361,45 @@ class VHost:
                 f"'{self.name}' ({self.max_queues}) is reached"
             )
         try:
-            queue = Queue(name, durable, owner if exclusive else None, auto_delete, arguments, now)
+            queue = new_queue(
+                name,
+                durable,
+                owner if exclusive else None,
+                auto_delete,
+                arguments,
+                now,
+                vhost=self.name,
+            )
         except QueueArgumentError as error:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
         queue.on_dead_letter = self._dead_letter
         self.queues[name] = queue
+        self._set_replicated(queue, asked)
+        if self.log is not None and self._logged_queue(queue):
+            queue.log = self.log
+            self._emit(QueueDeclared(self.name, name, auto_delete, dict(arguments)))
         return queue
+
+    def restore_queue(
+        self, name: str, auto_delete: bool, arguments: dict[str, Any], now: float
+    ) -> Queue:
+        """A durable queue from the change stream (``apply``): no checks, nothing emitted."""
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = new_queue(name, True, None, auto_delete, dict(arguments), now, vhost=self.name)
+            queue.on_dead_letter = self._dead_letter
+            self.queues[name] = queue
+            self._set_replicated(
+                queue, arguments.get(REPLICATE) if _queue_type(arguments) != "quorum" else True
+            )
+        return queue
+
+    def _set_replicated(self, queue: Queue, asked: bool | None) -> None:
+        queue.replicated = self._logged_queue(queue) and (
+            self.replicate_default if asked is None else asked
+        )
+        if self._logged_queue(queue) and not queue.replicated:
+            self.unreplicated.add(queue.name)
 
     def delete_queue(
         self,
@@ -270,7 +414,7 @@ class VHost:
         self._check_owner(queue, owner)
         if if_unused and queue.consumers:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - queue '{name}' in use")
-        if if_empty and queue.messages:
+        if if_empty and queue.message_count:
             raise exceptions.AMQPPreconditionFailed(
                 f"PRECONDITION_FAILED - queue '{name}' not empty"
             )
@@ -281,8 +425,10 @@ class VHost:
         if self.queues.get(queue.name) is not queue:
             return 0
         del self.queues[queue.name]
-        queue.deleted = True
-        count = queue.purge()
+        self.unreplicated.discard(queue.name)
+        if queue.log is not None:
+            self._emit(QueueDeleted(self.name, queue.name))
+        count = queue.close()
         for exchange in list(self.exchanges.values()):
             if exchange.unbind_destination(queue):
                 self._after_unbind(exchange)
@@ -293,11 +439,21 @@ class VHost:
     # -- bindings ------------------------------------------------------------------
 
     def _bindable_source(self, name: str) -> Exchange:
+        exchange = self._bindable_or_missing(name)
+        if exchange is None:
+            raise exceptions.AMQPNotFound(
+                f"NOT_FOUND - no exchange '{name}' in vhost '{self.name}'"
+            )
+        return exchange
+
+    def _bindable_or_missing(self, name: str) -> Exchange | None:
         if name == "":
             raise exceptions.AMQPAccessRefused(
                 "ACCESS_REFUSED - operation not permitted on the default exchange"
             )
-        exchange = self.get_exchange(name)
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return None
         if exchange.control:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - exchange '{name}' belongs to the server's control plane: "
@@ -316,9 +472,11 @@ class VHost:
         queue = self.get_queue(queue_name, owner)
         exchange = self._bindable_source(exchange_name)
         try:
-            exchange.bind(queue, routing_key, arguments)
+            added = exchange.bind(queue, routing_key, arguments)
         except ValueError as error:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
+        if added:
+            self._binding_change(Bound, exchange, queue, routing_key, arguments)
 
     def unbind_queue(
         self,
@@ -328,9 +486,16 @@ class VHost:
         arguments: dict[str, Any],
         owner: object,
     ) -> None:
-        queue = self.get_queue(queue_name, owner)
-        exchange = self._bindable_source(exchange_name)
+        """Unbinding is idempotent, as in RabbitMQ: where the queue or the exchange is not
+        there (an auto-delete one already gone, say) nothing is bound, and that succeeds."""
+        exchange = self._bindable_or_missing(exchange_name)
+        queue = self.queues.get(queue_name)
+        if queue is not None:
+            self._check_owner(queue, owner)
+        if exchange is None or queue is None:
+            return
         if exchange.unbind(queue, routing_key, arguments):
+            self._binding_change(Unbound, exchange, queue, routing_key, arguments)
             self._after_unbind(exchange)
 
     def bind_exchange(
@@ -339,18 +504,73 @@ class VHost:
         destination = self._bindable_source(destination_name)
         source = self._bindable_source(source_name)
         try:
-            source.bind(destination, routing_key, arguments)
+            added = source.bind(destination, routing_key, arguments)
         except ValueError as error:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
         self._has_exchange_destinations.add(source.name)
+        if added:
+            self._binding_change(Bound, source, destination, routing_key, arguments)
 
     def unbind_exchange(
         self, destination_name: str, source_name: str, routing_key: str, arguments: dict[str, Any]
     ) -> None:
-        destination = self._bindable_source(destination_name)
-        source = self._bindable_source(source_name)
+        destination = self._bindable_or_missing(destination_name)
+        source = self._bindable_or_missing(source_name)
+        if destination is None or source is None:
+            return  # idempotent, as unbind_queue
         if source.unbind(destination, routing_key, arguments):
+            self._binding_change(Unbound, source, destination, routing_key, arguments)
             self._after_unbind(source)
+
+    def restore_binding(
+        self, source: str, destination: str, to_exchange: bool, key: str, arguments: dict
+    ) -> None:
+        """A binding from the change stream (``apply``): bound if both ends exist."""
+        exchange = self.exchanges.get(source)
+        target = (self.exchanges if to_exchange else self.queues).get(destination)
+        if exchange is None or target is None:
+            return
+        exchange.bind(target, key, dict(arguments))
+        if to_exchange:
+            self._has_exchange_destinations.add(source)
+
+    def restore_unbinding(
+        self, source: str, destination: str, to_exchange: bool, key: str, arguments: dict
+    ) -> None:
+        exchange = self.exchanges.get(source)
+        target = (self.exchanges if to_exchange else self.queues).get(destination)
+        if (
+            exchange is not None
+            and target is not None
+            and exchange.unbind(target, key, dict(arguments))
+        ):
+            self._after_unbind(exchange)
+
+    # -- enqueue -------------------------------------------------------------------
+
+    def enqueue(self, message: Message, queues: tuple[Queue, ...], now: float) -> bool:
+        """Give a routed message its id, put it on its queues and start delivery; False
+        if any queue refused it (reject-publish overflow)."""
+        ids = self.ids
+        message.msg_id = ids.next
+        ids.next += 1
+        expiration_ms = message.expiration_ms()
+        expiration = None if expiration_ms is None else expiration_ms / 1000.0
+        accepted = True
+        for queue in queues:
+            limits = queue.limits
+            if (
+                limits.max_length is not None or limits.max_length_bytes is not None
+            ) and queue.would_reject(message):
+                accepted = False
+                if limits.overflow == "reject-publish-dlx":
+                    queue.refuse(message)
+                continue
+            queue.enqueue(message, now, expiration)
+            queue.published += 1
+            if queue.consumers:
+                queue.drain(now)
+        return accepted
 
     # -- routing -------------------------------------------------------------------
 
@@ -436,27 +656,63 @@ class VHost:
             for target in self.route(exchange, routing_key, dead)
             if not _is_cycle(target.name, deaths)
         )
-        if self.deliver_routed is not None and targets:
-            self.deliver_routed(dead, targets)
+        if targets:
+            self.enqueue(dead, targets, self.wall_clock())
 
 
 # Queue types RabbitMQ knows that this server does not build yet, and what they are.
 _UNBUILT_QUEUE_TYPES = {
-    "quorum": "quorum queues (replicated durable queues) are not available on this server yet",
     "stream": "stream queues are not available on this server",
 }
+REPLICATE = "x-amqha-replicate"
 
 
-def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
+def _replication_asked(
+    name: str, arguments: dict[str, Any], durable: bool, exclusive: bool
+) -> bool | None:
+    """What the arguments ask: True (``x-amqha-replicate: true`` or a quorum queue), False,
+    or None (the vhost's default). A replicated queue must be durable and not exclusive."""
+    asked = arguments.get(REPLICATE)
+    if asked is not None and not isinstance(asked, bool):
+        raise exceptions.AMQPPreconditionFailed(
+            f"PRECONDITION_FAILED - invalid arg '{REPLICATE}' for queue '{name}': "
+            f"{asked!r} (need true or false)"
+        )
+    if _queue_type(arguments) == "quorum":
+        if asked is False:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - queue '{name}': a quorum queue is replicated; "
+                f"'{REPLICATE}: false' contradicts it"
+            )
+        asked = True
+        if not durable or exclusive:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - invalid property 'non-durable' or 'exclusive' for "
+                f"quorum queue '{name}'"
+            )
+    if asked and (not durable or exclusive):
+        raise exceptions.AMQPPreconditionFailed(
+            f"PRECONDITION_FAILED - queue '{name}': '{REPLICATE}' needs a durable, "
+            "non-exclusive queue"
+        )
+    return asked
+
+
+def _queue_type(arguments: dict[str, Any]) -> str:
     kind = arguments.get("x-queue-type", "classic")
     if isinstance(kind, bytes):
         kind = kind.decode(errors="replace")
-    if kind == "classic":
+    return str(kind)
+
+
+def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
+    kind = _queue_type(arguments)
+    if kind in ("classic", "quorum"):
         return
     if kind in _UNBUILT_QUEUE_TYPES:
         problem = _UNBUILT_QUEUE_TYPES[kind]
     else:
-        problem = f"unknown queue type {kind!r} (this server has 'classic')"
+        problem = f"unknown queue type {kind!r} (this server has 'classic' and 'quorum')"
     raise exceptions.AMQPPreconditionFailed(
         f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}': {problem}"
     )

@@ -1,4 +1,5 @@
-"""Helpers for the protocol tests: a bare AMQP client on a socket, reply codes, names.
+"""Helpers for the protocol tests: a bare AMQP client on a socket, reply codes, names,
+and one scrape of the Prometheus endpoint.
 
 ``RawClient`` sends exactly the frames a test tells it to, so tests can negotiate
 odd limits, stay silent, or break the rules on purpose, and read every frame the
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -17,6 +19,7 @@ import aiormq
 from pamqp import body, commands, frame, header, heartbeat
 from pamqp import exceptions as pamqp_exceptions
 from pamqp.base import Frame as Method
+from prometheus_client.parser import text_string_to_metric_families
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 ALL_CLIENT_CAPABILITIES = {
@@ -253,3 +256,14 @@ async def eventually(check: Any, timeout: float = 10.0) -> Any:
             if value:
                 return value
             await asyncio.sleep(0.02)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """One Prometheus scrape of 127.0.0.1:PORT/metrics: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

@@ -1,14 +1,17 @@
 """Behaviours RabbitMQ users' clients depend on, each seen with real clients.
 
 Connection.UpdateSecret, publisher confirms before Channel.CloseOk, the socket kept open
-after Connection.CloseOk until the client closes it, idempotent deletes, x-death as
-RabbitMQ writes it, Basic.Recover with requeue=false, x-queue-type.
+after Connection.CloseOk until the client closes it, channels closed or abandoned released
+on both sides, idempotent deletes and unbinds, x-death as RabbitMQ writes it, Basic.Recover with
+requeue=false, x-queue-type.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
+import weakref
 
 import aio_pika
 import aiormq
@@ -17,7 +20,7 @@ import pika.exceptions
 import pytest
 from pamqp import body, commands, frame, header
 
-from tests.integration.protocol_support import RawClient, unique
+from tests.integration.protocol_support import RawClient, scrape, unique
 from tests.support import ServerProcess, free_port, wait_until
 
 # -- Connection.UpdateSecret --------------------------------------------------------------
@@ -143,6 +146,53 @@ def test_a_client_that_never_closes_after_close_ok_is_closed_by_the_server(
         assert raw.wait_closed(timeout=15) == []
 
 
+# -- channels released on both sides -------------------------------------------------------
+
+
+async def test_channels_closed_or_abandoned_are_released_on_both_sides(make_server) -> None:
+    """aio-pika's own leak test, with the server's side counted too: channels closed one by
+    one and channels left to the connection's close are gone from the server, and nothing
+    the server sent or owes keeps the client's channel objects alive once the client has
+    run its own close callbacks (which it schedules as tasks after Connection.close
+    returns: aio-pika's test, which collects at once, races them; see docs/compat.md)."""
+    metrics_port = free_port()
+    server = make_server("released", metrics={"listen": f"127.0.0.1:{metrics_port}"})
+    server.start()
+    channels: weakref.WeakSet[aio_pika.abc.AbstractChannel] = weakref.WeakSet()
+    connection = await aio_pika.connect(server.url)
+    async with connection:
+        for _ in range(5):
+            channels.add(await connection.channel())
+        for _ in range(3):
+            async with connection.channel() as channel:
+                channels.add(channel)
+        busy = await connection.channel()  # abandoned with a consumer and an unacked delivery
+        channels.add(busy)
+        queue = await busy.declare_queue(unique("released"), auto_delete=True)
+        await busy.default_exchange.publish(aio_pika.Message(b"held"), routing_key=queue.name)
+        held: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage] = asyncio.Queue()
+        await queue.consume(held.put)
+        await asyncio.wait_for(held.get(), 5)
+        del busy, queue, held, channel
+        figures = await asyncio.to_thread(scrape, metrics_port)
+        assert figures[("rabbitmq_channels", ())] == 6, "the three closed channels are gone"
+    after = await asyncio.to_thread(
+        wait_until,
+        lambda: (f := scrape(metrics_port))[("rabbitmq_connections", ())] == 0 and f,
+        10,
+        0.05,
+        "the connection gone from the server",
+    )
+    assert after[("rabbitmq_channels", ())] == 0
+    assert after[("rabbitmq_queues", ())] == 0, "the abandoned consumer's auto-delete queue"
+    for _ in range(100):  # loop turns for the client's close callbacks, no clock
+        gc.collect()
+        if not channels:
+            break
+        await asyncio.sleep(0)
+    assert not list(channels)
+
+
 # -- deletes of what does not exist -------------------------------------------------------
 
 
@@ -167,6 +217,50 @@ def test_pika_deletes_of_missing_queue_and_exchange_succeed(broker: ServerProces
         assert channel.queue_delete(unique("never-declared")).method.message_count == 0
         channel.exchange_delete(unique("never-declared"))
         assert channel.is_open
+    finally:
+        connection.close()
+
+
+async def test_aio_pika_cleanup_unbinds_after_auto_delete_succeed(broker: ServerProcess) -> None:
+    """aio-pika's RPC close and its suite's cleanups unbind after an auto-delete queue or
+    exchange went: as in RabbitMQ, an unbind where nothing is bound succeeds."""
+    connection = await aio_pika.connect(broker.url)
+    async with connection:
+        channel = await connection.channel()
+        source = await channel.declare_exchange(unique("src"), auto_delete=True)
+        middle = await channel.declare_exchange(unique("mid"), auto_delete=True)
+        queue = await channel.declare_queue(unique("q"), auto_delete=True)
+        await queue.bind(middle, "k")
+        await middle.bind(source, "k")
+        await queue.delete()
+        await queue.unbind(middle, "k")  # the queue is gone
+        # Unbinding the queue's last binding took the auto-delete middle exchange, and
+        # with it the source's only binding: both are gone now.
+        await middle.unbind(source, "k")
+        underlay = await channel.get_underlay_channel()
+        await underlay.queue_unbind(unique("never"), unique("never"), "k")
+        await underlay.exchange_unbind(unique("never"), unique("never"), "k")
+        assert not channel.is_closed
+        # A queue that is there still refuses another connection's unbind (exclusive).
+        mine = await channel.declare_queue(unique("mine"), exclusive=True)
+        other = await aio_pika.connect(broker.url)
+        async with other:
+            theirs = await (await other.channel()).get_underlay_channel()
+            with pytest.raises(aiormq.exceptions.ChannelLockedResource):
+                await theirs.queue_unbind(mine.name, "amq.direct", "k")
+
+
+def test_pika_unbinds_of_missing_queue_and_exchange_succeed(broker: ServerProcess) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        channel = connection.channel()
+        channel.queue_unbind(unique("never"), unique("never"), "k")
+        channel.exchange_unbind(unique("never"), "amq.direct", "k")
+        channel.exchange_unbind("amq.direct", unique("never"), "k")
+        assert channel.is_open
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_unbind(unique("never"), "", "k")
+        assert refused.value.reply_code == 403, "the default exchange is never unbound"
     finally:
         connection.close()
 
@@ -267,7 +361,9 @@ def test_pika_recover_with_requeue_still_works_and_without_is_540(broker: Server
 # -- x-queue-type -----------------------------------------------------------------------------
 
 
-async def test_aio_pika_classic_accepted_quorum_refused_by_name(broker: ServerProcess) -> None:
+async def test_aio_pika_classic_and_quorum_accepted_stream_refused_by_name(
+    broker: ServerProcess,
+) -> None:
     connection = await aio_pika.connect(broker.url)
     async with connection:
         channel = await connection.channel()
@@ -278,20 +374,25 @@ async def test_aio_pika_classic_accepted_quorum_refused_by_name(broker: ServerPr
         # Declaring it again without the argument is the same queue.
         await channel.declare_queue(name, auto_delete=True)
         await queue.delete()
-        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed, match="quorum queues"):
+        # A quorum queue is RabbitMQ's replicated queue: here a replicated durable queue.
+        quorum = await channel.declare_queue(
+            unique("typed"), durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await quorum.delete()
+        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed, match="stream queues"):
             await channel.declare_queue(
-                unique("typed"), durable=True, arguments={"x-queue-type": "quorum"}
+                unique("typed"), durable=True, arguments={"x-queue-type": "stream"}
             )
 
 
-def test_pika_quorum_queue_is_a_406_naming_the_missing_feature(broker: ServerProcess) -> None:
+def test_pika_non_durable_quorum_queue_is_a_406_as_in_rabbitmq(broker: ServerProcess) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(broker.url))
     try:
         channel = connection.channel()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
-            channel.queue_declare(unique("q"), durable=True, arguments={"x-queue-type": "quorum"})
+            channel.queue_declare(unique("q"), durable=False, arguments={"x-queue-type": "quorum"})
         assert caught.value.reply_code == 406
-        assert "replicated durable queues" in caught.value.reply_text
+        assert "quorum queue" in caught.value.reply_text
     finally:
         connection.close()
 

@@ -1,4 +1,5 @@
-"""A plain client that reaches the passive server reads why, in every client library.
+"""A plain client that reaches the passive server reads why, in every client library
+(aiormq, aio-pika, pika, py-amqp, kombu, and amqplib where Node.js is installed).
 
 The refusal is a Connection.Close in reply to StartOk (before Tune): aiormq and aio-pika
 read a Close in reply to Open as a framing error and lose its text. A client announcing
@@ -19,6 +20,16 @@ from pamqp import commands
 
 from amqha.client import ConnectionRedirect
 from tests.pairs import MakePair, pika_open_error, raw_open
+from tests.support import amqplib_modules, amqplib_run
+
+# Connects, and prints what amqplib's user gets: the error's message, or that it opened.
+AMQPLIB_CONNECT = """
+const amqp = require('amqplib');
+amqp.connect(process.argv[1]).then(
+  (connection) => connection.close().then(() => console.log(JSON.stringify({opened: true}))),
+  (error) => console.log(JSON.stringify({error: error.message})),
+);
+"""
 
 
 async def test_every_client_reads_the_not_active_text(make_pair: MakePair) -> None:
@@ -56,6 +67,22 @@ async def test_every_client_reads_the_not_active_text(make_pair: MakePair) -> No
         return raised.value
 
     assert text in str(await asyncio.to_thread(with_kombu))
+
+
+async def test_amqplib_reads_the_not_active_text(make_pair: MakePair) -> None:
+    modules = amqplib_modules()
+    if isinstance(modules, str):
+        pytest.skip(f"amqplib is not available: {modules}")
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    text = f"NOT_ACTIVE - active server is {pair.primary.address}"
+
+    refused = await asyncio.to_thread(amqplib_run, modules, AMQPLIB_CONNECT, pair.backup.url)
+    assert refused == {
+        "error": f'Handshake terminated by server: 320 (CONNECTION-FORCED) with message "{text}"'
+    }
+    opened = await asyncio.to_thread(amqplib_run, modules, AMQPLIB_CONNECT, pair.primary.url)
+    assert opened == {"opened": True}
 
 
 async def test_one_vote_per_attempt_at_start_ok_or_at_open(make_pair: MakePair) -> None:

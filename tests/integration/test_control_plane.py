@@ -339,3 +339,44 @@ async def test_guest_cannot_run_console_commands(pair: Pair) -> None:
     status = await pair.status(pair.primary)
     assert status["controller"] == "running"
     assert "guest" not in status["control_received"].get("amq.console", {})
+
+
+# -- the replication feed -------------------------------------------------------------------
+
+
+async def test_only_a_peering_login_may_consume_the_replication_feed(broker: Any) -> None:
+    """``amq.replication`` carries a server's whole durable state: guest and an
+    administrator are refused by every route; a peering login may subscribe (with acks)."""
+    for user in ("guest", "admin"):
+        connection = await aiormq.connect(f"amqp://{user}:{user}@{broker.address}/")
+        try:
+            channel = await connection.channel()
+            with pytest.raises(aiormq.exceptions.ChannelAccessRefused, match="peering"):
+                await channel.basic_consume("amq.replication", lambda message: None)
+            channel = await connection.channel()
+            with pytest.raises(aiormq.exceptions.ChannelNotFoundEntity):
+                await channel.basic_get("amq.replication")
+            channel = await connection.channel()
+            with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+                await channel.queue_declare("amq.replication")
+            channel = await connection.channel()
+            with pytest.raises(aiormq.exceptions.ChannelNotFoundEntity):
+                await channel.queue_bind("amq.replication", "amq.direct", "x")
+        finally:
+            await connection.close()
+    peering = await aiormq.connect(f"amqp://peering:peering@{broker.address}/")
+    try:
+        channel = await peering.channel()
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="acks"):
+            await channel.basic_consume("amq.replication", lambda message: None, no_ack=True)
+        channel = await peering.channel()
+        runs: list[bytes] = []
+        await channel.basic_qos(prefetch_count=4)
+        await channel.basic_consume("amq.replication", lambda message: runs.append(message.body))
+        for _ in range(200):
+            if runs:
+                break
+            await asyncio.sleep(0.02)
+        assert runs, "the feed sends its snapshot to a peering subscriber"
+    finally:
+        await peering.close()

@@ -1,32 +1,21 @@
 """The Prometheus endpoint, scraped over real HTTP and parsed by prometheus_client's parser:
 per-queue figures after real client traffic, connections and channels, memory and the
-watermark, and a pair's state, epoch, peer seen, takeovers, redirects and refusals."""
+watermark, and a pair's state, epoch, peer seen, takeovers, redirects and refusals, and
+its replication (in sync, lag)."""
 
 from __future__ import annotations
 
 import asyncio
 import urllib.error
-import urllib.request
 
 import aio_pika
 import pika
 import pytest
 from pamqp import commands
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.protocol_support import unique
+from tests.integration.protocol_support import scrape, unique
 from tests.pairs import MakePair, raw_open
 from tests.support import free_port, wait_until
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def queue_labels(name: str) -> tuple[tuple[str, str], ...]:
@@ -128,6 +117,11 @@ async def test_pair_figures_on_both_servers(make_pair: MakePair) -> None:
     assert active[("amqha_pair_epoch", ())] == passive[("amqha_pair_epoch", ())] >= 1
     for figures in (active, passive):
         assert 0 <= figures[("amqha_pair_peer_seen_seconds", ())] < 60
+    # Replication: the ACTIVE has an in-sync PASSIVE (wait_states waited for it), and the
+    # PASSIVE says it follows in sync.
+    assert active[("amqha_replication_in_sync", ())] == 1
+    assert active[("amqha_replication_lag_changes", ())] >= 0
+    assert passive[("amqha_replication_following_in_sync", ())] == 1
     # Becoming ACTIVE counts, at start-up too.
     assert active[("amqha_pair_takeovers_total", ())] == 1
     assert passive[("amqha_pair_takeovers_total", ())] == 0
@@ -142,4 +136,6 @@ async def test_pair_figures_on_both_servers(make_pair: MakePair) -> None:
     )
     after = await asyncio.to_thread(scrape, ports[1])
     assert after[("amqha_pair_state", (("state", "ACTIVE"),))] == 1
+    # Alone, it confirms on its own store: unprotected, and the metric says so.
+    assert after[("amqha_replication_in_sync", ())] == 0
     assert after[("amqha_pair_takeovers_total", ())] == 1

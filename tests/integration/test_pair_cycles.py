@@ -59,6 +59,8 @@ async def test_fifty_kill_restart_cycles_never_two_active(make_pair: MakePair) -
         active.start()
         expected = ("PASSIVE", "ACTIVE") if active is pair.primary else ("ACTIVE", "PASSIVE")
         await pair.wait_states(*expected, timeout=10)
+        # A PASSIVE takes over by client vote only once it holds what the ACTIVE holds.
+        await pair.wait_in_sync(active)
         active, passive = passive, active
 
     end = time.time()

@@ -38,6 +38,7 @@ ADVERTISED = (
     "connection.blocked",
     "authentication_failure_close",
     "per_consumer_qos",
+    "consumer_priorities",
 )
 
 
@@ -306,9 +307,9 @@ def test_server_close_waits_for_close_ok_and_ignores_other_frames(broker) -> Non
     with RawClient(broker.port) as raw:
         raw.handshake()
         raw.open_channel(1)
-        raw.send(1, commands.Exchange.Declare(exchange=unique("x"), exchange_type="no-such-type"))
-        close = raw.expect_connection_close(503)
-        assert (close.class_id, close.method_id) == (40, 10)
+        raw.send(1, commands.Basic.Recover(requeue=False))  # 540, a connection error
+        close = raw.expect_connection_close(540)
+        assert (close.class_id, close.method_id) == (60, 110)
         raw.send(2, commands.Channel.Open())
         raw.send(1, commands.Queue.Declare(exclusive=True))
         raw.send(0, commands.Connection.CloseOk())
@@ -321,9 +322,12 @@ async def test_hard_error_closes_all_channels_other_connections_keep_working(bro
     try:
         first = await connection.channel()
         second = await connection.channel()
-        with pytest.raises(aiormq.exceptions.ConnectionCommandInvalid) as invalid:
-            await first.exchange_declare(unique("x"), exchange_type="no-such-type")
-        assert reply_code(invalid.value) == 503
+        # Basic.Recover with requeue=false is 540, a connection error (as in RabbitMQ).
+        with pytest.raises((aiormq.exceptions.AMQPError, asyncio.CancelledError)):
+            await first.basic_recover(requeue=False)
+        with pytest.raises(aiormq.exceptions.ConnectionNotImplemented) as hard:
+            await asyncio.wait_for(connection.closing, 5)
+        assert reply_code(hard.value) == 540
         await wait_until_async(lambda: connection.is_closed, 5)
         assert second.is_closed
         channel = await bystander.channel()

@@ -492,6 +492,36 @@ def test_passive_redirects_to_the_active_until_it_expires_then_the_client_vote()
     assert_unchanged(refused, misconfigured)
     assert refused.decision == Refuse("same name")
 
+    # The takeover rule: a PASSIVE not in sync with its ACTIVE refuses the client vote...
+    unsynced = replace(machine, in_sync=False)
+    kept = step(unsynced, Event.CLIENT_REQUEST, EXPIRED)
+    assert_unchanged(kept, unsynced)
+    assert isinstance(kept.decision, Refuse) and "not in sync" in kept.decision.reason
+    # ... and still redirects while the ACTIVE is heard.
+    assert step(unsynced, Event.CLIENT_REQUEST, NOW).decision == Redirect("alpha.example:5672")
+    # failover.takeover_unsynced lets it through, and the reason says so.
+    allowed = step(replace(unsynced, takeover_unsynced=True), Event.CLIENT_REQUEST, EXPIRED)
+    assert allowed.machine.state is State.ACTIVE and allowed.decision == Accept()
+    assert allowed.transition is not None and "NOT in sync" in allowed.transition.reason
+
+
+def test_the_takeover_rule_holds_only_for_a_passive_server() -> None:
+    """A started primary has no ACTIVE it followed: its client vote is the usual one."""
+    started = replace(ours(Role.PRIMARY, State.PRIMARY, epoch=2), in_sync=False)
+    outcome = step(started, Event.CLIENT_REQUEST, EXPIRED)
+    assert outcome.machine.state is State.ACTIVE and outcome.decision == Accept()
+
+
+def test_promote_refuses_a_passive_server_not_in_sync_and_force_overrides() -> None:
+    unsynced = replace(ours(Role.BACKUP, State.PASSIVE, epoch=3), in_sync=False)
+    refused = step(unsynced, Event.PROMOTE, EXPIRED)
+    assert_unchanged(refused, unsynced)
+    assert isinstance(refused.decision, Refuse) and "not in sync" in refused.decision.reason
+    forced = step(unsynced, Event.FORCE_PROMOTE, EXPIRED)
+    assert forced.machine.state is State.ACTIVE and forced.decision == Accept()
+    assert forced.transition is not None
+    assert forced.transition.reason.endswith("forced while NOT in sync")
+
 
 @cell(State.PASSIVE, Event.MANUAL_RECOVER)
 def test_recover_is_refused_on_a_passive_server() -> None:
@@ -1181,3 +1211,32 @@ def test_any_interleaving_keeps_one_active_on_a_healthy_link(operations: list[st
         State.ACTIVE,
         State.PASSIVE,
     ]
+
+
+# -- who leads when one of them is not in sync (replication) ------------------------------
+
+
+def test_a_passive_primary_not_in_sync_stays_passive_when_its_backup_returns() -> None:
+    unsynced = replace(ours(Role.PRIMARY, State.PASSIVE, epoch=4), in_sync=False)
+    outcome = hear(unsynced, peer(Role.BACKUP, State.BACKUP, 4))
+    assert outcome.machine.state is State.PASSIVE and outcome.transition is None
+    synced = hear(ours(Role.PRIMARY, State.PASSIVE, epoch=4), peer(Role.BACKUP, State.BACKUP, 4))
+    assert synced.machine.state is State.ACTIVE
+
+
+def test_a_restarted_backup_leads_when_the_passive_primary_is_not_in_sync() -> None:
+    backup = ours(Role.BACKUP, State.BACKUP, epoch=4)
+    unsynced_primary = replace(peer(Role.PRIMARY, State.PASSIVE, 4), in_sync=False)
+    outcome = hear(backup, unsynced_primary)
+    assert outcome.machine.state is State.ACTIVE
+    assert outcome.transition is not None and "not in sync" in outcome.transition.reason
+    waits = hear(backup, peer(Role.PRIMARY, State.PASSIVE, 4))
+    assert waits.machine.state is State.BACKUP
+
+
+def test_of_two_passive_servers_the_one_in_sync_leads() -> None:
+    backup = ours(Role.BACKUP, State.PASSIVE, epoch=4)
+    unsynced_primary = replace(peer(Role.PRIMARY, State.PASSIVE, 4), in_sync=False)
+    assert hear(backup, unsynced_primary).machine.state is State.ACTIVE
+    primary = replace(ours(Role.PRIMARY, State.PASSIVE, epoch=4), in_sync=False)
+    assert hear(primary, peer(Role.BACKUP, State.PASSIVE, 4)).machine.state is State.PASSIVE

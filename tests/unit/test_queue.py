@@ -5,6 +5,7 @@ Time is a number passed in; nothing here sleeps.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -15,17 +16,23 @@ from amqha.core.message import Message
 from amqha.core.queue import Queue, QueueArgumentError
 from amqha.wire import address_of
 
+_ids = itertools.count(1)
+
 
 def message(body: bytes | str, **properties: Any) -> Message:
+    """A message with the next id, as the vhost gives one on enqueue."""
     data = body.encode() if isinstance(body, str) else body
     header = ContentHeader(0, len(data), commands.Basic.Properties(**properties)).marshal()
-    return Message(address_of("", "q"), header, data)
+    return Message(address_of("", "q"), header, data, msg_id=next(_ids))
 
 
 class FakeConsumer:
-    def __init__(self, tag: str, credit: int = 10**6, exclusive: bool = False) -> None:
+    def __init__(
+        self, tag: str, credit: int = 10**6, exclusive: bool = False, no_ack: bool = True
+    ) -> None:
         self.tag = tag
         self.exclusive = exclusive
+        self.no_ack = no_ack
         self.credit = credit
         self.got: list[tuple[bytes, bool]] = []
 
@@ -114,18 +121,26 @@ def test_single_consumer_not_ready_keeps_messages() -> None:
     assert consumer.bodies == [b"a"] and queue.message_count == 1
 
 
-def test_requeue_goes_to_the_head_in_original_order_marked_redelivered() -> None:
+def test_requeue_goes_back_to_the_original_positions_marked_redelivered() -> None:
     queue = Queue("q")
-    first, second, third = message("1"), message("2"), message("3")
-    queue.enqueue(third, 0.0)
-    queue.requeue([first, second], 0.0)
-    assert queue.bytes == 3
-    got = [queue.get(0.0) for _ in range(3)]
+    first, second, third, fourth = message("1"), message("2"), message("3"), message("4")
+    for each in (first, second, third, fourth):
+        queue.enqueue(each, 0.0)
+    taken = [queue.get(0.0, no_ack=False) for _ in range(3)]
+    assert queue.unacked == 3 and queue.message_count == 1
+    # Returned out of order (the third first), they still come back in their order,
+    # ahead of the one never delivered.
+    queue.requeue([third.msg_id])
+    queue.requeue([second.msg_id, first.msg_id])
+    assert queue.bytes == 4 and queue.unacked == 0
+    got = [queue.get(0.0) for _ in range(4)]
     assert [(m.body, redelivered) for m, redelivered in got] == [  # type: ignore[misc]
         (b"1", True),
         (b"2", True),
-        (b"3", False),
+        (b"3", True),
+        (b"4", False),
     ]
+    assert taken[0] is not None
 
 
 def test_remove_consumer_reports_auto_delete() -> None:
@@ -224,14 +239,16 @@ def test_message_ttl_appearing_later_keeps_earlier_messages_forever() -> None:
     assert queue.get(100.0) is None
 
 
-def test_requeued_messages_do_not_expire() -> None:
+def test_requeued_messages_keep_their_deadline() -> None:
     queue = Queue("q", arguments={"x-message-ttl": 1000})
     queue.enqueue(message("a"), 0.0)
-    got = queue.get(0.0)
+    got = queue.get(0.0, no_ack=False)
     assert got is not None
-    queue.requeue([got[0]], 0.5)
-    assert queue.expire(100.0) == 0
-    assert queue.get(100.0) is not None
+    queue.requeue([got[0].msg_id])
+    assert queue.next_expiry() == 1.0
+    assert queue.expire(0.5) == 0
+    assert queue.expire(1.5) == 1
+    assert queue.get(1.5) is None
 
 
 def test_drain_expires_before_delivering() -> None:
@@ -316,8 +333,12 @@ def test_drop_head_never_rejects() -> None:
 
 def test_reject_dead_letters_as_rejected() -> None:
     queue, dead = dlx_queue()
-    queue.reject(message("r"))
+    queue.enqueue(message("r"), 0.0)
+    got = queue.get(0.0, no_ack=False)
+    assert got is not None
+    queue.reject([got[0].msg_id])
     assert dead.got == [("q", b"r", "rejected")]
+    assert queue.unacked == 0 and queue.message_count == 0
 
 
 def test_purge() -> None:

@@ -28,14 +28,10 @@ class Harness:
         self.vhost = VHost("/", lambda: WALL_CLOCK)
         self.now = 0.0
         self.deleted: list[str] = []
-        self.vhost.deliver_routed = self.enqueue
         self.vhost.on_queue_deleted = lambda queue: self.deleted.append(queue.name)
 
     def enqueue(self, message: Message, queues: tuple[Queue, ...]) -> None:
-        for queue in queues:
-            queue.enqueue(message, self.now)
-            if queue.consumers:
-                queue.drain(self.now)
+        self.vhost.enqueue(message, queues, self.now)
 
     def queue(self, name: str, **arguments: Any) -> Queue:
         return self.vhost.declare_queue(name, OWNER, self.now, arguments=arguments)
@@ -116,8 +112,8 @@ def test_amq_prefix_and_default_exchange_are_403(h: Harness) -> None:
         h.vhost.declare_exchange("amq.topic", "fanout", durable=True)
 
 
-def test_unknown_exchange_type_is_503(h: Harness) -> None:
-    with pytest.raises(exceptions.AMQPCommandInvalid):
+def test_unknown_exchange_type_is_406(h: Harness) -> None:
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match="unknown exchange type"):
         h.vhost.declare_exchange("weird", "x-consistent-hash")
     assert "weird" not in h.vhost.exchanges
 
@@ -282,7 +278,7 @@ def test_binding_missing_things_is_404(h: Harness) -> None:
     with pytest.raises(exceptions.AMQPNotFound):
         h.vhost.bind_exchange("nope", "amq.direct", "k", {})
     with pytest.raises(exceptions.AMQPNotFound):
-        h.vhost.unbind_exchange("amq.direct", "nope", "k", {})
+        h.vhost.bind_exchange("amq.direct", "nope", "k", {})
 
 
 def test_invalid_headers_binding_is_406(h: Harness) -> None:
@@ -295,6 +291,13 @@ def test_unbinding_what_is_not_bound_is_fine(h: Harness) -> None:
     h.queue("q")
     h.vhost.unbind_queue("q", "amq.direct", "k", {}, OWNER)
     h.vhost.unbind_exchange("amq.fanout", "amq.direct", "k", {})
+    # Nothing is bound where the queue or an exchange is missing: also fine, as in RabbitMQ.
+    h.vhost.unbind_queue("nope", "amq.direct", "k", {}, OWNER)
+    h.vhost.unbind_queue("q", "nope", "k", {}, OWNER)
+    h.vhost.unbind_exchange("amq.direct", "nope", "k", {})
+    h.vhost.unbind_exchange("nope", "amq.direct", "k", {})
+    with pytest.raises(exceptions.AMQPAccessRefused):
+        h.vhost.unbind_queue("nope", "", "k", {}, OWNER)
 
 
 def test_default_exchange_routes_by_queue_name(h: Harness) -> None:
@@ -366,6 +369,7 @@ class Taker:
 
     tag = "taker"
     exclusive = False
+    no_ack = False
 
     def __init__(self) -> None:
         self.got: list[Message] = []
@@ -378,7 +382,8 @@ class Taker:
 
 
 def take(queue: Queue) -> Message:
-    got = queue.get(0.0)
+    """The head message, delivered and outstanding (as to a consumer that acks)."""
+    got = queue.get(0.0, no_ack=False)
     assert got is not None
     return got[0]
 
@@ -394,7 +399,7 @@ def test_rejected_message_gets_x_death(h: Harness) -> None:
         expiration="60000",
         content_type="text/plain",
     )
-    source.reject(take(source))
+    source.reject([take(source).msg_id])
     dead = take(parking)
     assert dead.body == b"payload"
     assert dead.exchange == "dlx" and dead.routing_key == "job"
@@ -424,7 +429,7 @@ def test_rejected_message_gets_x_death(h: Harness) -> None:
 def test_dead_letter_routing_key_override(h: Harness) -> None:
     source, parking = dead_letter_setup(h, **{"x-dead-letter-routing-key": "parked-key"})
     h.publish("", "work", b"x")
-    source.reject(take(source))
+    source.reject([take(source).msg_id])
     dead = take(parking)
     assert dead.routing_key == "parked-key"
     assert dead.headers()["x-death"][0]["routing-keys"] == ["work"]
@@ -446,7 +451,7 @@ def test_dead_letter_cycle_counts_up_and_keeps_one_entry(h: Harness) -> None:
     h.vhost.bind_queue("loop", "retry", "", {}, OWNER)
     h.publish("", "loop", b"again")
     for _ in range(3):
-        queue.reject(take(queue))
+        queue.reject([take(queue).msg_id])
     headers = take(queue).headers()
     deaths = headers["x-death"]
     assert len(deaths) == 1
@@ -462,8 +467,8 @@ def test_new_reason_or_queue_is_a_new_entry_at_the_front(h: Harness) -> None:
     second = h.queue("second", **{"x-dead-letter-exchange": "retry"})
     h.vhost.bind_queue("second", "retry", "", {}, OWNER)
     h.publish("", "first", b"m")
-    first.reject(take(first))
-    second.reject(take(second))
+    first.reject([take(first).msg_id])
+    second.reject([take(second).msg_id])
     deaths = take(second).headers()["x-death"]
     assert [(d["queue"], d["count"]) for d in deaths] == [("second", 1), ("first", 1)]
     # Dying again in "first" for the same reason moves its entry to the front.
@@ -471,7 +476,7 @@ def test_new_reason_or_queue_is_a_new_entry_at_the_front(h: Harness) -> None:
     h.vhost.bind_queue("first", "retry", "", {}, OWNER)
     message = make_message("", "first", b"m", headers={"x-death": deaths})
     first.enqueue(message, 0.0)
-    first.reject(take(first))
+    first.reject([take(first).msg_id])
     again = take(first).headers()["x-death"]
     assert [(d["queue"], d["count"]) for d in again] == [("first", 2), ("second", 1)]
 
@@ -479,7 +484,7 @@ def test_new_reason_or_queue_is_a_new_entry_at_the_front(h: Harness) -> None:
 def test_missing_dead_letter_exchange_drops_silently(h: Harness) -> None:
     queue = h.queue("q", **{"x-dead-letter-exchange": "not-there"})
     h.publish("", "q")
-    queue.reject(take(queue))
+    queue.reject([take(queue).msg_id])
     assert all(q.message_count == 0 for q in h.vhost.queues.values())
 
 
@@ -515,7 +520,8 @@ def test_two_queue_cycle_is_dropped_on_the_second_visit(h: Harness) -> None:
     h.publish("", "a")
     a.expire(5.0)
     assert (a.message_count, b.message_count) == (0, 1)
-    b.expire(5.0)
+    # A dead letter is enqueued at the wall-clock time it died.
+    b.expire(WALL_CLOCK + 5.0)
     assert (a.message_count, b.message_count) == (0, 0)
 
 
@@ -527,8 +533,8 @@ def test_a_rejection_in_the_cycle_keeps_it_going(h: Harness) -> None:
     h.vhost.bind_queue("a", "to-a", "", {}, OWNER)
     h.vhost.bind_queue("b", "to-b", "", {}, OWNER)
     h.publish("", "a")
-    a.reject(take(a))
-    b.expire(5.0)
+    a.reject([take(a).msg_id])
+    b.expire(WALL_CLOCK + 5.0)
     deaths = take(a).headers()["x-death"]
     assert [(d["queue"], d["reason"]) for d in deaths] == [("b", "expired"), ("a", "rejected")]
 
@@ -554,7 +560,7 @@ def test_x_death_count_from_a_publisher_that_is_not_an_integer(h: Harness, count
     h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
     forged = [{"queue": "work", "reason": "rejected", "count": count}]
     h.publish("amq.direct", "job", b"m", headers={"x-death": forged})
-    source.reject(take(source))
+    source.reject([take(source).msg_id])
     assert take(parking).headers()["x-death"][0]["count"] == 1
 
 
@@ -571,7 +577,7 @@ def test_binary_longstr_header_survives_dead_lettering(h: Harness) -> None:
     source.enqueue(
         with_raw_headers("amq.direct", "job", b"\x03binS" + struct.pack(">I", 2) + b"\xff\xfe"), 0.0
     )
-    source.reject(take(source))
+    source.reject([take(source).msg_id])
     headers = take(parking).headers()
     assert headers["bin"] == b"\xff\xfe"
     assert headers["x-death"][0]["reason"] == "rejected"
@@ -584,7 +590,7 @@ def test_doubles_stay_doubles_through_dead_lettering(h: Harness) -> None:
     h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
     doubles = b"\x03dbld" + struct.pack(">d", 1e300) + b"\x03tend" + struct.pack(">d", 0.1)
     source.enqueue(with_raw_headers("amq.direct", "job", doubles), 0.0)
-    source.reject(take(source))
+    source.reject([take(source).msg_id])
     dead = take(parking)
     headers = dead.headers()
     assert headers["dbl"] == 1e300 and headers["ten"] == 0.1
@@ -595,7 +601,7 @@ def test_message_without_expiration_has_no_original_expiration(h: Harness) -> No
     source, parking = dead_letter_setup(h)
     h.vhost.bind_queue("work", "amq.direct", "job", {}, OWNER)
     h.publish("amq.direct", "job", b"m")
-    source.reject(take(source))
+    source.reject([take(source).msg_id])
     assert "original-expiration" not in take(parking).headers()["x-death"][0]
 
 
@@ -696,10 +702,46 @@ def test_missing_alternate_drops_and_redeclare_must_name_the_same(h: Harness) ->
         h.vhost.declare_exchange("e", "direct")
 
 
-@pytest.mark.parametrize("kind", ["quorum", "stream", "lazy"])
-def test_queue_types_other_than_classic_are_a_406(h: Harness, kind: str) -> None:
+@pytest.mark.parametrize("kind", ["stream", "lazy"])
+def test_queue_types_other_than_classic_and_quorum_are_a_406(h: Harness, kind: str) -> None:
     with pytest.raises(exceptions.AMQPPreconditionFailed, match="x-queue-type"):
         h.queue("typed", **{"x-queue-type": kind})
     assert "typed" not in h.vhost.queues
     h.queue("typed", **{"x-queue-type": "classic"})
     h.queue("typed")
+
+
+def test_durable_queues_are_replicated_unless_asked_otherwise(h: Harness) -> None:
+    vhost = h.vhost
+    plain = vhost.declare_queue("plain", OWNER, h.now, durable=True)
+    off = vhost.declare_queue(
+        "off", OWNER, h.now, durable=True, arguments={"x-amqha-replicate": False}
+    )
+    quorum = vhost.declare_queue(
+        "quorum", OWNER, h.now, durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    transient = vhost.declare_queue("transient", OWNER, h.now)
+    assert (plain.replicated, off.replicated, quorum.replicated) == (True, False, True)
+    assert not transient.replicated and vhost.unreplicated == {"off"}
+    vhost.delete_queue("off", OWNER)
+    assert vhost.unreplicated == set()
+
+
+@pytest.mark.parametrize(
+    ("durable", "exclusive", "arguments", "match"),
+    [
+        (False, False, {"x-queue-type": "quorum"}, "quorum"),
+        (True, True, {"x-queue-type": "quorum"}, "quorum"),
+        (False, False, {"x-amqha-replicate": True}, "durable"),
+        (True, False, {"x-amqha-replicate": "yes"}, "true or false"),
+        (True, False, {"x-queue-type": "quorum", "x-amqha-replicate": False}, "contradicts"),
+    ],
+)
+def test_replication_needs_a_durable_shared_queue(
+    h: Harness, durable: bool, exclusive: bool, arguments: dict, match: str
+) -> None:
+    with pytest.raises(exceptions.AMQPPreconditionFailed, match=match):
+        h.vhost.declare_queue(
+            "r", OWNER, h.now, durable=durable, exclusive=exclusive, arguments=arguments
+        )
+    assert "r" not in h.vhost.queues

@@ -1,0 +1,239 @@
+"""Rebuilding state from the change stream: ``apply`` and ``snapshot``.
+
+Owns: the one function that turns a change value back into state, used on restart
+(the store's changes), by the PASSIVE (the ACTIVE's changes) and by tests (a scripted
+workload's changes, replayed, give the same state); and ``snapshot``, the canonical
+form of the durable state two servers compare.
+
+Applying never emits: the vhosts it writes to must have no ``ChangeLog`` attached
+(a server attaches its log once recovery is done). See docs/durability.md.
+
+Must not know: the store, the loop, sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from .changes import (
+    Batch,
+    Bound,
+    Change,
+    Delivered,
+    Enqueued,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    QueueDeclared,
+    QueueDeleted,
+    Reset,
+    Settled,
+    Unbound,
+)
+from .message import Message
+from .routing import Exchange
+from .vhost import VHost
+
+
+class State(Protocol):
+    """Where changes are applied: the vhosts by name, made on first use (a broker)."""
+
+    vhosts: dict[str, VHost]
+
+    def vhost(self, name: str) -> VHost: ...
+
+
+def apply(state: State, change: Change, now: float) -> None:
+    """Apply one change to ``state``."""
+    if isinstance(change, Batch):
+        for inner in change.changes:
+            apply(state, inner, now)
+        return
+    if isinstance(change, Reset):
+        for vhost in state.vhosts.values():
+            reset(vhost)
+        return
+    vhost = state.vhost(change.vhost)
+    assert vhost.log is None, "apply() on a vhost that logs would emit the change again"
+    match change:
+        case Enqueued():
+            queue = vhost.queues.get(change.queue)
+            if queue is not None:
+                message = Message(change.address, change.header, change.body, msg_id=change.msg_id)
+                queue.restore(message, change.deadline)
+            vhost.ids.seen(change.msg_id)
+        case Settled():
+            queue = vhost.queues.get(change.queue)
+            if queue is not None:
+                queue.discard(change.msg_ids)
+        case Delivered():
+            queue = vhost.queues.get(change.queue)
+            if queue is not None:
+                queue.mark_delivered(change.msg_id)
+        case QueueDeclared():
+            vhost.restore_queue(change.name, change.auto_delete, change.arguments, now)
+        case QueueDeleted():
+            queue = vhost.queues.get(change.name)
+            if queue is not None:
+                vhost.remove_queue(queue)
+        case ExchangeDeclared():
+            vhost.restore_exchange(
+                change.name, change.kind, change.auto_delete, change.internal, change.arguments
+            )
+        case ExchangeDeleted():
+            exchange = vhost.exchanges.get(change.name)
+            if exchange is not None:
+                vhost.remove_exchange(exchange)
+        case Bound():
+            vhost.restore_binding(
+                change.source,
+                change.destination,
+                change.to_exchange,
+                change.routing_key,
+                change.arguments,
+            )
+        case Unbound():
+            vhost.restore_unbinding(
+                change.source,
+                change.destination,
+                change.to_exchange,
+                change.routing_key,
+                change.arguments,
+            )
+        case _:
+            raise ValueError(f"not a change: {change!r}")
+
+
+def reset(vhost: VHost) -> None:
+    """Drop the vhost's durable state: durable exchanges, durable queues (with their
+    messages and bindings). What follows a ``Reset`` rebuilds it."""
+    assert vhost.log is None, "reset() on a vhost that logs"
+    for queue in list(vhost.queues.values()):
+        if queue.durable and queue.exclusive_owner is None:
+            vhost.remove_queue(queue)
+    for exchange in list(vhost.exchanges.values()):
+        if _stored_exchange(exchange):
+            vhost.remove_exchange(exchange)
+
+
+def _stored_exchange(exchange: Exchange) -> bool:
+    return (
+        exchange.durable
+        and not exchange.control
+        and bool(exchange.name)
+        and not exchange.name.startswith("amq.")
+    )
+
+
+def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Iterator[Change]:
+    """The durable state as changes, from a ``Reset``: applied to any state, they give
+    this one (the snapshot a joining PASSIVE receives). What it reads is fixed when the
+    generator starts: later changes to the state do not leak into it."""
+    wiring: list[Change] = [Reset()]
+    contents: list[tuple[str, str, int, list[tuple[Message, float | None]]]] = []
+    for name, vhost in vhosts.items():
+        wanted = {
+            queue.name: queue
+            for queue in vhost.queues.values()
+            if queue.durable
+            and queue.exclusive_owner is None
+            and (queue.replicated or not replicated_only)
+        }
+        for exchange in vhost.exchanges.values():
+            if _stored_exchange(exchange):
+                wiring.append(
+                    ExchangeDeclared(
+                        name,
+                        exchange.name,
+                        exchange.kind,
+                        exchange.auto_delete,
+                        exchange.internal,
+                        dict(exchange.arguments),
+                    )
+                )
+        for queue in wanted.values():
+            wiring.append(QueueDeclared(name, queue.name, queue.auto_delete, dict(queue.arguments)))
+        for exchange in vhost.exchanges.values():
+            if not (exchange.durable and not exchange.control and exchange.name):
+                continue
+            for binding in exchange.bindings.values():
+                destination = binding.destination
+                if isinstance(destination, Exchange):
+                    if not _stored_exchange(destination):
+                        continue
+                elif getattr(destination, "name", None) not in wanted:
+                    continue
+                wiring.append(
+                    Bound(
+                        name,
+                        exchange.name,
+                        destination.name,  # type: ignore[attr-defined]
+                        isinstance(destination, Exchange),
+                        binding.routing_key,
+                        dict(binding.arguments),
+                    )
+                )
+        for queue in wanted.values():
+            contents.append((name, queue.name, queue.delivered_mark, queue.messages()))
+    yield from wiring
+    for vhost_name, queue_name, mark, messages in contents:
+        if mark:
+            yield Delivered(vhost_name, queue_name, mark)
+        for message, deadline in messages:
+            yield Enqueued(
+                vhost_name,
+                queue_name,
+                message.msg_id,
+                message.address,
+                message.header,
+                message.body,
+                deadline,
+                message.is_persistent(),
+            )
+
+
+def snapshot(vhosts: dict[str, VHost]) -> dict[str, Any]:
+    """The durable state in canonical form: durable exchanges, durable non-exclusive
+    queues with every unsettled message (delivered or not, in id order) and their
+    delivered mark, and the bindings between durable ends. Two servers with the same
+    snapshot hold the same durable state."""
+    out: dict[str, Any] = {}
+    for name, vhost in sorted(vhosts.items()):
+        exchanges = {
+            e.name: (e.kind, e.auto_delete, e.internal, _canonical(e.arguments))
+            for e in vhost.exchanges.values()
+            if e.durable and not e.control and e.name and not e.name.startswith("amq.")
+        }
+        queues = {}
+        for queue in vhost.queues.values():
+            if not (queue.durable and queue.exclusive_owner is None):
+                continue
+            queues[queue.name] = {
+                "auto_delete": queue.auto_delete,
+                "arguments": _canonical(queue.arguments),
+                "delivered_mark": queue.delivered_mark,
+                "messages": [
+                    (m.msg_id, m.address, m.header, m.body, deadline)
+                    for m, deadline in queue.messages()
+                ],
+            }
+        bindings = sorted(
+            (
+                e.name,
+                getattr(b.destination, "name", ""),
+                isinstance(b.destination, Exchange),
+                b.routing_key,
+                _canonical(b.arguments),
+            )
+            for e in vhost.exchanges.values()
+            if e.durable and not e.control and e.name
+            for b in e.bindings.values()
+            if getattr(b.destination, "durable", False)
+            and getattr(b.destination, "exclusive_owner", None) is None
+        )
+        out[name] = {"exchanges": exchanges, "queues": queues, "bindings": bindings}
+    return out
+
+
+def _canonical(arguments: dict[str, Any]) -> str:
+    return repr(sorted(arguments.items()))

@@ -1,0 +1,286 @@
+"""The change stream on the wire: a run of changes as bytes, and back.
+
+Owns: the byte layout the ACTIVE uses to push its changes to the PASSIVE (one AMQP
+message carries a run of consecutive changes and the LSN of the first). Every field is
+length-prefixed or fixed-size; names are AMQP short strings; arguments are AMQP field
+tables. Decoding checks every length and raises ``ValueError`` on anything that does not
+parse to the end: a malformed run is refused whole. See docs/durability.md.
+
+Must not know: sockets, the store, the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+from ..wire import decode_field_table, field_table
+from .changes import (
+    Batch,
+    Bound,
+    Change,
+    Delivered,
+    Enqueued,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    QueueDeclared,
+    QueueDeleted,
+    Reset,
+    Settled,
+    Unbound,
+)
+
+VERSION = 1
+_HEAD = struct.Struct(">BQI")
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_F64 = struct.Struct(">d")
+
+_KIND = {
+    Enqueued: 1,
+    Delivered: 2,
+    Settled: 3,
+    ExchangeDeclared: 4,
+    ExchangeDeleted: 5,
+    QueueDeclared: 6,
+    QueueDeleted: 7,
+    Bound: 8,
+    Unbound: 9,
+    Batch: 10,
+    Reset: 11,
+}
+
+
+def _name(text: str) -> bytes:
+    data = text.encode()
+    if len(data) > 255:
+        raise ValueError(f"name longer than 255 bytes: {text[:40]!r}...")
+    return _U8.pack(len(data)) + data
+
+
+def _blob(data: bytes) -> bytes:
+    return _U32.pack(len(data)) + data
+
+
+def _encode(change: Change, out: list[bytes]) -> None:
+    kind = type(change)
+    out.append(_U8.pack(_KIND[kind]))
+    if kind is Enqueued:
+        c: Any = change
+        deadline = math.nan if c.deadline is None else c.deadline
+        out += (
+            _name(c.vhost),
+            _name(c.queue),
+            _I64.pack(c.msg_id),
+            _blob(c.address),
+            _blob(c.header),
+            _blob(c.body),
+            _F64.pack(deadline),
+            _U8.pack(c.persistent),
+        )
+    elif kind is Delivered:
+        c = change
+        out += (_name(c.vhost), _name(c.queue), _I64.pack(c.msg_id))
+    elif kind is Settled:
+        c = change
+        ids = c.msg_ids
+        out += (
+            _name(c.vhost),
+            _name(c.queue),
+            _name(c.reason),
+            _U32.pack(len(ids)),
+            struct.pack(f">{len(ids)}q", *ids),
+        )
+    elif kind is ExchangeDeclared:
+        c = change
+        out += (
+            _name(c.vhost),
+            _name(c.name),
+            _name(c.kind),
+            _U8.pack(c.auto_delete),
+            _U8.pack(c.internal),
+            field_table(c.arguments),
+        )
+    elif kind is QueueDeclared:
+        c = change
+        out += (_name(c.vhost), _name(c.name), _U8.pack(c.auto_delete), field_table(c.arguments))
+    elif kind in (ExchangeDeleted, QueueDeleted):
+        c = change
+        out += (_name(c.vhost), _name(c.name))
+    elif kind in (Bound, Unbound):
+        c = change
+        out += (
+            _name(c.vhost),
+            _name(c.source),
+            _name(c.destination),
+            _U8.pack(c.to_exchange),
+            _name(c.routing_key),
+            field_table(c.arguments),
+        )
+    elif kind is Batch:
+        c = change
+        out.append(_U32.pack(len(c.changes)))
+        for inner in c.changes:
+            _encode(inner, out)
+    elif kind is Reset:
+        pass
+    else:
+        raise ValueError(f"not a change: {change!r}")
+
+
+def encode(first_lsn: int, changes: list[Change]) -> bytes:
+    """A run of consecutive changes, the first with LSN ``first_lsn``."""
+    out = [_HEAD.pack(VERSION, first_lsn, len(changes))]
+    for change in changes:
+        _encode(change, out)
+    return b"".join(out)
+
+
+class _Reader:
+    __slots__ = ("data", "at")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def take(self, size: int) -> bytes:
+        at = self.at
+        end = at + size
+        if size < 0 or end > len(self.data):
+            raise ValueError("truncated change run")
+        self.at = end
+        return self.data[at:end]
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def u32(self) -> int:
+        return int(_U32.unpack(self.take(4))[0])
+
+    def i64(self) -> int:
+        return int(_I64.unpack(self.take(8))[0])
+
+    def name(self) -> str:
+        return self.take(self.u8()).decode()
+
+    def blob(self) -> bytes:
+        return self.take(self.u32())
+
+    def flag(self) -> bool:
+        value = self.u8()
+        if value > 1:
+            raise ValueError(f"bad flag {value}")
+        return bool(value)
+
+    def table(self) -> dict[str, Any]:
+        size = self.u32()
+        return decode_field_table(_U32.pack(size) + self.take(size))
+
+
+def _decode(reader: _Reader, depth: int) -> Change:
+    kind = reader.u8()
+    if kind == 1:
+        change, reader.at = _decode_enqueued(reader.data, reader.at)
+        return change
+    if kind == 2:
+        return Delivered(reader.name(), reader.name(), reader.i64())
+    if kind == 3:
+        vhost, queue, reason = reader.name(), reader.name(), reader.name()
+        count = reader.u32()
+        ids = struct.unpack(f">{count}q", reader.take(8 * count))
+        return Settled(vhost, queue, ids, reason)
+    if kind == 4:
+        return ExchangeDeclared(
+            reader.name(),
+            reader.name(),
+            reader.name(),
+            reader.flag(),
+            reader.flag(),
+            reader.table(),
+        )
+    if kind == 5:
+        return ExchangeDeleted(reader.name(), reader.name())
+    if kind == 6:
+        return QueueDeclared(reader.name(), reader.name(), reader.flag(), reader.table())
+    if kind == 7:
+        return QueueDeleted(reader.name(), reader.name())
+    if kind in (8, 9):
+        fields = (
+            reader.name(),
+            reader.name(),
+            reader.name(),
+            reader.flag(),
+            reader.name(),
+            reader.table(),
+        )
+        return Bound(*fields) if kind == 8 else Unbound(*fields)
+    if kind == 10:
+        if depth > 0:
+            raise ValueError("a batch inside a batch")
+        return Batch(tuple(_decode(reader, depth + 1) for _ in range(reader.u32())))
+    if kind == 11:
+        return Reset()
+    raise ValueError(f"unknown change kind {kind}")
+
+
+_ENQUEUED_TAIL = struct.Struct(">dB")
+
+
+def _decode_enqueued(data: bytes, at: int) -> tuple[Enqueued, int]:
+    """The hot kind, read with local offsets (the generic reader costs 3x as much)."""
+    end = at + 1 + data[at]
+    vhost = data[at + 1 : end].decode()
+    at = end + 1 + data[end]
+    queue = data[end + 1 : at].decode()
+    (msg_id,) = _I64.unpack_from(data, at)
+    at += 8
+    (size,) = _U32.unpack_from(data, at)
+    address = data[at + 4 : at + 4 + size]
+    at += 4 + size
+    (size,) = _U32.unpack_from(data, at)
+    header = data[at + 4 : at + 4 + size]
+    at += 4 + size
+    (size,) = _U32.unpack_from(data, at)
+    body = data[at + 4 : at + 4 + size]
+    at += 4 + size
+    deadline, persistent = _ENQUEUED_TAIL.unpack_from(data, at)
+    at += 9
+    if at > len(data) or len(body) != size or persistent > 1:
+        raise ValueError("truncated or bad Enqueued")
+    change = Enqueued(
+        vhost,
+        queue,
+        msg_id,
+        address,
+        header,
+        body,
+        None if math.isnan(deadline) else deadline,
+        bool(persistent),
+    )
+    return change, at
+
+
+def decode(data: bytes) -> tuple[int, list[Change]]:
+    """(LSN of the first change, the changes); ValueError if ``data`` is not a whole run."""
+    if len(data) < _HEAD.size:
+        raise ValueError("truncated change run")
+    version, first_lsn, count = _HEAD.unpack_from(data)
+    if version != VERSION:
+        raise ValueError(f"change run version {version}, this server reads {VERSION}")
+    reader = _Reader(data)
+    reader.at = _HEAD.size
+    changes: list[Change] = []
+    try:
+        for _ in range(count):
+            if data[reader.at] == 1:
+                change, reader.at = _decode_enqueued(data, reader.at + 1)
+                changes.append(change)
+            else:
+                changes.append(_decode(reader, 0))
+    except (IndexError, struct.error, UnicodeDecodeError) as error:
+        raise ValueError(f"malformed change run: {error}") from None
+    if reader.at != len(data):
+        raise ValueError("bytes left after the change run")
+    return first_lsn, changes

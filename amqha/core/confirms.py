@@ -1,0 +1,78 @@
+"""Publisher confirms of one channel, released in publish order by a watermark.
+
+Owns: the publish sequence numbers of a channel in confirm mode, which of them wait for
+the store ("safe up to LSN n", reported by the store as it writes), which were refused
+(nacks), and the order confirms go out in: acks as ``multiple`` acks up to the first
+publish that is not yet safe, a nack only once every publish before it is confirmed.
+A nack of a later publish never acks an earlier one that is not yet safe, and a
+``multiple`` ack never covers a nacked one. See docs/durability.md.
+
+Must not know: frames, channels, the store.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+# One confirm to send: (ack? , sequence number, multiple?).
+Confirm = tuple[bool, int, bool]
+
+
+class Confirms:
+    __slots__ = ("seq", "confirmed", "unsafe", "nacks")
+
+    def __init__(self) -> None:
+        self.seq = 0  # the last publish's sequence number
+        self.confirmed = 0  # every publish up to this one has been confirmed
+        # (sequence number, LSN the store must pass) of publishes not yet safe, in order.
+        self.unsafe: deque[tuple[int, int]] = deque()
+        # Refused publishes, to nack once every publish before them is confirmed.
+        self.nacks: list[int] = []
+
+    def publish(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def refuse(self, seq: int) -> None:
+        bisect.insort(self.nacks, seq)
+
+    def wait_for(self, seq: int, lsn: int) -> None:
+        """Publish ``seq`` is confirmed once the store has written up to ``lsn``."""
+        self.unsafe.append((seq, lsn))
+
+    def progress(self, safe_lsn: int, failed: tuple[int, int] | None = None) -> bool:
+        """The store wrote up to ``safe_lsn``; ``failed`` is an LSN range it could not
+        write (those publishes are nacked). True if some publish became confirmable."""
+        unsafe = self.unsafe
+        moved = False
+        while unsafe and unsafe[0][1] <= safe_lsn:
+            seq, lsn = unsafe.popleft()
+            if failed is not None and failed[0] <= lsn <= failed[1]:
+                bisect.insort(self.nacks, seq)
+            moved = True
+        return moved
+
+    def due(self) -> list[Confirm]:
+        """The confirms that may go out now, in order; they count as sent."""
+        upto = self.unsafe[0][0] - 1 if self.unsafe else self.seq
+        out: list[Confirm] = []
+        nacks = self.nacks
+        while nacks and nacks[0] <= upto:
+            seq = nacks.pop(0)
+            if seq - 1 > self.confirmed:
+                out.append((True, seq - 1, seq - 1 - self.confirmed > 1))
+            out.append((False, seq, False))
+            self.confirmed = seq
+        if upto > self.confirmed:
+            out.append((True, upto, upto - self.confirmed > 1))
+            self.confirmed = upto
+        return out
+
+    def drop_unsafe(self) -> None:
+        """The channel closes: publishes from the first one not yet safe on stay
+        unconfirmed (the publisher sees the channel close instead)."""
+        if self.unsafe:
+            self.seq = self.unsafe[0][0] - 1
+            self.nacks = [seq for seq in self.nacks if seq <= self.seq]
+            self.unsafe.clear()

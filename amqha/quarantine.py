@@ -1,0 +1,105 @@
+"""The quarantine: messages a server accepted while no in-sync PASSIVE held them.
+
+Owns: the *unprotected mark* (a file in the data dir holding the first message id this
+server gave out while ACTIVE without an in-sync PASSIVE; cleared once a PASSIVE is in
+sync again), and the quarantine files. When a server that still has a mark is about to
+take a snapshot from its peer (it lost a split brain, or it was killed while
+unprotected and its peer served meanwhile), the messages it holds at or above the mark
+were never replicated: they are written to ``DATA_DIR/quarantine/TIME-NAME.sqlite``
+before the snapshot replaces them, and reported. ``amqha quarantine`` lists and
+replays those files. See docs/durability.md, section 5.
+
+Must not know: the loop, sockets, the failover state machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from .core.vhost import VHost
+
+MARK = "unprotected"
+
+
+def _mark_path(data_dir: str) -> Path:
+    return Path(data_dir) / MARK
+
+
+def read_unprotected_mark(data_dir: str) -> int | None:
+    try:
+        return int(_mark_path(data_dir).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_unprotected_mark(data_dir: str, first_id: int) -> None:
+    path = _mark_path(data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w") as file:
+        file.write(f"{first_id}\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def clear_unprotected_mark(data_dir: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _mark_path(data_dir).unlink()
+
+
+_SCHEMA = """
+CREATE TABLE messages (
+    vhost TEXT, queue TEXT, msg_id INTEGER, address BLOB, header BLOB, body BLOB,
+    PRIMARY KEY (vhost, queue, msg_id)
+)
+"""
+
+
+def quarantine(
+    vhosts: dict[str, VHost], first_id: int, data_dir: str, server: str
+) -> dict[str, Any] | None:
+    """Write every durable queue's message with an id at or above ``first_id`` to a new
+    quarantine file; returns what was kept (None when there was nothing)."""
+    rows = [
+        (vhost.name, queue.name, message.msg_id, message.address, message.header, message.body)
+        for vhost in vhosts.values()
+        for queue in vhost.queues.values()
+        if queue.durable and queue.exclusive_owner is None
+        for message, _ in queue.messages()
+        if message.msg_id >= first_id
+    ]
+    if not rows:
+        return None
+    folder = Path(data_dir) / "quarantine"
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = folder / f"{stamp}-{server}.sqlite"
+    db = sqlite3.connect(path)
+    try:
+        db.execute(_SCHEMA)
+        db.executemany("INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
+        db.commit()
+    finally:
+        db.close()
+    queues = sorted({f"{vhost}/{queue}" for vhost, queue, *_ in rows})
+    return {"path": str(path), "messages": len(rows), "queues": queues, "first_id": first_id}
+
+
+def read_quarantine(path: str) -> list[tuple[str, str, int, bytes, bytes, bytes]]:
+    """The messages of a quarantine file, in id order per queue."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return list(
+            db.execute(
+                "SELECT vhost, queue, msg_id, address, header, body FROM messages "
+                "ORDER BY vhost, queue, msg_id"
+            )
+        )
+    finally:
+        db.close()

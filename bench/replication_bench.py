@@ -1,0 +1,179 @@
+"""Replication's cost and speed: amqha alone beside amqha as a replicating pair.
+
+    python -m bench.replication_bench [--quick]
+
+Same raw client (bench/rawclient.py), 100-byte persistent messages, a durable queue,
+publisher confirms with a window of 100, loopback:
+
+- ``standalone``: one server with its store (the confirm waits for its fsync);
+- ``replicated``: the ACTIVE of a pair with an in-sync PASSIVE (the confirm waits for
+  both stores);
+- ``ratio``: replicated ÷ standalone (target >= 0.7);
+- ``catch_up``: a PASSIVE restarted while the ACTIVE holds N persistent messages, from
+  its start to in sync (msg/s, seconds).
+
+Failover time with replication on is ``bench.failover_bench`` (a pair replicates by
+default). Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pamqp import commands
+
+from amqha.console import ConsoleClient
+from bench import rawclient
+from bench.broker_bench import cpu_seconds
+from tests.pairs import ADMIN, Pair, url_of
+from tests.support import ServerProcess
+
+HOST = "127.0.0.1"
+BODY = b"x" * 100
+DEFAULT_SIZES = {"messages": 100_000, "rounds": 3, "catch_up": 1_000_000}
+QUICK_SIZES = {"messages": 20_000, "rounds": 1, "catch_up": 100_000}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def confirmed_publish(port: int, pid: int | None, count: int, queue: str) -> dict[str, Any]:
+    client = await rawclient.connect(HOST, port)
+    try:
+        await client.open_channel(confirm=True)
+        await client.rpc(commands.Queue.Declare(queue=queue, durable=True))
+        frames = rawclient.publish_frames(1, queue, BODY, persistent=True)
+        await client.publish_confirmed(frames, min(count, 5000), window=100)  # warm-up
+        await client.rpc(commands.Queue.Purge(queue=queue))
+        cpu = cpu_seconds(pid)
+        started = time.perf_counter()
+        nacked = await client.publish_confirmed(frames, count, window=100)
+        elapsed = time.perf_counter() - started
+        after = cpu_seconds(pid)
+        await client.rpc(commands.Queue.Purge(queue=queue))
+    finally:
+        await client.close()
+    return {
+        "msgs_per_s": round(count / elapsed),
+        "server_cpu_us_per_msg": None
+        if cpu is None or after is None
+        else round((after - cpu) / count * 1e6, 2),
+        "nacked": nacked,
+    }
+
+
+async def fill(port: int, count: int, queue: str) -> None:
+    client = await rawclient.connect(HOST, port)
+    try:
+        await client.open_channel(confirm=True)
+        await client.rpc(commands.Queue.Declare(queue=queue, durable=True))
+        frames = rawclient.publish_frames(1, queue, BODY, persistent=True)
+        await client.publish_confirmed(frames, count, window=1000)
+    finally:
+        await client.close()
+
+
+async def feed_state(server: ServerProcess) -> dict[str, Any]:
+    async with ConsoleClient(url_of(server, ADMIN)) as console:
+        status = await console.call("status")
+    return (status.get("replication") or {}).get("feed") or {}
+
+
+async def follower_state(server: ServerProcess) -> dict[str, Any]:
+    async with ConsoleClient(url_of(server, ADMIN)) as console:
+        status = await console.call("status")
+    return (status.get("replication") or {}).get("follower") or {}
+
+
+async def until_in_sync(server: ServerProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if (await feed_state(server)).get("state") == "in_sync":
+                return
+        except Exception:
+            pass
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"no in-sync passive after {timeout} s")
+
+
+def best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(rounds, key=lambda r: r["msgs_per_s"])
+
+
+def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
+    sizes = dict(DEFAULT_SIZES, **(sizes or {}))
+    result: dict[str, Any] = {"sizes": sizes, "message_bytes": len(BODY)}
+    with tempfile.TemporaryDirectory(prefix="amqha-replbench-") as tmp:
+        workdir = Path(tmp)
+        say("replication bench: standalone store")
+        solo = ServerProcess(workdir, "solo").start()
+        try:
+            assert solo.process is not None
+            rounds = [
+                asyncio.run(confirmed_publish(solo.port, solo.process.pid, sizes["messages"], "b"))
+                for _ in range(sizes["rounds"])
+            ]
+            result["standalone"] = best(rounds) | {"rounds": [r["msgs_per_s"] for r in rounds]}
+        finally:
+            solo.stop()
+        say("replication bench: replicating pair")
+        pair = Pair(workdir / "pair", heartbeat=0.2, timeout=0.6, proxied=False).start()
+        try:
+            asyncio.run(pair.wait_states("ACTIVE", "PASSIVE", timeout=30))
+            active = pair.primary
+            assert active.process is not None
+            rounds = []
+            for _ in range(sizes["rounds"]):
+                asyncio.run(until_in_sync(active, 60))
+                rounds.append(
+                    asyncio.run(
+                        confirmed_publish(active.port, active.process.pid, sizes["messages"], "b")
+                    )
+                )
+            result["replicated"] = best(rounds) | {"rounds": [r["msgs_per_s"] for r in rounds]}
+            result["ratio"] = round(
+                result["replicated"]["msgs_per_s"] / result["standalone"]["msgs_per_s"], 3
+            )
+            count = sizes["catch_up"]
+            say(f"replication bench: catch-up of {count} messages")
+            asyncio.run(fill(active.port, count, "backlog"))
+            asyncio.run(until_in_sync(active, 600))
+            pair.kill(pair.backup)
+            started = time.monotonic()
+            pair.backup.start()
+            asyncio.run(until_in_sync(active, 1200))
+            seconds = time.monotonic() - started
+            follower = asyncio.run(follower_state(pair.backup))
+            snapshot = follower.get("last_snapshot_seconds") or seconds
+            result["catch_up"] = {
+                "messages": count,
+                "seconds_from_start": round(seconds, 2),
+                "snapshot_seconds": snapshot,
+                "msgs_per_s": round(count / snapshot),
+            }
+        finally:
+            pair.stop()
+    result["target_ratio"] = 0.7
+    result["load_average_at_end"] = os.getloadavg()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    options = parser.parse_args()
+    print(json.dumps(run(QUICK_SIZES if options.quick else None), indent=2))
+
+
+if __name__ == "__main__":
+    main()

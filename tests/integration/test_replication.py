@@ -1,0 +1,306 @@
+"""Replication to the PASSIVE: real pairs, real clients, real kill -9s.
+
+Every test that kills a server checks that no confirmed message went missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from typing import Any
+
+import aiormq
+
+from amqha.quarantine import read_quarantine
+from tests.durability import (
+    PERSISTENT,
+    Ledger,
+    drain,
+    keep_consuming,
+    keep_publishing,
+    publish_confirmed,
+)
+from tests.pairs import Pair, client_vote, hold, poll, raw_open
+
+
+def replay(path: Any, url: str) -> None:
+    """``amqha quarantine replay PATH --url URL``, as an operator runs it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "amqha", "quarantine", "replay", str(path), "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+async def declare(url: str, queue: str, **arguments: Any) -> None:
+    connection = await aiormq.connect(url)
+    channel = await connection.channel()
+    await channel.queue_declare(queue, durable=True, arguments=arguments or None)
+    await connection.close()
+
+
+async def replication(pair: Pair, server: Any) -> dict[str, Any]:
+    return (await pair.status(server)).get("replication", {})
+
+
+async def wait_in_sync(pair: Pair, active: Any, timeout: float = 30.0) -> None:
+    async def in_sync() -> bool:
+        feed = (await replication(pair, active)).get("feed") or {}
+        return feed.get("state") == "in_sync"
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await in_sync():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(
+                f"no in-sync passive after {timeout} s: {await replication(pair, active)}"
+            )
+        await asyncio.sleep(0.05)
+
+
+async def test_confirmed_messages_survive_a_kill_9_of_the_active(make_pair: Any) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "orders")
+    await wait_in_sync(pair, pair.primary)
+    connection = await aiormq.connect(pair.primary.url)
+    channel = await connection.channel()
+    for n in range(2000):
+        if n % 100 == 0:
+            await asyncio.gather(
+                *(
+                    channel.basic_publish(
+                        f"o-{k}".encode(), routing_key="orders", properties=PERSISTENT
+                    )
+                    for k in range(n, n + 100)
+                )
+            )
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+    found = [body for body, _ in await drain(pair.backup.url, "orders")]
+    assert found == [f"o-{k}".encode() for k in range(2000)]
+
+
+async def kill_the_active_repeatedly(pair: Pair, kills: int, queue: str) -> Ledger:
+    """A confirming publisher and an acking consumer through ``kills`` kill -9s of
+    whichever server is ACTIVE, each killed one restarted and caught up before the next."""
+    ledger = Ledger()
+    stop = asyncio.Event()
+    urls = [pair.primary.url, pair.backup.url]
+    tasks = [
+        asyncio.create_task(keep_publishing(urls, queue, ledger, "p", stop)),
+        asyncio.create_task(keep_consuming(urls, queue, ledger, stop)),
+    ]
+    try:
+        for _ in range(kills):
+            active, _ = await pair.settled()
+            target = len(ledger.confirmed) + 200
+            await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed")  # noqa: B023
+            pair.kill(active)
+            other = pair.other(active)
+            await poll(lambda: pair.state(other) == "ACTIVE", 30, "the takeover")  # noqa: B023
+            active.start()
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+    return ledger
+
+
+async def test_twenty_kill_9s_of_the_active_lose_no_confirmed_message(make_pair: Any) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "work")
+    ledger = await kill_the_active_repeatedly(pair, 20, "work")
+    active, _ = await pair.settled()
+    # A restarted server may be voted ACTIVE by a client before it hears its peer (a dual
+    # active): what it confirmed alone is in a quarantine file, replayed as an operator would.
+    for path in pair.quarantine_files():
+        await asyncio.to_thread(replay, path, active.url)
+    remaining = [body for body, _ in await drain(active.url, "work")]
+    lost, invented = ledger.check(remaining)
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+    assert not invented
+    assert len(ledger.confirmed) > 4000
+    # The consumer kept up through every failover: most of what was confirmed was acked.
+    assert len(ledger.acked) > len(ledger.confirmed) // 2
+
+
+async def fill(url: str, queue: str, ledger: Ledger, count: int, size: int) -> None:
+    connection = await aiormq.connect(url)
+    channel = await connection.channel()
+    filler = b"x" * size
+    for start in range(0, count, 500):
+        bodies = [b"%d-" % n + filler for n in range(start, min(count, start + 500))]
+        ledger.sent.update(bodies)
+        await asyncio.gather(
+            *(channel.basic_publish(b, routing_key=queue, properties=PERSISTENT) for b in bodies)
+        )
+        ledger.confirmed.update(bodies)
+    await connection.close()
+
+
+async def restart_into_catch_up(pair: Pair, server: Any, attempts: int = 5) -> bool:
+    """Restart ``server`` and return once its follower reports catching up (True), or
+    False when every attempt caught up before it could be seen."""
+    for _ in range(attempts):
+        pair.kill(server)
+        server.start()
+        deadline = asyncio.get_running_loop().time() + 30
+        while asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(Exception):
+                follower = (await replication(pair, server)).get("follower") or {}
+                if follower.get("state") == "catching_up":
+                    return True
+                if follower.get("in_sync"):
+                    break
+            await asyncio.sleep(0.01)
+    return False
+
+
+async def test_a_passive_still_catching_up_does_not_take_over_and_loses_nothing(
+    make_pair: Any,
+) -> None:
+    """kill -9 of the ACTIVE while its restarted PASSIVE catches up: the PASSIVE refuses
+    the client vote (saying why) and stays PASSIVE; the ACTIVE restarted leads again from
+    its own store, and every confirmed message is there."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "big")
+    ledger = Ledger()
+    await fill(pair.primary.url, "big", ledger, 20_000, 4000)
+    await wait_in_sync(pair, pair.primary)
+    assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
+    pair.kill(pair.primary)
+    answers: list[str] = []
+
+    async def refused_for_sync() -> bool:
+        answer = await asyncio.to_thread(raw_open, pair.backup.port)
+        answers.append(str(getattr(answer, "reply_text", answer)))
+        return "not in sync" in answers[-1]
+
+    for _ in range(200):  # the client vote, until the peer counts as gone: at most ~20 s
+        if await refused_for_sync():
+            break
+        await asyncio.sleep(0.1)
+    assert "not in sync" in answers[-1], answers[-3:]
+    await hold(lambda: pair.state(pair.backup) == "PASSIVE", 1.5, "the backup stays PASSIVE")
+    pair.primary.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    remaining = [body for body, _ in await drain(pair.primary.url, "big")]
+    lost, invented = ledger.check(remaining)
+    assert not lost and not invented
+    assert len(remaining) == 20_000
+
+
+async def test_takeover_unsynced_lets_a_catching_up_passive_take_over_and_says_so(
+    make_pair: Any,
+) -> None:
+    pair = make_pair(failover_extra={"takeover_unsynced": True}).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "big")
+    await fill(pair.primary.url, "big", Ledger(), 20_000, 4000)
+    await wait_in_sync(pair, pair.primary)
+    assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+    transitions = [e for e in pair.events(pair.backup) if e["event"] == "transition"]
+    assert "NOT in sync (failover.takeover_unsynced)" in transitions[-1]["reason"]
+
+
+async def test_a_split_brain_keeps_the_losers_confirmed_messages_in_quarantine(
+    make_pair: Any, tmp_path: Any
+) -> None:
+    """The peer link cut while publishing: the backup is voted ACTIVE too (dual active);
+    on heal the primary yields, and what it confirmed alone is kept in a quarantine file,
+    reported, and replayed onto the winner: no confirmed message is lost."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "split")
+    await wait_in_sync(pair, pair.primary)
+    before = Ledger()
+    await fill(pair.primary.url, "split", before, 300, 10)
+    pair.cut()
+    await poll(lambda: pair.state(pair.primary) == "ACTIVE", 5, "primary still ACTIVE")
+    alone = Ledger()
+    stop = asyncio.Event()
+    await poll(
+        lambda: any(e["event"] == "peer_lost" for e in pair.events(pair.primary)),
+        10,
+        "the primary noticing the cut",
+    )
+    await publish_confirmed(pair.primary.url, "split", alone, "alone", stop, limit=400)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states("ACTIVE", "ACTIVE", timeout=20)
+    winner_side = Ledger()
+    await publish_confirmed(pair.backup.url, "split", winner_side, "winner", stop, limit=200)
+    pair.heal()
+    await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+    found = await poll(
+        lambda: [e for e in pair.events(pair.primary) if e["event"] == "quarantine"],
+        30,
+        "a quarantine record",
+    )
+    assert found[0]["messages"] == len(alone.confirmed)
+    held = {row[5] for row in read_quarantine(found[0]["path"])}
+    assert held == alone.confirmed
+    status = await replication(pair, pair.primary)
+    assert status["quarantined"][0]["path"] == found[0]["path"]
+    # The operator replays them onto the winner: now every confirmed message is there.
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "amqha",
+            "quarantine",
+            "replay",
+            found[0]["path"],
+            "--url",
+            pair.backup.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    remaining = [body for body, _ in await drain(pair.backup.url, "split")]
+    confirmed = before.confirmed | alone.confirmed | winner_side.confirmed
+    assert confirmed <= set(remaining)
+
+
+async def test_replication_can_be_turned_off_per_queue_and_for_the_server(make_pair: Any) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "kept")
+    await declare(pair.primary.url, "local", **{"x-amqha-replicate": False})
+    connection = await aiormq.connect(pair.primary.url)
+    channel = await connection.channel()
+    for queue in ("kept", "local"):
+        await asyncio.gather(
+            *(
+                channel.basic_publish(b"%d" % n, routing_key=queue, properties=PERSISTENT)
+                for n in range(50)
+            )
+        )
+    await connection.close()
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    assert len(await drain(pair.backup.url, "kept")) == 50
+    # The queue that is not replicated was never declared on the backup.
+    probe = await aiormq.connect(pair.backup.url)
+    probe_channel = await probe.channel()
+    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+        await probe_channel.queue_declare("local", passive=True)
+        raise AssertionError("the unreplicated queue reached the backup")
+    await probe.close()
+
+    off = make_pair(replication={"enabled": False}).start()
+    await off.wait_states("ACTIVE", "PASSIVE")
+    status = await replication(off, off.primary)
+    assert status == {"enabled": False}
+    assert not [e for e in off.events(off.primary) if e["event"] == "sync"]

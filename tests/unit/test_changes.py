@@ -1,0 +1,387 @@
+"""The change stream: what the core emits, apply() of every kind, and replay.
+
+A scripted workload runs on a vhost that logs; its changes, applied in order to an
+empty vhost, must give the same durable state (``snapshot``). That is what a restart
+(from the store) and the PASSIVE (from the ACTIVE) rely on.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from pamqp import commands
+from pamqp.header import ContentHeader
+
+from amqha.core import codec
+from amqha.core.apply import apply, snapshot, state_changes
+from amqha.core.changes import (
+    Batch,
+    Bound,
+    ChangeLog,
+    Delivered,
+    Enqueued,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    QueueDeclared,
+    QueueDeleted,
+    Settled,
+    Unbound,
+)
+from amqha.core.message import Message
+from amqha.core.queue import Queue
+from amqha.core.vhost import MessageIds, VHost
+from amqha.wire import address_of
+
+WALL = 1_700_000_000.0
+OWNER = object()
+
+
+def make_message(
+    exchange: str, key: str, body: bytes, persistent: bool = True, **props: Any
+) -> Message:
+    properties = commands.Basic.Properties(delivery_mode=2 if persistent else 1, **props)
+    header = ContentHeader(0, len(body), properties).marshal()
+    return Message(address_of(exchange, key), header, body)
+
+
+class Logged:
+    """A vhost that logs, with the clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = WALL
+        self.log = ChangeLog()
+        self.vhost = VHost("/", lambda: self.now, self.log, MessageIds())
+
+    def publish(self, exchange: str, key: str, body: bytes, **kwargs: Any) -> bool:
+        message = make_message(exchange, key, body, **kwargs)
+        queues = self.vhost.route(self.vhost.get_exchange(exchange), key, message)
+        return self.vhost.enqueue(message, queues, self.now) if queues else True
+
+    def changes(self) -> list[Any]:
+        return self.log.take()[1]
+
+
+class Replica:
+    """An empty state to apply changes to (what a fresh server or a PASSIVE starts from)."""
+
+    def __init__(self) -> None:
+        self.vhosts: dict[str, VHost] = {}
+
+    def vhost(self, name: str) -> VHost:
+        if name not in self.vhosts:
+            self.vhosts[name] = VHost(name, lambda: WALL)
+        return self.vhosts[name]
+
+
+def replay(changes: list[Any], replica: Replica | None = None) -> dict[str, VHost]:
+    replica = replica or Replica()
+    for change in changes:
+        apply(replica, change, WALL)
+    return replica.vhosts
+
+
+class Taker:
+    tag = "taker"
+    exclusive = False
+
+    def __init__(self, no_ack: bool = False, credit: int = 10**9) -> None:
+        self.no_ack = no_ack
+        self.credit = credit
+        self.got: list[tuple[Message, bool]] = []
+
+    def ready(self) -> bool:
+        return self.credit > 0
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        self.credit -= 1
+        self.got.append((message, redelivered))
+
+
+# -- what is emitted ---------------------------------------------------------------------
+
+
+def test_durable_wiring_and_persistent_messages_are_emitted_resolved() -> None:
+    h = Logged()
+    h.vhost.declare_exchange("jobs", "topic", durable=True)
+    queue = h.vhost.declare_queue("", OWNER, h.now, durable=True, arguments={"x-message-ttl": 5000})
+    h.vhost.bind_queue(queue.name, "jobs", "a.*", {}, OWNER)
+    assert h.publish("jobs", "a.b", b"hello")
+    changes = h.changes()
+    kinds = [type(c) for c in changes]
+    assert kinds == [ExchangeDeclared, QueueDeclared, Bound, Enqueued]
+    declared = changes[1]
+    # The server-chosen name is in the change, not the empty name that asked for it.
+    assert declared.name == queue.name and declared.name.startswith("amq.gen-")
+    enqueued = changes[3]
+    assert enqueued.body == b"hello" and enqueued.persistent
+    # A wall-clock deadline: it means the same after a restart or on the peer.
+    assert enqueued.deadline == pytest.approx(WALL + 5.0)
+    assert h.log.sync_lsn == h.log.lsn == 4
+
+
+def test_transient_things_emit_nothing() -> None:
+    h = Logged()
+    h.vhost.declare_exchange("fast", "fanout")
+    h.vhost.declare_queue("t", OWNER, h.now)
+    h.vhost.declare_queue("x", OWNER, h.now, durable=True, exclusive=True)
+    h.vhost.bind_queue("t", "fast", "", {}, OWNER)
+    h.publish("fast", "", b"m")
+    h.publish("", "x", b"m")
+    assert h.changes() == []
+
+
+def test_a_transient_message_on_a_durable_queue_is_logged_but_needs_no_sync() -> None:
+    h = Logged()
+    h.vhost.declare_queue("d", OWNER, h.now, durable=True)
+    h.changes()
+    sync = h.log.sync_lsn
+    h.publish("", "d", b"m", persistent=False)
+    assert [type(c) for c in h.changes()] == [Enqueued]
+    assert h.log.sync_lsn == sync
+
+
+def test_dead_lettering_is_a_settle_and_an_enqueue_of_the_rewritten_bytes() -> None:
+    h = Logged()
+    h.vhost.declare_exchange("dlx", "fanout", durable=True)
+    work = h.vhost.declare_queue(
+        "work", OWNER, h.now, durable=True, arguments={"x-dead-letter-exchange": "dlx"}
+    )
+    h.vhost.declare_queue("dead", OWNER, h.now, durable=True)
+    h.vhost.bind_queue("dead", "dlx", "", {}, OWNER)
+    h.publish("", "work", b"job")
+    h.changes()
+    got = work.get(h.now, no_ack=False)
+    assert got is not None
+    work.reject([got[0].msg_id])
+    delivered, enqueued, settled = h.changes()
+    assert isinstance(delivered, Delivered)
+    assert isinstance(enqueued, Enqueued) and enqueued.queue == "dead"
+    assert enqueued.msg_id != got[0].msg_id and b"x-death" in enqueued.header
+    assert settled == Settled("/", "work", (got[0].msg_id,), "rejected")
+
+
+def test_a_transaction_is_one_batch() -> None:
+    h = Logged()
+    h.vhost.declare_queue("d", OWNER, h.now, durable=True)
+    h.changes()
+    h.log.begin_batch()
+    h.publish("", "d", b"1")
+    h.publish("", "d", b"2")
+    h.log.end_batch()
+    (batch,) = h.changes()
+    assert isinstance(batch, Batch) and [c.body for c in batch.changes] == [b"1", b"2"]
+    assert h.log.sync_lsn == h.log.lsn
+
+
+# -- apply() of every kind ----------------------------------------------------------------
+
+
+def test_apply_every_kind() -> None:
+    header = make_message("", "q", b"b").header
+    changes: list[Any] = [
+        ExchangeDeclared("/", "e", "direct", False, False, {"alternate-exchange": "ae"}),
+        ExchangeDeclared("/", "e2", "fanout", True, False, {}),
+        QueueDeclared("/", "q", False, {"x-max-length": 10}),
+        QueueDeclared("/", "gone", False, {}),
+        Bound("/", "e", "q", False, "k", {}),
+        Bound("/", "e", "e2", True, "k2", {}),
+        Bound("/", "e2", "gone", False, "", {}),
+        Enqueued("/", "q", 7, address_of("", "q"), header, b"b", None, True),
+        Enqueued("/", "q", 9, address_of("", "q"), header, b"c", WALL + 60, True),
+        Enqueued("/", "q", 11, address_of("", "q"), header, b"d", None, True),
+        Delivered("/", "q", 9),
+        Settled("/", "q", (7,), "ack"),
+        Batch((Unbound("/", "e", "q", False, "k", {}),)),
+        QueueDeleted("/", "gone"),
+        ExchangeDeleted("/", "e2"),
+    ]
+    vhosts = replay(changes)
+    vhost = vhosts["/"]
+    queue = vhost.queues["q"]
+    assert "gone" not in vhost.queues and "e2" not in vhost.exchanges
+    assert vhost.exchanges["e"].arguments == {"alternate-exchange": "ae"}
+    assert vhost.exchanges["e"].bindings == {}
+    assert [m.body for m, _ in queue.messages()] == [b"c", b"d"]
+    assert [d for _, d in queue.messages()] == [WALL + 60, None]
+    # Up to the delivered mark, a message comes back marked redelivered.
+    first = queue.get(WALL)
+    second = queue.get(WALL)
+    assert first is not None and second is not None
+    assert (first[0].body, first[1]) == (b"c", True)
+    assert (second[0].body, second[1]) == (b"d", False)
+    # New ids continue above every id seen.
+    assert vhost.ids.next == 12
+
+
+def test_apply_refuses_to_run_on_a_vhost_that_logs() -> None:
+    replica = Replica()
+    replica.vhosts["/"] = VHost("/", lambda: WALL, ChangeLog())
+    with pytest.raises(AssertionError):
+        apply(replica, QueueDeclared("/", "q", False, {}), WALL)
+
+
+# -- a scripted workload, replayed --------------------------------------------------------
+
+
+def run_workload(
+    seed: int, steps: int, at_step: int | None = None, captured: list[Any] | None = None
+) -> tuple[Logged, list[Any]]:
+    """A random but repeatable workload on a logged vhost; its changes, in order. With
+    ``at_step``, ``captured`` gets (LSN, the state as changes) taken before that step."""
+    rng = random.Random(seed)
+    h = Logged()
+    v = h.vhost
+    changes: list[Any] = []
+    v.declare_exchange("dlx", "fanout", durable=True)
+    v.declare_exchange("jobs", "topic", durable=True)
+    v.declare_exchange("chain", "direct", durable=True)
+    v.bind_exchange("chain", "jobs", "x.#", {})
+    queue_args = [
+        {},
+        {"x-message-ttl": 2000, "x-dead-letter-exchange": "dlx"},
+        {"x-max-length": 5, "x-dead-letter-exchange": "dlx"},
+        {"x-max-length": 3, "x-overflow": "reject-publish"},
+        {
+            "x-max-priority": 3,
+            "x-message-ttl": 60000,
+            "x-max-length": 25,
+            "x-dead-letter-exchange": "dlx",
+        },
+    ]
+    names = []
+    for index, arguments in enumerate(queue_args):
+        queue = v.declare_queue(f"q{index}", OWNER, h.now, durable=True, arguments=arguments)
+        names.append(queue.name)
+        v.bind_queue(queue.name, "jobs", f"k{index}.*", {}, OWNER)
+    v.declare_queue("dead", OWNER, h.now, durable=True)
+    v.bind_queue("dead", "dlx", "", {}, OWNER)
+    v.bind_queue("q0", "chain", "x.y", {}, OWNER)
+    v.declare_queue("transient", OWNER, h.now)
+    v.bind_queue("transient", "jobs", "#", {}, OWNER)
+    takers = {name: Taker(credit=0) for name in names + ["dead"]}
+    for name, taker in takers.items():
+        v.queues[name].add_consumer(taker, h.now)
+    outstanding: dict[str, list[int]] = {name: [] for name in takers}
+    for step in range(steps):
+        if step == at_step and captured is not None:
+            captured.append((h.log.lsn, list(state_changes({"/": v}))))
+        h.now += rng.choice((0.0, 0.1, 0.5, 1.5))
+        op = rng.random()
+        queue_name = rng.choice(list(takers))
+        queue = v.queues.get(queue_name)
+        if op < 0.45:
+            key = rng.choice(("k0.a", "k1.a", "k2.a", "k3.a", "k4.a", "x.y", "none"))
+            h.publish(
+                "jobs",
+                key,
+                f"m{step}".encode(),
+                persistent=rng.random() < 0.8,
+                **({"expiration": "700"} if rng.random() < 0.1 else {}),
+                **({"priority": rng.randint(0, 5)} if rng.random() < 0.7 else {}),
+            )
+        elif op < 0.6 and queue is not None:
+            taker = takers[queue_name]
+            taker.credit += rng.randint(1, 3)
+            queue.wake(taker)
+            queue.drain(h.now)
+            outstanding[queue_name] = [
+                m.msg_id for m, _ in taker.got if m.msg_id in queue.outstanding
+            ]
+        elif op < 0.72 and queue is not None and outstanding[queue_name]:
+            ids = outstanding[queue_name][: rng.randint(1, 3)]
+            queue.ack(ids)
+        elif op < 0.8 and queue is not None and outstanding[queue_name]:
+            ids = outstanding[queue_name][-rng.randint(1, 2) :]
+            queue.requeue(ids)
+        elif op < 0.86 and queue is not None and outstanding[queue_name]:
+            ids = outstanding[queue_name][:1]
+            queue.reject(ids)
+        elif op < 0.9 and queue is not None:
+            queue.expire(h.now)
+        elif op < 0.92 and queue is not None:
+            queue.purge()
+        elif op < 0.95:
+            h.log.begin_batch()
+            h.publish("jobs", "k0.z", b"tx1")
+            h.publish("jobs", "k2.z", b"tx2")
+            h.log.end_batch()
+        elif op < 0.96:
+            v.unbind_queue("q0", "chain", "x.y", {}, OWNER)
+            v.bind_queue("q0", "chain", "x.y", {}, OWNER)
+        if queue is not None:
+            outstanding[queue_name] = [i for i in outstanding[queue_name] if i in queue.outstanding]
+        changes.extend(h.changes())
+    return h, changes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_scripted_workload_replayed_gives_the_same_state(seed: int) -> None:
+    h, changes = run_workload(seed, 600)
+    assert len(changes) > 300
+    assert snapshot(replay(changes)) == snapshot({"/": h.vhost})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_replayed_priority_queue_hands_out_in_the_same_order(seed: int) -> None:
+    """Each restored message lands in its own priority: once the original's deliveries
+    are returned, both queues give the same messages in the same order."""
+    h, changes = run_workload(seed, 600)
+    original = h.vhost.queues["q4"]
+    replayed = replay(changes)["/"].queues["q4"]
+    original.requeue(list(original.outstanding))
+    assert original.message_count > 3
+    # Taken at the workload's start: nothing has expired yet.
+    order = [m.msg_id for m, _ in iter(lambda: original.get(WALL), None)]
+    assert [m.msg_id for m, _ in iter(lambda: replayed.get(WALL), None)] == order
+    assert order != sorted(order), "the workload's priorities reorder the queue"
+
+
+def test_deleting_everything_replays_to_nothing() -> None:
+    h, changes = run_workload(99, 200)
+    for name in list(h.vhost.queues):
+        h.vhost.delete_queue(name, OWNER)
+    for name in ("chain", "jobs", "dlx"):
+        h.vhost.delete_exchange(name)
+    changes.extend(h.changes())
+    replayed = snapshot(replay(changes))
+    assert replayed == snapshot({"/": h.vhost})
+    assert replayed["/"] == {"exchanges": {}, "queues": {}, "bindings": []}
+
+
+# -- the PASSIVE's view: a snapshot, then the live changes, over the wire format ----------
+
+
+def runs(changes: list[Any], first_lsn: int, size: int) -> list[bytes]:
+    return [
+        codec.encode(first_lsn + at, changes[at : at + size]) for at in range(0, len(changes), size)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_snapshot_then_the_live_stream_gives_the_passive_the_actives_exact_state(
+    seed: int,
+) -> None:
+    captured: list[Any] = []
+    h, changes = run_workload(seed, 500, at_step=250, captured=captured)
+    snapshot_lsn, snapshot_changes = captured[0]
+    # The PASSIVE held something else before (a stale store): the snapshot's Reset clears it.
+    stale, _ = run_workload(seed + 100, 50)
+    passive = Replica()
+    replay(changes[:40], passive)
+    received = runs(snapshot_changes, 0, 37) + runs(changes[snapshot_lsn:], snapshot_lsn + 1, 53)
+    for run in received:
+        _, decoded = codec.decode(run)
+        replay(decoded, passive)
+    assert snapshot(passive.vhosts) == snapshot({"/": h.vhost})
+
+
+def test_the_wire_format_round_trips_every_kind_and_refuses_garbage() -> None:
+    _, changes = run_workload(7, 300)
+    data = codec.encode(41, changes)
+    first, decoded = codec.decode(data)
+    assert first == 41 and decoded == changes
+    for broken in (data[:-1], data + b"x", b"\x02" + data[1:], data[:20]):
+        with pytest.raises(ValueError):
+            codec.decode(broken)
