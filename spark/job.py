@@ -885,6 +885,7 @@ def run_report(
                 settings[JAVA_OPTIONS] = jvm.driver_options(files, archive)
             starting = pool.submit(build_session, master, log_file, settings)
             timeline.warm_up()  # while the JVM starts
+            parquet.warm_up()
             spark = starting.result()
             if archive is not None and archive.creating is not None:
                 logged(f"class archive: this JVM writes {archive.path} as it exits (once)")
