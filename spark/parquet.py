@@ -5,7 +5,8 @@ Owns: turning the report's small tables (column kinds ``long``, ``double``, ``st
 ``name=value`` partition directories, with values escaped as Spark escapes them, so that
 Spark (or any Parquet reader) reads a folder written here exactly as one written by
 Spark. Meant for tables of thousands of rows: a table that follows the events is Spark's
-to write. Must not know Spark or the report's tables. See docs/report.md ("Output").
+to write. pyarrow is imported on first use (``warm_up``), so that a report can load it while
+its JVM starts. Must not know Spark or the report's tables. See docs/report.md ("Output").
 """
 
 from __future__ import annotations
@@ -16,10 +17,23 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+KINDS = ("long", "double", "string", "boolean")
 
-_ARROW = {"long": pa.int64(), "double": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}
+
+def warm_up() -> None:
+    """Import pyarrow: a fixed cost of the first table, paid when there is time to spare."""
+    import pyarrow.parquet  # noqa: F401
+
+
+def _arrow() -> dict[str, Any]:
+    import pyarrow as pa
+
+    return {
+        "long": pa.int64(),
+        "double": pa.float64(),
+        "string": pa.string(),
+        "boolean": pa.bool_(),
+    }
 
 
 def _typed(kind: str, value: Any) -> Any:
@@ -40,17 +54,21 @@ def _typed(kind: str, value: Any) -> Any:
 def encode(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> bytes:
     """A whole Parquet file: ``columns`` as (name, kind), ``rows`` as sequences in that order,
     None for null."""
-    if not all(kind in _ARROW for _, kind in columns):
-        unknown = [kind for _, kind in columns if kind not in _ARROW]
+    unknown = [kind for _, kind in columns if kind not in KINDS]
+    if unknown:
         raise ValueError(f"column kind {unknown[0]!r}")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = _arrow()
     arrays = [
         pa.array(
             [None if row[index] is None else _typed(kind, row[index]) for row in rows],
-            type=_ARROW[kind],
+            type=types[kind],
         )
         for index, (_, kind) in enumerate(columns)
     ]
-    schema = pa.schema([pa.field(name, _ARROW[kind], nullable=True) for name, kind in columns])
+    schema = pa.schema([pa.field(name, types[kind], nullable=True) for name, kind in columns])
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_arrays(arrays, schema=schema), sink, compression="NONE")
     return sink.getvalue()
