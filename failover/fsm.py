@@ -131,6 +131,10 @@ class Machine:
     # may take over anyway (failover.takeover_unsynced).
     in_sync: bool = True
     takeover_unsynced: bool = False
+    # The peer epoch of the dual active we last logged staying through: an ACTIVE loser
+    # sends a few state messages before it hears us and yields, and that is one episode.
+    # Epochs only grow, so a later split brain brings a new peer epoch and is logged again.
+    dual_active_logged: int | None = None
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
@@ -417,8 +421,11 @@ def _resolve_dual_active(machine: Machine, event: Event, now: float) -> Outcome:
         we_stay = machine.role is Role.PRIMARY
         rule = "equal epochs: the primary stays"
     if we_stay:
+        if machine.dual_active_logged == peer.epoch:
+            return Outcome(machine)
         reason = f"peer {peer.name} also ACTIVE in epoch {peer.epoch}; we stay ({rule})"
-        return Outcome(machine, actions=(LogDualActive(peer.name, peer.epoch, reason),))
+        logged = replace(machine, dual_active_logged=peer.epoch)
+        return Outcome(logged, actions=(LogDualActive(peer.name, peer.epoch, reason),))
     reason = f"peer {peer.name} also ACTIVE in epoch {peer.epoch}; we yield ({rule})"
     return _move(
         machine,

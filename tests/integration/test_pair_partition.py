@@ -154,9 +154,9 @@ async def test_clients_on_both_sides_dual_active_resolves_by_epoch_on_heal(
         finally:
             await publisher.stop()
 
-    # The loser always logs it. The winner logs it too when it hears the loser still
-    # ACTIVE; when the loser's heal-time message comes after it yielded, there is nothing
-    # left to resolve on the winner's side.
+    # The loser always logs it. The winner logs it once when it hears the loser still
+    # ACTIVE (however many messages the loser sends before it yields); when the loser's
+    # heal-time message comes after it yielded, there is nothing left to resolve there.
     loser = [e for e in pair.events(pair.primary) if e["event"] == "dual_active"]
     assert len(loser) == 1 and loser[0]["ts"] >= healed
     assert loser[0]["peer"] == "backup" and loser[0]["peer_epoch"] == 2

@@ -311,6 +311,13 @@ def test_dual_active_higher_epoch_stays_and_on_equal_epochs_the_primary() -> Non
     assert primary_ahead.machine.state is State.ACTIVE
     assert primary_ahead.transition is None
     assert primary_ahead.actions == (LogDualActive("beta", 4, stay_reason),)
+    # The loser's further messages before it yields are the same episode: logged once.
+    again = hear(primary_ahead.machine, peer(Role.BACKUP, State.ACTIVE, 4))
+    assert again.machine.state is State.ACTIVE and again.actions == ()
+    # A later split brain comes with a higher peer epoch, and is logged again.
+    later = hear(again.machine, peer(Role.BACKUP, State.ACTIVE, 5))
+    later_reason = "peer beta also ACTIVE in epoch 5; we stay (equal epochs: the primary stays)"
+    assert later.actions == (LogDualActive("beta", 5, later_reason),)
 
     backup = peer(Role.BACKUP, State.ACTIVE, epoch=6)
     primary_behind = hear(ours(Role.PRIMARY, State.ACTIVE, epoch=5), backup)
