@@ -55,6 +55,14 @@ class Confirms:
 
     def due(self) -> list[Confirm]:
         """The confirms that may go out now, in order; they count as sent."""
+        if not self.nacks and not self.unsafe:
+            # The common case (transient messages, or every write done): one ack.
+            upto = self.seq
+            if upto <= self.confirmed:
+                return []
+            multiple = upto - self.confirmed > 1
+            self.confirmed = upto
+            return [(True, upto, multiple)]
         upto = self.unsafe[0][0] - 1 if self.unsafe else self.seq
         out: list[Confirm] = []
         nacks = self.nacks
