@@ -35,7 +35,7 @@ from peering import Peering
 
 from . import wire
 from .core import codec
-from .core.apply import apply, state_changes
+from .core.apply import apply_run, state_changes
 from .core.changes import Bound, Change, Enqueued, QueueDeclared, Reset, Settled, Unbound
 
 if TYPE_CHECKING:
@@ -59,10 +59,11 @@ SNAPSHOT_END = "amqha-snapshot-end"
 _EMPTY_PROPERTIES = commands.Basic.Properties()
 
 
-def _size(change: Change) -> int:
-    if type(change) is Enqueued:
-        return len(change.body) + len(change.header) + 64  # type: ignore[union-attr]
-    return 64
+def _size(changes: list[Change]) -> int:
+    """About how many bytes ``changes`` hold (for the backlog limit and the lag)."""
+    return 64 * len(changes) + sum(
+        [len(c.body) + len(c.header) for c in changes if type(c) is Enqueued]  # type: ignore[union-attr]
+    )
 
 
 class _Subscriber:
@@ -91,7 +92,8 @@ class Feed:
         self.sent_lsn = 0
         self._snapshot: Iterator[Change] | None = None
         self._snapshot_lsn = 0
-        self._pending: collections.deque[tuple[int, list[Change]]] = collections.deque()
+        # Live changes not sent yet: (first LSN, changes, their size).
+        self._pending: collections.deque[tuple[int, list[Change], int]] = collections.deque()
         self.backlog_bytes = 0
         self.snapshots = 0
         self.snapshot_changes = 0
@@ -145,8 +147,9 @@ class Feed:
         if first_lsn <= self._snapshot_lsn:
             changes = changes[self._snapshot_lsn - first_lsn + 1 :]
             first_lsn = self._snapshot_lsn + 1
-        self._pending.append((first_lsn, changes))
-        self.backlog_bytes += sum(_size(change) for change in changes)
+        size = _size(changes)
+        self._pending.append((first_lsn, changes, size))
+        self.backlog_bytes += size
         if self.backlog_bytes > MAX_BACKLOG_BYTES:
             self.drop(f"the passive fell behind by more than {MAX_BACKLOG_BYTES} bytes")
             return
@@ -174,7 +177,7 @@ class Feed:
         size = 0
         for change in self._snapshot:
             changes.append(change)
-            size += _size(change)
+            size += 64 + (len(change.body) + len(change.header) if type(change) is Enqueued else 0)  # type: ignore[union-attr]
             if len(changes) >= RUN_CHANGES or size >= RUN_BYTES:
                 self.snapshot_changes += len(changes)
                 return changes, False
@@ -183,14 +186,15 @@ class Feed:
         return changes, True
 
     def _live_run(self) -> tuple[int, list[Change], int]:
-        first, changes = self._pending[0]
+        first, changes, size = self._pending[0]
         if len(changes) > RUN_CHANGES:
             head, tail = changes[:RUN_CHANGES], changes[RUN_CHANGES:]
-            self._pending[0] = (first + RUN_CHANGES, tail)
-            changes = head
+            head_size = _size(head)
+            self._pending[0] = (first + RUN_CHANGES, tail, size - head_size)
+            changes, size = head, head_size
         else:
             self._pending.popleft()
-        self.backlog_bytes -= sum(_size(change) for change in changes)
+        self.backlog_bytes -= size
         last = first + len(changes) - 1
         unreplicated = self._unreplicated()
         if unreplicated:
@@ -347,12 +351,12 @@ class Follower:
             await channel.close()
             return
         broker = self.broker
-        now = broker.now()
-        for change in changes:
-            if type(change) is Reset:
-                self._reset()
-            apply(broker, change, now)
+        if changes and type(changes[0]) is Reset:  # a snapshot starts
+            self._reset()
+        # To the store first: its writer thread works on them (and waits for the disk)
+        # while the loop applies them. The ack waits for both.
         lsn = broker.replicated(changes)
+        apply_run(broker, changes, broker.now())
         self.applied += len(changes)
         self.runs += 1
         headers = message.header.properties.headers or {}

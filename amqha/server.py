@@ -360,6 +360,7 @@ class Broker:
         assert log_ is not None
         for change in changes:
             log_.emit(change, True)
+        self._take_changes()  # now, not when the turn ends: the writer starts at once
         return log_.lsn
 
     def before_reset(self) -> None:

@@ -37,6 +37,7 @@ _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _F64 = struct.Struct(">d")
+_ENQUEUED_TAIL = struct.Struct(">dB")
 
 _KIND = {
     Enqueued: 1,
@@ -130,11 +131,34 @@ def _encode(change: Change, out: list[bytes]) -> None:
         raise ValueError(f"not a change: {change!r}")
 
 
+_ID_AND_SIZE = struct.Struct(">qI")
+_ENQUEUED_KIND = bytes([_KIND[Enqueued]])
+
+
 def encode(first_lsn: int, changes: list[Change]) -> bytes:
     """A run of consecutive changes, the first with LSN ``first_lsn``."""
     out = [_HEAD.pack(VERSION, first_lsn, len(changes))]
+    append = out.append
+    prefixes: dict[tuple[str, str], bytes] = {}  # kind + vhost + queue, once per queue
     for change in changes:
-        _encode(change, out)
+        if type(change) is not Enqueued:
+            _encode(change, out)
+            continue
+        # The hot kind, the same bytes as _encode writes, with fewer calls.
+        c: Any = change
+        key = (c.vhost, c.queue)
+        prefix = prefixes.get(key)
+        if prefix is None:
+            prefix = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
+        address, header, body, deadline = c.address, c.header, c.body, c.deadline
+        append(prefix)
+        append(_ID_AND_SIZE.pack(c.msg_id, len(address)))
+        append(address)
+        append(_U32.pack(len(header)))
+        append(header)
+        append(_U32.pack(len(body)))
+        append(body)
+        append(_ENQUEUED_TAIL.pack(math.nan if deadline is None else deadline, c.persistent))
     return b"".join(out)
 
 
@@ -223,9 +247,6 @@ def _decode(reader: _Reader, depth: int) -> Change:
     if kind == 11:
         return Reset()
     raise ValueError(f"unknown change kind {kind}")
-
-
-_ENQUEUED_TAIL = struct.Struct(">dB")
 
 
 def _decode_enqueued(data: bytes, at: int) -> tuple[Enqueued, int]:
