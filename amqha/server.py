@@ -47,7 +47,7 @@ from . import __version__, wire
 from .auth import Authenticator, Refused
 from .connection import OPEN, READ_HELD_MEMORY, Connection
 from .console import ConsoleService
-from .core.apply import apply
+from .core.apply import apply_run
 from .core.changes import ChangeLog
 from .core.message import Message
 from .core.queue import Queue
@@ -93,6 +93,8 @@ GC_THRESHOLDS = (10_000, 10, 10)
 # returns from each SQLite call (and the heartbeat thread wakes) needing the GIL back
 # from a busy loop thread: at Python's default 5 ms, every group commit waits that long.
 SWITCH_INTERVAL = 0.0005
+# Recovery applies the stored changes this many at a time (core.apply.apply_run).
+RECOVER_RUN = 4096
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -230,8 +232,9 @@ class Broker:
         path = self.config.store_path
         store = Store.open(path, self.config.store.max_bytes)
         now = self.now()
-        for change in store.recover():
-            apply(self, change, now)
+        changes = store.recover()
+        while run := list(itertools.islice(changes, RECOVER_RUN)):
+            apply_run(self, run, now)
         self.ids.seen(store.max_msg_id())
         counts = store.counts()
         seconds = time.monotonic() - started
