@@ -1,11 +1,13 @@
 """Unprotected time: an ACTIVE with no in-sync PASSIVE, from the ACTIVE's own ``sync``
 records. Known answers on hand-built logs (the stories are in ``tests.spark.scenarios``),
-the Spark job equal to the reference on each, and logs without sync records reported as "not
-recorded" (null, never 0).
+the Spark job equal to the reference on each, logs without sync records reported as "not
+recorded" (null, never 0), and a real pair's logs through a kill -9 and a takeover with no
+in-sync PASSIVE.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from dataclasses import dataclass, field
@@ -15,7 +17,8 @@ import pytest
 
 from spark import job, reference
 from spark.metrics import _moved_cover
-from spark.model import render_text
+from spark.model import CLOCK_RESOLUTION_S, render_text
+from tests.pairs import MakePair, client_vote, poll
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same
 from tests.spark.logs import T0
@@ -246,3 +249,86 @@ def test_not_recorded_is_null_in_the_tables(tmp_path: Path, spark_session, read_
         header, *lines = [line.rstrip("\n").split(",") for line in stream]
     us = next(line for line in lines if line[0] == "us-1")
     assert us[header.index("unprotected_s")] == ""  # empty, not 0
+
+
+# ---------------------------------------------------------------- a real pair
+
+
+@pytest.mark.spark
+async def test_a_real_takeover_is_unprotected_until_the_passive_caught_up(
+    make_pair: MakePair, tmp_path: Path, spark_session
+) -> None:
+    pair = make_pair(proxied=False, heartbeat=0.2, timeout=0.6).start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30.0)
+    pair.kill(pair.primary)
+    # The backup was in sync: the client vote makes it ACTIVE, with no PASSIVE to follow it.
+    assert (await client_vote([pair.backup]))["name"] == "backup"
+    pair.primary.start()
+    await pair.wait_states("PASSIVE", "ACTIVE", timeout=30.0)
+
+    def caught_up() -> dict | None:
+        return next(
+            (
+                e
+                for e in pair.events(pair.backup)
+                if e["event"] == "sync"
+                and e.get("side") == "active"
+                and e["sync"] == "in_sync"
+                and e["state"] == "ACTIVE"
+            ),
+            None,
+        )
+
+    await poll(caught_up, 30.0, "the new ACTIVE's in_sync record")
+    await asyncio.sleep(0.5)  # a little protected time after it
+    # The ACTIVE first: stopping its PASSIVE first would leave it unprotected until it stops.
+    pair.backup.stop()
+    pair.stop()
+
+    logs = {s.name: pair.events(s) for s in pair.servers}
+    takeover = next(e for e in logs["backup"] if e["event"] == "transition" and e["to"] == "ACTIVE")
+    in_sync = next(
+        e
+        for e in logs["backup"]
+        if e["event"] == "sync"
+        and e["side"] == "active"
+        and e["sync"] == "in_sync"
+        and e["ts"] > takeover["ts"]
+    )
+    assert any(
+        e["event"] == "sync"
+        and e["side"] == "active"
+        and e["sync"] == "out_of_sync"
+        and takeover["ts"] <= e["ts"] < in_sync["ts"]
+        for e in logs["backup"]
+    )
+    paths = [str(s.events_path) for s in pair.servers]
+    expected = reference.compute(paths)
+    assert_same_report(job.compute(spark_session, paths), expected)
+
+    summary = expected.summary["pairs"][PAIR]
+    assert summary["unprotected"]["recorded"] is True
+    # Both servers share this machine's clock: whatever the offset's interval, the span is
+    # the backup's own records, to the clocks' resolution.
+    backup_rows = [r for r in expected.tables["unprotected"] if r["node"] == "backup"]
+    assert backup_rows and not any(r["uncertain"] for r in backup_rows)
+    start, end = backup_rows[0]["start"], backup_rows[-1]["end"]  # rows split at midnight
+    assert abs(start - takeover["ts"]) <= CLOCK_RESOLUTION_S
+    assert abs(end - in_sync["ts"]) <= CLOCK_RESOLUTION_S
+    backup_seconds = sum(r["duration_s"] for r in backup_rows)
+    same(backup_seconds, in_sync["ts"] - takeover["ts"])
+    # The primary, ACTIVE at the start, was unprotected until the backup first caught up;
+    # killed while in sync, it adds nothing more.
+    primary_active = next(
+        e for e in logs["primary"] if e["event"] == "transition" and e["to"] == "ACTIVE"
+    )
+    primary_in_sync = next(
+        e
+        for e in logs["primary"]
+        if e["event"] == "sync" and e["side"] == "active" and e["sync"] == "in_sync"
+    )
+    primary_seconds = sum(
+        r["duration_s"] for r in expected.tables["unprotected"] if r["node"] == "primary"
+    )
+    same(primary_seconds, primary_in_sync["ts"] - primary_active["ts"])
+    same(summary["unprotected"]["seconds"], backup_seconds + primary_seconds, "pair total")
