@@ -8,7 +8,11 @@ name their pair. Each pair lives a realistic life: a steady trickle of clients r
 the PASSIVE server, incidents at random (kill -9 of the ACTIVE with a client-vote takeover and
 restart, a console failback, a peer-link cut with dual active healed by the epoch rule), a
 redirect storm after each takeover, and its backup's clock off by a fixed skew that both
-servers' peer records reveal. Seeded: the same arguments give the same files.
+servers' peer records reveal. Most pairs replicate: their ACTIVE logs ``sync`` records (out
+of sync when it becomes ACTIVE alone or loses its PASSIVE, in sync once one has caught up)
+and the loser of a dual active a ``quarantine``; the others log none, as servers with
+replication off do. Seeded: the same arguments give the same files (the sync records come
+from a stream of their own, so the other records are those of a fleet without them).
 """
 
 from __future__ import annotations
@@ -25,6 +29,35 @@ DAY = 86400.0
 LATENCY = 0.0005
 TIMEOUT = 3.0
 START = {"primary": "PRIMARY", "backup": "BACKUP"}
+
+
+REPLICATING = 0.75  # the share of pairs whose servers log sync records
+
+
+class _Sync:
+    """A pair's replication records, from their own random stream (the pair's other records
+    are the same with or without them); nothing for a pair that does not replicate."""
+
+    def __init__(self, name: str) -> None:
+        self.rng = random.Random(f"sync {name}")
+        self.on = self.rng.random() < REPLICATING
+
+    def lost(self, active: _Server, at: float, reason: str) -> None:
+        if self.on:
+            active.write(at, "sync", f',"side":"active","sync":"out_of_sync","reason":"{reason}"')
+
+    def caught_up(self, active: _Server, passive: _Server, at: float, most: float) -> None:
+        """The PASSIVE, then the ACTIVE, in sync within ``most`` seconds of ``at``."""
+        if self.on:
+            done = at + self.rng.uniform(0.05, most)
+            passive.write(done - 0.001, "sync", ',"side":"passive","sync":"in_sync"')
+            active.write(done, "sync", ',"side":"active","sync":"in_sync","lag_changes":0')
+
+    def quarantine(self, loser: _Server, at: float) -> None:
+        if self.on:
+            messages = self.rng.randrange(1, 500)
+            path = f"/var/lib/amqha/{loser.node}/quarantine/{int(at)}-{loser.node}.sqlite"
+            loser.write(at, "quarantine", f',"messages":{messages},"path":"{path}"')
 
 
 class _Server:
@@ -98,6 +131,8 @@ def _pair(folder: Path, name: str, days: int, events: int, rng: random.Random) -
     skew = rng.choice([0.0, 0.0, rng.uniform(-2.0, 2.0)])
     primary = _Server(folder, name, "primary", 0.0)
     backup = _Server(folder, name, "backup", skew)
+    sync = _Sync(name)
+    alone = "ACTIVE with no in-sync passive"
     end = T0 + days * DAY
     # Redirect trickle sized so the pair writes about `events` records.
     rate = max(events / (days * DAY), 1e-4)
@@ -108,7 +143,9 @@ def _pair(folder: Path, name: str, days: int, events: int, rng: random.Random) -
     backup.heard(at + 0.5 + LATENCY, "peer_up", primary, at + 0.5)
     primary.heard(at + 0.6 + LATENCY, "peer_up", backup, at + 0.6)
     primary.transition(at + 0.7, "ACTIVE", "PEER_BACKUP", 1)
+    sync.lost(primary, at + 0.7001, alone)
     backup.transition(at + 0.8, "PASSIVE", "PEER_ACTIVE", 1)
+    sync.caught_up(primary, backup, at + 0.8, 0.19)
     active, passive = primary, backup
     at += 1.0
     gaps = sorted(rng.uniform(at, end - 600) for _ in range(incidents))
@@ -125,6 +162,7 @@ def _pair(folder: Path, name: str, days: int, events: int, rng: random.Random) -
             dead.state = "DOWN"
             took = at + TIMEOUT + rng.uniform(0.05, 3.0)
             survivor.transition(took, "ACTIVE", "CLIENT_REQUEST", epoch + 1)
+            sync.lost(survivor, took + 0.001, alone)
             at = survivor.redirects(took, took + 5, rate * 400 + 50, rng, "active")  # storm
             back = at + rng.uniform(5, 120)
             dead.state, dead.epoch = START[dead.node], epoch
@@ -132,19 +170,25 @@ def _pair(folder: Path, name: str, days: int, events: int, rng: random.Random) -
             survivor.heard(back + 0.2 + LATENCY, "peer_up", dead, back + 0.2)
             dead.heard(back + 0.3 + LATENCY, "peer_up", survivor, back + 0.3)
             dead.transition(back + 0.31, "PASSIVE", "PEER_ACTIVE", epoch + 1)
+            sync.caught_up(survivor, dead, back + 0.31, 0.6)
             active, passive = survivor, dead
             at = back + 1.0
         elif kind < 0.8 and active is backup:  # console failback
             backup.write(at, "console", ',"user":"admin","command":"recover","result":"ok"')
             backup.transition(at + 0.01, "PASSIVE", "MANUAL_RECOVER")
-            primary.transition(at + 0.01 + rng.uniform(0.02, 0.2), "ACTIVE", "HANDOVER", epoch + 1)
+            handover = at + 0.01 + rng.uniform(0.02, 0.2)
+            primary.transition(handover, "ACTIVE", "HANDOVER", epoch + 1)
+            sync.lost(primary, handover + 0.001, alone)
+            sync.caught_up(primary, backup, handover + 0.001, 0.7)
             active, passive = primary, backup
             at += 1.0
         else:  # peer link cut: both lose each other, the passive goes ACTIVE too, then heals
             active.heard(at + TIMEOUT, "peer_lost", passive, at)
+            sync.lost(active, at + TIMEOUT + 0.001, "the in-sync PASSIVE left")
             passive.heard(at + TIMEOUT + 0.05, "peer_lost", active, at)
             took = at + TIMEOUT + rng.uniform(0.5, 5.0)
             passive.transition(took, "ACTIVE", "CLIENT_REQUEST", epoch + 1)
+            sync.lost(passive, took + 0.001, alone)
             heal = took + rng.uniform(1, 60)
             passive.heard(heal + LATENCY, "peer_up", active, heal)
             active.heard(heal + 0.01 + LATENCY, "peer_up", passive, heal + 0.01)
@@ -154,6 +198,8 @@ def _pair(folder: Path, name: str, days: int, events: int, rng: random.Random) -
                 f',"peer":"{passive.node}","peer_epoch":{epoch + 1},"reason":"higher epoch"',
             )
             active.transition(heal + 0.03, "PASSIVE", "DUAL_ACTIVE", epoch + 1)
+            sync.quarantine(active, heal + 0.05)
+            sync.caught_up(passive, active, heal + 0.05, 0.9)
             active, passive = passive, active
             at = heal + 1.0
     at = passive.redirects(at, end - 1, rate, rng, "active")

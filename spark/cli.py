@@ -123,9 +123,11 @@ def report(
     """Availability report from the failover event logs of one pair or a fleet of pairs.
 
     Reads the JSON Lines event logs (schema v1) with Spark and writes, per pair and per day:
-    availability, client-visible outages (no server ACTIVE), dual-active intervals, failover
-    incidents with detection and takeover delays, time in each state per server, redirects and
-    refusals per minute, manual recoveries and misconfigurations; a fleet summary (worst pairs,
+    availability, client-visible outages (no server ACTIVE), dual-active intervals, unprotected
+    time (an ACTIVE with no in-sync PASSIVE; "not recorded" for logs without sync records),
+    failover incidents with detection and takeover delays, time in each state per server,
+    redirects and refusals per minute, manual recoveries, misconfigurations and quarantines;
+    a fleet summary (worst pairs,
     takeover delay percentiles, SLO breaches) and pictures. Figures that depend on a clock
     offset the logs do not pin down are given with their range and marked uncertain. Bad lines
     are counted, never fatal; an unknown schema version, or no valid record, is an error.

@@ -276,6 +276,10 @@ _SPECIAL_FIELDS = (
     "result",
     "peer_epoch",
     "reason",
+    "side",
+    "sync",
+    "messages",
+    "path",
 )
 _BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 

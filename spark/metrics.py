@@ -1,8 +1,8 @@
 """Every figure of one pair, from that pair's few points and records.
 
 Owns: per-node state runs, outages and dual-active spells with their ranges over the clock
-offsets' intervals, incidents, recoveries, misconfigurations, time in state and the daily
-rows, split at UTC midnight of the pair's reference clock. The input is small: each node's
+offsets' intervals, unprotected time (an ACTIVE with no in-sync PASSIVE), incidents,
+recoveries, misconfigurations, quarantines, time in state and the daily rows, split at UTC midnight of the pair's reference clock. The input is small: each node's
 non-bulk records, and points in which runs of redirects and refusals may be reduced to their
 first and last (``spark.job`` reduces them; ``spark.reference`` passes them all, and the two
 must agree). Also the whole report from every record held in memory (``Collected``), which is
@@ -11,6 +11,7 @@ how the reference works and how the Spark job finishes a small input. Pure: no I
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import sys
@@ -22,7 +23,9 @@ from typing import Any
 from spark.model import (
     CLOCK_RESOLUTION_S,
     DOWN,
+    IN_SYNC,
     MINUTE,
+    OUT_OF_SYNC,
     OUTCOMES,
     PEER_EVENTS,
     RANK_MARKER,
@@ -31,6 +34,7 @@ from spark.model import (
     RECOVER_COMMAND,
     RECOVERY_TRIGGERS,
     REPORT_STATES,
+    SYNC_EVENT,
     TABLES,
     Offset,
     build_summary,
@@ -242,6 +246,161 @@ def _spell(pair: str, day: str, start, end, duration, least, most) -> Row:
     }
 
 
+# ---------------------------------------------------------------- unprotected time
+
+
+def _unprotected_spans(runs: Sequence[tuple[str, float, float]], records: Sequence[Row]) -> list:
+    """A node's unprotected spans on its own clock: in each of its ACTIVE runs, from the run's
+    start or an ``out_of_sync`` record to the next ``in_sync`` record or the run's end. Only
+    the ACTIVE's own records count (``side`` "active", written while ACTIVE); a crash ends
+    the run, and the span with it, where the state runs say (docs/report.md, "Unprotected
+    time")."""
+    marks = [
+        (r["ts"], r.get("sync") == IN_SYNC)
+        for r in records
+        if r["event"] == SYNC_EVENT
+        and r.get("side") == "active"
+        and r["state"] == "ACTIVE"
+        and r.get("sync") in (IN_SYNC, OUT_OF_SYNC)
+    ]
+    spans: list[Span] = []
+    i = 0
+    for state, start, end in runs:
+        if state != "ACTIVE":
+            continue
+        while i < len(marks) and marks[i][0] < start:
+            i += 1
+        since: float | None = start
+        while i < len(marks) and marks[i][0] <= end:
+            ts, in_sync = marks[i]
+            i += 1
+            if in_sync and since is not None:
+                spans.append((since, ts))
+                since = None
+            elif not in_sync and since is None:
+                since = ts
+        if since is not None:
+            spans.append((since, end))
+    return [(s, e) for s, e in spans if e > s]
+
+
+def _moved_cover(
+    spans: Sequence[Span], lower: float, upper: float, lo: float, hi: float
+) -> tuple[float, float]:
+    """The least and the most of ``lo .. hi`` that a node's spans (on its own clock) cover,
+    moved onto the reference clock by any offset in ``lower .. upper``: they move together.
+    The cover is piecewise linear in the offset, so its extremes are at the interval's ends
+    or where a span's edge meets ``lo`` or ``hi``; swept in order, one pass."""
+    if not spans:
+        return 0.0, 0.0
+
+    def cover(d: float) -> float:
+        return sum(max(0.0, min(e - d, hi) - max(s - d, lo)) for s, e in spans)
+
+    # The cover's slope in the offset: a span enters from the right (+1), stops growing once
+    # one edge is inside, shrinks once both edges have passed their ends, is gone (back to 0).
+    changes: dict[float, int] = defaultdict(int)
+    for s, e in spans:
+        first, second = sorted((s - lo, e - hi))
+        changes[s - hi] += 1
+        changes[first] -= 1
+        changes[second] -= 1
+        changes[e - lo] += 1
+    xs = sorted(x for x in changes if math.isfinite(x))
+    # Outside the breakpoints the cover is flat: an unbounded side ends at the last one.
+    a = lower if math.isfinite(lower) else min(xs[0], upper)
+    b = upper if math.isfinite(upper) else max(xs[-1], a)
+    value = least = most = cover(a)
+    slope = sum(c for x, c in changes.items() if x <= a)
+    at = a
+    for x in xs:
+        if x <= a:
+            continue
+        if x >= b:
+            break
+        value += slope * (x - at)
+        at, slope = x, slope + changes[x]
+        least, most = min(least, value), max(most, value)
+    end = cover(b)
+    return max(0.0, min(least, end)), max(most, end)
+
+
+def _unprotected(
+    pair: str,
+    own: Mapping[str, Sequence[Span]],
+    offsets: Mapping[str, Offset],
+    window: Span,
+    days: Sequence[tuple[str, float, float]],
+    exact: bool,
+) -> tuple[list[Row], dict[str, tuple[float, float, float]]]:
+    """The unprotected rows, one per node and stretch, split at midnight; and per day the
+    pair's (seconds, least, most): the pair is unprotected while any of its ACTIVE servers
+    is. A node's spans all move with its clock's offset, so their lengths are its clock's:
+    only where they fall (which day, inside the window or not) can depend on the offset. A
+    row's range is the least and the most of it its node's spans cover over the offset's
+    interval; the pair's is an envelope of its nodes' (two ACTIVE servers at once may or may
+    not overlap). ``exact``: every offset known, the point used."""
+    rows: list[Row] = []
+    points: list[Span] = []
+    possibles: list[Span] = []
+    certains: list[Span] = []
+    placed: dict[str, list[tuple[float, str, float, float]]] = defaultdict(list)  # day: rows
+    moved = False  # some node's spans move with an offset that is not known
+    for node in sorted(own):
+        spans = own[node]
+        o = offsets[node]
+        lower, upper = (o.seconds, o.seconds) if exact or o.known else (o.lower, o.upper)
+        point = _clip([(_shift(s, o.seconds), _shift(e, o.seconds)) for s, e in spans], *window)
+        possible = _clip(_union((_shift(s, upper), _shift(e, lower)) for s, e in spans), *window)
+        points += point
+        possibles += possible
+        certains += _clip([(_shift(s, lower), _shift(e, upper)) for s, e in spans], *window)
+        moved = moved or (lower != upper and bool(spans))
+        starts = [s for s, _ in spans]
+        ends = [e for _, e in spans]
+        for day, lo, hi in days:
+            for s, e in _clip(possible, lo, hi):
+                here = _clip(point, s, e)
+                start, end = (here[0][0], here[-1][1]) if here else (s, e)
+                duration = _measure(here)
+                if lower == upper:
+                    least = most = duration
+                else:  # the spans that can fall here: start before e + upper, end after s + lower
+                    near = spans[
+                        bisect.bisect_right(ends, s + lower) : bisect.bisect_left(starts, e + upper)
+                    ]
+                    least, most = _moved_cover(near, lower, upper, s, e)
+                rows.append({**_spell(pair, day, start, end, duration, least, most), "node": node})
+                placed[day].append((s, node, least, most))
+    by_day = {}
+    point_all, possible_all, certain_all = _union(points), _union(possibles), _union(certains)
+    for day, lo, hi in days:
+        seconds = _measure(_clip(point_all, lo, hi))
+        if not moved:
+            by_day[day] = (seconds, seconds, seconds)
+            continue
+        # Where one node's spans can fall and no other's, its bounds are the pair's; where
+        # several can, at least the most any one covers and what each covers at every
+        # offset, at most their sum.
+        least = most = 0.0
+        found = sorted(placed[day])
+        i = 0
+        for s, e in _clip(possible_all, lo, hi):
+            per_node: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+            while i < len(found) and found[i][0] < e:
+                _, node, row_least, row_most = found[i]
+                per_node[node][0] += row_least
+                per_node[node][1] += row_most
+                i += 1
+            least += max(
+                max((b[0] for b in per_node.values()), default=0.0),
+                _measure(_clip(certain_all, s, e)),
+            )
+            most += min(sum(b[1] for b in per_node.values()), e - s)
+        by_day[day] = (seconds, least, most)
+    return rows, by_day
+
+
 # ---------------------------------------------------------------- the pair
 
 
@@ -345,6 +504,16 @@ def pair_report(
     tables["outages"] = _spell_rows(name, outage, outage_possible, outage_certain, days, known)
     tables["dual_active"] = _spell_rows(name, dual, dual_possible, dual_certain, days, known)
 
+    # Unprotected time is recorded only by logs with sync records (replication on, a server
+    # that writes them): without any it is not known, which is not 0.
+    recorded = any(r["event"] == SYNC_EVENT for node in nodes for r in pair.records[node])
+    unprotected_by_day: dict[str, tuple[float, float, float]] = {}
+    if recorded:
+        own = {node: _unprotected_spans(runs[node], pair.records[node]) for node in nodes}
+        tables["unprotected"], unprotected_by_day = _unprotected(
+            name, own, offsets, clocks.window, days, known
+        )
+
     for node in nodes:
         resolvers = [
             r
@@ -439,6 +608,16 @@ def pair_report(
                 )
             elif event == "dual_active":
                 dual_events[place["day"]] += 1
+            elif event == "quarantine":
+                tables["quarantines"].append(
+                    {
+                        **place,
+                        "ts": ts,
+                        "node": node,
+                        "messages": r.get("messages"),
+                        "path": r.get("path"),
+                    }
+                )
 
     for table, (_, order) in TABLES.items():
         if table in tables:
@@ -452,6 +631,8 @@ def pair_report(
         today = [i for i in tables["incidents"] if i["day"] == day]
         takeovers = [i["takeover_delay_s"] for i in today if i["outcome"] == "takeover"]
         redirects, refusals = bulk_by_day.get(day, (0, 0))
+        quarantined = [q for q in tables["quarantines"] if q["day"] == day]
+        unprotected, least, most = unprotected_by_day.get(day, (None, None, None))
         tables["daily"].append(
             {
                 "pair": name,
@@ -464,6 +645,14 @@ def pair_report(
                 "outage_s": out_point,
                 "dual_active_s": _measure(_clip(dual, lo, hi)),
                 "max_dual_active_s": _measure(_clip(dual_possible, lo, hi)),
+                "unprotected_s": unprotected,
+                "unprotected_fraction": (
+                    unprotected / seconds if unprotected is not None and seconds > 0 else None
+                ),
+                "min_unprotected_s": least,
+                "max_unprotected_s": most,
+                "quarantines": len(quarantined),
+                "quarantined_messages": sum(q["messages"] or 0 for q in quarantined),
                 "incidents": len(today),
                 "takeovers": len(takeovers),
                 "max_takeover_delay_s": max(takeovers, default=None),
@@ -472,7 +661,7 @@ def pair_report(
                 "recoveries": sum(1 for r in tables["recoveries"] if r["day"] == day),
                 "uncertain": any(
                     row["uncertain"]
-                    for t in ("outages", "dual_active", "incidents")
+                    for t in ("outages", "dual_active", "unprotected", "incidents")
                     for row in tables[t]
                     if row["day"] == day
                 ),
@@ -483,6 +672,7 @@ def pair_report(
     outages, duals = tables["outages"], tables["dual_active"]
     recoveries = tables["recoveries"]
     out_total = _measure(outage)
+    unprotected_rows, quarantines = tables["unprotected"], tables["quarantines"]
     summary = {
         "pair": name,
         "nodes": nodes,
@@ -493,7 +683,7 @@ def pair_report(
         "availability": 1 - out_total / length if length > 0 else None,
         "min_availability": 1 - _measure(outage_possible) / length if length > 0 else None,
         "max_availability": 1 - _measure(outage_certain) / length if length > 0 else None,
-        "uncertain": any(r["uncertain"] for r in (*outages, *duals, *incidents)),
+        "uncertain": any(r["uncertain"] for r in (*outages, *duals, *unprotected_rows, *incidents)),
         "outages": {
             "count": len(outages),
             "seconds": out_total,
@@ -509,6 +699,17 @@ def pair_report(
             "max_seconds": _measure(dual_possible),
             "uncertain": sum(1 for d in duals if d["uncertain"]),
             "events": sum(dual_events.values()),
+        },
+        "unprotected": _unprotected_summary(unprotected_rows, tables["daily"], length)
+        if recorded
+        else dict.fromkeys(UNPROTECTED_KEYS, None) | {"recorded": False},
+        "quarantines": {
+            "count": len(quarantines),
+            "messages": sum(q["messages"] or 0 for q in quarantines),
+            "listed": [
+                {"ts": q["ts"], "node": q["node"], "messages": q["messages"], "path": q["path"]}
+                for q in quarantines
+            ],
         },
         "incidents": {
             "count": len(incidents),
@@ -542,6 +743,33 @@ def pair_report(
         "warnings": list(clocks.warnings),
     }
     return PairReport(summary, tables)
+
+
+UNPROTECTED_KEYS = (
+    "recorded",
+    "seconds",
+    "fraction",
+    "min_seconds",
+    "max_seconds",
+    "spans",
+    "longest_s",
+    "uncertain",
+)
+
+
+def _unprotected_summary(rows: Sequence[Row], daily: Sequence[Row], length: float) -> dict:
+    """The pair's unprotected time over the window: its days' sums."""
+    seconds = sum(d["unprotected_s"] for d in daily)
+    return {
+        "recorded": True,
+        "seconds": seconds,
+        "fraction": seconds / length if length > 0 else None,
+        "min_seconds": sum(d["min_unprotected_s"] for d in daily),
+        "max_seconds": sum(d["max_unprotected_s"] for d in daily),
+        "spans": len(rows),
+        "longest_s": max((r["duration_s"] for r in rows), default=None),
+        "uncertain": sum(1 for r in rows if r["uncertain"]),
+    }
 
 
 def _stats(values: Iterable[float | None]) -> dict[str, float | int | None]:

@@ -51,6 +51,10 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("command", "string"),
     ("result", "string"),
     ("pair", "string"),
+    ("side", "string"),
+    ("sync", "string"),
+    ("messages", "long"),
+    ("path", "string"),
 )
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -63,6 +67,10 @@ RANK_MARKER = 2
 RANK_STOPPED = 3
 
 PEER_EVENTS = ("peer_up", "peer_lost")
+# An ACTIVE's own replication records (docs/durability.md, section 5): ``side`` "active",
+# ``sync`` one of these.
+SYNC_EVENT = "sync"
+IN_SYNC, OUT_OF_SYNC = "in_sync", "out_of_sync"
 RECOVERY_TRIGGERS = ("MANUAL_RECOVER", "HANDOVER")
 RECOVER_COMMAND = r"(?i)^\s*recover\b"
 MINUTE = 60
@@ -101,6 +109,13 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("outage_s", "double"),
             ("dual_active_s", "double"),
             ("max_dual_active_s", "double"),
+            # null when the pair's logs have no sync record: not recorded, not 0
+            ("unprotected_s", "double"),
+            ("unprotected_fraction", "double"),
+            ("min_unprotected_s", "double"),
+            ("max_unprotected_s", "double"),
+            ("quarantines", "long"),
+            ("quarantined_messages", "long"),
             ("incidents", "long"),
             ("takeovers", "long"),
             ("max_takeover_delay_s", "double"),
@@ -133,6 +148,7 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
     ),
     "outages": ((*_PLACE, *_SPELL), ("pair", "start")),
     "dual_active": ((*_PLACE, *_SPELL), ("pair", "start")),
+    "unprotected": ((*_PLACE, ("node", "string"), *_SPELL), ("pair", "start", "node")),
     "state_intervals": (
         (
             *_PLACE,
@@ -189,6 +205,16 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("peer", "string"),
             ("peer_epoch", "long"),
             ("reason", "string"),
+        ),
+        ("pair", "ts", "node"),
+    ),
+    "quarantines": (
+        (
+            *_PLACE,
+            ("ts", "double"),
+            ("node", "string"),
+            ("messages", "long"),
+            ("path", "string"),
         ),
         ("pair", "ts", "node"),
     ),
@@ -546,6 +572,11 @@ def fleet_summary(
         "outage_seconds": outage,
         "dual_active_seconds": sum(p["dual_active"]["seconds"] for p in pairs.values()),
         "incidents": sum(p["incidents"]["count"] for p in pairs.values()),
+        "unprotected": fleet_unprotected(pairs),
+        "quarantines": {
+            "count": sum(p["quarantines"]["count"] for p in pairs.values()),
+            "messages": sum(p["quarantines"]["messages"] for p in pairs.values()),
+        },
         "uncertain_pairs": sorted(n for n, p in pairs.items() if p["uncertain"]),
         "worst": [
             {
@@ -554,6 +585,7 @@ def fleet_summary(
                 "min_availability": p["min_availability"],
                 "outage_seconds": p["outages"]["seconds"],
                 "dual_active_seconds": p["dual_active"]["seconds"],
+                "unprotected_seconds": p["unprotected"]["seconds"],
             }
             for p in ranked[:WORST_PAIRS]
         ],
@@ -578,6 +610,21 @@ def fleet_summary(
             ],
         }
     return fleet
+
+
+def fleet_unprotected(pairs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Unprotected time over the pairs whose logs record it; the others are listed, never
+    counted as 0."""
+    recorded = [p for p in pairs.values() if p["unprotected"]["recorded"]]
+    seconds = sum(p["unprotected"]["seconds"] for p in recorded)
+    pair_seconds = sum(p["window"]["seconds"] for p in recorded)
+    return {
+        "pairs_recorded": len(recorded),
+        "seconds": seconds if recorded else None,
+        "fraction": seconds / pair_seconds if recorded and pair_seconds > 0 else None,
+        "max_seconds": sum(p["unprotected"]["max_seconds"] for p in recorded) if recorded else None,
+        "not_recorded": sorted(n for n, p in pairs.items() if not p["unprotected"]["recorded"]),
+    }
 
 
 def iso(ts: float | None) -> str:
@@ -651,6 +698,21 @@ def _spell_text(kind: str, row: Mapping) -> str:
     return text
 
 
+NOT_RECORDED = "not recorded (no sync records: replication off, or servers that do not log it)"
+
+
+def _unprotected_text(u: Mapping) -> str:
+    if not u["recorded"]:
+        return NOT_RECORDED
+    text = (
+        f"{u['seconds']:.3f}s ({_percent(u['fraction'])} of the window) with no in-sync"
+        f" PASSIVE, {u['spans']} span(s), longest {_seconds(u['longest_s'])}"
+    )
+    if u["uncertain"]:
+        text += f", {u['uncertain']} uncertain: {u['min_seconds']:.3f}s .. {u['max_seconds']:.3f}s"
+    return text
+
+
 def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]:
     name = p["pair"]
     mine = {t: [r for r in rows if r["pair"] == name] for t, rows in tables.items()}
@@ -684,6 +746,13 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
         )
         + f" ({dual['events']} dual_active event(s))"
     )
+    lines.append(f"    unprotected {_unprotected_text(p['unprotected'])}")
+    quarantines = p["quarantines"]
+    if quarantines["count"]:
+        lines.append(
+            f"    quarantine  {quarantines['count']} record(s),"
+            f" {quarantines['messages']} message(s) kept for replay"
+        )
     inc = p["incidents"]
     lines.append(
         f"    incidents   {inc['count']} peer lost: "
@@ -716,6 +785,23 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
     lines.extend(_listed(mine["outages"], "outages", lambda r: _spell_text("outage", r)))
     lines.extend(
         _listed(mine["dual_active"], "dual_active", lambda r: _spell_text("dual active", r))
+    )
+    lines.extend(
+        _listed(
+            mine["unprotected"],
+            "unprotected",
+            lambda r: _spell_text(f"unprotected ({r['node']} ACTIVE)", r),
+        )
+    )
+    lines.extend(
+        _listed(
+            mine["quarantines"],
+            "quarantines",
+            lambda r: (
+                f"      quarantine {iso(r['ts'])} {r['node']}: {r['messages']} message(s)"
+                f" in {r['path']}"
+            ),
+        )
     )
     lines.append("    time in state")
     for node, states in p["state_seconds"].items():
@@ -753,6 +839,26 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
         f" outages {fleet['outage_seconds']:.3f}s, dual active"
         f" {fleet['dual_active_seconds']:.3f}s, {fleet['incidents']} incident(s)"
     )
+    unprotected = fleet["unprotected"]
+    if unprotected["pairs_recorded"]:
+        lines.append(
+            f"  unprotected {unprotected['seconds']:.3f}s ({_percent(unprotected['fraction'])})"
+            f" over {unprotected['pairs_recorded']} pair(s) with sync records"
+        )
+    if unprotected["not_recorded"]:
+        shown = unprotected["not_recorded"][:LISTED_ROWS]
+        more = len(unprotected["not_recorded"]) - len(shown)
+        lines.append(
+            "  unprotected not recorded for "
+            + ", ".join(shown)
+            + (f" and {more} more" if more else "")
+            + " (no sync records)"
+        )
+    if fleet["quarantines"]["count"]:
+        lines.append(
+            f"  quarantine  {fleet['quarantines']['count']} record(s),"
+            f" {fleet['quarantines']['messages']} message(s)"
+        )
     delays = fleet["takeover_delay_s"]
     lines.append(
         f"  takeover    p50 {_seconds(delays['p50'])} p90 {_seconds(delays['p90'])}"
@@ -762,9 +868,12 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
     if len(pairs) > 1:
         lines.append("  worst pairs")
         for w in fleet["worst"]:
+            unprotected_s = w["unprotected_seconds"]
             lines.append(
                 f"    {w['pair']:<24} {_percent(w['availability'])}"
                 f" outage {w['outage_seconds']:.3f}s dual active {w['dual_active_seconds']:.3f}s"
+                " unprotected "
+                + ("not recorded" if unprotected_s is None else f"{unprotected_s:.3f}s")
             )
     if fleet["uncertain_pairs"]:
         lines.append(

@@ -1,7 +1,7 @@
 """The report's pictures: ``timeline.png`` of one pair and ``fleet.png``.
 
 Owns: drawing, with matplotlib's Agg backend, a pair's servers' states over the window as
-coloured bands, a "service" band with client-visible outages and dual-active spells (uncertain
+coloured bands (an ACTIVE with no in-sync PASSIVE striped in its lane), a "service" band with client-visible outages and dual-active spells (uncertain
 ones hatched), the incidents (peer last seen, peer lost, survivor ACTIVE; close ones clustered
 into one numbered marker) and redirects + refusals over time; and the fleet's availability per
 pair per day as a heat map, worst pair first. It draws the small tables it is given and
@@ -29,6 +29,7 @@ COLOURS = {
 OUTAGE = "#d62728"
 DUAL = "#8e44ad"
 SERVING = "#b9e3c0"
+UNPROTECTED = "#e67e22"
 NODE_GREYS = ("#555555", "#a0a0a0", "#d0d0d0")
 CLUSTERS = 60  # incidents closer than 1/CLUSTERS of the window share one marker
 DAY = 86400.0
@@ -110,6 +111,24 @@ def render(
                     edgecolor="none",
                     hatch="///" if state == "DOWN" else None,
                 )
+    # Unprotected: the ACTIVE's lane striped over its lower half (the state stays readable).
+    for uncertain in (False, True):
+        for node in nodes:
+            mine = [
+                r
+                for r in tables.get("unprotected", ())
+                if r["node"] == node and r["uncertain"] == uncertain
+            ]
+            if mine:
+                top.broken_barh(
+                    _spans(mine, minimum),
+                    (y[node] - 0.35, 0.3),
+                    facecolors=UNPROTECTED,
+                    edgecolor="#7a3e00",
+                    linewidth=0,
+                    alpha=0.45 if uncertain else 0.9,
+                    hatch="xx" if uncertain else "\\\\",
+                )
     service = y["service"]
     top.broken_barh([(_x(lo), span / DAY)], (service - 0.35, 0.7), facecolors=SERVING)
     for table, colour in (("outages", OUTAGE), ("dual_active", DUAL)):
@@ -155,7 +174,8 @@ def render(
         + ("availability -" if availability is None else f"availability {availability:.4%}")
         + f", {summary['incidents']['count']} incident(s),"
         f" {summary['outages']['count']} outage(s) {summary['outages']['seconds']:.3f}s,"
-        f" dual active {summary['dual_active']['seconds']:.3f}s",
+        f" dual active {summary['dual_active']['seconds']:.3f}s,"
+        + _unprotected_title(summary.get("unprotected")),
         fontsize=11,
     )
     legend = [
@@ -166,6 +186,7 @@ def render(
         Patch(facecolor=SERVING, label="served"),
         Patch(facecolor=OUTAGE, label="outage (no ACTIVE)"),
         Patch(facecolor=DUAL, label="dual active"),
+        Patch(facecolor=UNPROTECTED, hatch="\\\\", label="ACTIVE, no in-sync PASSIVE"),
         Patch(facecolor="#dddddd", hatch="xx", label="uncertain (clock offset)"),
         Line2D([], [], color="k", marker="v", ls="", label="peer last seen"),
         Line2D([], [], color="k", marker="x", ls="", mew=2, label="peer lost"),
@@ -203,6 +224,12 @@ def render(
     fig.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=11, fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def _unprotected_title(unprotected: Mapping[str, Any] | None) -> str:
+    if not unprotected or not unprotected["recorded"]:
+        return " unprotected not recorded"
+    return f" unprotected {unprotected['seconds']:.3f}s"
 
 
 def _clusters(incidents: Sequence[Mapping[str, Any]], gap: float) -> list[list[Mapping[str, Any]]]:

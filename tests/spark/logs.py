@@ -55,6 +55,14 @@ class Server:
         fields = {"peer": peer.name, "peer_state": peer_state, "last_seen": peer.clock(sent)}
         return self.record(at, event, state, epoch, **fields)
 
+    def sync(
+        self, at: float, state: str, epoch: int, sync: str, reason: str, side: str = "active"
+    ) -> Server:
+        """A replication record: ``side`` "active" is the ACTIVE about its PASSIVE."""
+        lag = 0 if sync == "in_sync" else None
+        fields = {"side": side, "sync": sync, "reason": reason, "lag_changes": lag}
+        return self.record(at, "sync", state, epoch, **fields)
+
     def raw(self, text: str) -> Server:
         self.lines.append(text)
         return self

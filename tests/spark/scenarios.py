@@ -4,6 +4,8 @@ timeout is 3 s, and a state message takes 0.1 s to arrive."""
 
 from __future__ import annotations
 
+import json
+
 from tests.spark.logs import Server
 
 PRIMARY_LISTEN, BACKUP_LISTEN = "127.0.0.1:5672", "127.0.0.1:5673"
@@ -202,3 +204,100 @@ def skewed_one_side() -> tuple[Server, Server]:
 def skewed_both_sides() -> tuple[Server, Server]:
     """The backup's clock 5 s ahead; both logged their peer_up records."""
     return _evidence_story(5.0, primary_peer_up=True, backup_peer_up=True, primary_blip=False)
+
+
+# ---------------------------------------------------------------- replication
+# The ACTIVE logs ``sync`` records about its PASSIVE: out_of_sync when it becomes ACTIVE with
+# none in sync and when it loses it, in_sync when one has caught up; the PASSIVE logs its own
+# (side "passive"), which say nothing about the pair's protection.
+NONE_IN_SYNC = "ACTIVE with no in-sync passive"
+
+
+def _in_order(primary: Server, backup: Server) -> tuple[Server, Server]:
+    """Each log in its own time order, as a server writes it (the stories add records late)."""
+    for server in (primary, backup):
+        server.lines.sort(key=lambda line: json.loads(line)["ts"])
+    return primary, backup
+
+
+def _start_replicating(primary: Server, backup: Server) -> None:
+    """_start; the primary is ACTIVE with no in-sync PASSIVE from 1.01 s until the backup has
+    caught up (its own record at 2.9 s, the primary's at 3.0 s)."""
+    _start(primary, backup)
+    primary.sync(1.01, "ACTIVE", 1, "out_of_sync", NONE_IN_SYNC)
+    backup.sync(2.9, "PASSIVE", 1, "in_sync", "snapshot applied in 0.1 s", side="passive")
+    primary.sync(3.0, "ACTIVE", 1, "in_sync", "snapshot of 12 changes applied")
+
+
+def sync_caught_up() -> tuple[Server, Server]:
+    """_start_replicating; the PASSIVE's replication link drops at 20 s and it has caught up
+    again at 25 s, both in the primary's one ACTIVE run. Stops: backup 40 s, primary 41 s.
+    Unprotected: 1.01 .. 3.0 and 20 .. 25."""
+    primary, backup = pair()
+    _start_replicating(primary, backup)
+    primary.sync(20.0, "ACTIVE", 1, "out_of_sync", "the in-sync PASSIVE left")
+    backup.sync(20.1, "PASSIVE", 1, "out_of_sync", "a new snapshot from the ACTIVE", "passive")
+    backup.sync(24.9, "PASSIVE", 1, "in_sync", "snapshot applied in 0.2 s", side="passive")
+    primary.sync(25.0, "ACTIVE", 1, "in_sync", "snapshot of 40 changes applied")
+    backup.record(40.0, "stopped", "PASSIVE", 1, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    primary.record(41.0, "stopped", "ACTIVE", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    return _in_order(primary, backup)
+
+
+def unprotected_takeover(backup_skew: float = 0.0) -> tuple[Server, Server]:
+    """_start_replicating, then _restart_passive: the in-sync backup takes over at 14 s with
+    no PASSIVE (its out_of_sync record at 14.001 s); the primary, back at 30 s and PASSIVE at
+    31.01 s, has caught up at 33 s. Stops: primary 58 s, backup 60 s. Unprotected: 1.01 ..
+    3.0 (primary) and 14 .. 33 (backup); the outage 9.5 .. 14 is not: nobody was ACTIVE."""
+    primary, backup = pair(backup_skew)
+    _start_replicating(primary, backup)
+    _restart_passive(primary, backup)
+    backup.sync(14.001, "ACTIVE", 2, "out_of_sync", NONE_IN_SYNC)
+    primary.sync(32.9, "PASSIVE", 2, "in_sync", "snapshot applied in 1.8 s", side="passive")
+    backup.sync(33.0, "ACTIVE", 2, "in_sync", "snapshot of 800 changes applied")
+    primary.record(58.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(60.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
+
+
+def crash_unprotected() -> tuple[Server, Server]:
+    """_start_replicating; the backup takes over at 14 s unprotected (_takeover); the primary
+    restarts at 18 s and follows (PASSIVE at 18.51 s) but the backup is killed at ~22 s,
+    before the primary has caught up (the backup's last state message left at 21.5 s; the
+    primary loses it at 24.5 s, and, not in sync, stays PASSIVE). The primary stops at 30 s.
+    Unprotected: 1.01 .. 3.0 (primary) and 14 .. 21.5 (backup, to its last sign of life)."""
+    primary, backup = pair()
+    _start_replicating(primary, backup)
+    _takeover(primary, backup)
+    backup.sync(14.0, "ACTIVE", 2, "out_of_sync", NONE_IN_SYNC)
+    primary.record(18.0, "started", "PRIMARY", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.heard(18.45, "peer_up", "ACTIVE", 2, primary, "PRIMARY", sent=18.4)
+    primary.heard(18.5, "peer_up", "PRIMARY", 1, backup, "ACTIVE", sent=18.45)
+    primary.transition(18.51, "PRIMARY", "PASSIVE", 2, "PEER_ACTIVE", "backup took over")
+    primary.heard(24.5, "peer_lost", "PASSIVE", 2, backup, "ACTIVE", sent=21.5)
+    primary.record(30.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    return _in_order(primary, backup)
+
+
+def split_quarantine() -> tuple[Server, Server]:
+    """link_cut with replication: the primary is in sync from 2 s and loses its PASSIVE when
+    the link is cut (12.6 s); the backup is ACTIVE too from 15 s with no PASSIVE; when the
+    link heals the primary steps down (20.02 s), quarantines the 7 messages it accepted
+    alone (20.5 s) and catches up: the backup is in sync at 22 s. Unprotected: 1.01 .. 2.0
+    and 12.6 .. 20.02 (primary), 15 .. 22 (backup): 0.99 s + 9.4 s for the pair."""
+    primary, backup = link_cut()
+    primary.sync(1.01, "ACTIVE", 1, "out_of_sync", NONE_IN_SYNC)
+    primary.sync(2.0, "ACTIVE", 1, "in_sync", "snapshot of 3 changes applied")
+    primary.sync(12.6, "ACTIVE", 1, "out_of_sync", "the in-sync PASSIVE left")
+    backup.sync(15.0, "ACTIVE", 2, "out_of_sync", NONE_IN_SYNC)
+    primary.record(
+        20.5,
+        "quarantine",
+        "PASSIVE",
+        2,
+        messages=7,
+        path="/var/lib/amqha/primary/quarantine/1700000020-primary.sqlite",
+        queues=["orders"],
+    )
+    backup.sync(22.0, "ACTIVE", 2, "in_sync", "snapshot of 90 changes applied")
+    return _in_order(primary, backup)
