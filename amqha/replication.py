@@ -234,6 +234,7 @@ class Feed:
                 connection.frame_max,
             )
         )
+        connection.flush()  # now: the PASSIVE's store is on the confirm's critical path
 
     def acked(self, channel: Channel, tag: int, multiple: bool) -> None:
         """The subscriber's Basic.Ack: it holds what those deliveries carried."""

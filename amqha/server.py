@@ -264,8 +264,9 @@ class Broker:
             return
         first, changes = self.log.take()
         if changes:
-            self.store.submit(first, changes)
+            # To the PASSIVE first: its store is the longer way to the watermark.
             self.feed.live(first, changes)
+            self.store.submit(first, changes)
 
     def _store_notified(self, last_lsn: int, failed: StoreFailure | None) -> None:
         """Called on the store's writer thread: hand the news to the loop."""
