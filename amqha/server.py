@@ -708,19 +708,22 @@ class Broker:
         if self.memory_timer is not None:
             self.memory_timer.cancel()
         self.timers.close()
-        for server in (*self.servers, self.tls_server):
-            if server is not None:
-                server.close()
-        for connection in list(self.connections):
-            connection.close_forced(text)
-        deadline = self.loop.time() + CLOSE_WAIT
-        while self.connections and self.loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        for connection in list(self.connections):
-            if connection.transport is not None:
-                connection.transport.abort()
-        self.auth.close()
-        self.close_store()
+        try:
+            for server in (*self.servers, self.tls_server):
+                if server is not None:
+                    server.close()
+            for connection in list(self.connections):
+                connection.close_forced(text)
+            deadline = self.loop.time() + CLOSE_WAIT
+            while self.connections and self.loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            for connection in list(self.connections):
+                if connection.transport is not None:
+                    connection.transport.abort()
+        finally:
+            # Whatever went wrong above, what the store was given is written and closed.
+            self.auth.close()
+            self.close_store()
 
     def close_store(self) -> None:
         """Write what the store has not been given yet, then close it."""

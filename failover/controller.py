@@ -178,6 +178,10 @@ class FailoverController:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         await self.loop.run_in_executor(None, self.heartbeat.stop)
+        # The broker stops after us, closing the replication link as it goes: nothing it
+        # reports from then on belongs in the event log, whose last record is `stopped`.
+        self.broker.on_sync = None
+        self.broker.on_quarantine = None
         self._write("stopped", listen=self.config.public_address, peer=self.config.failover.peer)
         self.events.close()
 

@@ -304,3 +304,34 @@ async def test_replication_can_be_turned_off_per_queue_and_for_the_server(make_p
     status = await replication(off, off.primary)
     assert status == {"enabled": False}
     assert not [e for e in off.events(off.primary) if e["event"] == "sync"]
+
+
+async def test_a_clean_stop_while_replicating_exits_cleanly_and_keeps_every_message(
+    make_pair: Any,
+) -> None:
+    """SIGTERM of the ACTIVE while its PASSIVE is subscribed (its shutdown closes the
+    replication link), then of the PASSIVE, and after a restart the other way round: each
+    stops with exit code 0, no traceback, its `stopped` record last, and its store closed
+    with every confirmed message."""
+    pair: Pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    active, passive = await pair.settled()
+    ledger = Ledger()
+    await declare(active.url, "kept")
+    await publish_confirmed(active.url, "kept", ledger, "k", asyncio.Event(), limit=300)
+    assert len(ledger.confirmed) == 300
+    for server in (active, passive):
+        assert server.terminate() == 0, server.log()
+        assert "Traceback" not in server.log(), server.log()
+        assert pair.events(server)[-1]["event"] == "stopped"
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    active, _ = await pair.settled()
+    remaining = [body for body, _ in await drain(active.url, "kept")]
+    lost, invented = ledger.check(remaining)
+    assert not lost and not invented and len(remaining) == 300
+    # The other order (the PASSIVE first, as when both get the signal at once) is clean too.
+    for server in reversed(await pair.settled()):
+        assert server.terminate() == 0, server.log()
+        assert pair.events(server)[-1]["event"] == "stopped"
+    assert all("Traceback" not in server.log() for server in pair.servers)
