@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,8 +279,19 @@ async def test_a_real_takeover_is_unprotected_until_the_passive_caught_up(
             None,
         )
 
-    await poll(caught_up, 30.0, "the new ACTIVE's in_sync record")
-    await asyncio.sleep(0.5)  # a little protected time after it
+    record = await poll(caught_up, 30.0, "the new ACTIVE's in_sync record")
+    # Some protected time after it, seen from both sides: each server has heard a state
+    # message the other sent two heartbeats after the in_sync record.
+    after = record["ts"] + 2 * pair.heartbeat
+    deadline = time.monotonic() + 30.0
+    for _ in range(600):  # bounded in count and in time
+        statuses = [await pair.status(server) for server in pair.servers]
+        if all((s.get("peer") or {}).get("last_seen", 0) > after for s in statuses):
+            break
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert all((s.get("peer") or {}).get("last_seen", 0) > after for s in statuses), statuses
     # The ACTIVE first: stopping its PASSIVE first would leave it unprotected until it stops.
     pair.backup.stop()
     pair.stop()
