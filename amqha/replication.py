@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -159,10 +160,7 @@ class Feed:
         subscriber = self.subscriber
         while subscriber is not None and len(subscriber.unacked) < subscriber.prefetch:
             if self._snapshot is not None:
-                run = self._snapshot_run()
-                if run is None:
-                    continue
-                changes, end = run
+                changes, end = self._snapshot_run()
                 self._send(subscriber, 0, changes, self._snapshot_lsn, end)
             elif self._pending:
                 first, changes, last = self._live_run()
@@ -171,19 +169,22 @@ class Feed:
                 return
             subscriber = self.subscriber
 
-    def _snapshot_run(self) -> tuple[list[Change], bool] | None:
+    def _snapshot_run(self) -> tuple[list[Change], bool]:
+        """The snapshot's next run, taken a few changes at a time until it is full; True
+        with its last run."""
         assert self._snapshot is not None
         changes: list[Change] = []
         size = 0
-        for change in self._snapshot:
-            changes.append(change)
-            size += 64 + (len(change.body) + len(change.header) if type(change) is Enqueued else 0)  # type: ignore[union-attr]
-            if len(changes) >= RUN_CHANGES or size >= RUN_BYTES:
+        while len(changes) < RUN_CHANGES and size < RUN_BYTES:
+            chunk = list(itertools.islice(self._snapshot, min(64, RUN_CHANGES - len(changes))))
+            if not chunk:
+                self._snapshot = None
                 self.snapshot_changes += len(changes)
-                return changes, False
-        self._snapshot = None
+                return changes, True
+            changes += chunk
+            size += _size(chunk)
         self.snapshot_changes += len(changes)
-        return changes, True
+        return changes, False
 
     def _live_run(self) -> tuple[int, list[Change], int]:
         first, changes, size = self._pending[0]

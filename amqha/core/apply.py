@@ -53,15 +53,12 @@ def apply(state: State, change: Change, now: float) -> None:
         for vhost in state.vhosts.values():
             reset(vhost)
         return
+    if type(change) is Enqueued:
+        apply_run(state, [change], now)  # the one place a message is put back
+        return
     vhost = state.vhost(change.vhost)
     assert vhost.log is None, "apply() on a vhost that logs would emit the change again"
     match change:
-        case Enqueued():
-            queue = vhost.queues.get(change.queue)
-            if queue is not None:
-                message = Message(change.address, change.header, change.body, msg_id=change.msg_id)
-                queue.restore(message, change.deadline)
-            vhost.ids.seen(change.msg_id)
         case Settled():
             queue = vhost.queues.get(change.queue)
             if queue is not None:
