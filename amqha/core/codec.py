@@ -205,9 +205,10 @@ class _Reader:
 
 def _decode(reader: _Reader, depth: int) -> Change:
     kind = reader.u8()
-    if kind == 1:
-        change, reader.at = _decode_enqueued(reader.data, reader.at)
-        return change
+    if kind == 1:  # inside a Batch
+        one: list[Change] = []
+        reader.at = _decode_enqueued_into(reader.data, reader.at - 1, one, {})
+        return one[0]
     if kind == 2:
         return Delivered(reader.name(), reader.name(), reader.i64())
     if kind == 3:
@@ -249,17 +250,27 @@ def _decode(reader: _Reader, depth: int) -> Change:
     raise ValueError(f"unknown change kind {kind}")
 
 
-def _decode_enqueued(data: bytes, at: int) -> tuple[Enqueued, int]:
-    """The hot kind, read with local offsets (the generic reader costs 3x as much)."""
-    end = at + 1 + data[at]
-    vhost = data[at + 1 : end].decode()
-    at = end + 1 + data[end]
-    queue = data[end + 1 : at].decode()
-    (msg_id,) = _I64.unpack_from(data, at)
-    at += 8
-    (size,) = _U32.unpack_from(data, at)
-    address = data[at + 4 : at + 4 + size]
-    at += 4 + size
+def _decode_enqueued_into(
+    data: bytes, at: int, out: list[Change], queues: dict[bytes, tuple[str, str]]
+) -> int:
+    """Read the Enqueued at ``at`` (its kind byte) into ``out``; the offset after it.
+
+    The hot kind, read with local offsets. ``queues`` keeps the names of each queue's
+    prefix (kind, vhost, queue) already seen in this run: they are decoded once."""
+    end = at + 2 + data[at + 1]
+    end += 1 + data[end]
+    prefix = data[at:end]
+    names = queues.get(prefix)
+    if names is None:
+        vhost_end = at + 2 + data[at + 1]
+        names = queues[prefix] = (
+            data[at + 2 : vhost_end].decode(),
+            data[vhost_end + 1 : end].decode(),
+        )
+    msg_id, size = _ID_AND_SIZE.unpack_from(data, end)
+    at = end + 12
+    address = data[at : at + size]
+    at += size
     (size,) = _U32.unpack_from(data, at)
     header = data[at + 4 : at + 4 + size]
     at += 4 + size
@@ -268,19 +279,26 @@ def _decode_enqueued(data: bytes, at: int) -> tuple[Enqueued, int]:
     at += 4 + size
     deadline, persistent = _ENQUEUED_TAIL.unpack_from(data, at)
     at += 9
-    if at > len(data) or len(body) != size or persistent > 1:
+    if len(body) != size or persistent > 1:
         raise ValueError("truncated or bad Enqueued")
-    change = Enqueued(
-        vhost,
-        queue,
-        msg_id,
-        address,
-        header,
-        body,
-        None if math.isnan(deadline) else deadline,
-        bool(persistent),
+    out.append(
+        _new(
+            Enqueued,
+            (
+                *names,
+                msg_id,
+                address,
+                header,
+                body,
+                None if deadline != deadline else deadline,  # NaN: no deadline
+                persistent == 1,
+            ),
+        )
     )
-    return change, at
+    return at
+
+
+_new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
 
 
 def decode(data: bytes) -> tuple[int, list[Change]]:
@@ -291,17 +309,19 @@ def decode(data: bytes) -> tuple[int, list[Change]]:
     if version != VERSION:
         raise ValueError(f"change run version {version}, this server reads {VERSION}")
     reader = _Reader(data)
-    reader.at = _HEAD.size
+    at = _HEAD.size
     changes: list[Change] = []
+    queues: dict[bytes, tuple[str, str]] = {}
     try:
         for _ in range(count):
-            if data[reader.at] == 1:
-                change, reader.at = _decode_enqueued(data, reader.at + 1)
-                changes.append(change)
+            if data[at] == 1:
+                at = _decode_enqueued_into(data, at, changes, queues)
             else:
+                reader.at = at
                 changes.append(_decode(reader, 0))
+                at = reader.at
     except (IndexError, struct.error, UnicodeDecodeError) as error:
         raise ValueError(f"malformed change run: {error}") from None
-    if reader.at != len(data):
+    if at != len(data):
         raise ValueError("bytes left after the change run")
     return first_lsn, changes
