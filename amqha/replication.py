@@ -9,9 +9,10 @@ Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
   subscriber's acks are the replication watermark ("the PASSIVE holds everything up to
   LSN n"), its prefetch the flow control. Once it has acked the snapshot's end it is
   *in sync*; confirms then wait for it as well as for the store.
-- The follower keeps a peering link to the ACTIVE subscribed to the feed, applies each
-  change with ``core.apply`` (the same function as recovery), hands it to its own
-  store, and acks the delivery once the store has it.
+- The follower keeps a lean consuming link (``peering.ConsumerLink``) to the ACTIVE
+  subscribed to the feed. Each run is handled in the socket's read: decoded, handed to
+  its own store, applied with ``core.apply`` (the same function as recovery), and acked
+  on the socket once the store has it.
 
 Must not know: the failover state machine (the pair tells the broker to lead or to
 follow: see ``Broker.lead``/``Broker.follow``), the store's files. See
@@ -20,7 +21,6 @@ docs/durability.md, section 5.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import logging
@@ -28,11 +28,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import aiormq
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from peering import Peering
+from peering import ConsumerLink, Link
 
 from . import wire
 from .core import codec
@@ -321,36 +320,35 @@ class Follower:
         self.runs = 0
         self.snapshot_started = 0.0
         self.last_snapshot_seconds: float | None = None
-        self.peering = Peering(
+        self.link = ConsumerLink(
             url,
+            FEED_QUEUE,
+            self._on_run,
             name=f"{name}->replication",
-            backoff_initial=0.05,
-            backoff_max=1.0,
-            connect_timeout=5.0,
-            on_channel=self._subscribe,
+            prefetch=FOLLOWER_PREFETCH,
+            on_up=self._subscribed,
             client_properties={"product": "amqha replication", "amqha_node": name},
             **connect_options,
         )
 
     async def start(self) -> None:
-        await self.peering.start()
+        await self.link.start()
 
     async def stop(self) -> None:
-        await self.peering.stop()
+        await self.link.stop()
 
-    async def _subscribe(self, channel: aiormq.abc.AbstractChannel) -> None:
-        await channel.basic_qos(prefetch_count=FOLLOWER_PREFETCH)
-        await channel.basic_consume(FEED_QUEUE, self._on_run, no_ack=False)
+    def _subscribed(self) -> None:
         self.state = "catching_up" if not self.in_sync else "subscribed"
 
-    async def _on_run(self, message: aiormq.abc.DeliveredMessage) -> None:
-        channel = message.channel
-        tag = message.delivery.delivery_tag  # type: ignore[union-attr]
+    def _on_run(
+        self, link: Link, tag: int, properties: commands.Basic.Properties, body: bytes
+    ) -> None:
+        """One run from the feed, in the socket's read (see the module docstring)."""
         try:
-            _, changes = codec.decode(message.body)
+            _, changes = codec.decode(body)
         except ValueError as error:
             log.error("replication: a run that does not decode (%s): resubscribing", error)
-            await channel.close()
+            link.close("a run that does not decode")
             return
         broker = self.broker
         if changes and type(changes[0]) is Reset:  # a snapshot starts
@@ -361,8 +359,7 @@ class Follower:
         apply_run(broker, changes, broker.now())
         self.applied += len(changes)
         self.runs += 1
-        headers = message.header.properties.headers or {}
-        end = bool(headers.get(SNAPSHOT_END))
+        end = bool((properties.headers or {}).get(SNAPSHOT_END))
 
         def stored(ok: bool) -> None:
             if not ok:
@@ -373,16 +370,14 @@ class Follower:
                 if self.in_sync:
                     self.in_sync = False
                     self.on_sync(False, "this server's store could not write the changes")
-                if not channel.is_closed:
-                    asyncio.ensure_future(channel.close())
+                link.close("this server's store could not write the changes")
                 return
             if end and not self.in_sync:
                 self.in_sync = True
                 self.state = "in_sync"
                 self.last_snapshot_seconds = round(time.monotonic() - self.snapshot_started, 3)
                 self.on_sync(True, f"snapshot applied in {self.last_snapshot_seconds} s")
-            if not channel.is_closed:
-                asyncio.ensure_future(channel.basic_ack(tag))
+            link.ack(tag)
 
         broker.when_safe(lsn, stored)
 
@@ -396,7 +391,7 @@ class Follower:
 
     def status(self) -> dict[str, Any]:
         return {
-            "state": self.state if self.peering.connected else "disconnected",
+            "state": self.state if self.link.connected else "disconnected",
             "in_sync": self.in_sync,
             "applied_changes": self.applied,
             "runs": self.runs,

@@ -2,10 +2,12 @@
 
 A peering is the low-level link of the OpenAMQ clustering design: this server
 connects to the other as an ordinary AMQP client (user tagged ``peering``) and
-publishes to its exchanges. Failover state rides on it now; replication and
-federation can ride on it later.
+publishes to its exchanges: failover state rides on ``Peering``. ``ConsumerLink`` is
+the consuming kind, lean, that replication rides on: each delivery goes straight from
+the socket to a callback.
 """
 
 from .agent import Peering, PeeringStatus
+from .consumer import ConsumerLink, Link
 
-__all__ = ["Peering", "PeeringStatus"]
+__all__ = ["ConsumerLink", "Link", "Peering", "PeeringStatus"]

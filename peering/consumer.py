@@ -1,0 +1,415 @@
+"""A lean consuming link: one queue on a remote server, each delivery handed to a callback
+straight from the socket's read, each ack written straight to the socket.
+
+Owns: connecting as a user (PLAIN) over TCP or TLS, the handshake (Start, Tune, Open, one
+channel, Qos, Consume), AMQP heartbeats both ways with dead-peer detection, reading
+Deliver + header + body frames into ``on_delivery``, writing acks, and reconnecting with
+capped exponential backoff after any failure (refused, reset, cut, a handshake that
+hangs, a certificate not trusted, the server closing the channel). No task is created
+per delivery or per ack: this is the replication data path, where every hop between the
+socket and the store is on a publisher's confirm (docs/durability.md, section 5).
+
+Must not know: what the deliveries carry, the local broker, the failover state machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import struct
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from pamqp import commands, frame
+from pamqp.base import Frame
+from pamqp.header import ContentHeader
+
+from .agent import PeeringStatus, _censor, _tls_failure
+
+log = logging.getLogger("amqha.peering")
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+CHANNEL = 1
+# The largest frame this side accepts (the server may tune lower).
+FRAME_MAX = 131072
+_FRAME_HEAD = struct.Struct(">BHI")
+_METHOD_INDEX = struct.Struct(">I")
+_ACK = struct.Struct(">BHIIQBB")  # a whole Basic.Ack frame on CHANNEL
+_ACK_INDEX = commands.Basic.Ack.index
+
+
+class LinkClosed(ConnectionError):
+    """The link went down; the message says why."""
+
+
+# (delivery's link, delivery tag, properties, body)
+OnDelivery = Callable[["Link", int, commands.Basic.Properties, bytes], None]
+
+
+class Link(asyncio.Protocol):
+    """One connection's worth of the link. ``ack`` writes to this connection only: a tag
+    from a connection that has closed is never written to the next one."""
+
+    def __init__(self, owner: ConsumerLink) -> None:
+        self.owner = owner
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.ready: asyncio.Future[None] = self.loop.create_future()
+        self.closed: asyncio.Future[str] = self.loop.create_future()
+        self.is_closed = False
+        self.consuming = False
+        self.frame_max = FRAME_MAX
+        self.heartbeat = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.last_received = self.loop.time()
+        self.last_sent = self.last_received
+        self.server_properties: dict[str, Any] = {}
+        # The delivery being read: [tag, properties, bytes expected, parts].
+        self._delivery: list[Any] | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._write(PROTOCOL_HEADER)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed(f"connection lost: {exc}" if exc else "connection closed")
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = self.loop.time()
+        buffer = self.buffer + data if self.buffer else data
+        position, available = 0, len(buffer)
+        unpack = _FRAME_HEAD.unpack_from
+        try:
+            while available - position >= 8 and not self.is_closed:
+                kind, channel, size = unpack(buffer, position)
+                if size + 8 > self.frame_max:
+                    raise LinkClosed(f"a frame over frame_max {self.frame_max}")
+                end = position + 7 + size
+                if end >= available:
+                    break
+                if buffer[end] != 0xCE:
+                    raise LinkClosed("bad frame end byte")
+                payload = buffer[position + 7 : end]
+                position = end + 1
+                if kind == 3:
+                    self._on_body(payload)
+                elif kind == 1:
+                    self._on_method(channel, payload)
+                elif kind == 2:
+                    self._on_header(payload)
+                elif kind != 8:
+                    raise LinkClosed(f"unknown frame type {kind}")
+        except LinkClosed as error:
+            self.close(str(error))
+            return
+        except Exception as error:  # the callback's, or a frame pamqp cannot read
+            log.exception("%s: closing the link", self.owner.name)
+            self.close(f"{type(error).__name__}: {error}")
+            return
+        self.buffer = buffer[position:] if position < available else b""
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def _on_method(self, channel: int, payload: bytes) -> None:
+        (index,) = _METHOD_INDEX.unpack_from(payload)
+        kind = commands.INDEX_MAPPING.get(index)
+        if kind is None:
+            raise LinkClosed(f"unexpected method {index >> 16}.{index & 0xFFFF}")
+        method = kind()
+        method.unmarshal(payload[4:])
+        if kind is commands.Basic.Deliver:
+            self._delivery = [method.delivery_tag, None, 0, []]  # type: ignore[attr-defined]
+        elif kind is commands.Connection.Start:
+            self._on_start(method)  # type: ignore[arg-type]
+        elif kind is commands.Connection.Tune:
+            self._on_tune(method)  # type: ignore[arg-type]
+        elif kind is commands.Connection.OpenOk:
+            self._send(commands.Channel.Open(), CHANNEL)
+        elif kind is commands.Channel.OpenOk:
+            self._send(commands.Basic.Qos(prefetch_count=self.owner.prefetch), CHANNEL)
+        elif kind is commands.Basic.QosOk:
+            self._send(commands.Basic.Consume(queue=self.owner.queue), CHANNEL)
+        elif kind is commands.Basic.ConsumeOk:
+            self.consuming = True
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif kind is commands.Connection.Close:
+            self._send(commands.Connection.CloseOk(), 0)
+            self.consuming = False  # closed by the server: no Close of ours follows
+            raise LinkClosed(_reason("the server closed the connection", method))
+        elif kind is commands.Channel.Close:
+            self._send(commands.Channel.CloseOk(), channel)
+            raise LinkClosed(_reason("the server closed the channel", method))
+        elif kind is commands.Basic.Cancel:
+            raise LinkClosed("the server cancelled the subscription")
+        elif kind not in _IGNORED:
+            raise LinkClosed(f"unexpected {kind.__name__}")
+
+    def _on_header(self, payload: bytes) -> None:
+        delivery = self._delivery
+        if delivery is None or delivery[1] is not None:
+            raise LinkClosed("a content header with no delivery")
+        header = ContentHeader()
+        header.unmarshal(payload)
+        delivery[1] = header.properties
+        delivery[2] = header.body_size
+        if not header.body_size:
+            self._deliver(delivery, b"")
+
+    def _on_body(self, payload: bytes) -> None:
+        delivery = self._delivery
+        if delivery is None or delivery[1] is None:
+            raise LinkClosed("a body frame with no delivery")
+        parts = delivery[3]
+        if not parts and len(payload) == delivery[2]:  # the whole body in one frame
+            self._deliver(delivery, payload)
+            return
+        parts.append(payload)
+        delivery[2] -= len(payload)
+        if delivery[2] < 0:
+            raise LinkClosed("a body longer than its header said")
+        if not delivery[2]:
+            self._deliver(delivery, b"".join(parts))
+
+    def _deliver(self, delivery: list[Any], body: bytes) -> None:
+        self._delivery = None
+        self.owner.on_delivery(self, delivery[0], delivery[1], body)
+
+    def _on_start(self, start: commands.Connection.Start) -> None:
+        owner = self.owner
+        self.server_properties = dict(start.server_properties or {})
+        mechanisms = (start.mechanisms or "").split()
+        if "PLAIN" not in mechanisms:
+            raise LinkClosed(f"the server offers no PLAIN login (only {mechanisms})")
+        self._send(
+            commands.Connection.StartOk(
+                client_properties=owner.client_properties,
+                mechanism="PLAIN",
+                response=f"\0{owner.user}\0{owner.password}",
+                locale="en_US",
+            ),
+            0,
+        )
+
+    def _on_tune(self, tune: commands.Connection.Tune) -> None:
+        if tune.frame_max:
+            self.frame_max = min(tune.frame_max, FRAME_MAX)
+        wanted, offered = self.owner.heartbeat, tune.heartbeat
+        self.heartbeat = min(wanted, offered) if wanted and offered else 0
+        self._send(
+            commands.Connection.TuneOk(
+                channel_max=1, frame_max=self.frame_max, heartbeat=self.heartbeat
+            ),
+            0,
+        )
+        self._send(commands.Connection.Open(virtual_host=self.owner.vhost), 0)
+        self._schedule_heartbeat()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def ack(self, tag: int, multiple: bool = False) -> bool:
+        """Ack ``tag`` on this connection; False (nothing written) once it has closed."""
+        if self.is_closed or not self.consuming:
+            return False
+        self._write(_ACK.pack(1, CHANNEL, 13, _ACK_INDEX, tag, multiple, 0xCE))
+        return True
+
+    def _send(self, method: Frame, channel: int) -> None:
+        self._write(frame.marshal(method, channel))
+
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not self.is_closed:
+            transport.write(data)
+            self.last_sent = self.loop.time()
+
+    # -- heartbeats and closing -------------------------------------------------------------
+
+    def _schedule_heartbeat(self) -> None:
+        if self.heartbeat and not self.is_closed:
+            self.timer = self.loop.call_later(self.heartbeat / 2, self._on_heartbeat_timer)
+
+    def _on_heartbeat_timer(self) -> None:
+        now = self.loop.time()
+        if now - self.last_received > 2 * self.heartbeat:
+            self.close(f"nothing heard for {2 * self.heartbeat} s (heartbeats)", abort=True)
+            return
+        if now - self.last_sent >= self.heartbeat / 2:
+            self._write(HEARTBEAT_FRAME)
+        self._schedule_heartbeat()
+
+    def close(self, reason: str, abort: bool = False) -> None:
+        """Close this connection (reconnecting is the owner's business)."""
+        if self.is_closed:
+            return
+        if not abort and self.consuming:
+            self._send(
+                commands.Connection.Close(200, reason.encode()[:255].decode(errors="ignore"), 0, 0),
+                0,
+            )
+        transport = self.transport
+        self._closed(reason)
+        if transport is not None:
+            if abort:
+                transport.abort()
+            else:
+                transport.close()
+
+    def _closed(self, reason: str) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.is_closed:
+            self.is_closed = True
+            self.consuming = False
+        if not self.ready.done():
+            self.ready.set_exception(LinkClosed(reason))
+            self.ready.exception()  # retrieved: the owner reads it from the handshake
+        if not self.closed.done():
+            self.closed.set_result(reason)
+
+
+_IGNORED = (commands.Connection.CloseOk, commands.Connection.Blocked, commands.Connection.Unblocked)
+
+
+def _reason(what: str, close: Any) -> str:
+    return f"{what}: {close.reply_code} {close.reply_text}"
+
+
+class ConsumerLink:
+    """Keep one subscription to ``queue`` on the server at ``url`` (amqp:// or amqps://,
+    with user, password and virtual host), reconnecting after any failure.
+
+    ``on_delivery(link, tag, properties, body)`` is called from the socket's read, in
+    order; it acks with ``link.ack(tag)`` (at once or later) or drops the connection with
+    ``link.close(reason)``. A callback that raises closes the connection too.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        on_delivery: OnDelivery,
+        name: str = "consumer",
+        prefetch: int = 16,
+        heartbeat: int = 5,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 1.0,
+        connect_timeout: float = 5.0,
+        client_properties: dict[str, Any] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        on_up: Callable[[], None] | None = None,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+            raise ValueError(f"{_censor(url)}: not an amqp:// or amqps:// address")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+        self.user = unquote(parts.username or "guest")
+        self.password = unquote(parts.password or "guest")
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        self.vhost = unquote(path) or "/"
+        self.queue = queue
+        self.on_delivery = on_delivery
+        self.name = name
+        self.prefetch = prefetch
+        self.heartbeat = heartbeat
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.client_properties = {"connection_name": name, **(client_properties or {})}
+        if ssl_context is None and parts.scheme == "amqps":
+            ssl_context = ssl.create_default_context()
+        self.ssl_context = ssl_context
+        self.server_hostname = server_hostname
+        self.on_up = on_up  # called once each link is subscribed
+        self.status = PeeringStatus()
+        self.link: Link | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._tls_error_logged: str | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.link is not None and self.link.consuming
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        link, self.link = self.link, None
+        if link is not None:
+            link.close("stopping")
+
+    async def _connect(self) -> Link:
+        loop = asyncio.get_running_loop()
+        options: dict[str, Any] = {}
+        if self.ssl_context is not None:
+            options["ssl"] = self.ssl_context
+            options["server_hostname"] = self.server_hostname or self.host
+        _, link = await loop.create_connection(lambda: Link(self), self.host, self.port, **options)
+        try:
+            await link.ready
+        except BaseException:
+            link.close("the handshake did not finish", abort=True)
+            raise
+        return link
+
+    async def _run(self) -> None:
+        delay = self.backoff_initial
+        while not self._stopping:
+            self.status.attempts += 1
+            try:
+                link = await asyncio.wait_for(self._connect(), self.connect_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if isinstance(error, asyncio.TimeoutError):
+                    error = TimeoutError(f"no subscription within {self.connect_timeout} s")
+                self.status.last_error = f"{type(error).__name__}: {error}"
+                log.debug("%s: connect to %s failed: %s", self.name, _censor(self.url), error)
+                tls_error = _tls_failure(error)
+                if tls_error is not None and tls_error != self._tls_error_logged:
+                    self._tls_error_logged = tls_error
+                    log.error("%s: TLS to %s refused: %s", self.name, _censor(self.url), tls_error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
+                continue
+            self.link = link
+            delay = self.backoff_initial
+            self._tls_error_logged = None
+            self.status.connected = True
+            self.status.connects += 1
+            self.status.last_error = None
+            log.info("%s: link up to %s", self.name, _censor(self.url))
+            if self.on_up is not None:
+                self.on_up()
+            try:
+                reason = await asyncio.shield(link.closed)
+            except asyncio.CancelledError:
+                link.close("stopping")
+                raise
+            self.status.connected = False
+            if self.link is link:
+                self.link = None
+            if self._stopping:
+                return
+            self.status.last_error = reason
+            log.info("%s: link down (%s), reconnecting", self.name, reason)
+            await asyncio.sleep(delay)
