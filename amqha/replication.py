@@ -10,9 +10,9 @@ Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
   LSN n"), its prefetch the flow control. Once it has acked the snapshot's end it is
   *in sync*; confirms then wait for it as well as for the store.
 - The follower keeps a lean consuming link (``peering.ConsumerLink``) to the ACTIVE
-  subscribed to the feed. Each run is handled in the socket's read: decoded, handed to
-  its own store, applied with ``core.apply`` (the same function as recovery), and acked
-  on the socket once the store has it.
+  subscribed to the feed. Each run is handled in the socket's read: decoded and handed
+  to its own store; applied with ``core.apply`` (the same function as recovery) once the
+  store's writer waits for the disk; acked on the socket once the store has it.
 
 Must not know: the failover state machine (the pair tells the broker to lead or to
 follow: see ``Broker.lead``/``Broker.follow``), the store's files. See
@@ -320,6 +320,8 @@ class Follower:
         self.runs = 0
         self.snapshot_started = 0.0
         self.last_snapshot_seconds: float | None = None
+        # Runs stored (or on their way to the store) and not applied yet: (changes, now).
+        self._unapplied: list[tuple[list[Change], float]] = []
         self.link = ConsumerLink(
             url,
             FEED_QUEUE,
@@ -337,6 +339,20 @@ class Follower:
     async def stop(self) -> None:
         await self.link.stop()
 
+    @property
+    def unsettled(self) -> bool:
+        """Whether runs wait to be applied (read from the store's writer thread)."""
+        return bool(self._unapplied)
+
+    def settle(self) -> None:
+        """Apply, in order, the runs handed to the store and not applied yet."""
+        unapplied = self._unapplied
+        if unapplied:
+            self._unapplied = []
+            broker = self.broker
+            for changes, now in unapplied:
+                apply_run(broker, changes, now)
+
     def _subscribed(self) -> None:
         self.state = "catching_up" if not self.in_sync else "subscribed"
 
@@ -350,18 +366,22 @@ class Follower:
             log.error("replication: a run that does not decode (%s): resubscribing", error)
             link.close("a run that does not decode")
             return
+        self.settle()  # the runs before this one are applied first
         broker = self.broker
         if changes and type(changes[0]) is Reset:  # a snapshot starts
             self._reset()
-        # To the store first: its writer thread works on them (and waits for the disk)
-        # while the loop applies them. The ack waits for both.
+        # To the store first, applied once the store's writer has written the rows and
+        # waits for the disk: the two share one interpreter lock, and the writer's part is
+        # the one the ack waits for. Applied in any case before the ack, before the next
+        # run, and before this server leads (``settle``).
         lsn = broker.replicated(changes)
-        apply_run(broker, changes, broker.now())
+        self._unapplied.append((changes, broker.now()))
         self.applied += len(changes)
         self.runs += 1
         end = bool((properties.headers or {}).get(SNAPSHOT_END))
 
         def stored(ok: bool) -> None:
+            self.settle()
             if not ok:
                 # Not on this disk: never acked. The link is dropped so the ACTIVE stops
                 # waiting for us (it confirms on its own store, and says so); we

@@ -334,7 +334,10 @@ class Broker:
         self.leading = True
         follower, self.follower = self.follower, None
         if follower is not None:
+            follower.settle()  # every run received is in the state this server leads with
             self.loop.create_task(follower.stop())
+        if self.store is not None:
+            self.store.on_commit = None
         for vhost in self.vhosts.values():
             vhost.set_log(self.log)
             for queue in vhost.queues.values():
@@ -355,7 +358,21 @@ class Broker:
         if not self.config.replication.enabled or self.store is None:
             return
         self.follower = Follower(self, url, self._follower_sync, connect_options, self.config.name)
+        self.store.on_commit = self._committing
         self.loop.create_task(self.follower.start())
+
+    def _committing(self) -> None:
+        """On the store's writer thread, as a commit starts: the follower applies the runs
+        it stored meanwhile (see ``Follower.settle``)."""
+        follower = self.follower
+        if follower is not None and follower.unsettled:
+            # A closed loop: the server is gone and nothing waits any more.
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._settle_follower)
+
+    def _settle_follower(self) -> None:
+        if self.follower is not None:
+            self.follower.settle()
 
     def replicated(self, changes: list[Any]) -> int:
         """Changes received from the ACTIVE (already applied): to the store, like ours.

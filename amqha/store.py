@@ -373,6 +373,10 @@ class Store:
 
     ``commits`` counts the transactions committed, ``commit_seconds`` the time spent
     committing them (the fsyncs), ``failures`` the writes that failed.
+
+    ``on_commit``, if set, is called on the writer thread as each transaction's rows are
+    written and its commit starts: from there on the writer waits for the disk, and
+    holds no lock the caller's thread needs.
     """
 
     def __init__(self, path: str, db: sqlite3.Connection) -> None:
@@ -381,6 +385,7 @@ class Store:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._notify: Notify | None = None
+        self.on_commit: Callable[[], None] | None = None
         self._closed = False
         self._retained: list[Change] = []
         self._queue_ids: dict[Any, int | None] = {}
@@ -651,6 +656,9 @@ class Store:
         if high_id > stored_high_id and db.total_changes != changed:
             db.execute(_STORE_HIGH_ID, (high_id,))
             stored_high_id = high_id
+        on_commit = self.on_commit
+        if on_commit is not None:
+            on_commit()
         started = time.perf_counter()
         db.execute("COMMIT")
         self.commit_seconds += time.perf_counter() - started
