@@ -379,8 +379,7 @@ class Broker:
         Returns the LSN the store must pass for them."""
         log_ = self.log
         assert log_ is not None
-        for change in changes:
-            log_.emit(change, True)
+        log_.extend(changes, True)
         self._take_changes()  # now, not when the turn ends: the writer starts at once
         return log_.lsn
 

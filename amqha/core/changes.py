@@ -166,6 +166,20 @@ class ChangeLog:
         if sync:
             self.sync_lsn = self.lsn
 
+    def extend(self, changes: list[Change], sync: bool = False) -> None:
+        """``emit`` each of ``changes``, in one step."""
+        if self._batch is not None or not changes:
+            for change in changes:
+                self.emit(change, sync)
+            return
+        pending = self.pending
+        if not pending and self.on_first is not None:
+            self.on_first()
+        pending += changes
+        self.lsn += len(changes)
+        if sync:
+            self.sync_lsn = self.lsn
+
     def begin_batch(self) -> None:
         self._batch = []
         self._batch_sync = False

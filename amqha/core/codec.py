@@ -207,7 +207,7 @@ def _decode(reader: _Reader, depth: int) -> Change:
     kind = reader.u8()
     if kind == 1:  # inside a Batch
         one: list[Change] = []
-        reader.at = _decode_enqueued_into(reader.data, reader.at - 1, one, {})
+        reader.at, _ = _decode_messages(reader.data, reader.at - 1, one, {}, 1)
         return one[0]
     if kind == 2:
         return Delivered(reader.name(), reader.name(), reader.i64())
@@ -250,52 +250,61 @@ def _decode(reader: _Reader, depth: int) -> Change:
     raise ValueError(f"unknown change kind {kind}")
 
 
-def _decode_enqueued_into(
-    data: bytes, at: int, out: list[Change], queues: dict[bytes, tuple[str, str]]
-) -> int:
-    """Read the Enqueued at ``at`` (its kind byte) into ``out``; the offset after it.
+def _decode_messages(
+    data: bytes, at: int, out: list[Change], queues: dict[bytes, tuple[str, str]], limit: int
+) -> tuple[int, int]:
+    """Read up to ``limit`` consecutive Enqueued changes from ``at`` (a kind byte) into
+    ``out``; (the offset after them, how many).
 
-    The hot kind, read with local offsets. ``queues`` keeps the names of each queue's
-    prefix (kind, vhost, queue) already seen in this run: they are decoded once."""
-    end = at + 2 + data[at + 1]
-    end += 1 + data[end]
-    prefix = data[at:end]
-    names = queues.get(prefix)
-    if names is None:
-        vhost_end = at + 2 + data[at + 1]
-        names = queues[prefix] = (
-            data[at + 2 : vhost_end].decode(),
-            data[vhost_end + 1 : end].decode(),
+    The hot kind, read in one loop with local offsets. ``queues`` keeps the names of each
+    queue's prefix (kind, vhost, queue) already seen in this run: decoded once."""
+    append = out.append
+    ids, u32, tail = _ID_AND_SIZE.unpack_from, _U32.unpack_from, _ENQUEUED_TAIL.unpack_from
+    done = 0
+    while done < limit and data[at] == 1:
+        end = at + 2 + data[at + 1]
+        end += 1 + data[end]
+        prefix = data[at:end]
+        names = queues.get(prefix)
+        if names is None:
+            vhost_end = at + 2 + data[at + 1]
+            names = queues[prefix] = (
+                data[at + 2 : vhost_end].decode(),
+                data[vhost_end + 1 : end].decode(),
+            )
+        vhost, queue = names
+        msg_id, size = ids(data, end)
+        at = end + 12 + size
+        address = data[end + 12 : at]
+        (size,) = u32(data, at)
+        at += 4
+        header = data[at : at + size]
+        at += size
+        (size,) = u32(data, at)
+        at += 4
+        body = data[at : at + size]
+        at += size
+        deadline, persistent = tail(data, at)
+        at += 9
+        if len(body) != size or persistent > 1:
+            raise ValueError("truncated or bad Enqueued")
+        append(
+            _new(
+                Enqueued,
+                (
+                    vhost,
+                    queue,
+                    msg_id,
+                    address,
+                    header,
+                    body,
+                    None if deadline != deadline else deadline,  # NaN: no deadline
+                    persistent == 1,
+                ),
+            )
         )
-    msg_id, size = _ID_AND_SIZE.unpack_from(data, end)
-    at = end + 12
-    address = data[at : at + size]
-    at += size
-    (size,) = _U32.unpack_from(data, at)
-    header = data[at + 4 : at + 4 + size]
-    at += 4 + size
-    (size,) = _U32.unpack_from(data, at)
-    body = data[at + 4 : at + 4 + size]
-    at += 4 + size
-    deadline, persistent = _ENQUEUED_TAIL.unpack_from(data, at)
-    at += 9
-    if len(body) != size or persistent > 1:
-        raise ValueError("truncated or bad Enqueued")
-    out.append(
-        _new(
-            Enqueued,
-            (
-                *names,
-                msg_id,
-                address,
-                header,
-                body,
-                None if deadline != deadline else deadline,  # NaN: no deadline
-                persistent == 1,
-            ),
-        )
-    )
-    return at
+        done += 1
+    return at, done
 
 
 _new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
@@ -312,14 +321,17 @@ def decode(data: bytes) -> tuple[int, list[Change]]:
     at = _HEAD.size
     changes: list[Change] = []
     queues: dict[bytes, tuple[str, str]] = {}
+    remaining = count
     try:
-        for _ in range(count):
+        while remaining:
             if data[at] == 1:
-                at = _decode_enqueued_into(data, at, changes, queues)
+                at, done = _decode_messages(data, at, changes, queues, remaining)
+                remaining -= done
             else:
                 reader.at = at
                 changes.append(_decode(reader, 0))
                 at = reader.at
+                remaining -= 1
     except (IndexError, struct.error, UnicodeDecodeError) as error:
         raise ValueError(f"malformed change run: {error}") from None
     if at != len(data):

@@ -142,6 +142,26 @@ def test_a_transient_message_on_a_durable_queue_is_logged_but_needs_no_sync() ->
     assert h.log.sync_lsn == sync
 
 
+def test_extend_logs_what_emitting_each_change_logs() -> None:
+    _, changes = run_workload(3, 200)
+    firsts: list[int] = []
+    each, whole = ChangeLog(lambda: firsts.append(1)), ChangeLog(lambda: firsts.append(2))
+    for change in changes[:50]:
+        each.emit(change)
+    for change in changes[50:]:
+        each.emit(change, True)
+    whole.extend(changes[:50])
+    whole.extend([])
+    whole.extend(changes[50:], True)
+    assert (whole.lsn, whole.sync_lsn, whole.pending) == (each.lsn, each.sync_lsn, each.pending)
+    assert whole.take() == each.take() == (1, changes)
+    assert firsts == [1, 2]  # the host is told once, on the first change of the turn
+    whole.begin_batch()  # inside a transaction the changes join its batch
+    whole.extend(changes[:3])
+    whole.end_batch()
+    assert whole.take() == (len(changes) + 1, [Batch(tuple(changes[:3]))])
+
+
 def test_dead_lettering_is_a_settle_and_an_enqueue_of_the_rewritten_bytes() -> None:
     h = Logged()
     h.vhost.declare_exchange("dlx", "fanout", durable=True)
