@@ -10,6 +10,10 @@ publisher confirms with a window of 100, loopback:
   both stores);
 - ``ratio``: replicated ÷ standalone, the best round of each (target >= 0.7), and
   ``ratio_of_medians``; the two take turns round by round, both running all along;
+- ``wide_window``: the same with 1000 confirms in flight: with 100, a confirm waits for
+  one round (the ACTIVE takes the window, then the longer of its commit and the
+  PASSIVE's leg), so the PASSIVE's leg shows as latency; with 1000, what is left is
+  the throughput cost of replicating;
 - ``catch_up``: a PASSIVE restarted while the ACTIVE holds N persistent messages, from
   its start to in sync (msg/s, seconds).
 
@@ -40,6 +44,8 @@ from tests.support import ServerProcess
 
 HOST = "127.0.0.1"
 BODY = b"x" * 100
+WINDOW = 100  # confirms in flight, as in durable_bench (beside RabbitMQ)
+WIDE_WINDOW = 1000
 DEFAULT_SIZES = {"messages": 100_000, "rounds": 5, "catch_up": 1_000_000}
 QUICK_SIZES = {"messages": 20_000, "rounds": 1, "catch_up": 100_000}
 
@@ -48,17 +54,19 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def confirmed_publish(port: int, pid: int | None, count: int, queue: str) -> dict[str, Any]:
+async def confirmed_publish(
+    port: int, pid: int | None, count: int, queue: str, window: int = WINDOW
+) -> dict[str, Any]:
     client = await rawclient.connect(HOST, port)
     try:
         await client.open_channel(confirm=True)
         await client.rpc(commands.Queue.Declare(queue=queue, durable=True))
         frames = rawclient.publish_frames(1, queue, BODY, persistent=True)
-        await client.publish_confirmed(frames, min(count, 5000), window=100)  # warm-up
+        await client.publish_confirmed(frames, min(count, 5000), window=window)  # warm-up
         await client.rpc(commands.Queue.Purge(queue=queue))
         cpu = cpu_seconds(pid)
         started = time.perf_counter()
-        nacked = await client.publish_confirmed(frames, count, window=100)
+        nacked = await client.publish_confirmed(frames, count, window=window)
         elapsed = time.perf_counter() - started
         after = cpu_seconds(pid)
         await client.rpc(commands.Queue.Purge(queue=queue))
@@ -112,6 +120,20 @@ def best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return max(rounds, key=lambda r: r["msgs_per_s"])
 
 
+def compare(alone: list[dict[str, Any]], replicated: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both setups' best rounds, every round, and the two ratios."""
+    return {
+        "standalone": best(alone) | {"rounds": [r["msgs_per_s"] for r in alone]},
+        "replicated": best(replicated) | {"rounds": [r["msgs_per_s"] for r in replicated]},
+        "ratio": round(best(replicated)["msgs_per_s"] / best(alone)["msgs_per_s"], 3),
+        "ratio_of_medians": round(
+            statistics.median(r["msgs_per_s"] for r in replicated)
+            / statistics.median(r["msgs_per_s"] for r in alone),
+            3,
+        ),
+    }
+
+
 def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
     sizes = dict(DEFAULT_SIZES, **(sizes or {}))
     result: dict[str, Any] = {"sizes": sizes, "message_bytes": len(BODY)}
@@ -124,32 +146,32 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
             asyncio.run(pair.wait_states("ACTIVE", "PASSIVE", timeout=30))
             active = pair.primary
             assert solo.process is not None and active.process is not None
-            alone: list[dict[str, Any]] = []
-            rounds: list[dict[str, Any]] = []
             # The two take turns, so that whatever else the machine does falls on both.
-            for _ in range(sizes["rounds"]):
-                alone.append(
-                    asyncio.run(
-                        confirmed_publish(solo.port, solo.process.pid, sizes["messages"], "b")
+            for window, key in ((WINDOW, None), (WIDE_WINDOW, "wide_window")):
+                alone: list[dict[str, Any]] = []
+                rounds: list[dict[str, Any]] = []
+                for _ in range(sizes["rounds"]):
+                    alone.append(
+                        asyncio.run(
+                            confirmed_publish(
+                                solo.port, solo.process.pid, sizes["messages"], "b", window
+                            )
+                        )
                     )
-                )
-                asyncio.run(until_in_sync(active, 60))
-                rounds.append(
-                    asyncio.run(
-                        confirmed_publish(active.port, active.process.pid, sizes["messages"], "b")
+                    asyncio.run(until_in_sync(active, 60))
+                    rounds.append(
+                        asyncio.run(
+                            confirmed_publish(
+                                active.port, active.process.pid, sizes["messages"], "b", window
+                            )
+                        )
                     )
-                )
+                section = compare(alone, rounds) | {"window": window}
+                if key is None:
+                    result.update(section)
+                else:
+                    result[key] = section
             solo.stop()
-            result["standalone"] = best(alone) | {"rounds": [r["msgs_per_s"] for r in alone]}
-            result["replicated"] = best(rounds) | {"rounds": [r["msgs_per_s"] for r in rounds]}
-            result["ratio"] = round(
-                result["replicated"]["msgs_per_s"] / result["standalone"]["msgs_per_s"], 3
-            )
-            result["ratio_of_medians"] = round(
-                statistics.median(result["replicated"]["rounds"])
-                / statistics.median(result["standalone"]["rounds"]),
-                3,
-            )
             count = sizes["catch_up"]
             say(f"replication bench: catch-up of {count} messages")
             asyncio.run(fill(active.port, count, "backlog"))
