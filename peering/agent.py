@@ -39,7 +39,100 @@ class PeeringStatus:
     dropped: int = 0
 
 
-class Peering:
+class Reconnecting:
+    """The reconnect loop of a link: connect (``_open``, bounded by the subclass), count
+    and report it up, wait until it closes (``_wait_closed``), report it down, back off
+    and connect again, until ``stop``. After a failed connect the delay doubles up to
+    ``backoff_max``; a TLS failure is logged as an error once per distinct reason until a
+    connect works."""
+
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        backoff_initial: float,
+        backoff_max: float,
+        connect_timeout: float,
+        on_up: Callable[[], None] | None,
+        on_down: Callable[[str], None] | None,
+    ) -> None:
+        self.url = url
+        self.name = name
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.on_up = on_up
+        self.on_down = on_down
+        self.status = PeeringStatus()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._tls_error_logged: str | None = None
+
+    async def _open(self) -> None:
+        """Connect, within ``connect_timeout``; raise if it cannot."""
+        raise NotImplementedError
+
+    async def _wait_closed(self) -> str:
+        """Wait until the link closes; why it did."""
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        """Close the link, if one is open, and forget it."""
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await self._close()
+
+    async def _run(self) -> None:
+        delay = self.backoff_initial
+        while not self._stopping:
+            self.status.attempts += 1
+            try:
+                await self._open()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                await self._close()
+                self.status.last_error = f"{type(error).__name__}: {error}"
+                log.debug("%s: connect to %s failed: %s", self.name, _censor(self.url), error)
+                tls_error = _tls_failure(error)
+                if tls_error is not None and tls_error != self._tls_error_logged:
+                    self._tls_error_logged = tls_error
+                    log.error("%s: TLS to %s refused: %s", self.name, _censor(self.url), tls_error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
+                continue
+            delay = self.backoff_initial
+            self._tls_error_logged = None
+            self.status.connected = True
+            self.status.connects += 1
+            self.status.last_error = None
+            log.info("%s: link up to %s", self.name, _censor(self.url))
+            if self.on_up is not None:
+                self.on_up()
+            reason = await self._wait_closed()
+            self.status.connected = False
+            await self._close()
+            if self._stopping:
+                return
+            self.status.last_error = reason
+            log.info("%s: link down (%s), reconnecting", self.name, reason)
+            if self.on_down is not None:
+                self.on_down(reason)
+            await asyncio.sleep(delay)
+
+
+class Peering(Reconnecting):
     """A robust directed connection to ``url``; ``publish`` is fire-and-forget.
 
     Messages published while the link is down are dropped (and counted): state
@@ -65,46 +158,23 @@ class Peering:
         the name checked in the remote's certificate, if not the host of ``url``;
         ``on_channel``: awaited with each new link's channel before it counts as up (to
         subscribe, say); if it fails, the link is retried like a failed connect."""
-        self.url = url
-        self.name = name
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.connect_timeout = connect_timeout
+        super().__init__(url, name, backoff_initial, backoff_max, connect_timeout, on_up, on_down)
         self.heartbeat = heartbeat
-        self.on_up = on_up
-        self.on_down = on_down
         self.on_channel = on_channel
         self.client_properties = {"connection_name": name, **(client_properties or {})}
-        self.status = PeeringStatus()
         # What the remote announced in Connection.Start on the current link, for callers to vet.
         self.server_properties: dict[str, Any] = {}
         self._connection: aiormq.abc.AbstractConnection | None = None
         self._channel: aiormq.abc.AbstractChannel | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
         self._connect_options: dict[str, Any] = {}
         if ssl_context is not None:
             self._connect_options["context"] = ssl_context
             if server_hostname is not None:
                 self._connect_options["server_hostname"] = server_hostname
-        self._tls_error_logged: str | None = None
 
     @property
     def connected(self) -> bool:
         return self._channel is not None and not self._channel.is_closed
-
-    async def start(self) -> None:
-        self._stopping = False
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
-
-    async def stop(self) -> None:
-        self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        await self._close_connection()
 
     def publish(
         self,
@@ -137,60 +207,25 @@ class Peering:
         else:
             self.status.published += 1
 
-    async def _run(self) -> None:
-        delay = self.backoff_initial
-        while not self._stopping:
-            self.status.attempts += 1
-            try:
-                connection = await asyncio.wait_for(
-                    aiormq.connect(
-                        f"{self.url}{'&' if '?' in self.url else '?'}heartbeat={self.heartbeat}",
-                        client_properties=self.client_properties,
-                        **self._connect_options,
-                    ),
-                    timeout=self.connect_timeout,
-                )
-                self._connection = connection
-                channel = await asyncio.wait_for(connection.channel(), self.connect_timeout)
-                if self.on_channel is not None:
-                    await asyncio.wait_for(self.on_channel(channel), self.connect_timeout)
-                self._channel = channel
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                await self._close_connection()
-                self.status.last_error = f"{type(error).__name__}: {error}"
-                log.debug("%s: connect to %s failed: %s", self.name, _censor(self.url), error)
-                tls_error = _tls_failure(error)
-                if tls_error is not None and tls_error != self._tls_error_logged:
-                    self._tls_error_logged = tls_error
-                    log.error("%s: TLS to %s refused: %s", self.name, _censor(self.url), tls_error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
-                continue
-            delay = self.backoff_initial
-            self._tls_error_logged = None
-            self.status.connected = True
-            self.status.connects += 1
-            self.status.last_error = None
-            log.info("%s: link up to %s", self.name, _censor(self.url))
-            self.server_properties = dict(connection.server_properties or {})
-            if self.on_up is not None:
-                self.on_up()
-            reason = await self._wait_closed(connection)
-            self.status.connected = False
-            self._channel = None
-            self._connection = None
-            if self._stopping:
-                return
-            self.status.last_error = reason
-            log.info("%s: link down (%s), reconnecting", self.name, reason)
-            if self.on_down is not None:
-                self.on_down(reason)
-            await asyncio.sleep(delay)
+    async def _open(self) -> None:
+        connection = await asyncio.wait_for(
+            aiormq.connect(
+                f"{self.url}{'&' if '?' in self.url else '?'}heartbeat={self.heartbeat}",
+                client_properties=self.client_properties,
+                **self._connect_options,
+            ),
+            timeout=self.connect_timeout,
+        )
+        self._connection = connection
+        channel = await asyncio.wait_for(connection.channel(), self.connect_timeout)
+        if self.on_channel is not None:
+            await asyncio.wait_for(self.on_channel(channel), self.connect_timeout)
+        self._channel = channel
+        self.server_properties = dict(connection.server_properties or {})
 
-    @staticmethod
-    async def _wait_closed(connection: aiormq.abc.AbstractConnection) -> str:
+    async def _wait_closed(self) -> str:
+        connection = self._connection
+        assert connection is not None
         try:
             await connection.closing
         except asyncio.CancelledError:
@@ -199,7 +234,7 @@ class Peering:
             return f"{type(error).__name__}: {error}"
         return "closed"
 
-    async def _close_connection(self) -> None:
+    async def _close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):

@@ -15,7 +15,6 @@ Must not know: what the deliveries carry, the local broker, the failover state m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import struct
@@ -27,7 +26,7 @@ from pamqp import commands, frame
 from pamqp.base import Frame
 from pamqp.header import ContentHeader
 
-from .agent import PeeringStatus, _censor, _tls_failure
+from .agent import Reconnecting, _censor
 
 log = logging.getLogger("amqha.peering")
 
@@ -283,7 +282,7 @@ def _reason(what: str, close: Any) -> str:
     return f"{what}: {close.reply_code} {close.reply_text}"
 
 
-class ConsumerLink:
+class ConsumerLink(Reconnecting):
     """Keep one subscription to ``queue`` on the server at ``url`` (amqp:// or amqps://,
     with user, password and virtual host), reconnecting after any failure.
 
@@ -311,7 +310,7 @@ class ConsumerLink:
         parts = urlsplit(url)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
             raise ValueError(f"{_censor(url)}: not an amqp:// or amqps:// address")
-        self.url = url
+        super().__init__(url, name, backoff_initial, backoff_max, connect_timeout, on_up, None)
         self.host = parts.hostname
         self.port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
         self.user = unquote(parts.username or "guest")
@@ -320,42 +319,24 @@ class ConsumerLink:
         self.vhost = unquote(path) or "/"
         self.queue = queue
         self.on_delivery = on_delivery
-        self.name = name
         self.prefetch = prefetch
         self.heartbeat = heartbeat
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.connect_timeout = connect_timeout
         self.client_properties = {"connection_name": name, **(client_properties or {})}
         if ssl_context is None and parts.scheme == "amqps":
             ssl_context = ssl.create_default_context()
         self.ssl_context = ssl_context
         self.server_hostname = server_hostname
-        self.on_up = on_up  # called once each link is subscribed
-        self.status = PeeringStatus()
         self.link: Link | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-        self._tls_error_logged: str | None = None
 
     @property
     def connected(self) -> bool:
         return self.link is not None and self.link.consuming
 
-    async def start(self) -> None:
-        self._stopping = False
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
-
-    async def stop(self) -> None:
-        self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        link, self.link = self.link, None
-        if link is not None:
-            link.close("stopping")
+    async def _open(self) -> None:
+        try:
+            self.link = await asyncio.wait_for(self._connect(), self.connect_timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no subscription within {self.connect_timeout} s") from None
 
     async def _connect(self) -> Link:
         loop = asyncio.get_running_loop()
@@ -371,45 +352,16 @@ class ConsumerLink:
             raise
         return link
 
-    async def _run(self) -> None:
-        delay = self.backoff_initial
-        while not self._stopping:
-            self.status.attempts += 1
-            try:
-                link = await asyncio.wait_for(self._connect(), self.connect_timeout)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                if isinstance(error, asyncio.TimeoutError):
-                    error = TimeoutError(f"no subscription within {self.connect_timeout} s")
-                self.status.last_error = f"{type(error).__name__}: {error}"
-                log.debug("%s: connect to %s failed: %s", self.name, _censor(self.url), error)
-                tls_error = _tls_failure(error)
-                if tls_error is not None and tls_error != self._tls_error_logged:
-                    self._tls_error_logged = tls_error
-                    log.error("%s: TLS to %s refused: %s", self.name, _censor(self.url), tls_error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
-                continue
-            self.link = link
-            delay = self.backoff_initial
-            self._tls_error_logged = None
-            self.status.connected = True
-            self.status.connects += 1
-            self.status.last_error = None
-            log.info("%s: link up to %s", self.name, _censor(self.url))
-            if self.on_up is not None:
-                self.on_up()
-            try:
-                reason = await asyncio.shield(link.closed)
-            except asyncio.CancelledError:
-                link.close("stopping")
-                raise
-            self.status.connected = False
-            if self.link is link:
-                self.link = None
-            if self._stopping:
-                return
-            self.status.last_error = reason
-            log.info("%s: link down (%s), reconnecting", self.name, reason)
-            await asyncio.sleep(delay)
+    async def _wait_closed(self) -> str:
+        link = self.link
+        assert link is not None
+        try:
+            return await asyncio.shield(link.closed)
+        except asyncio.CancelledError:
+            link.close("stopping")
+            raise
+
+    async def _close(self) -> None:
+        link, self.link = self.link, None
+        if link is not None:
+            link.close("stopping")

@@ -6,6 +6,7 @@ ever signalled. Every wait is bounded in time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -74,6 +75,15 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"not true after {timeout} s: {what or predicate}")
         time.sleep(interval)
+
+
+async def until(predicate: Any, timeout: float, what: str) -> None:
+    """Await (polling every 20 ms) until ``predicate()`` is true, at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not true after {timeout} s: {what}")
+        await asyncio.sleep(0.02)
 
 
 def start_to_exit(

@@ -5,8 +5,6 @@ written on the connection they belong to, prefetch, reconnecting, refusals with 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -14,17 +12,9 @@ import pytest
 
 from peering import ConsumerLink, Link
 from tests.proxy import TcpProxy
-from tests.support import ServerProcess
+from tests.support import ServerProcess, until
 
 URL = "amqp://guest:guest@127.0.0.1:{port}/"
-
-
-async def until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"not true after {timeout} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 class Received:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -13,17 +12,9 @@ import pytest
 from amqha.console import ConsoleClient
 from peering import Peering
 from tests.proxy import TcpProxy
-from tests.support import ServerProcess
+from tests.support import ServerProcess, until
 
 PEERING_URL = "amqp://peering:peering@127.0.0.1:{port}/"
-
-
-async def until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"not true after {timeout} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 class Sink:
