@@ -137,6 +137,7 @@ class Link(asyncio.Protocol):
             self._send(commands.Basic.Consume(queue=self.owner.queue), CHANNEL)
         elif kind is commands.Basic.ConsumeOk:
             self.consuming = True
+            self.owner._subscribed(self)  # before any delivery of this read is handed on
             if not self.ready.done():
                 self.ready.set_result(None)
         elif kind is commands.Connection.Close:
@@ -286,6 +287,7 @@ class ConsumerLink(Reconnecting):
     """Keep one subscription to ``queue`` on the server at ``url`` (amqp:// or amqps://,
     with user, password and virtual host), reconnecting after any failure.
 
+    ``on_up()`` is called as each link is subscribed, before its first delivery.
     ``on_delivery(link, tag, properties, body)`` is called from the socket's read, in
     order; it acks with ``link.ack(tag)`` (at once or later) or drops the connection with
     ``link.close(reason)``. A callback that raises closes the connection too.
@@ -310,7 +312,8 @@ class ConsumerLink(Reconnecting):
         parts = urlsplit(url)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
             raise ValueError(f"{_censor(url)}: not an amqp:// or amqps:// address")
-        super().__init__(url, name, backoff_initial, backoff_max, connect_timeout, on_up, None)
+        super().__init__(url, name, backoff_initial, backoff_max, connect_timeout, None, None)
+        self.on_subscribed = on_up
         self.host = parts.hostname
         self.port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
         self.user = unquote(parts.username or "guest")
@@ -331,6 +334,13 @@ class ConsumerLink(Reconnecting):
     @property
     def connected(self) -> bool:
         return self.link is not None and self.link.consuming
+
+    def _subscribed(self, link: Link) -> None:
+        """From the link's read, at Consume-Ok: it is the link now, and ``on_up`` is called
+        before the first delivery reaches ``on_delivery``."""
+        self.link = link
+        if self.on_subscribed is not None:
+            self.on_subscribed()
 
     async def _open(self) -> None:
         try:

@@ -67,10 +67,19 @@ async def test_delivers_in_order_with_properties_and_whole_bodies_and_acks(
     bodies = [b"", b"one", b"x" * 300_000, b"three"]
     await publish(broker, queue, bodies)
     received = Received(auto_ack=True)
-    link = ConsumerLink(URL.format(port=broker.port), queue, received, name="test-link")
+    # Consume-Ok and the queued messages come in one read: on_up is called first.
+    seen_when_up: list[int] = []
+    link = ConsumerLink(
+        URL.format(port=broker.port),
+        queue,
+        received,
+        name="test-link",
+        on_up=lambda: seen_when_up.append(len(received.items)),
+    )
     await link.start()
     try:
         await until(lambda: len(received.items) == 4, 10, "four deliveries")
+        assert seen_when_up == [0]
         assert [body for _, _, _, body in received.items] == bodies
         assert [headers["n"] for _, _, headers, _ in received.items] == [0, 1, 2, 3]
         assert [tag for _, tag, _, _ in received.items] == [1, 2, 3, 4]
