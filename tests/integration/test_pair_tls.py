@@ -1,4 +1,5 @@
-"""The peering link over TLS: a pair settles ACTIVE/PASSIVE; a peer not trusted is refused.
+"""The peering links over TLS: a pair settles ACTIVE/PASSIVE and replicates; a peer not
+trusted is refused.
 
 Each server has an amqps listener that requires client certificates and its
 ``failover.peer`` points (through the test proxy) at the other's amqps listener only, so
@@ -7,6 +8,7 @@ the pair can hear itself only over TLS with both certificates checked.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,14 @@ async def test_pair_over_tls_goes_active_passive(make_pair: MakePair, tmp_path: 
         assert not pair.log_lines(server, "TLS to")
     status = await pair.status(pair.backup)
     assert status["peer"]["name"] == "primary" and status["peer"]["state"] == "ACTIVE"
+    # The replication link (a consuming link of its own) rides TLS as well, to in sync.
+    for _ in range(200):
+        follower = (await pair.status(pair.backup))["replication"].get("follower") or {}
+        if follower.get("in_sync"):
+            break
+        await asyncio.sleep(0.05)
+    assert follower.get("in_sync"), follower
+    assert pair.log_lines(pair.backup, "backup->replication: link up to amqps://***@127.0.0.1:")
 
 
 async def test_a_peer_whose_certificate_is_not_trusted_is_refused_and_logged(
