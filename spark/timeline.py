@@ -243,8 +243,43 @@ def _clusters(incidents: Sequence[Mapping[str, Any]], gap: float) -> list[list[M
     return found
 
 
+def fleet_marks(
+    order: Sequence[str], days: Sequence[str], cells: Mapping[tuple[str, str], Mapping[str, Any]]
+) -> dict[tuple[int, int], str]:
+    """The text on each heat-map cell (row, column): ``u`` where the pair was unprotected
+    (an ACTIVE with no in-sync PASSIVE) that day, ``?`` where a figure depends on clock
+    offsets; a cell with neither has none."""
+    marks: dict[tuple[int, int], str] = {}
+    for i, p in enumerate(order):
+        for j, day in enumerate(days):
+            cell = cells.get((p, day))
+            if cell is None:
+                continue
+            text = ("u" if (cell["unprotected_s"] or 0) > 0 else "") + (
+                "?" if cell["uncertain"] else ""
+            )
+            if text:
+                marks[(i, j)] = text
+    return marks
+
+
+def fleet_title(summary: Mapping[str, Any]) -> str:
+    fleet = summary["fleet"]
+    title = "availability per pair per day (worst first)"
+    if fleet["availability"] is not None:
+        title += f"; fleet {fleet['availability'] * 100:.4f}%"
+    unprotected = fleet.get("unprotected") or {}
+    if unprotected.get("pairs_recorded"):
+        title += (
+            f"\nunprotected {unprotected['seconds']:.1f} s over"
+            f" {unprotected['pairs_recorded']} pair(s) with sync records"
+        )
+    return title
+
+
 def render_fleet(path: str, summary: Mapping[str, Any], daily: Sequence[Mapping[str, Any]]) -> None:
-    """Availability per pair (rows, worst first) per day (columns) as a heat map."""
+    """Availability per pair (rows, worst first) per day (columns) as a heat map; a cell
+    says ``u`` if the pair was unprotected that day (see ``fleet_marks``)."""
     plt = _pyplot()
     pairs = summary["pairs"]
     order = sorted(
@@ -272,20 +307,15 @@ def render_fleet(path: str, summary: Mapping[str, Any], daily: Sequence[Mapping[
         vmax=100.0,
         interpolation="nearest",
     )
-    for i, p in enumerate(order):
-        for j, day in enumerate(days):
-            cell = cells.get((p, day))
-            if cell is not None and cell["uncertain"]:
-                ax.text(j, i, "?", ha="center", va="center", fontsize=7)
+    for (i, j), text in fleet_marks(order, days, cells).items():
+        ax.text(j, i, text, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(order)), order, fontsize=7 if len(order) > 30 else 9)
     ax.set_xticks(range(len(days)), days, rotation=90, fontsize=7)
-    fleet = summary["fleet"]
-    ax.set_title(
-        f"availability per pair per day (worst first); fleet {fleet['availability'] * 100:.4f}%"
-        if fleet["availability"] is not None
-        else "availability per pair per day",
-        fontsize=10,
+    ax.set_title(fleet_title(summary), fontsize=10)
+    fig.colorbar(
+        image,
+        ax=ax,
+        label="availability %  (u = unprotected that day, ? = depends on clock offsets)",
     )
-    fig.colorbar(image, ax=ax, label="availability %  (? = depends on clock offsets)")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

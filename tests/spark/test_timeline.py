@@ -45,3 +45,31 @@ def test_pictures_are_drawn(tmp_path: Path) -> None:
     timeline.render_fleet(str(tmp_path / "fleet.png"), report.summary, report.tables["daily"])
     for name in ("timeline.png", "fleet.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_fleet_heat_map_marks_the_days_a_pair_was_unprotected(tmp_path: Path) -> None:
+    """A pair that took over with no in-sync PASSIVE gets a ``u`` on that day, and the
+    title carries the fleet's unprotected time; a pair whose logs have no sync records
+    gets no mark and no figure (not recorded is not 0)."""
+    unprotected_paths = [str(s.write(tmp_path / "u")) for s in scenarios.unprotected_takeover()]
+    unrecorded_paths = [str(s.write(tmp_path / "n")) for s in scenarios.console_recovery()]
+    for paths, marked in ((unprotected_paths, True), (unrecorded_paths, False)):
+        report = reference.compute(paths)
+        daily = report.tables["daily"]
+        order = sorted(report.summary["pairs"])
+        days = sorted({d["day"] for d in daily})
+        cells = {(d["pair"], d["day"]): d for d in daily}
+        marks = timeline.fleet_marks(order, days, cells)
+        unprotected = report.summary["fleet"]["unprotected"]
+        if marked:
+            assert marks and all(m.startswith("u") for m in marks.values()), marks
+            assert unprotected["seconds"] > 0
+            assert f"unprotected {unprotected['seconds']:.1f} s" in timeline.fleet_title(
+                report.summary
+            )
+        else:
+            assert "u" not in "".join(marks.values()), marks
+            assert unprotected["pairs_recorded"] == 0
+            assert "unprotected" not in timeline.fleet_title(report.summary)
+        timeline.render_fleet(str(tmp_path / "fleet.png"), report.summary, daily)
+        assert (tmp_path / "fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
