@@ -375,8 +375,9 @@ class Broker:
             self.follower.settle()
 
     def replicated(self, changes: list[Any]) -> int:
-        """Changes received from the ACTIVE (already applied): to the store, like ours.
-        Returns the LSN the store must pass for them."""
+        """Changes received from the ACTIVE: to the store, like ours (the follower applies
+        them once the writer waits for the disk). Returns the LSN the store must pass for
+        them."""
         log_ = self.log
         assert log_ is not None
         log_.extend(changes, True)

@@ -24,21 +24,20 @@ from urllib.parse import unquote, urlsplit
 
 from pamqp import commands, frame
 from pamqp.base import Frame
-from pamqp.header import ContentHeader
+from pamqp.header import ContentHeader, ProtocolHeader
+from pamqp.heartbeat import Heartbeat
 
 from .agent import Reconnecting, _censor
 
 log = logging.getLogger("amqha.peering")
 
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+PROTOCOL_HEADER = ProtocolHeader().marshal()
+HEARTBEAT_FRAME = frame.marshal(Heartbeat(), 0)
 CHANNEL = 1
 # The largest frame this side accepts (the server may tune lower).
 FRAME_MAX = 131072
 _FRAME_HEAD = struct.Struct(">BHI")
 _METHOD_INDEX = struct.Struct(">I")
-_ACK = struct.Struct(">BHIIQBB")  # a whole Basic.Ack frame on CHANNEL
-_ACK_INDEX = commands.Basic.Ack.index
 
 
 class LinkClosed(ConnectionError):
@@ -67,7 +66,6 @@ class Link(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
-        self.server_properties: dict[str, Any] = {}
         # The delivery being read: [tag, properties, bytes expected, parts].
         self._delivery: list[Any] | None = None
 
@@ -184,7 +182,6 @@ class Link(asyncio.Protocol):
 
     def _on_start(self, start: commands.Connection.Start) -> None:
         owner = self.owner
-        self.server_properties = dict(start.server_properties or {})
         mechanisms = (start.mechanisms or "").split()
         if "PLAIN" not in mechanisms:
             raise LinkClosed(f"the server offers no PLAIN login (only {mechanisms})")
@@ -218,7 +215,7 @@ class Link(asyncio.Protocol):
         """Ack ``tag`` on this connection; False (nothing written) once it has closed."""
         if self.is_closed or not self.consuming:
             return False
-        self._write(_ACK.pack(1, CHANNEL, 13, _ACK_INDEX, tag, multiple, 0xCE))
+        self._send(commands.Basic.Ack(tag, multiple), CHANNEL)
         return True
 
     def _send(self, method: Frame, channel: int) -> None:
