@@ -260,6 +260,20 @@ async def test_a_real_takeover_is_unprotected_until_the_passive_caught_up(
 ) -> None:
     pair = make_pair(proxied=False, heartbeat=0.2, timeout=0.6).start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30.0)
+
+    def primary_in_sync_record() -> dict | None:
+        return next(
+            (
+                e
+                for e in pair.events(pair.primary)
+                if e["event"] == "sync" and e.get("side") == "active" and e["sync"] == "in_sync"
+            ),
+            None,
+        )
+
+    # Killed only once it has recorded its PASSIVE in sync (the backup may know it first:
+    # it is in sync once its store has the snapshot, before its ack reaches the primary).
+    await poll(primary_in_sync_record, 30.0, "the primary's in_sync record")
     pair.kill(pair.primary)
     # The backup was in sync: the client vote makes it ACTIVE, with no PASSIVE to follow it.
     assert (await client_vote([pair.backup]))["name"] == "backup"
