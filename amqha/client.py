@@ -32,6 +32,8 @@ import aiormq
 from pamqp import base, commands
 from yarl import URL
 
+from peering.agent import error_chain
+
 log = logging.getLogger("amqha.client")
 
 DEFAULT_CAPABILITIES = {
@@ -88,11 +90,10 @@ def redirect_target(error: BaseException | None, redirects: list[str]) -> str | 
     """Where a failed attempt was told to go: a Redirect frame, or a NOT_ACTIVE close text."""
     if redirects:
         return redirects[-1]
-    while error is not None:
-        match = _NOT_ACTIVE.search(str(error))
+    for each in error_chain(error):
+        match = _NOT_ACTIVE.search(str(each))
         if match:
             return match.group(1)
-        error = error.__cause__ or error.__context__
     return None
 
 

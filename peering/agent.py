@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,17 +241,23 @@ class Peering(Reconnecting):
                 await asyncio.wait_for(connection.close(), 1.0)
 
 
+def error_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error``, then what caused it (or was being handled), each once: a failed
+    connect's chain can loop, an error being the cause of its own context."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def _tls_failure(error: BaseException) -> str | None:
     """The TLS reason behind a failed connect (aiormq wraps it), or None if not TLS."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in error_chain(error):
         if isinstance(current, ssl.SSLCertVerificationError):
             return f"certificate verify failed: {current.verify_message}"
         if isinstance(current, ssl.SSLError):
             return str(current.reason or current)
-        current = current.__cause__ or current.__context__
     text = str(error)
     return text if "[SSL" in text else None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,6 +67,34 @@ async def test_backup_takes_over_only_when_a_client_asks(make_pair: MakePair) ->
     assert (vote["from"], vote["to"], vote["trigger"]) == ("PASSIVE", "ACTIVE", "CLIENT_REQUEST")
     assert vote["ts"] > lost[0]["ts"]
     assert pair.epoch(pair.backup) == 2
+
+
+@pytest.mark.timeout(120)  # the client once spun on the dead server's error, never yielding
+async def test_a_robust_client_listing_the_dead_primary_first_reaches_the_backup(
+    make_pair: MakePair,
+) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    # The client tries the primary while it dies: its first attempt may be accepted by
+    # the dying process and reset, an error whose chain loops (cause and context).
+    assert pair.primary.process is not None
+    os.kill(pair.primary.process.pid, signal.SIGKILL)
+
+    connection = await asyncio.wait_for(
+        connect_robust([pair.primary.url, pair.backup.url]), 20 * pair.timeout
+    )
+    pair.kill(pair.primary)  # reaped (it is dead by now)
+    async with connection:
+        assert pair_info(connection)["name"] == "backup"
+        channel = await connection.channel(publisher_confirms=True)
+        queue = await channel.declare_queue("dead-first", durable=True)
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"after the kill", delivery_mode=2), routing_key=queue.name
+        )
+        message = await queue.get(timeout=10)
+        assert message.body == b"after the kill"
+        await message.ack()
+    assert pair.state(pair.backup) == "ACTIVE"
 
 
 async def test_restarted_primary_comes_back_passive(make_pair: MakePair) -> None:
