@@ -117,7 +117,10 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
 def pair(config_dir: str) -> None:
     """Run the primary and the backup together on this machine; Ctrl-C stops both.
 
-    Each server's log lines are prefixed with its name.
+    Each server's log lines are prefixed with its name. The two pids come first: kill -9
+    the ACTIVE one to watch the other take over. A server that ends is reported (how, and
+    the command that starts it again) while the other runs on; the exit status is 1 if
+    either ended other than by Ctrl-C or SIGTERM.
     """
     processes: list[subprocess.Popen[bytes]] = []
     for role in ("primary", "backup"):
@@ -133,6 +136,7 @@ def pair(config_dir: str) -> None:
         )
         processes.append(process)
         threading.Thread(target=_relay, args=(role, process), daemon=True).start()
+    _say(f"primary pid {processes[0].pid}, backup pid {processes[1].pid}; Ctrl-C stops both")
 
     def stop(*_: object) -> None:
         for process in processes:
@@ -141,8 +145,19 @@ def pair(config_dir: str) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     # Runs while either server lives: killing one to watch the other take over is the point.
+    roles = dict(zip(("primary", "backup"), processes, strict=True))
+    ended: set[str] = set()
     try:
         while any(p.poll() is None for p in processes):
+            for role, process in roles.items():
+                if role not in ended and process.returncode is not None:
+                    ended.add(role)
+                    other = "backup" if role == "primary" else "primary"
+                    _say(
+                        f"the {role} ended ({_ending(process.returncode)}); the {other} runs"
+                        f" on. Start the {role} again with: amqha start --role {role}"
+                        f" --config {Path(config_dir) / f'{role}.yaml'}"
+                    )
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass
@@ -152,8 +167,32 @@ def pair(config_dir: str) -> None:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
-    codes = {p.returncode for p in processes}
-    sys.exit(0 if codes <= {0, -signal.SIGTERM, -signal.SIGINT} else 1)
+    clean = {0, -signal.SIGTERM, -signal.SIGINT}
+    failed = [
+        f"the {role} {_ending(p.returncode)}"
+        for role, p in roles.items()
+        if p.returncode not in clean
+    ]
+    if failed:
+        _say(f"exit status 1: {', '.join(failed)}")
+    sys.exit(1 if failed else 0)
+
+
+def _say(text: str) -> None:
+    sys.stdout.write(f"amqha pair: {text}\n")
+    sys.stdout.flush()
+
+
+def _ending(code: int | None) -> str:
+    """How a server process ended, in words: 'exited with status 2', 'killed by SIGKILL'."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def _relay(name: str, process: subprocess.Popen[bytes]) -> None:

@@ -1,0 +1,120 @@
+"""``amqha pair`` (what ``make run`` starts): both servers, their pids, a killed one reported."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import yaml
+
+from amqha.client import connect
+from tests.pairs import MakePair, Pair, pair_info
+from tests.support import ROOT
+
+WAIT = 60.0  # seconds for any one line to appear, on a loaded machine
+
+
+class Output:
+    """The command's stdout, read on a thread; ``wait_for`` a pattern, bounded."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self.thread.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+
+    def wait_for(self, pattern: str) -> re.Match[str]:
+        deadline = time.monotonic() + WAIT
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    if match := re.search(pattern, line):
+                        return match
+                left = deadline - time.monotonic()
+                assert left > 0, f"no line matching {pattern!r} in:\n{''.join(self.lines)}"
+                self.changed.wait(min(left, 1.0))
+
+
+def start_command(pair: Pair) -> tuple[subprocess.Popen[str], Output]:
+    """``amqha pair`` on the pair's two config files (neither server started by the test)."""
+    for server in pair.servers:
+        server.workdir.mkdir(parents=True, exist_ok=True)
+        server.config_path.write_text(yaml.safe_dump(server.config))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "amqha", "pair", "--config-dir", str(pair.workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    output = Output(process)
+    return process, output
+
+
+def stop_command(process: subprocess.Popen[str]) -> None:
+    """SIGTERM first: the command stops its two servers; a kill would leave them running."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=WAIT)
+
+
+async def test_the_pair_command_names_its_pids_and_reports_a_killed_server(
+    make_pair: MakePair,
+) -> None:
+    pair = make_pair(proxied=False)
+    process, output = start_command(pair)
+    try:
+        pids = output.wait_for(r"^amqha pair: primary pid (\d+), backup pid (\d+)")
+        primary_pid = int(pids.group(1))
+        output.wait_for(rf"^\[primary\] .*listening on {pair.primary.address}")
+        output.wait_for(rf"^\[backup \] .*listening on {pair.backup.address}")
+        await pair.wait_states("ACTIVE", "PASSIVE", timeout=WAIT)
+
+        os.kill(primary_pid, signal.SIGKILL)  # a child of the command this test started
+        ended = output.wait_for(r"^amqha pair: the primary ended \((.+?)\); the backup runs on")
+        assert ended.group(1) == "killed by SIGKILL"
+        restart = f"amqha start --role primary --config {pair.workdir / 'primary.yaml'}"
+        assert restart in ended.string
+        connection = await connect([pair.backup.url], retry_for=WAIT)
+        async with connection:
+            assert pair_info(connection)["name"] == "backup"
+        assert process.poll() is None, "the command ended with the backup still running"
+
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=WAIT) == 1
+        output.thread.join(WAIT)
+        last = output.lines[-1]
+        assert last == "amqha pair: exit status 1: the primary killed by SIGKILL\n", last
+    finally:
+        stop_command(process)
+
+
+def test_a_clean_stop_exits_zero(make_pair: MakePair) -> None:
+    pair = make_pair(proxied=False)
+    process, output = start_command(pair)
+    try:
+        output.wait_for(rf"^\[primary\] .*listening on {pair.primary.address}")
+        output.wait_for(rf"^\[backup \] .*listening on {pair.backup.address}")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=WAIT) == 0
+        output.thread.join(WAIT)
+        assert not any("ended" in line or "exit status" in line for line in output.lines)
+    finally:
+        stop_command(process)
