@@ -138,7 +138,10 @@ def pair(config_dir: str) -> None:
         threading.Thread(target=_relay, args=(role, process), daemon=True).start()
     _say(f"primary pid {processes[0].pid}, backup pid {processes[1].pid}; Ctrl-C stops both")
 
+    stopping = threading.Event()  # set by SIGTERM: the servers' endings are then expected
+
     def stop(*_: object) -> None:
+        stopping.set()
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -150,6 +153,8 @@ def pair(config_dir: str) -> None:
     try:
         while any(p.poll() is None for p in processes):
             for role, process in roles.items():
+                if stopping.is_set():
+                    break
                 if role not in ended and process.returncode is not None:
                     ended.add(role)
                     other = "backup" if role == "primary" else "primary"
