@@ -121,13 +121,13 @@ def test_a_clean_stop_exits_zero(make_pair: MakePair) -> None:
         try:
             process.send_signal(signal.SIGTERM)
             # Gone from /proc once the command's watch loop has reaped it: a report would be
-            # written in that same turn of the loop.
+            # written in that same turn of the loop, with the backup still held, and read
+            # below with the rest of the output.
             primary = Path(f"/proc/{pids.group(1)}")
             deadline = time.monotonic() + WAIT
             while primary.exists():
                 assert time.monotonic() < deadline, "the primary was not reaped"
                 time.sleep(0.05)
-            time.sleep(1.0)  # for the command's output to reach this test
         finally:
             os.kill(backup_pid, signal.SIGCONT)
         assert process.wait(timeout=WAIT) == 0
