@@ -122,7 +122,7 @@ def pair(config_dir: str) -> None:
     the command that starts it again) while the other runs on; the exit status is 1 if
     either ended other than by Ctrl-C or SIGTERM.
     """
-    processes: list[subprocess.Popen[bytes]] = []
+    roles: dict[str, subprocess.Popen[bytes]] = {}
     for role in ("primary", "backup"):
         path = Path(config_dir) / f"{role}.yaml"
         try:
@@ -134,9 +134,10 @@ def pair(config_dir: str) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        processes.append(process)
+        roles[role] = process
         threading.Thread(target=_relay, args=(role, process), daemon=True).start()
-    _say(f"primary pid {processes[0].pid}, backup pid {processes[1].pid}; Ctrl-C stops both")
+    processes = list(roles.values())
+    _say(f"primary pid {roles['primary'].pid}, backup pid {roles['backup'].pid}; Ctrl-C stops both")
 
     stopping = threading.Event()  # set by SIGTERM: the servers' endings are then expected
 
@@ -148,14 +149,11 @@ def pair(config_dir: str) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     # Runs while either server lives: killing one to watch the other take over is the point.
-    roles = dict(zip(("primary", "backup"), processes, strict=True))
     ended: set[str] = set()
     try:
         while any(p.poll() is None for p in processes):
             for role, process in roles.items():
-                if stopping.is_set():
-                    break
-                if role not in ended and process.returncode is not None:
+                if not stopping.is_set() and role not in ended and process.returncode is not None:
                     ended.add(role)
                     other = "backup" if role == "primary" else "primary"
                     _say(
