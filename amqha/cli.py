@@ -136,24 +136,24 @@ def pair(config_dir: str) -> None:
         )
         roles[role] = process
         threading.Thread(target=_relay, args=(role, process), daemon=True).start()
-    processes = list(roles.values())
     _say(f"primary pid {roles['primary'].pid}, backup pid {roles['backup'].pid}; Ctrl-C stops both")
 
     stopping = threading.Event()  # set by SIGTERM: the servers' endings are then expected
 
     def stop(*_: object) -> None:
         stopping.set()
-        for process in processes:
+        for process in roles.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
     # Runs while either server lives: killing one to watch the other take over is the point.
+    # A SIGTERM ends it too; the servers are then given 10 s each below.
     ended: set[str] = set()
     try:
-        while any(p.poll() is None for p in processes):
+        while not stopping.is_set() and any(p.poll() is None for p in roles.values()):
             for role, process in roles.items():
-                if not stopping.is_set() and role not in ended and process.returncode is not None:
+                if role not in ended and process.returncode is not None:
                     ended.add(role)
                     other = "backup" if role == "primary" else "primary"
                     _say(
@@ -165,11 +165,12 @@ def pair(config_dir: str) -> None:
     except KeyboardInterrupt:
         pass
     stop()
-    for process in processes:
+    for process in roles.values():
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            process.kill()
+            process.kill()  # deaf to SIGTERM for 10 s: killed, and reaped to say so
+            process.wait()
     clean = {0, -signal.SIGTERM, -signal.SIGINT}
     failed = [
         f"the {role} {_ending(p.returncode)}"
@@ -186,10 +187,8 @@ def _say(text: str) -> None:
     sys.stdout.flush()
 
 
-def _ending(code: int | None) -> str:
+def _ending(code: int) -> str:
     """How a server process ended, in words: 'exited with status 2', 'killed by SIGKILL'."""
-    if code is None:
-        return "still running"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

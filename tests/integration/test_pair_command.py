@@ -136,3 +136,28 @@ def test_a_clean_stop_exits_zero(make_pair: MakePair) -> None:
         assert len(reports) == 1 and "primary pid" in reports[0], reports
     finally:
         stop_command(process)
+
+
+def test_a_server_deaf_to_sigterm_is_killed_and_named(make_pair: MakePair) -> None:
+    pair = make_pair(proxied=False)
+    process, output = start_command(pair)
+    try:
+        pids = output.wait_for(r"^amqha pair: primary pid (\d+), backup pid (\d+)")
+        output.wait_for(rf"^\[primary\] .*listening on {pair.primary.address}")
+        output.wait_for(rf"^\[backup \] .*listening on {pair.backup.address}")
+        # A stopped process leaves SIGTERM pending: the command waits its 10 s, then kills
+        # the backup and reaps it, and says how it ended.
+        backup_pid = int(pids.group(2))
+        os.kill(backup_pid, signal.SIGSTOP)
+        try:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=WAIT) == 1
+        finally:
+            if process.poll() is None:  # the backup is unreaped, so the pid is still its
+                os.kill(backup_pid, signal.SIGCONT)
+        output.thread.join(WAIT)
+        last = output.lines[-1]
+        assert last == "amqha pair: exit status 1: the backup killed by SIGKILL\n", last
+        assert not Path(f"/proc/{backup_pid}").exists()
+    finally:
+        stop_command(process)
