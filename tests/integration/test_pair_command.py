@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -65,6 +67,26 @@ def start_command(pair: Pair) -> tuple[subprocess.Popen[str], Output]:
     return process, output
 
 
+def serving(pair: Pair, output: Output) -> tuple[int, int]:
+    """The two pids the command prints first, once both servers listen."""
+    pids = output.wait_for(r"^amqha pair: primary pid (\d+), backup pid (\d+)")
+    output.wait_for(rf"^\[primary\] .*listening on {pair.primary.address}")
+    output.wait_for(rf"^\[backup \] .*listening on {pair.backup.address}")
+    return int(pids.group(1)), int(pids.group(2))
+
+
+@contextlib.contextmanager
+def held(process: subprocess.Popen[str], pid: int) -> Iterator[None]:
+    """One of the command's servers stopped (SIGSTOP) for the block. It is let go after,
+    unless the command has ended: then it has reaped it, and the pid is no longer its."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if process.poll() is None:
+            os.kill(pid, signal.SIGCONT)
+
+
 def stop_command(process: subprocess.Popen[str]) -> None:
     """SIGTERM first: the command stops its two servers; a kill would leave them running."""
     if process.poll() is None:
@@ -82,10 +104,7 @@ async def test_the_pair_command_names_its_pids_and_reports_a_killed_server(
     pair = make_pair(proxied=False)
     process, output = start_command(pair)
     try:
-        pids = output.wait_for(r"^amqha pair: primary pid (\d+), backup pid (\d+)")
-        primary_pid = int(pids.group(1))
-        output.wait_for(rf"^\[primary\] .*listening on {pair.primary.address}")
-        output.wait_for(rf"^\[backup \] .*listening on {pair.backup.address}")
+        primary_pid, _ = serving(pair, output)
         await pair.wait_states("ACTIVE", "PASSIVE", timeout=WAIT)
 
         os.kill(primary_pid, signal.SIGKILL)  # a child of the command this test started
@@ -111,25 +130,18 @@ def test_a_clean_stop_exits_zero(make_pair: MakePair) -> None:
     pair = make_pair(proxied=False)
     process, output = start_command(pair)
     try:
-        pids = output.wait_for(r"^amqha pair: primary pid (\d+), backup pid (\d+)")
-        output.wait_for(rf"^\[primary\] .*listening on {pair.primary.address}")
-        output.wait_for(rf"^\[backup \] .*listening on {pair.backup.address}")
-        # The backup held back (SIGSTOP) while the command stops: the primary's end, with the
-        # backup still there, is part of the stop and not to be reported as a failure.
-        backup_pid = int(pids.group(2))
-        os.kill(backup_pid, signal.SIGSTOP)
-        try:
+        primary_pid, backup_pid = serving(pair, output)
+        # The backup held back while the command stops: the primary's end, with the backup
+        # still there, is part of the stop and not to be reported as a failure.
+        with held(process, backup_pid):
             process.send_signal(signal.SIGTERM)
-            # Gone from /proc once the command's watch loop has reaped it: a report would be
-            # written in that same turn of the loop, with the backup still held, and read
-            # below with the rest of the output.
-            primary = Path(f"/proc/{pids.group(1)}")
+            # Gone from /proc once the command has reaped it, with the backup still held;
+            # any report is read below with the rest of the output.
+            primary = Path(f"/proc/{primary_pid}")
             deadline = time.monotonic() + WAIT
             while primary.exists():
                 assert time.monotonic() < deadline, "the primary was not reaped"
                 time.sleep(0.05)
-        finally:
-            os.kill(backup_pid, signal.SIGCONT)
         assert process.wait(timeout=WAIT) == 0
         output.thread.join(WAIT)
         reports = [line for line in output.lines if line.startswith("amqha pair: ")]
@@ -142,19 +154,12 @@ def test_a_server_deaf_to_sigterm_is_killed_and_named(make_pair: MakePair) -> No
     pair = make_pair(proxied=False)
     process, output = start_command(pair)
     try:
-        pids = output.wait_for(r"^amqha pair: primary pid (\d+), backup pid (\d+)")
-        output.wait_for(rf"^\[primary\] .*listening on {pair.primary.address}")
-        output.wait_for(rf"^\[backup \] .*listening on {pair.backup.address}")
+        _, backup_pid = serving(pair, output)
         # A stopped process leaves SIGTERM pending: the command waits its 10 s, then kills
         # the backup and reaps it, and says how it ended.
-        backup_pid = int(pids.group(2))
-        os.kill(backup_pid, signal.SIGSTOP)
-        try:
+        with held(process, backup_pid):
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=WAIT) == 1
-        finally:
-            if process.poll() is None:  # the backup is unreaped, so the pid is still its
-                os.kill(backup_pid, signal.SIGCONT)
         output.thread.join(WAIT)
         last = output.lines[-1]
         assert last == "amqha pair: exit status 1: the backup killed by SIGKILL\n", last
