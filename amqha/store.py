@@ -12,6 +12,12 @@ delivery marks only commits without its own fsync: the next write's covers it) a
 exclusive lock, so a second server pointed at the same file is refused at open. See
 docs/durability.md, section 4, for the layout, the rules and the measured figures.
 
+A PASSIVE's store also keeps *pending runs* (``PendingRun``): a run from the ACTIVE,
+as received, made durable before it is acked; its changes follow later in a write of
+their own that ends with ``RunWritten``, removes the run and needs no fsync. Opening a
+store first writes the changes of any run still pending (a crash came between the two),
+so what ``recover`` reads is whole. See docs/durability.md, sections 4 and 5.
+
 Must not know: the loop, sockets, frames, the core's objects (it sees change values
 only), which publishes wait for which LSN (the host's business).
 """
@@ -28,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any, NamedTuple
 
+from amqha.core import codec
 from amqha.core.changes import (
     Batch,
     Bound,
@@ -46,7 +53,7 @@ from amqha.wire import decode_field_table, field_table
 
 log = logging.getLogger("amqha.store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the runs table (a version-1 file gets it at open)
 APPLICATION_ID = 0x616D7168  # "amqh" in the SQLite header: the file is an amqha store
 # The smallest disk budget that holds the empty schema with room to work.
 MIN_BYTES = 64 * 1024
@@ -82,7 +89,9 @@ CREATE TABLE messages (
     address BLOB NOT NULL, header BLOB NOT NULL, body BLOB NOT NULL, deadline REAL,
     PRIMARY KEY (queue, msg_id)
 ) WITHOUT ROWID;
+CREATE TABLE runs (seq INTEGER PRIMARY KEY, data BLOB NOT NULL);
 """
+_RUNS_TABLE = "CREATE TABLE runs (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)"
 
 _QUEUE_ID_OF = "SELECT id FROM queues WHERE vhost = ? AND name = ?"
 _QUEUE_ID = f"({_QUEUE_ID_OF})"
@@ -120,6 +129,8 @@ _SETTLE = (
     f"DELETE FROM messages WHERE queue = {_QUEUE_ID} AND msg_id IN (SELECT value FROM json_each(?))"
 )
 _STORE_HIGH_ID = "UPDATE meta SET value = max(value, ?) WHERE key = 'max_msg_id'"
+_ADD_RUN = "INSERT OR REPLACE INTO runs VALUES (?, ?)"
+_REMOVE_RUN = "DELETE FROM runs WHERE seq = ?"
 
 
 def _insert_sql(rows: int) -> str:
@@ -147,6 +158,23 @@ class StoreFailure(NamedTuple):
     error: str
 
 
+class PendingRun(NamedTuple):
+    """A run from the ACTIVE (``core.codec`` bytes) kept as received: durable once its
+    write commits, so the PASSIVE may ack it before decoding it. ``seq`` orders the runs
+    kept at once."""
+
+    seq: int
+    data: bytes
+
+
+class RunWritten(NamedTuple):
+    """Ends the write of a pending run's changes: the run is removed in the same
+    transaction. The run was on disk already, so that write commits without an fsync
+    (a crash before the next fsync loses it whole, and the run is written again at open)."""
+
+    seq: int
+
+
 Notify = Callable[[int, StoreFailure | None], None]
 
 _STOP = object()
@@ -171,12 +199,17 @@ def _decode_arguments(data: bytes) -> dict[str, Any]:
     return decode_field_table(data) if data else {}
 
 
+_NOT_KEPT = (Enqueued, PendingRun, RunWritten)
+
+
 def _without_enqueued(changes: Iterable[Change]) -> Iterator[Change]:
-    """The changes a failed write keeps for the next one, Batches unpacked."""
+    """The changes a failed write keeps for the next one, Batches unpacked. Pending runs
+    go like messages; so does a ``RunWritten``: a run whose changes were not all written
+    stays, and is written again at open."""
     for change in changes:
         if type(change) is Batch:
             yield from _without_enqueued(change.changes)
-        elif type(change) is not Enqueued:
+        elif type(change) not in _NOT_KEPT:
             yield change
 
 
@@ -184,7 +217,10 @@ def _needs_sync(changes: Iterable[Any]) -> bool:
     """Whether a write holding ``changes`` must be on disk when its commit returns: it
     holds wiring or a persistent message. Delivery marks and settles alone are made
     durable by the next such write (losing them redelivers, never loses: see
-    docs/durability.md), so their commit skips the fsync (``synchronous=NORMAL``)."""
+    docs/durability.md), so their commit skips the fsync (``synchronous=NORMAL``). So
+    does a pending run's changes: the run itself is on disk (``RunWritten`` ends them)."""
+    if isinstance(changes, (list, tuple)) and changes and type(changes[-1]) is RunWritten:
+        return False
     for change in changes:
         kind = type(change)
         if kind is Settled or kind is Delivered:
@@ -356,8 +392,13 @@ class _Write:
             db.execute(_DELETE_BINDINGS_FROM, (vhost, name))
             db.execute(_DELETE_BINDINGS_TO_EXCHANGE, (vhost, name))
             db.execute(_DELETE_EXCHANGE, (vhost, name))
+        elif kind is PendingRun:
+            db.execute(_ADD_RUN, change)
+        elif kind is RunWritten:
+            db.execute(_REMOVE_RUN, change)
         elif kind is Reset:
             # A snapshot follows in this stream: what the store held is replaced.
+            db.execute("DELETE FROM runs")
             db.execute("DELETE FROM messages")
             db.execute("DELETE FROM bindings")
             db.execute("DELETE FROM queues")
@@ -397,6 +438,7 @@ class Store:
         self.commits = 0
         self.commit_seconds = 0.0
         self.failures = 0
+        self.pending_runs_written = 0
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], max_bytes: int | None = None) -> Store:
@@ -426,13 +468,33 @@ class Store:
             raise StoreError(_describe(path, exc)) from None
         try:
             _prepare(db, path, max_bytes)
-            return cls(path, db)
+            store = cls(path, db)
+            store._write_pending_runs()
+            return store
         except sqlite3.Error as exc:
             db.close()
             raise StoreError(_describe(path, exc)) from None
         except BaseException:
             db.close()
             raise
+
+    def _write_pending_runs(self) -> None:
+        """The changes of the runs still pending (a crash came between a run's two
+        writes), in order, each run removed with them: one transaction."""
+        rows = self._db.execute("SELECT seq, data FROM runs ORDER BY seq").fetchall()
+        batches: list[Sequence[Any]] = []
+        for seq, data in rows:
+            try:
+                _, changes = codec.decode(data)
+            except ValueError as exc:
+                raise StoreError(
+                    f"{self.path}: not a readable store (pending run {seq}: {exc})"
+                ) from None
+            batches.append([*changes, RunWritten(seq)])
+        if batches:
+            self._transaction(batches)
+            log.info("%s: wrote the changes of %d pending runs", self.path, len(batches))
+        self.pending_runs_written = len(batches)
 
     # -- reading (before start) ------------------------------------------------------
 
@@ -730,6 +792,9 @@ def _prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
                     f"{path}: written by a newer amqha (store version {version},"
                     f" this server reads up to {SCHEMA_VERSION})"
                 )
+            if version < 2:
+                db.execute(_RUNS_TABLE)
+                db.execute("UPDATE meta SET value = 2 WHERE key = 'version'")
         db.execute("COMMIT")
     finally:
         if db.in_transaction:

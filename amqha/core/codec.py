@@ -310,13 +310,24 @@ def _decode_messages(
 _new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
 
 
-def decode(data: bytes) -> tuple[int, list[Change]]:
-    """(LSN of the first change, the changes); ValueError if ``data`` is not a whole run."""
+def first_lsn(data: bytes) -> int:
+    """The LSN of a run's first change, read from its head alone (0: a snapshot's run);
+    ValueError if the head is cut short or of a version this server does not read."""
+    return _head(data)[0]
+
+
+def _head(data: bytes) -> tuple[int, int]:
     if len(data) < _HEAD.size:
         raise ValueError("truncated change run")
-    version, first_lsn, count = _HEAD.unpack_from(data)
+    version, first, count = _HEAD.unpack_from(data)
     if version != VERSION:
         raise ValueError(f"change run version {version}, this server reads {VERSION}")
+    return first, count
+
+
+def decode(data: bytes) -> tuple[int, list[Change]]:
+    """(LSN of the first change, the changes); ValueError if ``data`` is not a whole run."""
+    first, count = _head(data)
     reader = _Reader(data)
     at = _HEAD.size
     changes: list[Change] = []
@@ -336,4 +347,4 @@ def decode(data: bytes) -> tuple[int, list[Change]]:
         raise ValueError(f"malformed change run: {error}") from None
     if at != len(data):
         raise ValueError("bytes left after the change run")
-    return first_lsn, changes
+    return first, changes

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from amqha.core import codec
 from amqha.core.changes import (
     Batch,
     Bound,
@@ -33,7 +34,15 @@ from amqha.core.changes import (
     Settled,
     Unbound,
 )
-from amqha.store import MIN_BYTES, SCHEMA_VERSION, Store, StoreError, StoreFailure
+from amqha.store import (
+    MIN_BYTES,
+    SCHEMA_VERSION,
+    PendingRun,
+    RunWritten,
+    Store,
+    StoreError,
+    StoreFailure,
+)
 from tests.support import ROOT
 
 WAIT = 20.0
@@ -625,3 +634,90 @@ def test_a_reset_replaces_everything_the_store_held(tmp_path: Path) -> None:
     again.close()
     assert [type(c).__name__ for c in recovered] == ["QueueDeclared", "Enqueued"]
     assert recovered[1].body == b"fresh"
+
+
+# -- a PASSIVE's pending runs --------------------------------------------------------------
+
+
+def test_a_pending_run_whose_changes_were_never_written_is_written_at_open(path: Path) -> None:
+    """The run is on disk, its rows are not (the server died between the two writes):
+    opening the store writes them, so recovery reads the run's changes."""
+    writer = Writer(path)
+    writer.write(queue("q"), message("q", 1))
+    run = codec.encode(7, [message("q", 2), Settled("/", "q", (1,), "ack"), message("q", 3)])
+    assert writer.write(PendingRun(1, run)) is None
+    writer.close()
+    assert rows(path, "SELECT seq FROM runs") == [(1,)]
+    assert [msg_id for (msg_id,) in rows(path, "SELECT msg_id FROM messages")] == [1]
+
+    store = Store.open(path)
+    assert store.pending_runs_written == 1
+    assert list(store.recover()) == [queue("q"), message("q", 2), message("q", 3)]
+    assert store.max_msg_id() == 3
+    store.close()
+    assert rows(path, "SELECT seq FROM runs") == []
+    assert Store.open(path).pending_runs_written == 0
+
+
+def test_a_pending_runs_changes_remove_it_in_a_write_without_an_fsync(path: Path) -> None:
+    writer = Writer(path)
+    writer.write(queue("q"))
+    changes = [message("q", 1), message("q", 2)]
+    assert writer.write(PendingRun(1, codec.encode(3, changes))) is None
+    assert writer.store._synchronous == "FULL"  # the run itself: on disk before its ack
+    assert writer.write(*changes, RunWritten(1)) is None
+    assert writer.store._synchronous == "NORMAL"  # its rows: the run was on disk first
+    assert writer.write(message("q", 3)) is None
+    assert writer.store._synchronous == "FULL"
+    writer.close()
+    assert rows(path, "SELECT seq FROM runs") == []
+    assert recovered(path) == [queue("q"), *changes, message("q", 3)]
+
+
+def test_a_pending_run_whose_changes_failed_to_write_stays_and_is_written_at_open(
+    path: Path,
+) -> None:
+    writer = Writer(path)
+    writer.write(queue("q"))
+    changes = [message("q", 1)]
+    assert writer.write(PendingRun(1, codec.encode(2, changes))) is None
+    # The write of its changes fails (a change SQLite cannot take): the run is not removed.
+    failure = writer.write(*changes, queue("bad", **{"x-thing": object()}), RunWritten(1))
+    assert failure is not None
+    writer.close()
+    assert rows(path, "SELECT seq FROM runs") == [(1,)]
+    assert recovered(path) == [queue("q"), message("q", 1)]
+
+
+def test_a_corrupt_pending_run_is_refused_at_open_naming_the_file(path: Path) -> None:
+    writer = Writer(path)
+    writer.write(PendingRun(1, codec.encode(1, [queue("q")])[:-3]))
+    writer.close()
+    with pytest.raises(StoreError) as refused:
+        Store.open(path)
+    assert str(refused.value).startswith(f"{path}: not a readable store (pending run 1: ")
+
+
+def test_a_reset_drops_pending_runs(path: Path) -> None:
+    writer = Writer(path)
+    writer.write(queue("q"), PendingRun(1, codec.encode(2, [message("q", 1)])))
+    writer.write(Reset(), queue("r"))
+    writer.close()
+    assert rows(path, "SELECT seq FROM runs") == []
+    assert recovered(path) == [queue("r")]
+
+
+def test_a_version_1_store_gains_the_runs_table_at_open(path: Path) -> None:
+    writer = Writer(path)
+    writer.write(queue("q"), message("q", 1))
+    writer.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE runs")
+    db.execute("UPDATE meta SET value = 1 WHERE key = 'version'")
+    db.commit()
+    db.close()
+    writer = Writer(path)
+    writer.write(PendingRun(1, codec.encode(2, [message("q", 2)])))
+    writer.close()
+    assert rows(path, "SELECT value FROM meta WHERE key = 'version'") == [(SCHEMA_VERSION,)]
+    assert recovered(path) == [queue("q"), message("q", 1), message("q", 2)]
