@@ -10,9 +10,12 @@ Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
   LSN n"), its prefetch the flow control. Once it has acked the snapshot's end it is
   *in sync*; confirms then wait for it as well as for the store.
 - The follower keeps a lean consuming link (``peering.ConsumerLink``) to the ACTIVE
-  subscribed to the feed. Each run is handled in the socket's read: decoded and handed
-  to its own store; applied with ``core.apply`` (the same function as recovery) once the
-  store's writer waits for the disk; acked on the socket once the store has it.
+  subscribed to the feed. Each run is handled in the socket's read. While catching up:
+  decoded and handed to its own store; applied with ``core.apply`` (the same function as
+  recovery) once the store's writer waits for the disk; acked on the socket once the
+  store has it. In sync, a live run is kept in the store as received (a pending run),
+  acked once that is on disk, then decoded, applied and written (no fsync: the run was
+  on disk first): the decode and the rows are off the confirm's way.
 
 Must not know: the failover state machine (the pair tells the broker to lead or to
 follow: see ``Broker.lead``/``Broker.follow``), the store's files. See
@@ -37,6 +40,7 @@ from . import wire
 from .core import codec
 from .core.apply import apply_run, state_changes
 from .core.changes import Bound, Change, Enqueued, QueueDeclared, Reset, Settled, Unbound
+from .store import PendingRun, RunWritten
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -320,8 +324,13 @@ class Follower:
         self.runs = 0
         self.snapshot_started = 0.0
         self.last_snapshot_seconds: float | None = None
-        # Runs stored (or on their way to the store) and not applied yet: (changes, now).
-        self._unapplied: list[tuple[list[Change], float]] = []
+        # Runs received and not applied yet, in order: (None, changes, now, link) for a
+        # run handed to the store decoded, (seq, bytes, now, link) for one kept pending.
+        self._unapplied: collections.deque[tuple[int | None, Any, float, Link]] = (
+            collections.deque()
+        )
+        self._next_seq = 1
+        self.pending_runs = 0  # runs kept as received, their changes not written yet
         self.link = ConsumerLink(
             url,
             FEED_QUEUE,
@@ -341,17 +350,50 @@ class Follower:
 
     @property
     def unsettled(self) -> bool:
-        """Whether runs wait to be applied (read from the store's writer thread)."""
-        return bool(self._unapplied)
+        """Whether a decoded run waits to be applied (read from the store's writer thread,
+        while the loop may empty the deque: hence the IndexError)."""
+        try:
+            return self._unapplied[0][0] is None
+        except IndexError:
+            return False
 
-    def settle(self) -> None:
-        """Apply, in order, the runs handed to the store and not applied yet."""
+    def settle(self, decoded_only: bool = False) -> None:
+        """Apply, in order, the runs received and not applied yet; a pending run's
+        changes go to the store too. ``decoded_only`` (the store's commit hook): stop at
+        the first pending run, which is applied once its ack is written."""
         unapplied = self._unapplied
-        if unapplied:
-            self._unapplied = []
-            broker = self.broker
-            for changes, now in unapplied:
-                apply_run(broker, changes, now)
+        broker = self.broker
+        while unapplied:
+            seq, run, now, link = unapplied[0]
+            if seq is not None and decoded_only:
+                return
+            unapplied.popleft()
+            if seq is None:
+                apply_run(broker, run, now)
+            else:
+                self._write_pending(seq, run, now, link)
+
+    def _write_pending(self, seq: int, data: bytes, now: float, link: Link) -> None:
+        self.pending_runs -= 1
+        broker = self.broker
+        try:
+            _, changes = codec.decode(data)
+        except ValueError as error:
+            # Its head was read on arrival: only a corrupt run gets here. The ACTIVE
+            # counts it held, so this server stops counting as in sync.
+            log.error("replication: pending run %d does not decode (%s): resubscribing", seq, error)
+            broker.replicated([RunWritten(seq)])
+            self._out_of_sync("a run from the ACTIVE that does not decode")
+            link.close("a run that does not decode")
+            return
+        self.applied += len(changes)
+        broker.replicated([*changes, RunWritten(seq)])
+        apply_run(broker, changes, now)
+
+    def _out_of_sync(self, reason: str) -> None:
+        if self.in_sync:
+            self.in_sync = False
+            self.on_sync(False, reason)
 
     def _subscribed(self) -> None:
         self.state = "catching_up" if not self.in_sync else "subscribed"
@@ -360,14 +402,18 @@ class Follower:
         self, link: Link, tag: int, properties: commands.Basic.Properties, body: bytes
     ) -> None:
         """One run from the feed, in the socket's read (see the module docstring)."""
+        broker = self.broker
         try:
+            live = codec.first_lsn(body) > 0
+            if self.in_sync and live:
+                self._keep(link, tag, body)
+                return
             _, changes = codec.decode(body)
         except ValueError as error:
             log.error("replication: a run that does not decode (%s): resubscribing", error)
             link.close("a run that does not decode")
             return
         self.settle()  # the runs before this one are applied first
-        broker = self.broker
         if changes and type(changes[0]) is Reset:  # a snapshot starts
             self._reset()
         # To the store first, applied once the store's writer has written the rows and
@@ -375,7 +421,7 @@ class Follower:
         # the one the ack waits for. Applied in any case before the ack, before the next
         # run, and before this server leads (``settle``).
         lsn = broker.replicated(changes)
-        self._unapplied.append((changes, broker.now()))
+        self._unapplied.append((None, changes, broker.now(), link))
         self.applied += len(changes)
         self.runs += 1
         end = bool((properties.headers or {}).get(SNAPSHOT_END))
@@ -383,14 +429,7 @@ class Follower:
         def stored(ok: bool) -> None:
             self.settle()
             if not ok:
-                # Not on this disk: never acked. The link is dropped so the ACTIVE stops
-                # waiting for us (it confirms on its own store, and says so); we
-                # subscribe again, from a new snapshot, once writes work.
-                self.state = "store_failing"
-                if self.in_sync:
-                    self.in_sync = False
-                    self.on_sync(False, "this server's store could not write the changes")
-                link.close("this server's store could not write the changes")
+                self._store_failed(link)
                 return
             if end and not self.in_sync:
                 self.in_sync = True
@@ -400,6 +439,33 @@ class Follower:
             link.ack(tag)
 
         broker.when_safe(lsn, stored)
+
+    def _keep(self, link: Link, tag: int, body: bytes) -> None:
+        """A live run while in sync: kept as received, acked once on disk, then decoded."""
+        broker = self.broker
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        lsn = broker.replicated([PendingRun(seq, body)])
+        self._unapplied.append((seq, body, broker.now(), link))
+        self.pending_runs += 1
+        self.runs += 1
+
+        def kept(ok: bool) -> None:
+            if not ok:
+                self._store_failed(link)
+                return
+            link.ack(tag)
+            self.settle()  # this run's changes, and those before it, now
+
+        broker.when_safe(lsn, kept)
+
+    def _store_failed(self, link: Link) -> None:
+        # Not on this disk: never acked. The link is dropped so the ACTIVE stops waiting
+        # for us (it confirms on its own store, and says so); we subscribe again, from a
+        # new snapshot, once writes work.
+        self.state = "store_failing"
+        self._out_of_sync("this server's store could not write the changes")
+        link.close("this server's store could not write the changes")
 
     def _reset(self) -> None:
         self.snapshot_started = time.monotonic()
@@ -415,5 +481,6 @@ class Follower:
             "in_sync": self.in_sync,
             "applied_changes": self.applied,
             "runs": self.runs,
+            "pending_runs": self.pending_runs,
             "last_snapshot_seconds": self.last_snapshot_seconds,
         }

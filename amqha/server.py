@@ -238,12 +238,15 @@ class Broker:
         self.ids.seen(store.max_msg_id())
         counts = store.counts()
         seconds = time.monotonic() - started
-        self.recovered = dict(counts, seconds=round(seconds, 3), path=path)
-        if counts.get("queues") or counts.get("messages"):
+        pending = store.pending_runs_written
+        self.recovered = dict(counts, seconds=round(seconds, 3), path=path, pending_runs=pending)
+        if counts.get("queues") or counts.get("messages") or pending:
+            # Runs a PASSIVE acked and had not written as rows yet: written at open.
+            kept = f" ({pending} runs from the ACTIVE written first)" if pending else ""
             print(
                 f"amqha {self.config.name}: recovered {counts.get('queues', 0)} durable "
                 f"queues and {counts.get('messages', 0)} persistent messages from {path} "
-                f"in {seconds:.2f} s",
+                f"in {seconds:.2f} s{kept}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -362,8 +365,8 @@ class Broker:
         self.loop.create_task(self.follower.start())
 
     def _committing(self) -> None:
-        """On the store's writer thread, as a commit starts: the follower applies the runs
-        it stored meanwhile (see ``Follower.settle``)."""
+        """On the store's writer thread, as a commit starts: the follower applies the
+        decoded runs it stored meanwhile (see ``Follower.settle``)."""
         follower = self.follower
         if follower is not None and follower.unsettled:
             # A closed loop: the server is gone and nothing waits any more.
@@ -372,7 +375,7 @@ class Broker:
 
     def _settle_follower(self) -> None:
         if self.follower is not None:
-            self.follower.settle()
+            self.follower.settle(decoded_only=True)
 
     def replicated(self, changes: list[Any]) -> int:
         """Changes received from the ACTIVE: to the store, like ours (the follower applies

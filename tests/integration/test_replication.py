@@ -22,7 +22,8 @@ from tests.durability import (
     keep_publishing,
     publish_confirmed,
 )
-from tests.pairs import Pair, client_vote, hold, poll, raw_open
+from tests.pairs import ADMIN, Pair, client_vote, hold, poll, raw_open, url_of
+from tests.support import ROOT
 
 
 def replay(path: Any, url: str) -> None:
@@ -335,3 +336,42 @@ async def test_a_clean_stop_while_replicating_exits_cleanly_and_keeps_every_mess
         assert server.terminate() == 0, server.log()
         assert pair.events(server)[-1]["event"] == "stopped"
     assert all("Traceback" not in server.log() for server in pair.servers)
+
+
+async def test_the_passives_own_disk_holds_every_confirmed_message(make_pair: Any) -> None:
+    """A confirm means both stores have the message on disk. kill -9 of the PASSIVE
+    under a confirming publisher (runs it acked may still wait to be written as rows),
+    then of the ACTIVE: the PASSIVE restarted alone and promoted serves every message
+    confirmed before its kill, from its own store."""
+    pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "orders")
+    await wait_in_sync(pair, pair.primary)
+    ledger = Ledger()
+    stop = asyncio.Event()
+    publisher = asyncio.create_task(
+        publish_confirmed(pair.primary.url, "orders", ledger, "o", stop, limit=100_000)
+    )
+    try:
+        await poll(lambda: len(ledger.confirmed) >= 3000, 60, "publishes confirmed")
+        before_the_kill = set(ledger.confirmed)
+        pair.kill(pair.backup)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
+    pair.kill(pair.primary)
+    pair.backup.start()
+    promoted = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "amqha", "console", "--server", url_of(pair.backup, ADMIN)]
+        + ["promote", "--force"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert promoted.returncode == 0, promoted.stderr
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+    remaining = [body for body, _ in await drain(pair.backup.url, "orders")]
+    assert before_the_kill <= set(remaining), len(before_the_kill - set(remaining))
+    assert not set(remaining) - ledger.sent  # nothing invented
