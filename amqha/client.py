@@ -20,6 +20,7 @@ through a context variable set for each connection attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import re
@@ -126,6 +127,17 @@ class ServerList:
         self.position = (self.position + 1) % len(self.urls)
 
 
+def _recorded(made: list[aio_pika.Connection]) -> Any:
+    """A connection class for ``aio_pika.connect`` that keeps each connection it makes."""
+
+    def make(*args: Any, **kwargs: Any) -> aio_pika.Connection:
+        connection = aio_pika.Connection(*args, **kwargs)
+        made.append(connection)
+        return connection
+
+    return make
+
+
 async def connect(
     urls: Sequence[str | URL] | str,
     *,
@@ -145,13 +157,23 @@ async def connect(
         redirects: list[str] = []
         token = _redirects.set(redirects)
         url = servers.current()
+        made: list[aio_pika.Connection] = []
         try:
             return await aio_pika.connect(
-                url, client_properties=properties, timeout=attempt_timeout, **kwargs
+                url,
+                client_properties=properties,
+                timeout=attempt_timeout,
+                connection_class=_recorded(made),
+                **kwargs,
             )
         except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, OSError) as error:
             last_error = error
             servers.failed(error, redirects)
+            # Closed now: left to the garbage collector, a failed attempt's connection
+            # schedules its own close on whatever loop runs then.
+            for attempt in made:
+                with contextlib.suppress(Exception):
+                    await attempt.close()
         finally:
             _redirects.reset(token)
         if loop.time() >= deadline:

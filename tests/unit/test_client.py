@@ -1,12 +1,17 @@
-"""The client helper's choice of the next server: redirects, NOT_ACTIVE closes, the list."""
+"""The client helper's choice of the next server: redirects, NOT_ACTIVE closes, the list;
+and what its failed attempts leave behind."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import socket
 import threading
+import warnings
 
 import pytest
 
-from amqha.client import ServerList, redirect_target
+from amqha.client import ServerList, connect, redirect_target
 
 BOUND = 10.0  # seconds a pure function may take before the test calls it hung
 
@@ -62,3 +67,29 @@ def test_the_list_moves_on_after_a_failure_and_a_redirect_is_taken_once() -> Non
 def test_an_empty_list_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one server"):
         ServerList([])
+
+
+def test_failed_attempts_leave_no_connection_for_the_garbage_collector() -> None:
+    """Each failed attempt's connection is closed before the next: one left open would
+    schedule its close from the garbage collector, on whatever loop runs then (none here:
+    a 'never awaited' warning)."""
+    with socket.socket() as unused:  # a loopback port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    try:
+        failed = ""
+        try:
+            loop.run_until_complete(
+                connect([f"amqp://guest:guest@127.0.0.1:{port}/"], retry_for=0.3, attempt_timeout=1)
+            )
+        except ConnectionError as error:  # not kept: its traceback would keep the attempts
+            failed = str(error)
+        assert "no ACTIVE server" in failed
+        asyncio.set_event_loop(None)  # as between two tests: no current loop
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+    finally:
+        loop.close()
