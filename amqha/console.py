@@ -94,7 +94,7 @@ class ConsoleService:
         status = broker.pair.status()
         status.update(
             clients=len(broker.client_connections()),
-            connections=len(broker.connections),
+            connections=len(broker.open_connections()),
             queues=sum(len(v.queues) for v in broker.vhosts.values()),
             queued_messages=sum(
                 q.message_count for v in broker.vhosts.values() for q in v.queues.values()

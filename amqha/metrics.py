@@ -67,9 +67,10 @@ class Snapshot:
 
 def take_snapshot(broker: Broker) -> Snapshot:
     """Runs on the broker's loop."""
+    connections = broker.open_connections()
     snapshot = Snapshot(
-        connections=len(broker.connections),
-        channels=sum(len(c.channels) for c in broker.connections),
+        connections=len(connections),
+        channels=sum(len(c.channels) for c in connections),
         watermark=broker.config.limits.memory_high_watermark,
         blocked=broker.blocked,
         memory_blocked=broker.memory_over,

@@ -45,7 +45,7 @@ from config.tls import server_context
 
 from . import __version__, wire
 from .auth import Authenticator, Refused
-from .connection import OPEN, READ_HELD_MEMORY, Connection
+from .connection import CLOSED, OPEN, READ_HELD_MEMORY, Connection
 from .console import ConsoleService
 from .core.apply import apply_run
 from .core.changes import ChangeLog
@@ -664,6 +664,11 @@ class Broker:
     def channel_closed(self, connection: Connection) -> None:
         self.user_channels[connection.user.name] -= 1
         self.channel_count -= 1
+
+    def open_connections(self) -> list[Connection]:
+        """Connections whose AMQP close has not completed: one whose Close-Ok went out
+        is closed, though its socket may wait a moment for the client to close it."""
+        return [c for c in self.connections if c.state < CLOSED]
 
     def client_connections(self) -> list[Connection]:
         """Open connections that the failover gate governs (not peers, not admins)."""

@@ -13,7 +13,7 @@ import pika
 import pytest
 from pamqp import commands
 
-from tests.integration.protocol_support import scrape, unique
+from tests.integration.protocol_support import RawClient, scrape, unique
 from tests.pairs import MakePair, raw_open
 from tests.support import free_port, wait_until
 
@@ -88,6 +88,22 @@ def second_connection(url: str) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(url))
     connection.channel()
     connection.close()
+
+
+def test_a_connection_is_not_counted_once_its_close_handshake_is_done(make_server) -> None:
+    """After Close / Close-Ok the AMQP connection is closed, even while its socket waits
+    for the client to hang up (up to a few seconds): the metrics no longer count it."""
+    metrics_port = free_port()
+    server = make_server("closing", metrics={"listen": f"127.0.0.1:{metrics_port}"})
+    server.start()
+    with RawClient(server.port) as kept, RawClient(server.port) as closing:
+        kept.handshake()
+        closing.handshake()
+        assert scrape(metrics_port)[("rabbitmq_connections", ())] == 2
+        closing.send(0, commands.Connection.Close(200, "bye", 0, 0))
+        closing.expect(commands.Connection.CloseOk, 0)
+        # The socket stays open: the client has not hung up yet.
+        assert scrape(metrics_port)[("rabbitmq_connections", ())] == 1
 
 
 def test_no_endpoint_unless_configured(make_server) -> None:
