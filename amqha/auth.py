@@ -140,8 +140,10 @@ class Authenticator:
         return await loop.run_in_executor(self._executor, verifier.check, password)
 
     async def _wait_until(self, deadline: float) -> None:
-        remaining = deadline - self.clock()
-        if remaining > 0:
+        # A loop's timer may fire a little before the deadline by this clock (uvloop keeps
+        # its time in whole milliseconds, read at the start of an iteration): the rest is
+        # slept too, so a refusal never comes sooner than the delay.
+        while (remaining := deadline - self.clock()) > 0:
             await asyncio.sleep(remaining)
 
     def _refused(

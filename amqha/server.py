@@ -174,7 +174,7 @@ class Broker:
         self.on_open: list[Callable[[Connection], None]] = []
         self.on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
-        self.auth = Authenticator(config.users, config.auth, self.loop.time)
+        self.auth = Authenticator(config.users, config.auth, time.monotonic)
         # Direct reply-to: the reply consumer behind each address handed out in reply_to.
         self.direct_replies: dict[str, Any] = {}
 

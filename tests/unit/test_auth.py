@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import time
 
 import pytest
 
@@ -189,6 +190,21 @@ async def test_a_refusal_comes_after_the_delay_counted_from_the_attempt() -> Non
     started = loop.time()
     assert isinstance(await authenticator.login("app", "wrong", "127.0.0.1", "PLAIN"), Refused)
     assert loop.time() - started >= 0.2
+    authenticator.close()
+
+
+async def test_a_refusal_waits_for_the_delay_by_its_own_clock_when_a_timer_fires_early() -> None:
+    # A clock that runs at half the loop's speed: every sleep ends before this clock has
+    # reached the deadline, as a uvloop timer may against the monotonic clock.
+    origin = time.monotonic()
+
+    def slow_clock() -> float:
+        return origin + (time.monotonic() - origin) / 2
+
+    authenticator = Authenticator(USERS, AuthConfig(("guest",), 0.05), slow_clock)
+    started = slow_clock()
+    assert isinstance(await authenticator.login("nobody", "x", "127.0.0.1", "PLAIN"), Refused)
+    assert slow_clock() - started >= 0.05
     authenticator.close()
 
 
