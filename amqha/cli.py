@@ -236,12 +236,14 @@ def passwd(scheme: str, from_stdin: bool) -> None:
 
 @main.group()
 def quarantine() -> None:
-    """Messages a server kept aside after a split brain (docs/durability.md).
+    """Messages a server kept aside before taking its peer's state (docs/durability.md).
 
     \b
-    A server that accepted messages while no in-sync passive held them, and then had
-    to take its peer's state, writes them to DATA_DIR/quarantine/*.sqlite first and
-    records a `quarantine` event. List them, then replay them onto the ACTIVE:
+    A server about to take its peer's state writes the messages its peer never had
+    (accepted while no in-sync passive held them, or on a queue left out of
+    replication) to DATA_DIR/quarantine/*.sqlite first and records a `quarantine`
+    event. List them, then replay them onto the ACTIVE (a queue it lacks is named:
+    declare it first):
       amqha quarantine list var/primary
       amqha quarantine replay var/primary/quarantine/FILE.sqlite --url amqp://...
     """
@@ -302,14 +304,27 @@ async def _replay(rows: list[tuple[str, str, int, bytes, bytes, bytes]], url: st
     confirmed = 0
     connections: dict[str, Any] = {}
     try:
+        for vhost in dict.fromkeys(row[0] for row in rows):
+            connection = await aiormq.connect(url.rstrip("/") + "/" + quote(vhost, safe=""))
+            connections[vhost] = (connection, await connection.channel())
+        # Every queue first: one that is not there (a queue left out of replication never
+        # reached the ACTIVE) would drop its messages unrouted.
+        missing = []
+        for vhost, queue in dict.fromkeys(row[:2] for row in rows):
+            probe = await connections[vhost][0].channel()
+            try:
+                await probe.queue_declare(queue, passive=True)
+                await probe.close()
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                missing.append(f"'{queue}' in vhost '{vhost}'")
+        if missing:
+            raise click.ClickException(
+                f"no queue {', '.join(missing)} on the server: declare it as it was, then "
+                "replay again (nothing was published)"
+            )
         for vhost, queue, _msg_id, _address, header, body in rows:
-            if vhost not in connections:
-                target = url.rstrip("/") + "/" + quote(vhost, safe="")
-                connection = await aiormq.connect(target)
-                connections[vhost] = (connection, await connection.channel())
-            channel = connections[vhost][1]
-            answer = await channel.basic_publish(
-                body, routing_key=queue, properties=decode_properties(header)
+            answer = await connections[vhost][1].basic_publish(
+                body, routing_key=queue, properties=decode_properties(header), mandatory=True
             )
             if isinstance(answer, commands.Basic.Ack):
                 confirmed += 1

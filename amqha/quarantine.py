@@ -2,11 +2,12 @@
 
 Owns: the *unprotected mark* (a file in the data dir holding the first message id this
 server gave out while ACTIVE without an in-sync PASSIVE; cleared once a PASSIVE is in
-sync again), and the quarantine files. When a server that still has a mark is about to
-take a snapshot from its peer (it lost a split brain, or it was killed while
-unprotected and its peer served meanwhile), the messages it holds at or above the mark
-were never replicated: they are written to ``DATA_DIR/quarantine/TIME-NAME.sqlite``
-before the snapshot replaces them, and reported. ``amqha quarantine`` lists and
+sync again), and the quarantine files. When a server is about to take a snapshot from
+its peer, the messages it holds that were never replicated are written to
+``DATA_DIR/quarantine/TIME-NAME.sqlite`` before the snapshot replaces them, and
+reported: those at or above its mark, if it has one (it lost a split brain, or it was
+killed while unprotected and its peer served meanwhile), and every message on a queue
+left out of replication (``x-amqha-replicate: false``). ``amqha quarantine`` lists and
 replays those files. See docs/durability.md, section 5.
 
 Must not know: the loop, sockets, the failover state machine.
@@ -62,17 +63,18 @@ CREATE TABLE messages (
 
 
 def quarantine(
-    vhosts: dict[str, VHost], first_id: int, data_dir: str, server: str
+    vhosts: dict[str, VHost], first_id: int | None, data_dir: str, server: str
 ) -> dict[str, Any] | None:
-    """Write every durable queue's message with an id at or above ``first_id`` to a new
-    quarantine file; returns what was kept (None when there was nothing)."""
+    """Write to a new quarantine file every durable queue's message that the peer never
+    had: an id at or above ``first_id`` (None: no mark), or on a queue that is not
+    replicated. Returns what was kept (None when there was nothing)."""
     rows = [
         (vhost.name, queue.name, message.msg_id, message.address, message.header, message.body)
         for vhost in vhosts.values()
         for queue in vhost.queues.values()
         if queue.durable and queue.exclusive_owner is None
         for message, _ in queue.messages()
-        if message.msg_id >= first_id
+        if queue.name in vhost.unreplicated or (first_id is not None and message.msg_id >= first_id)
     ]
     if not rows:
         return None

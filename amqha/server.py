@@ -388,18 +388,18 @@ class Broker:
         return log_.lsn
 
     def before_reset(self) -> None:
-        """A snapshot from the ACTIVE is about to replace the durable state: messages this
-        server accepted while it had no in-sync PASSIVE (a split brain's losing side) are
-        kept in a quarantine file first, and reported."""
+        """A snapshot from the ACTIVE is about to replace the durable state: messages the
+        ACTIVE never had (accepted while this server had no in-sync PASSIVE, as a split
+        brain's losing side, or on a queue left out of replication) are kept in a
+        quarantine file first, and reported."""
         mark = read_unprotected_mark(self.config.data_dir)
-        if mark is None:
-            return
         found = quarantine(self.vhosts, mark, self.config.data_dir, self.config.name)
-        clear_unprotected_mark(self.config.data_dir)
+        if mark is not None:
+            clear_unprotected_mark(self.config.data_dir)
         if found is not None:
             self.quarantined.append(found)
             log.warning(
-                "quarantined %d messages accepted while unprotected into %s",
+                "quarantined %d messages the ACTIVE never had into %s",
                 found["messages"],
                 found["path"],
             )

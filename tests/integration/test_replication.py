@@ -307,6 +307,57 @@ async def test_replication_can_be_turned_off_per_queue_and_for_the_server(make_p
     assert not [e for e in off.events(off.primary) if e["event"] == "sync"]
 
 
+async def test_a_queue_left_out_of_replication_is_quarantined_when_its_server_resyncs(
+    make_pair: Any,
+) -> None:
+    """Messages confirmed on a queue that is not replicated are on one server only: kill -9
+    of it while in sync, the backup serves, and when it comes back and takes the backup's
+    snapshot they are kept in a quarantine file and reported, never dropped. Replaying
+    names the queue the ACTIVE lacks and publishes nothing; once it is declared, every
+    message is back."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "local", **{"x-amqha-replicate": False})
+    await wait_in_sync(pair, pair.primary)
+    ledger = Ledger()
+    await publish_confirmed(pair.primary.url, "local", ledger, "l", asyncio.Event(), limit=200)
+    assert len(ledger.confirmed) == 200
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+    pair.primary.start()
+    await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+    found = await poll(
+        lambda: [e for e in pair.events(pair.primary) if e["event"] == "quarantine"],
+        30,
+        "a quarantine record",
+    )
+    assert found[0]["messages"] == 200
+    assert {row[5] for row in read_quarantine(found[0]["path"])} == ledger.confirmed
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "amqha",
+            "quarantine",
+            "replay",
+            found[0]["path"],
+            "--url",
+            pair.backup.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0
+    assert "no queue 'local' in vhost '/' on the server" in refused.stderr, refused.stderr
+    await declare(pair.backup.url, "local", **{"x-amqha-replicate": False})
+    replay(found[0]["path"], pair.backup.url)
+    remaining = [body for body, _ in await drain(pair.backup.url, "local")]
+    lost, invented = ledger.check(remaining)
+    assert not lost and not invented and len(remaining) == 200
+
+
 async def test_a_clean_stop_while_replicating_exits_cleanly_and_keeps_every_message(
     make_pair: Any,
 ) -> None:
