@@ -26,14 +26,18 @@ from tests.pairs import ADMIN, Pair, client_vote, hold, poll, raw_open, url_of
 from tests.support import ROOT
 
 
-def replay(path: Any, url: str) -> None:
+def run_replay(path: Any, url: str) -> subprocess.CompletedProcess[str]:
     """``amqha quarantine replay PATH --url URL``, as an operator runs it."""
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "amqha", "quarantine", "replay", str(path), "--url", url],
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def replay(path: Any, url: str) -> None:
+    result = run_replay(path, url)
     assert result.returncode == 0, result.stderr
 
 
@@ -252,22 +256,7 @@ async def test_a_split_brain_keeps_the_losers_confirmed_messages_in_quarantine(
     status = await replication(pair, pair.primary)
     assert status["quarantined"][0]["path"] == found[0]["path"]
     # The operator replays them onto the winner: now every confirmed message is there.
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "amqha",
-            "quarantine",
-            "replay",
-            found[0]["path"],
-            "--url",
-            pair.backup.url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = await asyncio.to_thread(run_replay, found[0]["path"], pair.backup.url)
     assert result.returncode == 0, result.stderr
     remaining = [body for body, _ in await drain(pair.backup.url, "split")]
     confirmed = before.confirmed | alone.confirmed | winner_side.confirmed
@@ -334,21 +323,7 @@ async def test_a_queue_left_out_of_replication_is_quarantined_when_its_server_re
     )
     assert found[0]["messages"] == 200
     assert {row[5] for row in read_quarantine(found[0]["path"])} == ledger.confirmed
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqha",
-            "quarantine",
-            "replay",
-            found[0]["path"],
-            "--url",
-            pair.backup.url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    refused = run_replay(found[0]["path"], pair.backup.url)
     assert refused.returncode != 0
     assert "no queue 'local' in vhost '/' on the server" in refused.stderr, refused.stderr
     await declare(pair.backup.url, "local", **{"x-amqha-replicate": False})
