@@ -28,6 +28,7 @@ import pika.exceptions
 from pamqp import commands, frame
 from pamqp.heartbeat import Heartbeat
 
+from amqha.client import _recorded
 from amqha.client import connect as ha_connect
 from amqha.console import ConsoleClient
 from failover.epoch import load_epoch
@@ -475,6 +476,20 @@ async def hold(predicate: Callable[[], Any], duration: float, what: str) -> None
     assert predicate(), f"no longer true: {what}"
 
 
+async def plain_connect(url: str, timeout: float) -> aio_pika.abc.AbstractConnection:
+    """``aio_pika.connect``, with a refused attempt's connection closed here: left to the
+    garbage collector, aio-pika's finalizer schedules its close on whatever loop runs
+    then, and warns 'never awaited' when none does."""
+    made: list[aio_pika.Connection] = []
+    try:
+        return await aio_pika.connect(url, timeout=timeout, connection_class=_recorded(made))
+    except BaseException:
+        for attempt in made:
+            with contextlib.suppress(Exception):
+                await attempt.close()
+        raise
+
+
 async def connect_plain(
     server: ServerProcess, timeout: float = 10.0
 ) -> aio_pika.abc.AbstractConnection:
@@ -482,7 +497,7 @@ async def connect_plain(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return await aio_pika.connect(server.url, timeout=2.0)
+            return await plain_connect(server.url, 2.0)
         except Exception:
             if time.monotonic() >= deadline:
                 raise

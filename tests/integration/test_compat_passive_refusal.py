@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-import aio_pika
 import aiormq
 import amqp
 import kombu
@@ -19,7 +18,7 @@ import pytest
 from pamqp import commands
 
 from amqha.client import ConnectionRedirect
-from tests.pairs import MakePair, pika_open_error, raw_open
+from tests.pairs import MakePair, pika_open_error, plain_connect, raw_open
 from tests.support import amqplib_modules, amqplib_run
 
 # Connects, and prints what amqplib's user gets: the error's message, or that it opened.
@@ -43,7 +42,7 @@ async def test_every_client_reads_the_not_active_text(make_pair: MakePair) -> No
     assert caught.value.args == (320, text)
 
     with pytest.raises(aiormq.exceptions.ConnectionClosed) as caught_pika:
-        await aio_pika.connect(url, timeout=5)
+        await plain_connect(url, 5)
     assert caught_pika.value.args == (320, text)
 
     error = await asyncio.to_thread(pika_open_error, pair.backup.port)

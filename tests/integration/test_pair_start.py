@@ -18,6 +18,7 @@ from tests.pairs import (
     hold,
     pair_info,
     pika_open_error,
+    plain_connect,
     raw_open,
 )
 
@@ -81,7 +82,7 @@ async def test_clients_reaching_the_passive_end_up_on_the_active(make_pair: Make
 
     # Plain aio-pika: refused before Tune, with the text (see test_compat_passive_refusal).
     with pytest.raises(Exception, match=active_text):
-        await aio_pika.connect(pair.backup.url, timeout=5)
+        await plain_connect(pair.backup.url, 5)
     # pika: 320 with the active's address in a text a program can read.
     error = await asyncio.to_thread(pika_open_error, pair.backup.port)
     assert error is not None and f"(320) '{active_text}'" in error
