@@ -23,6 +23,7 @@ from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
 from . import wire
+from .core import feedauth
 from .core.confirms import Confirms
 from .core.message import Message
 from .core.queue import Queue, QueueArgumentError, consumer_priority
@@ -688,9 +689,27 @@ class Channel:
             raise exceptions.AMQPPreconditionFailed(
                 f"PRECONDITION_FAILED - '{FEED_QUEUE}' needs acks, on a channel of its own"
             )
+        # Only the pair's peer: proof of the pair's secret bound to this connection's
+        # nonce, not a password alone (core/feedauth.py, docs/security.md).
+        arguments = method.arguments or {}
+        secret = broker.config.failover.secret
+        client_nonce = feedauth.parse_nonce(arguments.get(feedauth.NONCE_ARGUMENT))
+        if client_nonce is None or not feedauth.proof_holds(
+            secret, self.connection.nonce, client_nonce, arguments.get(feedauth.PROOF_ARGUMENT)
+        ):
+            broker.feed.refused(self.connection.peer, self.connection.user.name)
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - '{FEED_QUEUE}' needs proof of the pair's secret"
+            )
+        if broker.feed.live_subscriber:
+            raise exceptions.AMQPResourceLocked(
+                f"RESOURCE_LOCKED - '{FEED_QUEUE}' has a subscriber already"
+            )
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
-        broker.feed.subscribe(self, tag)
+        broker.feed.subscribe(
+            self, tag, feedauth.session_key(secret, self.connection.nonce, client_nonce)
+        )
 
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from . import wire
 from .auth import Refused
 from .channel import CLOSING as CHANNEL_CLOSING
 from .channel import Channel
+from .core import feedauth
 from .gate import ACCEPT, Redirect, not_active_text
 
 if TYPE_CHECKING:
@@ -95,6 +97,7 @@ class Connection(asyncio.Protocol):
         self.vhost: VHost = None  # type: ignore[assignment]
         self.client_properties: dict[str, Any] = {}
         self.peer = "?"
+        self.nonce = b""  # this connection's nonce, sent in Connection.Start
         self.address = ""  # the client's IP address, as the loopback-only rule reads it
         self.out: list[bytes] = []
         self.out_bytes = 0
@@ -446,11 +449,16 @@ class Connection(asyncio.Protocol):
 
     def _send_start(self) -> None:
         self.state = AWAIT_START_OK
+        properties = self.broker.server_properties()
+        # Fresh on every connection: what the replication link's proof is bound to
+        # (core/feedauth.py), so an old subscription cannot be replayed.
+        self.nonce = secrets.token_bytes(feedauth.NONCE_BYTES)
+        properties[feedauth.NONCE_PROPERTY] = self.nonce.hex()
         self.send(
             wire.method_frame(
                 0,
                 commands.Connection.Start(
-                    server_properties=self.broker.server_properties(),
+                    server_properties=properties,
                     mechanisms="PLAIN AMQPLAIN",
                     locales="en_US",
                 ),

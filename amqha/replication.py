@@ -27,19 +27,21 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from peering import ConsumerLink, Link
+from peering import ConsumerLink, Link, LinkClosed
 
 from . import wire
-from .core import codec
+from .core import codec, feedauth
 from .core.apply import apply_run, state_changes
-from .core.changes import Bound, Change, Enqueued, QueueDeclared, Reset, Settled, Unbound
+from .core.changes import Batch, Bound, Change, Enqueued, QueueDeclared, Reset, Settled, Unbound
+from .core.sync import Eligibility, Leader, Phase, SentRun
 from .store import PendingRun, RunWritten
 
 if TYPE_CHECKING:
@@ -57,42 +59,69 @@ FOLLOWER_PREFETCH = 16
 # A subscriber this far behind (bytes of changes waiting for it) is dropped: it
 # subscribes again and catches up from a new snapshot instead of holding memory.
 MAX_BACKLOG_BYTES = 256 * 1024 * 1024
-# The headers of a run: "snapshot_end" marks the snapshot's last run.
+# The headers of a run: "snapshot_end" marks the snapshot's last run; "in_sync" is the
+# ACTIVE's marker (an empty run): the PASSIVE holds every change it ever confirmed, up
+# to the LSN it carries (docs/durability.md, section 5, "In sync").
 SNAPSHOT_END = "amqha-snapshot-end"
+IN_SYNC = "amqha-in-sync"
 
-_EMPTY_PROPERTIES = commands.Basic.Properties()
 
-
-def _size(changes: list[Change]) -> int:
-    """About how many bytes ``changes`` hold (for the backlog limit and the lag)."""
+def _size(changes: Sequence[Change]) -> int:
+    """About how many bytes ``changes`` hold (for the backlog limit, the lag and where
+    a run is cut): a transaction's messages count too."""
     return 64 * len(changes) + sum(
-        [len(c.body) + len(c.header) for c in changes if type(c) is Enqueued]  # type: ignore[union-attr]
+        [
+            len(c.body) + len(c.header)  # type: ignore[union-attr]
+            if type(c) is Enqueued
+            else (_size(c.changes) if type(c) is Batch else 0)  # type: ignore[union-attr]
+            for c in changes
+        ]
     )
 
 
-class _Subscriber:
-    __slots__ = ("channel", "tag", "tag_wire", "unacked", "prefetch")
+def _first_msg_id(changes: Sequence[Change]) -> int | None:
+    """The first message id a run carries (ids grow with LSNs), or None."""
+    for change in changes:
+        kind = type(change)
+        if kind is Enqueued:
+            return change.msg_id  # type: ignore[union-attr]
+        if kind is Batch:
+            found = _first_msg_id(change.changes)  # type: ignore[union-attr]
+            if found is not None:
+                return found
+    return None
 
-    def __init__(self, channel: Channel, tag: str, prefetch: int) -> None:
+
+class _Subscriber:
+    __slots__ = ("channel", "tag", "tag_wire", "prefetch", "key")
+
+    def __init__(self, channel: Channel, tag: str, prefetch: int, key: bytes) -> None:
         self.channel = channel
         self.tag = tag
         self.tag_wire = wire.shortstr(tag)
-        # Delivery tag -> (LSN covered, whether it ends the snapshot, when sent, bytes).
-        self.unacked: collections.OrderedDict[int, tuple[int, bool, float, int]] = (
-            collections.OrderedDict()
-        )
         self.prefetch = prefetch or FOLLOWER_PREFETCH
+        self.key = key  # the session key: every run's MAC (core/feedauth.py)
 
 
 class Feed:
-    """The ACTIVE's side: one subscriber at a time (see the module docstring)."""
+    """The ACTIVE's side: one subscriber at a time (see the module docstring). The
+    protocol's rules are ``core.sync.Leader``'s; this shell takes the snapshot, encodes
+    and sends the runs, and tells the broker what changed."""
 
-    def __init__(self, broker: Broker, on_sync: Callable[[bool, str], None]) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        on_sync: Callable[[bool, str], None],
+        on_unprotected: Callable[[int], None],
+    ) -> None:
         self.broker = broker
-        self.on_sync = on_sync  # (in_sync, reason): the broker re-checks its confirms
+        # (in_sync, reason): the broker re-checks its confirms; a reason: a change of
+        # protection to record.
+        self.on_sync = on_sync
+        # Protection was lost: the first message id the PASSIVE may not hold.
+        self.on_unprotected = on_unprotected
+        self.leader = Leader()
         self.subscriber: _Subscriber | None = None
-        self.in_sync = False
-        self.replicated_lsn = 0  # the subscriber holds every change up to this LSN
         self.sent_lsn = 0
         self._snapshot: Iterator[Change] | None = None
         self._snapshot_lsn = 0
@@ -101,15 +130,42 @@ class Feed:
         self.backlog_bytes = 0
         self.snapshots = 0
         self.snapshot_changes = 0
+        self.refusals = 0  # subscriptions refused for want of proof of the secret
+
+    @property
+    def in_sync(self) -> bool:
+        return self.leader.in_sync
+
+    @property
+    def replicated_lsn(self) -> int:
+        return self.leader.replicated_lsn
+
+    def watermark(self, store_lsn: int) -> int:
+        return self.leader.watermark(store_lsn)
 
     # -- subscribing --------------------------------------------------------------------
 
-    def subscribe(self, channel: Channel, tag: str) -> None:
-        if self.subscriber is not None:
-            self.drop("a new subscription replaced it")
+    @property
+    def live_subscriber(self) -> bool:
+        return self.subscriber is not None
+
+    def refused(self, peer: str, user: str) -> None:
+        """A subscription without proof of the pair's secret (the channel refuses it)."""
+        self.refusals += 1
+        log.warning(
+            "replication: subscription from %s (user %r) refused: no proof of the pair's secret",
+            peer,
+            user,
+        )
+
+    def subscribe(self, channel: Channel, tag: str, key: bytes) -> None:
+        """The PASSIVE, proven (the channel checked its proof), subscribes: at most one
+        at a time (the channel refuses a second while one is live)."""
+        assert self.subscriber is None
         log_ = self.broker.log
-        self.subscriber = _Subscriber(channel, tag, channel.consumer_prefetch)
+        self.subscriber = _Subscriber(channel, tag, channel.consumer_prefetch, key)
         channel.feed = self
+        self.leader.subscribe()
         # The state already holds every change up to the log's last LSN, taken or not.
         self._snapshot_lsn = log_.lsn if log_ is not None else 0
         self._snapshot = state_changes(self.broker.vhosts)
@@ -121,23 +177,42 @@ class Feed:
         log.info("replication: %s subscribed, sending a snapshot", channel.connection.peer)
         self.push()
 
-    def drop(self, reason: str) -> None:
-        """Forget the subscriber (its channel closed, or it fell too far behind)."""
+    def drop(self, reason: str, cancel: bool = True) -> None:
+        """Forget the subscriber (its channel closed, it fell too far behind, this server
+        steps down). With ``cancel``, its channel still open, the PASSIVE is told (a
+        server-side Basic.Cancel): it stops counting as in sync at once."""
         subscriber, self.subscriber = self.subscriber, None
+        leader = self.leader
+        mark = None
+        if leader.in_sync:
+            mark = leader.unprotected_from(self._backlog_first_id(), self.broker.ids.next)
+        was_in_sync = leader.drop()
         self._snapshot = None
         self._pending.clear()
         self.backlog_bytes = 0
         if subscriber is None:
             return
-        subscriber.channel.feed = None
-        if self.in_sync:
-            self.in_sync = False
+        channel = subscriber.channel
+        channel.feed = None
+        if cancel and channel.state == "open":
+            channel.reply(commands.Basic.Cancel(subscriber.tag, nowait=True))
+            channel.connection.flush()
+        if was_in_sync:
+            assert mark is not None
+            self.on_unprotected(mark)
             self.on_sync(False, reason)
         log.warning("replication: subscriber dropped: %s", reason)
 
     def unsubscribed(self, channel: Channel) -> None:
         if self.subscriber is not None and self.subscriber.channel is channel:
-            self.drop("the passive's replication link closed")
+            self.drop("the passive's replication link closed", cancel=False)
+
+    def _backlog_first_id(self) -> int | None:
+        for _, changes, _ in self._pending:
+            found = _first_msg_id(changes)
+            if found is not None:
+                return found
+        return None
 
     # -- the stream ---------------------------------------------------------------------
 
@@ -161,13 +236,13 @@ class Feed:
 
     def push(self) -> None:
         subscriber = self.subscriber
-        while subscriber is not None and len(subscriber.unacked) < subscriber.prefetch:
+        while subscriber is not None and len(self.leader.unacked) < subscriber.prefetch:
             if self._snapshot is not None:
                 changes, end = self._snapshot_run()
-                self._send(subscriber, 0, changes, self._snapshot_lsn, end)
+                self._send(subscriber, 0, changes, self._snapshot_lsn, end, None)
             elif self._pending:
                 first, changes, last = self._live_run()
-                self._send(subscriber, first, changes, last, False)
+                self._send(subscriber, first, changes, last, False, _first_msg_id(changes))
             else:
                 return
             subscriber = self.subscriber
@@ -191,8 +266,9 @@ class Feed:
 
     def _live_run(self) -> tuple[int, list[Change], int]:
         first, changes, size = self._pending[0]
-        if len(changes) > RUN_CHANGES:
-            head, tail = changes[:RUN_CHANGES], changes[RUN_CHANGES:]
+        if len(changes) > RUN_CHANGES or (size > RUN_BYTES and len(changes) > 1):
+            cut = _cut(changes)
+            head, tail = changes[:cut], changes[cut:]
             head_size = _size(head)
             self._pending[0] = (first + RUN_CHANGES, tail, size - head_size)
             changes, size = head, head_size
@@ -213,18 +289,25 @@ class Feed:
         }
 
     def _send(
-        self, subscriber: _Subscriber, first: int, changes: list[Change], last: int, end: bool
+        self,
+        subscriber: _Subscriber,
+        first: int,
+        changes: list[Change],
+        last: int,
+        end: bool,
+        first_msg_id: int | None,
+        headers: dict[str, Any] | None = None,
     ) -> None:
         channel = subscriber.channel
         connection = channel.connection
         body = codec.encode(first, changes)
-        properties = (
-            commands.Basic.Properties(headers={SNAPSHOT_END: True}) if end else _EMPTY_PROPERTIES
-        )
-        header = ContentHeader(0, len(body), properties).marshal()
         tag = channel.next_delivery_tag
         channel.next_delivery_tag = tag + 1
-        subscriber.unacked[tag] = (last, end, time.monotonic(), len(body))
+        marker = headers.get(IN_SYNC) if headers else None
+        headers = {SNAPSHOT_END: True} if end else dict(headers or {})
+        headers[feedauth.MAC_HEADER] = feedauth.run_mac(subscriber.key, tag, end, marker, body)
+        header = ContentHeader(0, len(body), commands.Basic.Properties(headers=headers)).marshal()
+        self.leader.sent(tag, SentRun(last, end, first_msg_id, time.monotonic(), len(body)))
         self.sent_lsn = max(self.sent_lsn, last)
         connection.send(
             wire.deliver_frames(
@@ -245,49 +328,64 @@ class Feed:
         subscriber = self.subscriber
         if subscriber is None or subscriber.channel is not channel:
             return
-        unacked = subscriber.unacked
-        done = []
-        if multiple:
-            for each in unacked:
-                if each > tag:
-                    break
-                done.append(each)
-        elif tag in unacked:
-            done.append(tag)
-        moved = False
-        for each in done:
-            last, end, _, _ = unacked.pop(each)
-            if last > self.replicated_lsn:
-                self.replicated_lsn = last
-                moved = True
-            if end and not self.in_sync:
-                self.in_sync = True
-                self.on_sync(True, f"snapshot of {self.snapshot_changes} changes applied")
-                moved = False  # on_sync re-checked the confirms
-        if moved and self.in_sync:
+        leader = self.leader
+        before = leader.phase
+        synced = leader.acked(tag, multiple, self.broker.safe_lsn)
+        if before is Phase.SNAPSHOT and leader.phase is not Phase.SNAPSHOT:
+            log.info(
+                "replication: snapshot of %d changes acked; confirms wait for the passive, "
+                "in sync once it has acked through LSN %s",
+                self.snapshot_changes,
+                leader.sync_lsn,
+            )
+        if synced.declared:
+            sync_lsn = leader.sync_lsn
+            # The marker: after every run it covers, so the PASSIVE reads it holding them.
+            self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: sync_lsn})
+            self.on_sync(
+                True,
+                f"snapshot of {self.snapshot_changes} changes applied, and every change "
+                f"confirmed without the passive (through LSN {sync_lsn})",
+            )
+        elif synced.moved:
             self.on_sync(True, "")
         self.push()
 
     def status(self) -> dict[str, Any]:
         subscriber = self.subscriber
+        leader = self.leader
         log_ = self.broker.log
         lsn = log_.lsn if log_ is not None else 0
-        oldest = next(iter(subscriber.unacked.values()), None) if subscriber else None
+        oldest = next(iter(leader.unacked.values()), None) if subscriber else None
         return {
             "subscriber": None if subscriber is None else subscriber.channel.connection.peer,
             "state": "in_sync"
-            if self.in_sync
+            if leader.in_sync
             else ("catching_up" if subscriber is not None else "none"),
-            "lag_changes": max(0, lsn - self.replicated_lsn) if subscriber else None,
+            "phase": leader.phase.value,
+            "sync_lsn": leader.sync_lsn,
+            "lag_changes": max(0, lsn - leader.replicated_lsn) if subscriber else None,
             "lag_bytes": (
-                self.backlog_bytes + sum(entry[3] for entry in subscriber.unacked.values())
+                self.backlog_bytes + sum(run.size for run in leader.unacked.values())
                 if subscriber
                 else None
             ),
-            "lag_seconds": round(time.monotonic() - oldest[2], 3) if oldest else 0.0,
-            "replicated_lsn": self.replicated_lsn,
+            "lag_seconds": round(time.monotonic() - oldest.sent_at, 3) if oldest else 0.0,
+            "replicated_lsn": leader.replicated_lsn,
             "snapshots": self.snapshots,
+            "refused_subscriptions": self.refusals,
         }
+
+
+def _cut(changes: list[Change]) -> int:
+    """How many of ``changes`` make a run: at most RUN_CHANGES, and past RUN_BYTES
+    only by its last change (at least one)."""
+    size = 0
+    for count, change in enumerate(changes[:RUN_CHANGES], 1):
+        size += _size([change])
+        if size >= RUN_BYTES:
+            return count
+    return min(len(changes), RUN_CHANGES)
 
 
 def _leaves_out(change: Change, unreplicated: set[tuple[str, str]]) -> bool:
@@ -305,6 +403,22 @@ def _leaves_out(change: Change, unreplicated: set[tuple[str, str]]) -> bool:
     return False
 
 
+class _Session:
+    """One subscription's proof state: the session key, the next delivery tag."""
+
+    __slots__ = ("key", "next_tag")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.next_tag: int | None = None  # the first run's tag starts the count
+
+
+def max_run_bytes(max_message_size: int) -> int:
+    """The largest run a follower reads: a run is cut after RUN_BYTES, so it holds at
+    most that and one more change (a message, or a transaction's)."""
+    return RUN_BYTES + 2 * max_message_size + (1 << 20)
+
+
 class Follower:
     """The PASSIVE's side: subscribe to the ACTIVE's feed, apply, store, ack."""
 
@@ -315,10 +429,12 @@ class Follower:
         on_sync: Callable[[bool, str], None],
         connect_options: dict[str, Any],
         name: str,
+        secret: bytes,
     ) -> None:
         self.broker = broker
+        self.secret = secret
         self.on_sync = on_sync
-        self.in_sync = False
+        self.eligibility = Eligibility()
         self.state = "connecting"
         self.applied = 0
         self.runs = 0
@@ -331,6 +447,7 @@ class Follower:
         )
         self._next_seq = 1
         self.pending_runs = 0  # runs kept as received, their changes not written yet
+        self.refused_runs = 0  # runs that did not authenticate or validate
         self.link = ConsumerLink(
             url,
             FEED_QUEUE,
@@ -338,9 +455,18 @@ class Follower:
             name=f"{name}->replication",
             prefetch=FOLLOWER_PREFETCH,
             on_up=self._subscribed,
+            on_cancelled=self._cancelled,
+            consume_arguments=self._consume_arguments,
+            max_body=max_run_bytes(broker.config.limits.max_message_size),
             client_properties={"product": "amqha replication", "amqha_node": name},
             **connect_options,
         )
+
+    @property
+    def in_sync(self) -> bool:
+        """Eligible to take over: the ACTIVE has said this server holds every change it
+        ever confirmed, and nothing since has ended that (``core.sync.Eligibility``)."""
+        return self.eligibility.in_sync
 
     async def start(self) -> None:
         await self.link.start()
@@ -383,26 +509,96 @@ class Follower:
             # counts it held, so this server stops counting as in sync.
             log.error("replication: pending run %d does not decode (%s): resubscribing", seq, error)
             broker.replicated([RunWritten(seq)])
-            self._out_of_sync("a run from the ACTIVE that does not decode")
+            self._ended("a run from the ACTIVE that does not decode")
             link.close("a run that does not decode")
             return
         self.applied += len(changes)
         broker.replicated([*changes, RunWritten(seq)])
         apply_run(broker, changes, now)
 
-    def _out_of_sync(self, reason: str) -> None:
-        if self.in_sync:
-            self.in_sync = False
+    def _ended(self, reason: str) -> None:
+        if self.eligibility.ended():
             self.on_sync(False, reason)
 
     def _subscribed(self) -> None:
-        self.state = "catching_up" if not self.in_sync else "subscribed"
+        """A new subscription: the ACTIVE sends a new snapshot, so whatever this server
+        held is not known to be complete until the ACTIVE says so again."""
+        self.state = "catching_up"
+        if self.eligibility.subscribed():
+            self.on_sync(False, "subscribed again to the ACTIVE's feed: catching up")
+
+    def _consume_arguments(self, link: Link, server_properties: dict[str, Any]) -> dict[str, Any]:
+        """At Connection.Start: prove the pair's secret, bound to the server's nonce, and
+        keep the session key that every run must carry a MAC with (core/feedauth.py)."""
+        server_nonce = feedauth.parse_nonce(server_properties.get(feedauth.NONCE_PROPERTY))
+        if server_nonce is None:
+            raise LinkClosed("the server gave no nonce: not an amqha server that can feed us")
+        client_nonce = secrets.token_bytes(feedauth.NONCE_BYTES)
+        link.context = _Session(feedauth.session_key(self.secret, server_nonce, client_nonce))
+        return {
+            feedauth.NONCE_ARGUMENT: client_nonce.hex(),
+            feedauth.PROOF_ARGUMENT: feedauth.subscribe_proof(
+                self.secret, server_nonce, client_nonce
+            ),
+        }
+
+    def _authentic(
+        self, link: Link, tag: int, headers: dict[str, Any], marker: Any, end: bool, body: bytes
+    ) -> bool:
+        """Whether a run comes from the pair's ACTIVE, in order and unchanged. A run that
+        does not is refused: never stored, applied or acked, and the link is closed."""
+        session = link.context
+        problem = None
+        if not isinstance(session, _Session):
+            problem = "a run on a link with no proof"
+        elif session.next_tag is not None and tag != session.next_tag:
+            problem = f"a run out of order (tag {tag}, expected {session.next_tag})"
+        elif marker is not None and (
+            not isinstance(marker, int) or isinstance(marker, bool) or not 0 <= marker < 1 << 63
+        ):
+            problem = "an in-sync marker without an LSN"
+        elif not feedauth.run_mac_holds(
+            session.key, tag, end, marker, body, headers.get(feedauth.MAC_HEADER)
+        ):
+            problem = "a run whose MAC does not hold: not from the pair's ACTIVE, or altered"
+        if problem is None:
+            session.next_tag = tag + 1
+            return True
+        self.refused_runs += 1
+        log.error("replication: %s: refused, resubscribing", problem)
+        self._ended(f"refused {problem}")
+        link.close(problem)
+        return False
+
+    def _cancelled(self) -> None:
+        """The ACTIVE ended the subscription while serving on: it confirms alone now."""
+        self._ended("the ACTIVE cancelled the replication subscription")
+
+    def _declared(self, link: Link, tag: int, sync_lsn: int) -> None:
+        """The ACTIVE's marker: every change it confirmed is in this server's store."""
+        link.ack(tag)
+        self.state = "in_sync"
+        if self.eligibility.declared(sync_lsn):
+            seconds = round(time.monotonic() - self.snapshot_started, 3)
+            self.on_sync(
+                True,
+                f"in sync at LSN {sync_lsn}, {seconds} s after the snapshot started "
+                f"(snapshot applied in {self.last_snapshot_seconds} s)",
+            )
 
     def _on_run(
         self, link: Link, tag: int, properties: commands.Basic.Properties, body: bytes
     ) -> None:
         """One run from the feed, in the socket's read (see the module docstring)."""
         broker = self.broker
+        headers = properties.headers or {}
+        marker = headers.get(IN_SYNC)
+        end = bool(headers.get(SNAPSHOT_END))
+        if not self._authentic(link, tag, headers, marker, end, body):
+            return
+        if marker is not None:
+            self._declared(link, tag, marker)
+            return
         try:
             live = codec.first_lsn(body) > 0
             if self.in_sync and live:
@@ -424,18 +620,21 @@ class Follower:
         self._unapplied.append((None, changes, broker.now(), link))
         self.applied += len(changes)
         self.runs += 1
-        end = bool((properties.headers or {}).get(SNAPSHOT_END))
 
         def stored(ok: bool) -> None:
             self.settle()
             if not ok:
                 self._store_failed(link)
                 return
-            if end and not self.in_sync:
-                self.in_sync = True
-                self.state = "in_sync"
+            if end:
+                # Not yet in sync: the ACTIVE confirmed changes alone meanwhile, and says
+                # when this server holds them (its marker).
+                self.state = "closing"
                 self.last_snapshot_seconds = round(time.monotonic() - self.snapshot_started, 3)
-                self.on_sync(True, f"snapshot applied in {self.last_snapshot_seconds} s")
+                log.info(
+                    "replication: snapshot applied in %s s; waiting for the ACTIVE's word",
+                    self.last_snapshot_seconds,
+                )
             link.ack(tag)
 
         broker.when_safe(lsn, stored)
@@ -464,23 +663,23 @@ class Follower:
         # for us (it confirms on its own store, and says so); we subscribe again, from a
         # new snapshot, once writes work.
         self.state = "store_failing"
-        self._out_of_sync("this server's store could not write the changes")
+        self._ended("this server's store could not write the changes")
         link.close("this server's store could not write the changes")
 
     def _reset(self) -> None:
         self.snapshot_started = time.monotonic()
         self.state = "catching_up"
-        if self.in_sync:
-            self.in_sync = False
-            self.on_sync(False, "a new snapshot from the ACTIVE")
+        self._ended("a new snapshot from the ACTIVE")
         self.broker.before_reset()
 
     def status(self) -> dict[str, Any]:
         return {
             "state": self.state if self.link.connected else "disconnected",
             "in_sync": self.in_sync,
+            "sync_lsn": self.eligibility.sync_lsn,
             "applied_changes": self.applied,
             "runs": self.runs,
             "pending_runs": self.pending_runs,
+            "refused_runs": self.refused_runs,
             "last_snapshot_seconds": self.last_snapshot_seconds,
         }

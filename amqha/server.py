@@ -134,7 +134,7 @@ class Broker:
         # member leads while ACTIVE (``lead``) and follows its ACTIVE peer while PASSIVE
         # (``follow``): the pair tells it which.
         self.leading = config.failover.role is None
-        self.feed = Feed(self, self._feed_sync)
+        self.feed = Feed(self, self._feed_sync, self._feed_unprotected)
         self.follower: Follower | None = None
         # (side, in_sync, reason) for the pair's event log: "active" (this server's feed)
         # or "passive" (this server following its peer).
@@ -298,9 +298,7 @@ class Broker:
     def _release_confirms(self, failed_range: tuple[int, int] | None = None) -> None:
         """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
         what the PASSIVE has too (the watermark of docs/durability.md)."""
-        safe = self.store_lsn
-        if self.feed.in_sync and self.feed.replicated_lsn < safe:
-            safe = self.feed.replicated_lsn
+        safe = self.feed.watermark(self.store_lsn)
         if safe <= self.safe_lsn and failed_range is None:
             return
         self.safe_lsn = max(self.safe_lsn, safe)
@@ -318,10 +316,16 @@ class Broker:
     def _feed_sync(self, in_sync: bool, reason: str) -> None:
         """The feed's subscriber became (or stopped being) an in-sync PASSIVE, or acked."""
         if reason:
-            self._mark_unprotected(not in_sync)
+            if in_sync:
+                self._mark_unprotected(False)
             if self.on_sync is not None:
                 self.on_sync("active", in_sync, reason)
         self._release_confirms()
+
+    def _feed_unprotected(self, first_id: int) -> None:
+        """The in-sync PASSIVE is gone: messages from ``first_id`` on may be on this
+        server alone (those it was sent and had not acked included)."""
+        self._mark_unprotected(True, first_id)
 
     def _follower_sync(self, in_sync: bool, reason: str) -> None:
         if self.on_sync is not None:
@@ -360,7 +364,14 @@ class Broker:
             vhost.set_log(None)
         if not self.config.replication.enabled or self.store is None:
             return
-        self.follower = Follower(self, url, self._follower_sync, connect_options, self.config.name)
+        self.follower = Follower(
+            self,
+            url,
+            self._follower_sync,
+            connect_options,
+            self.config.name,
+            self.config.failover.secret,
+        )
         self.store.on_commit = self._committing
         self.loop.create_task(self.follower.start())
 
@@ -406,12 +417,13 @@ class Broker:
             if self.on_quarantine is not None:
                 self.on_quarantine(found)
 
-    def _mark_unprotected(self, unprotected: bool) -> None:
+    def _mark_unprotected(self, unprotected: bool, first_id: int | None = None) -> None:
         if not self.leading or self.store is None or not self.config.replication.enabled:
             return
         if unprotected:
             if read_unprotected_mark(self.config.data_dir) is None:
-                write_unprotected_mark(self.config.data_dir, self.ids.next)
+                mark = self.ids.next if first_id is None else first_id
+                write_unprotected_mark(self.config.data_dir, mark)
         else:
             clear_unprotected_mark(self.config.data_dir)
 

@@ -8,6 +8,6 @@ the socket to a callback.
 """
 
 from .agent import Peering, PeeringStatus
-from .consumer import ConsumerLink, Link
+from .consumer import ConsumerLink, Link, LinkClosed
 
-__all__ = ["ConsumerLink", "Link", "Peering", "PeeringStatus"]
+__all__ = ["ConsumerLink", "Link", "LinkClosed", "Peering", "PeeringStatus"]

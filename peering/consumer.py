@@ -68,6 +68,10 @@ class Link(asyncio.Protocol):
         self.last_sent = self.last_received
         # The delivery being read: [tag, properties, bytes expected, parts].
         self._delivery: list[Any] | None = None
+        # Basic.Consume's arguments, from the owner's ``consume_arguments`` at Start.
+        self.consume_arguments: dict[str, Any] | None = None
+        # Whatever the owner keeps for this connection (set by ``consume_arguments``).
+        self.context: Any = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -132,7 +136,10 @@ class Link(asyncio.Protocol):
         elif kind is commands.Channel.OpenOk:
             self._send(commands.Basic.Qos(prefetch_count=self.owner.prefetch), CHANNEL)
         elif kind is commands.Basic.QosOk:
-            self._send(commands.Basic.Consume(queue=self.owner.queue), CHANNEL)
+            self._send(
+                commands.Basic.Consume(queue=self.owner.queue, arguments=self.consume_arguments),
+                CHANNEL,
+            )
         elif kind is commands.Basic.ConsumeOk:
             self.consuming = True
             self.owner._subscribed(self)  # before any delivery of this read is handed on
@@ -146,6 +153,8 @@ class Link(asyncio.Protocol):
             self._send(commands.Channel.CloseOk(), channel)
             raise LinkClosed(_reason("the server closed the channel", method))
         elif kind is commands.Basic.Cancel:
+            if self.owner.on_cancelled is not None:
+                self.owner.on_cancelled()
             raise LinkClosed("the server cancelled the subscription")
         elif kind not in _IGNORED:
             raise LinkClosed(f"unexpected {kind.__name__}")
@@ -156,6 +165,10 @@ class Link(asyncio.Protocol):
             raise LinkClosed("a content header with no delivery")
         header = ContentHeader()
         header.unmarshal(payload)
+        if header.body_size > self.owner.max_body:
+            raise LinkClosed(
+                f"a delivery of {header.body_size} bytes, over the {self.owner.max_body} allowed"
+            )
         delivery[1] = header.properties
         delivery[2] = header.body_size
         if not header.body_size:
@@ -185,6 +198,8 @@ class Link(asyncio.Protocol):
         mechanisms = (start.mechanisms or "").split()
         if "PLAIN" not in mechanisms:
             raise LinkClosed(f"the server offers no PLAIN login (only {mechanisms})")
+        if owner.consume_arguments is not None:
+            self.consume_arguments = owner.consume_arguments(self, start.server_properties or {})
         self._send(
             commands.Connection.StartOk(
                 client_properties=owner.client_properties,
@@ -284,7 +299,11 @@ class ConsumerLink(Reconnecting):
     """Keep one subscription to ``queue`` on the server at ``url`` (amqp:// or amqps://,
     with user, password and virtual host), reconnecting after any failure.
 
-    ``on_up()`` is called as each link is subscribed, before its first delivery.
+    ``on_up()`` is called as each link is subscribed, before its first delivery;
+    ``on_cancelled()`` when the server cancels the subscription (Basic.Cancel), before
+    the link closes. ``consume_arguments(link, server_properties)``, called at
+    Connection.Start, gives Basic.Consume's arguments (it may raise ``LinkClosed``).
+    A delivery larger than ``max_body`` bytes closes the link before it is read.
     ``on_delivery(link, tag, properties, body)`` is called from the socket's read, in
     order; it acks with ``link.ack(tag)`` (at once or later) or drops the connection with
     ``link.close(reason)``. A callback that raises closes the connection too.
@@ -305,12 +324,18 @@ class ConsumerLink(Reconnecting):
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
         on_up: Callable[[], None] | None = None,
+        on_cancelled: Callable[[], None] | None = None,
+        consume_arguments: Callable[[Link, dict[str, Any]], dict[str, Any]] | None = None,
+        max_body: int = 1 << 30,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
             raise ValueError(f"{_censor(url)}: not an amqp:// or amqps:// address")
         super().__init__(url, name, backoff_initial, backoff_max, connect_timeout, None, None)
         self.on_subscribed = on_up
+        self.on_cancelled = on_cancelled
+        self.consume_arguments = consume_arguments
+        self.max_body = max_body
         self.host = parts.hostname
         self.port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
         self.user = unquote(parts.username or "guest")

@@ -209,8 +209,9 @@ class Pair:
         return state
 
     def in_sync(self, server: ServerProcess) -> bool:
-        """Whether this PASSIVE has caught up with its ACTIVE since it last became PASSIVE
-        (its event log's ``sync`` record), so it may take over by client vote."""
+        """Whether this PASSIVE is in sync with its ACTIVE since it last became PASSIVE
+        (its event log's last passive ``sync`` record), so it may take over by client
+        vote."""
         events = lifetime(self.events(server))
         became = max(
             (
@@ -222,10 +223,10 @@ class Pair:
         )
         if became is None:
             return False
-        return any(
-            e["event"] == "sync" and e.get("side") == "passive" and e.get("sync") == "in_sync"
-            for e in events[became:]
-        )
+        records = [
+            e for e in events[became:] if e["event"] == "sync" and e.get("side") == "passive"
+        ]
+        return bool(records) and records[-1].get("sync") == "in_sync"
 
     async def settled(self, timeout: float = 60.0) -> tuple[ServerProcess, ServerProcess]:
         """Until one server is ACTIVE and the other PASSIVE and in sync (a dual active

@@ -1,0 +1,172 @@
+"""The replication protocol's rules: when a PASSIVE is in sync, what the confirms wait for.
+
+Owns, for one subscription of a PASSIVE to its ACTIVE's feed:
+
+- on the ACTIVE (``Leader``): the runs sent and not acked, the replicated LSN (the
+  PASSIVE holds every change up to it), the phase of the subscription, the LSN at which
+  the PASSIVE counts as in sync, the confirm watermark, and where the unprotected mark
+  goes when protection is lost;
+- on the PASSIVE (``Eligibility``): whether it may take over.
+
+The rule (docs/durability.md, section 5, "In sync"): a PASSIVE may take over only if it
+holds every change its ACTIVE has ever confirmed. While the PASSIVE catches up, the
+ACTIVE confirms on its own store alone. When the PASSIVE acks the snapshot's end, the
+ACTIVE stops confirming without it (``Phase.CLOSING``) and records the sync LSN: the
+last change it may have confirmed alone. Once the PASSIVE has acked through the sync
+LSN, every confirmed change is on both disks: the ACTIVE declares it in sync and tells
+it so (a marker in the stream, after every run it covers). Only the marker makes a
+PASSIVE eligible; a new subscription, a cancel by the ACTIVE or a failed store makes it
+ineligible at once. Losing the link to a dead ACTIVE keeps it eligible: that is what
+eligibility is for.
+
+Pure: no asyncio, sockets, clocks, disks or logging. The feed and the follower
+(``amqha/replication.py``) are the shells that send, store and log.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from typing import NamedTuple
+
+
+class Phase(enum.Enum):
+    NONE = "none"  # no subscriber: confirms go on the ACTIVE's store alone
+    SNAPSHOT = "snapshot"  # the snapshot is being sent or acked: still alone
+    CLOSING = "closing"  # snapshot acked: confirms wait for the PASSIVE; not in sync yet
+    IN_SYNC = "in_sync"  # the PASSIVE holds every change ever confirmed
+
+
+class SentRun(NamedTuple):
+    last_lsn: int  # the run covers every change up to this LSN
+    snapshot_end: bool
+    first_msg_id: int | None  # the first message id it carries, if any
+    sent_at: float
+    size: int
+
+
+class Synced(NamedTuple):
+    """What an ack did: the watermark may have moved; ``declared`` if the PASSIVE just
+    became in sync (the shell sends the marker and records it)."""
+
+    moved: bool
+    declared: bool
+
+
+class Leader:
+    """The ACTIVE's side of the protocol for one subscription at a time."""
+
+    __slots__ = ("phase", "replicated_lsn", "sync_lsn", "unacked")
+
+    def __init__(self) -> None:
+        self.phase = Phase.NONE
+        self.replicated_lsn = 0
+        self.sync_lsn: int | None = None
+        self.unacked: collections.OrderedDict[int, SentRun] = collections.OrderedDict()
+
+    @property
+    def in_sync(self) -> bool:
+        return self.phase is Phase.IN_SYNC
+
+    @property
+    def gating(self) -> bool:
+        """Whether confirms wait for the PASSIVE."""
+        return self.phase is Phase.CLOSING or self.phase is Phase.IN_SYNC
+
+    def watermark(self, store_lsn: int) -> int:
+        """Confirms may go out up to this LSN: the store's, and while gating the
+        PASSIVE's too."""
+        if self.gating and self.replicated_lsn < store_lsn:
+            return self.replicated_lsn
+        return store_lsn
+
+    def subscribe(self) -> None:
+        """A new subscriber: it starts from a snapshot, so nothing it held counts."""
+        self.phase = Phase.SNAPSHOT
+        self.replicated_lsn = 0
+        self.sync_lsn = None
+        self.unacked.clear()
+
+    def sent(self, tag: int, run: SentRun) -> None:
+        self.unacked[tag] = run
+
+    def acked(self, tag: int, multiple: bool, confirmed_lsn: int) -> Synced:
+        """The subscriber's ack of ``tag`` (and every tag before it with ``multiple``).
+        ``confirmed_lsn``: the highest LSN whose confirms the ACTIVE has released."""
+        unacked = self.unacked
+        if multiple:
+            done = [each for each in unacked if each <= tag]
+        else:
+            done = [tag] if tag in unacked else []
+        moved = False
+        snapshot_acked = False
+        for each in done:
+            run = unacked.pop(each)
+            if run.last_lsn > self.replicated_lsn:
+                self.replicated_lsn = run.last_lsn
+                moved = True
+            snapshot_acked = snapshot_acked or run.snapshot_end
+        if snapshot_acked and self.phase is Phase.SNAPSHOT:
+            # From here on no confirm goes out without the PASSIVE; what went out alone
+            # is everything up to what was confirmed so far.
+            self.phase = Phase.CLOSING
+            self.sync_lsn = confirmed_lsn
+        declared = False
+        if (
+            self.phase is Phase.CLOSING
+            and self.sync_lsn is not None
+            and self.replicated_lsn >= self.sync_lsn
+        ):
+            self.phase = Phase.IN_SYNC
+            declared = True
+        return Synced(moved and self.gating, declared)
+
+    def drop(self) -> bool:
+        """The subscriber is gone; True if it was in sync (protection is lost now)."""
+        was = self.phase is Phase.IN_SYNC
+        self.phase = Phase.NONE
+        self.sync_lsn = None
+        self.unacked.clear()
+        return was
+
+    def unprotected_from(self, backlog_first_id: int | None, next_id: int) -> int:
+        """The first message id the PASSIVE may not hold, for the unprotected mark when
+        protection is lost: the oldest run sent and not acked that carries one, else the
+        oldest one not sent yet, else the next id to be given out. Call before ``drop``."""
+        for run in self.unacked.values():
+            if run.first_msg_id is not None:
+                return run.first_msg_id
+        return backlog_first_id if backlog_first_id is not None else next_id
+
+
+class Eligibility:
+    """The PASSIVE's side: may it take over? Only once its ACTIVE has said it is in sync,
+    and not since anything that ends what that covered."""
+
+    __slots__ = ("in_sync", "sync_lsn")
+
+    def __init__(self) -> None:
+        self.in_sync = False
+        self.sync_lsn: int | None = None
+
+    def subscribed(self) -> bool:
+        """A new subscription starts from a new snapshot. True if eligibility was lost."""
+        return self._lose()
+
+    def declared(self, sync_lsn: int) -> bool:
+        """The ACTIVE's marker: every change up to ``sync_lsn``, and every change it
+        confirmed, is in this server's store. True if this made it eligible."""
+        self.sync_lsn = sync_lsn
+        was = self.in_sync
+        self.in_sync = True
+        return not was
+
+    def ended(self) -> bool:
+        """The ACTIVE cancelled the subscription (it confirms alone from now on), a run
+        did not decode or validate, or this server's store failed: True if lost."""
+        return self._lose()
+
+    def _lose(self) -> bool:
+        was = self.in_sync
+        self.in_sync = False
+        return was
