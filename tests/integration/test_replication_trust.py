@@ -1,0 +1,257 @@
+"""The replication link trusts only the pair: real pairs, a spy with the peering password,
+a fake ACTIVE on the peer's address (docs/security.md, "The replication link").
+
+Every test that kills a server checks that no confirmed message went missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from typing import Any
+
+import aiormq
+import pytest
+from pamqp import commands, frame
+from pamqp.exceptions import UnmarshalingException
+from pamqp.header import ContentHeader
+
+from amqha.core import codec, feedauth
+from amqha.core.changes import ExchangeDeclared, Reset
+from amqha.replication import SNAPSHOT_END
+from tests.durability import Ledger, drain, publish_confirmed
+from tests.integration.test_replication import declare, replication, wait_in_sync
+from tests.pairs import PAIR_SECRET, PEERING, Pair, client_vote, poll, url_of
+
+
+async def try_to_subscribe(url: str, arguments: dict[str, Any] | None) -> Exception | None:
+    """Subscribe to ``amq.replication`` as the peering user; the channel's error, if any."""
+    connection = await aiormq.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.basic_qos(prefetch_count=4)
+        try:
+            await channel.basic_consume(
+                "amq.replication", lambda message: None, arguments=arguments
+            )
+        except aiormq.exceptions.AMQPError as error:
+            return error
+        return None
+    finally:
+        await connection.close()
+
+
+async def nonce_of(url: str) -> tuple[aiormq.Connection, bytes]:
+    connection = await aiormq.connect(url)
+    nonce = feedauth.parse_nonce(connection.server_properties.get(feedauth.NONCE_PROPERTY))
+    assert nonce is not None, connection.server_properties
+    return connection, nonce
+
+
+def proof(secret: bytes, server_nonce: bytes) -> dict[str, str]:
+    client_nonce = secrets.token_bytes(feedauth.NONCE_BYTES)
+    return {
+        feedauth.NONCE_ARGUMENT: client_nonce.hex(),
+        feedauth.PROOF_ARGUMENT: feedauth.subscribe_proof(secret, server_nonce, client_nonce),
+    }
+
+
+async def test_a_login_with_the_peering_password_cannot_take_the_feed(make_pair: Any) -> None:
+    """The audit's spy: a second subscriber with the peering password used to replace the
+    PASSIVE, receive every message body, and let the ACTIVE confirm on its acks; kill -9
+    of the ACTIVE then lost half the confirmed messages. Now it is refused by every route
+    (no proof, a forged one, one made with the wrong secret, a replay of a proof made
+    for another connection, and the right secret while the PASSIVE is subscribed), the
+    PASSIVE stays in sync, and a kill -9 loses nothing."""
+    pair: Pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "orders")
+    await wait_in_sync(pair, pair.primary)
+    spy_url = url_of(pair.primary, PEERING)
+
+    refused = [await try_to_subscribe(spy_url, None)]
+    refused.append(
+        await try_to_subscribe(
+            spy_url,
+            {feedauth.NONCE_ARGUMENT: "00" * 16, feedauth.PROOF_ARGUMENT: "ab" * 32},
+        )
+    )
+    other, other_nonce = await nonce_of(spy_url)
+    await other.close()
+    # A proof made with the right secret, but for another connection's nonce: a replay.
+    replayed = proof(PAIR_SECRET.encode(), other_nonce)
+    refused.append(await try_to_subscribe(spy_url, replayed))
+    # The right construction with the wrong secret.
+    connection, nonce = await nonce_of(spy_url)
+    try:
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused, match="proof"):
+            await channel.basic_consume(
+                "amq.replication", lambda m: None, arguments=proof(b"not-the-secret", nonce)
+            )
+        # The right secret while the PASSIVE is subscribed: one subscriber at a time.
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelLockedResource):
+            await channel.basic_consume(
+                "amq.replication", lambda m: None, arguments=proof(PAIR_SECRET.encode(), nonce)
+            )
+    finally:
+        await connection.close()
+    for error in refused:
+        assert isinstance(error, aiormq.exceptions.ChannelAccessRefused), error
+        assert "proof of the pair's secret" in str(error)
+
+    feed = (await replication(pair, pair.primary))["feed"]
+    assert feed["refused_subscriptions"] >= 4
+    assert feed["state"] == "in_sync"
+    follower = (await replication(pair, pair.backup))["follower"]
+    assert follower["in_sync"] and follower["state"] == "in_sync"
+
+    ledger = Ledger()
+    await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=2000)
+    assert len(ledger.confirmed) == 2000
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+    remaining = [body for body, _ in await drain(pair.backup.url, "orders")]
+    lost, invented = ledger.check(remaining)
+    assert not lost and not invented and len(remaining) == 2000
+
+
+class FakeActive:
+    """An AMQP server on the dead primary's address that lets the PASSIVE subscribe (it
+    does not check the proof: it cannot) and then sends ``deliveries``: (properties,
+    announced body size, body). Records every method the PASSIVE sends."""
+
+    def __init__(self, port: int, deliveries: list[tuple[commands.Basic.Properties, int, bytes]]):
+        self.port = port
+        self.deliveries = deliveries
+        self.received: list[str] = []
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> FakeActive:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.server.wait_closed(), 5)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        buffer = b""
+
+        def send(method: Any, channel: int = 0) -> None:
+            writer.write(frame.marshal(method, channel))
+
+        try:
+            buffer = await asyncio.wait_for(reader.readexactly(8), 10)  # the protocol header
+            buffer = b""
+            send(
+                commands.Connection.Start(
+                    server_properties={
+                        "product": "amqha",
+                        feedauth.NONCE_PROPERTY: secrets.token_hex(feedauth.NONCE_BYTES),
+                    },
+                    mechanisms="PLAIN",
+                    locales="en_US",
+                )
+            )
+            while True:
+                data = await asyncio.wait_for(reader.read(65536), 10)
+                if not data:
+                    return
+                buffer += data
+                while buffer:
+                    try:
+                        used, channel, method = frame.unmarshal(buffer)
+                    except UnmarshalingException:
+                        break
+                    buffer = buffer[used:]
+                    self.received.append(type(method).__name__)
+                    self._answer(method, channel, send, writer)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
+            return
+        finally:
+            writer.close()
+
+    def _answer(self, method: Any, channel: int, send: Any, writer: asyncio.StreamWriter) -> None:
+        if isinstance(method, commands.Connection.StartOk):
+            send(commands.Connection.Tune(channel_max=2, frame_max=131072, heartbeat=0))
+        elif isinstance(method, commands.Connection.Open):
+            send(commands.Connection.OpenOk())
+        elif isinstance(method, commands.Channel.Open):
+            send(commands.Channel.OpenOk(), channel)
+        elif isinstance(method, commands.Basic.Qos):
+            send(commands.Basic.QosOk(), channel)
+        elif isinstance(method, commands.Basic.Consume):
+            send(commands.Basic.ConsumeOk("amq.ctag-fake"), channel)
+            for tag, (properties, size, body) in enumerate(self.deliveries, 1):
+                send(
+                    commands.Basic.Deliver("amq.ctag-fake", tag, False, "", "amq.replication"),
+                    channel,
+                )
+                writer.write(frame.marshal(ContentHeader(0, size, properties), channel))
+                if body:
+                    writer.write(_body_frame(channel, body))
+        elif isinstance(method, commands.Connection.Close):
+            send(commands.Connection.CloseOk())
+
+
+def _body_frame(channel: int, body: bytes) -> bytes:
+    return b"\x03" + channel.to_bytes(2, "big") + len(body).to_bytes(4, "big") + body + b"\xce"
+
+
+async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_pair: Any) -> None:
+    """The audit's fake ACTIVE: with the primary killed, a server on its address sent a
+    forged snapshot (an exchange of an unknown type), and the backup acked it, took it as
+    its state and could not restart; a delivery announcing 1 TiB grew it to 4 GB. Now
+    a run without the pair's MAC is refused (never acked, stored or applied), a delivery
+    larger than a run can be is refused at its header, the backup stays out of sync, and
+    when the real primary returns the pair resumes with every confirmed message."""
+    pair: Pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "orders")
+    await wait_in_sync(pair, pair.primary)
+    ledger = Ledger()
+    await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=500)
+    pair.kill(pair.primary)
+    forged = codec.encode(0, [Reset(), ExchangeDeclared("/", "evil", "bogus", True, False, {})])
+    deliveries = [
+        (
+            commands.Basic.Properties(headers={SNAPSHOT_END: True, feedauth.MAC_HEADER: "00" * 16}),
+            len(forged),
+            forged,
+        ),
+    ]
+    async with FakeActive(pair.primary.port, deliveries) as fake:
+        await poll(
+            lambda: "Consume" in fake.received and fake.connections >= 2,
+            30,
+            "the backup subscribing to the fake twice",
+        )
+    assert "Ack" not in fake.received, fake.received
+    follower = (await replication(pair, pair.backup))["follower"]
+    assert follower["refused_runs"] >= 1
+    assert not follower["in_sync"]
+    assert "a run whose MAC does not hold" in pair.backup.log()
+
+    huge = [(commands.Basic.Properties(headers={SNAPSHOT_END: True}), 1 << 40, b"")]
+    async with FakeActive(pair.primary.port, huge) as fake:
+        await poll(lambda: "over the" in pair.backup.log(), 30, "the backup refusing the 1 TiB run")
+    assert "Ack" not in fake.received
+
+    pair.primary.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    await wait_in_sync(pair, pair.primary)
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+    remaining = [body for body, _ in await drain(pair.backup.url, "orders")]
+    lost, invented = ledger.check(remaining)
+    assert not lost and not invented and len(remaining) == 500
