@@ -628,6 +628,22 @@ async def test_channel_method_before_open_ok_is_refused(raw: RawConnection) -> N
     assert await raw.expect_eof() == b""
 
 
+async def test_queue_argument_that_is_not_utf8_is_406_on_the_channel(raw: RawConnection) -> None:
+    """x-overflow as a longstr of bytes that are not UTF-8: a bad argument like any other
+    (it raised UnicodeDecodeError and reset the connection)."""
+    await raw.handshake()
+    await raw.open_channel(1)
+    value = b"\xffdrop-head"
+    table = b"\x0ax-overflowS" + struct.pack(">I", len(value)) + value
+    head = struct.pack(">H", 0) + shortstr(unique("overflow")) + b"\x00"
+    await raw.send_raw(method_frame(1, 50, 10, head + struct.pack(">I", len(table)) + table))
+    close = await raw.expect(commands.Channel.Close, 1)
+    assert (close.reply_code, close.class_id, close.method_id) == (406, 50, 10)
+    assert "x-overflow" in close.reply_text and "not UTF-8" in close.reply_text
+    await raw.send(1, commands.Channel.CloseOk())
+    await raw.open_channel(2)
+
+
 async def test_soft_error_closes_only_the_channel(raw: RawConnection) -> None:
     await raw.handshake()
     await raw.open_channel(1)
