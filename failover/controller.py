@@ -37,7 +37,7 @@ from peering import Peering
 
 from . import fsm, peer_message
 from .epoch import load_epoch, store_epoch
-from .events import EventLog
+from .events import EventLog, RecordThrottle
 from .heartbeat import Heartbeat
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
 
@@ -47,6 +47,10 @@ MALFORMED_LOG_INTERVAL = 1.0
 # A refused state message is recorded in the event log once per kind of problem per minute:
 # whoever floods amq.peer cannot fill the log's disk.
 MALFORMED_RECORD_INTERVAL = 60.0
+# A refused or redirected client is recorded once a second per kind (refuse, redirect): a
+# guest looping on a PASSIVE's port wrote 19 MB in 15 s. Once a second keeps the report's
+# timeline of redirects; the counters in status have every attempt.
+CLIENT_RECORD_INTERVAL = 1.0
 
 
 class FailoverController:
@@ -84,8 +88,8 @@ class FailoverController:
         self.peer_boot: str | None = None
         self.peer_seq = -1
         self.malformed = 0
-        # When each kind of refused message was last recorded in the event log.
-        self._malformed_recorded: dict[str, float] = {}
+        self._malformed_records = RecordThrottle(MALFORMED_RECORD_INTERVAL)
+        self._client_records = RecordThrottle(CLIENT_RECORD_INTERVAL)
         self._last_malformed_log = 0.0
         self.clients = 0
         self.takeovers = 0
@@ -370,16 +374,15 @@ class FailoverController:
                 self.malformed,
                 reason,
             )
-        if now - self._malformed_recorded.get(kind, -MALFORMED_RECORD_INTERVAL) >= (
-            MALFORMED_RECORD_INTERVAL
-        ):
-            self._malformed_recorded[kind] = now
-            self._write(
-                "misconfigured",
-                peer=sender,
-                peer_epoch=None,
-                reason=f"refused a state message from {where}: {reason}",
-            )
+        self._write_throttled(
+            self._malformed_records,
+            kind,
+            now,
+            "misconfigured",
+            peer=sender,
+            peer_epoch=None,
+            reason=f"refused a state message from {where}: {reason}",
+        )
 
     # -- the gate (gate.Pair) ------------------------------------------------------------
 
@@ -394,19 +397,23 @@ class FailoverController:
                 return ACCEPT
             reason = self.fenced or "this server's heartbeat is late: it may have been frozen"
             self.refusals += 1
-            self._write("refuse", client=client, to=None, reason=reason)
+            self._write_client("refuse", now, client=client, to=None, reason=reason)
             return Redirect(None, self.known_hosts(), reason)
         if isinstance(decision, fsm.Redirect):
             if decision.to:
                 self.redirects += 1
             else:
                 self.refusals += 1
-            self._write("redirect" if decision.to else "refuse", client=client, to=decision.to)
+            event = "redirect" if decision.to else "refuse"
+            self._write_client(event, now, client=client, to=decision.to)
             return Redirect(decision.to, self.known_hosts())
         assert isinstance(decision, fsm.Refuse)
         self.refusals += 1
-        self._write("refuse", client=client, to=None, reason=decision.reason)
+        self._write_client("refuse", now, client=client, to=None, reason=decision.reason)
         return Redirect(None, self.known_hosts(), decision.reason)
+
+    def _write_client(self, event: str, now: float, **fields: Any) -> None:
+        self._write_throttled(self._client_records, event, now, event, **fields)
 
     def serving(self) -> bool:
         # Checked on every confirm: a process that was frozen may run its sockets before its
@@ -676,6 +683,16 @@ class FailoverController:
 
     def _write(self, event: str, **fields: Any) -> None:
         self.events.write(event, self.machine.state.value, self.machine.epoch, **fields)
+
+    def _write_throttled(
+        self, throttle: RecordThrottle, kind: str, now: float, event: str, **fields: Any
+    ) -> None:
+        unrecorded = throttle.admit(kind, now)
+        if unrecorded is None:
+            return
+        if unrecorded:
+            fields["unrecorded"] = unrecorded
+        self._write(event, **fields)
 
 
 def _close_all(connections: list[Any], text: str) -> None:
