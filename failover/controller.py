@@ -31,6 +31,7 @@ from amqha import __version__
 from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
 from amqha.gate import ACCEPT, Accept, ConsoleRefused, Redirect, not_active_text
+from amqha.logtext import escaped
 from config import ServerConfig
 from config.tls import client_context
 from peering import Peering
@@ -225,7 +226,7 @@ class FailoverController:
                 f"(it announces product {product!r}): it cannot be our peer"
             )
             if self.machine.misconfigured != reason:
-                log.error("misconfigured pair: %s", reason)
+                log.error("misconfigured pair: %s", escaped(reason))
                 self._write(
                     "misconfigured", peer=self.config.failover.peer, peer_epoch=None, reason=reason
                 )
@@ -263,7 +264,8 @@ class FailoverController:
             return
         self.peer_heard = False
         peer = self.machine.peer
-        log.warning("peer %s silent for %.2f s: lost", peer and peer.name, self.machine.timeout)
+        name = escaped(peer.name) if peer else None
+        log.warning("peer %s silent for %.2f s: lost", name, self.machine.timeout)
         self._write(
             "peer_lost",
             peer=peer.name if peer else None,
@@ -332,7 +334,7 @@ class FailoverController:
         self.apply(outcome)
         if outcome.machine.misconfigured is None and not self.peer_heard:
             self.peer_heard = True
-            log.info("peer %s heard: %s epoch %d", peer.name, peer.state.value, peer.epoch)
+            log.info("peer %s heard: %s epoch %d", escaped(peer.name), peer.state.value, peer.epoch)
             self._write("peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=parsed.ts)
         if outcome.machine.misconfigured is None:
             self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
@@ -356,7 +358,11 @@ class FailoverController:
         outcome = fsm.step(self.machine, fsm.Event.HANDOVER, now)
         self.apply(outcome)
         if isinstance(outcome.decision, fsm.Refuse):
-            log.warning("handover from %s refused: %s", peer.name, outcome.decision.reason)
+            log.warning(
+                "handover from %s refused: %s",
+                escaped(peer.name),
+                escaped(outcome.decision.reason),
+            )
 
     def _malformed(self, kind: str, reason: str, connection: Any) -> None:
         """Never acted on. Counted; logged at most once a second; recorded in the event log
@@ -368,11 +374,11 @@ class FailoverController:
         if now - self._last_malformed_log >= MALFORMED_LOG_INTERVAL:
             self._last_malformed_log = now
             log.warning(
-                "dropped an amq.peer message from user %r at %s (%d so far): %s",
-                sender,
+                "dropped an amq.peer message from user '%s' at %s (%d so far): %s",
+                escaped(sender),
                 where,
                 self.malformed,
-                reason,
+                escaped(reason),
             )
         self._write_throttled(
             self._malformed_records,
@@ -626,11 +632,11 @@ class FailoverController:
             self.loop.call_soon(_close_all, admins, text)
 
     def _log_dual_active(self, action: fsm.LogDualActive) -> None:
-        log.warning("dual active: %s", action.reason)
+        log.warning("dual active: %s", escaped(action.reason))
         self._log_peer_problem("dual_active", action)
 
     def _log_misconfigured(self, action: fsm.LogMisconfigured) -> None:
-        log.error("misconfigured pair: %s", action.reason)
+        log.error("misconfigured pair: %s", escaped(action.reason))
         self._log_peer_problem("misconfigured", action)
 
     def _log_peer_problem(
