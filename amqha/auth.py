@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from config import AuthConfig, User
 from config.passwords import Verifier
 
+from .logtext import escaped
+
 log = logging.getLogger("amqha.auth")
 
 CHECK_THREADS = 2
@@ -158,10 +160,10 @@ class Authenticator:
         logged, left_out = self.limiter.admit(self.clock())
         if logged:
             log.warning(
-                "login refused: user %r from %s (%s, %s)%s",
-                username[:64],
+                "login refused: user '%s' from %s (%s, %s)%s",
+                escaped(username[:64]),
                 address,
-                mechanism,
+                escaped(mechanism),
                 reason,
                 f"; {left_out} more refused logins not logged" if left_out else "",
             )

@@ -520,6 +520,10 @@ class Channel:
                 consumer.unacked -= 1
             if not queue.deleted:
                 queue.ack_one(message.msg_id)
+        elif not entries:
+            # Basic.Ack(0, multiple) with nothing outstanding, now or at Tx.Commit: legal,
+            # and it settles nothing.
+            return
         else:
             # A multiple ack: almost always of one queue's deliveries, settled in one call.
             first = entries[0][2]

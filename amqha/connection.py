@@ -36,6 +36,7 @@ from .channel import CLOSING as CHANNEL_CLOSING
 from .channel import Channel
 from .core import feedauth
 from .gate import ACCEPT, Redirect, not_active_text
+from .logtext import escaped
 
 if TYPE_CHECKING:
     from .core.queue import Queue
@@ -413,7 +414,10 @@ class Connection(asyncio.Protocol):
 
     def _log_error(self, error: exceptions.AMQPError, channel: int = 0) -> None:
         where = f" channel {channel}" if channel else ""
-        log.info("%s%s: %s %s", self.peer, where, error.value, error.args[0] if error.args else "")
+        # Reply texts name queues, exchanges, consumer tags, users and vhosts as the client
+        # spelt them.
+        text = escaped(error.args[0]) if error.args else ""
+        log.info("%s%s: %s %s", self.peer, where, error.value, text)
 
     def _open_channel(self, frame: wire.RawFrame) -> None:
         number = frame.channel
@@ -484,7 +488,9 @@ class Connection(asyncio.Protocol):
             result = await self.broker.authenticate(username, password, self.address, mechanism)
         except Exception:
             # E.g. a check still queued when shutdown stopped the checking threads.
-            log.exception("%s: the login of %r could not be checked", self.peer, username[:64])
+            log.exception(
+                "%s: the login of '%s' could not be checked", self.peer, escaped(username[:64])
+            )
             result = Refused("ACCESS_REFUSED - the login could not be checked", "error")
         self.login = None
         if self.state != AUTHENTICATING:
@@ -609,7 +615,10 @@ class Connection(asyncio.Protocol):
                 "NOT_ALLOWED - New secret was refused by one of the backends"
             )
         log.info(
-            "%s: user '%s' updated secret, reason: %s", self.peer, self.user.name, method.reason
+            "%s: user '%s' updated secret, reason: %s",
+            self.peer,
+            escaped(self.user.name),
+            escaped(method.reason),
         )
         self.send(wire.method_frame(0, commands.Connection.UpdateSecretOk()))
 

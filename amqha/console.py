@@ -66,8 +66,13 @@ class ConsoleService:
             request = json.loads(message.body)
             command = request["command"]
             handler = self.handlers[command]
-            answer = {"ok": True, "result": handler(request.get("args") or {}, user)}
-        except (ValueError, KeyError, TypeError) as error:
+            args = request.get("args") or {}
+            if not isinstance(args, dict):
+                # Every handler reads its arguments by name.
+                raise TypeError(f"'args' must be a JSON object, not {type(args).__name__}")
+            answer = {"ok": True, "result": handler(args, user)}
+        except (ValueError, KeyError, TypeError, OverflowError) as error:
+            # OverflowError: int() of a JSON number too large for a float (1e400 is inf).
             answer = {"ok": False, "error": f"bad request: {error!r}"}
         except ConsoleRefused as error:
             answer = {"ok": False, "error": str(error)}
@@ -196,13 +201,20 @@ class ConsoleClient:
             future.set_result(message.body)
 
     async def call(self, command: str, **args: Any) -> Any:
+        answer = await self.request(json.dumps({"command": command, "args": args}).encode())
+        if not answer.get("ok"):
+            raise click.ClickException(answer.get("error", "refused"))
+        return answer["result"]
+
+    async def request(self, body: bytes) -> Any:
+        """Publish one request body as it stands; the server's answer, decoded."""
         correlation_id = uuid.uuid4().hex
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[correlation_id] = future
         exchange = await self.channel.get_exchange(CONSOLE_EXCHANGE, ensure=False)
         await exchange.publish(
             aio_pika.Message(
-                json.dumps({"command": command, "args": args}).encode(),
+                body,
                 content_type="application/json",
                 reply_to=self.replies.name,
                 correlation_id=correlation_id,
@@ -211,17 +223,14 @@ class ConsoleClient:
             routing_key="",
         )
         try:
-            body = await asyncio.wait_for(future, self.timeout)
+            answer = await asyncio.wait_for(future, self.timeout)
         except TimeoutError:
             raise click.ClickException(
                 f"no answer from {self.url} within {self.timeout} s"
             ) from None
         finally:
             self.pending.pop(correlation_id, None)
-        answer = json.loads(body)
-        if not answer.get("ok"):
-            raise click.ClickException(answer.get("error", "refused"))
-        return answer["result"]
+        return json.loads(answer)
 
 
 DEFAULT_SERVERS = ("amqp://admin:admin@127.0.0.1:5672/", "amqp://admin:admin@127.0.0.1:5673/")

@@ -53,6 +53,7 @@ from .core.message import Message
 from .core.queue import Queue
 from .core.vhost import MessageIds, VHost
 from .gate import Pair, Standalone
+from .logtext import escaped
 from .metrics import MetricsEndpoint
 from .quarantine import (
     clear_unprotected_mark,
@@ -834,7 +835,9 @@ class QueueTimers:
             try:
                 self.on_due(queue, now)
             except Exception:
-                log.exception("timer of queue %r failed; it is retried in 1 s", queue.name)
+                log.exception(
+                    "timer of queue '%s' failed; it is retried in 1 s", escaped(queue.name)
+                )
                 queue.timer_due = now + 1.0
                 heapq.heappush(heap, (now + 1.0, next(self.order), queue))
                 continue

@@ -31,13 +31,14 @@ from amqha import __version__
 from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
 from amqha.gate import ACCEPT, Accept, ConsoleRefused, Redirect, not_active_text
+from amqha.logtext import escaped
 from config import ServerConfig
 from config.tls import client_context
 from peering import Peering
 
 from . import fsm, peer_message
 from .epoch import load_epoch, store_epoch
-from .events import EventLog
+from .events import EventLog, RecordThrottle
 from .heartbeat import Heartbeat
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
 
@@ -47,6 +48,10 @@ MALFORMED_LOG_INTERVAL = 1.0
 # A refused state message is recorded in the event log once per kind of problem per minute:
 # whoever floods amq.peer cannot fill the log's disk.
 MALFORMED_RECORD_INTERVAL = 60.0
+# A refused or redirected client is recorded once a second per kind (refuse, redirect): a
+# guest looping on a PASSIVE's port wrote 19 MB in 15 s. Once a second keeps the report's
+# timeline of redirects; the counters in status have every attempt.
+CLIENT_RECORD_INTERVAL = 1.0
 
 
 class FailoverController:
@@ -84,8 +89,8 @@ class FailoverController:
         self.peer_boot: str | None = None
         self.peer_seq = -1
         self.malformed = 0
-        # When each kind of refused message was last recorded in the event log.
-        self._malformed_recorded: dict[str, float] = {}
+        self._malformed_records = RecordThrottle(MALFORMED_RECORD_INTERVAL)
+        self._client_records = RecordThrottle(CLIENT_RECORD_INTERVAL)
         self._last_malformed_log = 0.0
         self.clients = 0
         self.takeovers = 0
@@ -221,7 +226,7 @@ class FailoverController:
                 f"(it announces product {product!r}): it cannot be our peer"
             )
             if self.machine.misconfigured != reason:
-                log.error("misconfigured pair: %s", reason)
+                log.error("misconfigured pair: %s", escaped(reason))
                 self._write(
                     "misconfigured", peer=self.config.failover.peer, peer_epoch=None, reason=reason
                 )
@@ -259,7 +264,8 @@ class FailoverController:
             return
         self.peer_heard = False
         peer = self.machine.peer
-        log.warning("peer %s silent for %.2f s: lost", peer and peer.name, self.machine.timeout)
+        name = escaped(peer.name) if peer else None
+        log.warning("peer %s silent for %.2f s: lost", name, self.machine.timeout)
         self._write(
             "peer_lost",
             peer=peer.name if peer else None,
@@ -328,7 +334,7 @@ class FailoverController:
         self.apply(outcome)
         if outcome.machine.misconfigured is None and not self.peer_heard:
             self.peer_heard = True
-            log.info("peer %s heard: %s epoch %d", peer.name, peer.state.value, peer.epoch)
+            log.info("peer %s heard: %s epoch %d", escaped(peer.name), peer.state.value, peer.epoch)
             self._write("peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=parsed.ts)
         if outcome.machine.misconfigured is None:
             self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
@@ -352,7 +358,11 @@ class FailoverController:
         outcome = fsm.step(self.machine, fsm.Event.HANDOVER, now)
         self.apply(outcome)
         if isinstance(outcome.decision, fsm.Refuse):
-            log.warning("handover from %s refused: %s", peer.name, outcome.decision.reason)
+            log.warning(
+                "handover from %s refused: %s",
+                escaped(peer.name),
+                escaped(outcome.decision.reason),
+            )
 
     def _malformed(self, kind: str, reason: str, connection: Any) -> None:
         """Never acted on. Counted; logged at most once a second; recorded in the event log
@@ -364,22 +374,21 @@ class FailoverController:
         if now - self._last_malformed_log >= MALFORMED_LOG_INTERVAL:
             self._last_malformed_log = now
             log.warning(
-                "dropped an amq.peer message from user %r at %s (%d so far): %s",
-                sender,
+                "dropped an amq.peer message from user '%s' at %s (%d so far): %s",
+                escaped(sender),
                 where,
                 self.malformed,
-                reason,
+                escaped(reason),
             )
-        if now - self._malformed_recorded.get(kind, -MALFORMED_RECORD_INTERVAL) >= (
-            MALFORMED_RECORD_INTERVAL
-        ):
-            self._malformed_recorded[kind] = now
-            self._write(
-                "misconfigured",
-                peer=sender,
-                peer_epoch=None,
-                reason=f"refused a state message from {where}: {reason}",
-            )
+        self._write_throttled(
+            self._malformed_records,
+            kind,
+            now,
+            "misconfigured",
+            peer=sender,
+            peer_epoch=None,
+            reason=f"refused a state message from {where}: {reason}",
+        )
 
     # -- the gate (gate.Pair) ------------------------------------------------------------
 
@@ -394,19 +403,23 @@ class FailoverController:
                 return ACCEPT
             reason = self.fenced or "this server's heartbeat is late: it may have been frozen"
             self.refusals += 1
-            self._write("refuse", client=client, to=None, reason=reason)
+            self._write_client("refuse", now, client=client, to=None, reason=reason)
             return Redirect(None, self.known_hosts(), reason)
         if isinstance(decision, fsm.Redirect):
             if decision.to:
                 self.redirects += 1
             else:
                 self.refusals += 1
-            self._write("redirect" if decision.to else "refuse", client=client, to=decision.to)
+            event = "redirect" if decision.to else "refuse"
+            self._write_client(event, now, client=client, to=decision.to)
             return Redirect(decision.to, self.known_hosts())
         assert isinstance(decision, fsm.Refuse)
         self.refusals += 1
-        self._write("refuse", client=client, to=None, reason=decision.reason)
+        self._write_client("refuse", now, client=client, to=None, reason=decision.reason)
         return Redirect(None, self.known_hosts(), decision.reason)
+
+    def _write_client(self, event: str, now: float, **fields: Any) -> None:
+        self._write_throttled(self._client_records, event, now, event, **fields)
 
     def serving(self) -> bool:
         # Checked on every confirm: a process that was frozen may run its sockets before its
@@ -619,11 +632,11 @@ class FailoverController:
             self.loop.call_soon(_close_all, admins, text)
 
     def _log_dual_active(self, action: fsm.LogDualActive) -> None:
-        log.warning("dual active: %s", action.reason)
+        log.warning("dual active: %s", escaped(action.reason))
         self._log_peer_problem("dual_active", action)
 
     def _log_misconfigured(self, action: fsm.LogMisconfigured) -> None:
-        log.error("misconfigured pair: %s", action.reason)
+        log.error("misconfigured pair: %s", escaped(action.reason))
         self._log_peer_problem("misconfigured", action)
 
     def _log_peer_problem(
@@ -676,6 +689,16 @@ class FailoverController:
 
     def _write(self, event: str, **fields: Any) -> None:
         self.events.write(event, self.machine.state.value, self.machine.epoch, **fields)
+
+    def _write_throttled(
+        self, throttle: RecordThrottle, kind: str, now: float, event: str, **fields: Any
+    ) -> None:
+        unrecorded = throttle.admit(kind, now)
+        if unrecorded is None:
+            return
+        if unrecorded:
+            fields["unrecorded"] = unrecorded
+        self._write(event, **fields)
 
 
 def _close_all(connections: list[Any], text: str) -> None:

@@ -162,6 +162,29 @@ class EventLog:
         self.close()
 
 
+class RecordThrottle:
+    """At most one record of each kind per ``interval`` seconds, for the records a peer or a
+    client can cause at will (a refused state message, a refused or redirected login): a
+    flood cannot fill the log's disk. The ones held back are counted, and the next record
+    of their kind says how many (its ``unrecorded`` field), so the log still tells how big
+    the flood was. The caller passes the time."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._held_back: dict[str, int] = {}
+
+    def admit(self, kind: str, now: float) -> int | None:
+        """None: leave this one out (it is counted). Otherwise record it, with the returned
+        number of its kind left out since the last one recorded."""
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            self._held_back[kind] = self._held_back.get(kind, 0) + 1
+            return None
+        self._last[kind] = now
+        return self._held_back.pop(kind, 0)
+
+
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The log's records in file order, skipping torn, blank and non-object lines."""
     events: list[dict[str, Any]] = []

@@ -80,8 +80,13 @@ def _str_argument(arguments: dict[str, Any], key: str) -> str | None:
     if key not in arguments:
         return None
     value = arguments[key]
-    if isinstance(value, bytes):
-        value = value.decode()
+    if isinstance(value, bytes):  # a longstr that is not UTF-8 (wire.py keeps it as bytes)
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            raise QueueArgumentError(
+                f"invalid arg '{key}' for queue: {value!r} (not UTF-8)"
+            ) from None
     if not isinstance(value, str):
         raise QueueArgumentError(f"invalid arg '{key}' for queue: {value!r} (need a string)")
     return value

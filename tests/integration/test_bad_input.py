@@ -455,6 +455,21 @@ async def test_undecodable_queue_declare_is_502(raw: RawConnection, arguments: b
     await raw.expect_connection_close(502, 50, 10)
 
 
+async def test_queue_declare_with_a_table_of_130974_voids_is_502(raw: RawConnection) -> None:
+    """One 128 KiB Queue.Declare whose arguments hold an array of one-byte void entries:
+    decoding it cost the loop 2.5 s of CPU (four such clients stalled every other one for
+    seconds); it is refused once its tables pass the entry cap."""
+    await raw.handshake()
+    await raw.open_channel()
+    voids = b"V" * 130_974
+    table = b"\x06x-voidA" + struct.pack(">I", len(voids)) + voids
+    await raw.send_raw(
+        method_frame(1, 50, 10, QUEUE_DECLARE_HEAD + struct.pack(">I", len(table)) + table)
+    )
+    close = await raw.expect_connection_close(502, 50, 10)
+    assert "field tables hold more than 4096 entries" in close.reply_text
+
+
 @pytest.mark.parametrize(
     "payload",
     [b"", b"\x00\x3c", b"\x00\x3c\x00\x28\x00\x00\x01"],
@@ -611,6 +626,22 @@ async def test_channel_method_before_open_ok_is_refused(raw: RawConnection) -> N
     assert close.reply_code == 504
     await raw.send(0, commands.Connection.CloseOk())
     assert await raw.expect_eof() == b""
+
+
+async def test_queue_argument_that_is_not_utf8_is_406_on_the_channel(raw: RawConnection) -> None:
+    """x-overflow as a longstr of bytes that are not UTF-8: a bad argument like any other
+    (it raised UnicodeDecodeError and reset the connection)."""
+    await raw.handshake()
+    await raw.open_channel(1)
+    value = b"\xffdrop-head"
+    table = b"\x0ax-overflowS" + struct.pack(">I", len(value)) + value
+    head = struct.pack(">H", 0) + shortstr(unique("overflow")) + b"\x00"
+    await raw.send_raw(method_frame(1, 50, 10, head + struct.pack(">I", len(table)) + table))
+    close = await raw.expect(commands.Channel.Close, 1)
+    assert (close.reply_code, close.class_id, close.method_id) == (406, 50, 10)
+    assert "x-overflow" in close.reply_text and "not UTF-8" in close.reply_text
+    await raw.send(1, commands.Channel.CloseOk())
+    await raw.open_channel(2)
 
 
 async def test_soft_error_closes_only_the_channel(raw: RawConnection) -> None:
@@ -822,3 +853,62 @@ async def test_garbage_on_a_closing_channel_is_dropped_not_escalated(raw: RawCon
     await raw.open_channel(1)
     await raw.send(1, commands.Queue.Declare(queue=unique("after"), auto_delete=True))
     await raw.expect(commands.Queue.DeclareOk, 1)
+
+
+# -- names in the server's log ---------------------------------------------------------------
+
+LOG_LINE_START = "2026-01-01 00:00:00,000 badinput ERROR amqha.server:"
+
+
+async def name_in_an_error(raw: RawConnection, kind: str, name: str) -> None:
+    """Make the server log an error whose reply text names ``name`` as a ``kind``."""
+    if kind == "vhost":
+        await raw.send_raw(PROTOCOL_HEADER)
+        await raw.expect(commands.Connection.Start)
+        await raw.send_raw(start_ok(b"PLAIN", b"\0guest\0guest"))
+        tune = await raw.expect(commands.Connection.Tune)
+        await raw.send(
+            0,
+            commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0),
+            commands.Connection.Open(virtual_host=name),
+        )
+        await raw.expect(commands.Connection.Close)  # 530: no such vhost
+        return
+    await raw.handshake()
+    await raw.open_channel()
+    no_table = struct.pack(">I", 0)
+    if kind == "queue":
+        arguments = struct.pack(">H", 0) + shortstr(name) + b"\x01" + no_table
+        await raw.send_raw(method_frame(1, 50, 10, arguments))  # passive: 404
+        await raw.expect(commands.Channel.Close, 1)
+    elif kind == "exchange":
+        arguments = struct.pack(">H", 0) + shortstr(name) + shortstr("direct") + b"\x01" + no_table
+        await raw.send_raw(method_frame(1, 40, 10, arguments))  # passive: 404
+        await raw.expect(commands.Channel.Close, 1)
+    else:
+        queue = unique("tags")
+        await raw.send(1, commands.Queue.Declare(queue=queue, auto_delete=True))
+        await raw.expect(commands.Queue.DeclareOk, 1)
+        consume = method_frame(
+            1, 60, 20, struct.pack(">H", 0) + shortstr(queue) + shortstr(name) + b"\x00" + no_table
+        )
+        await raw.send_raw(consume + consume)  # the second reuses the tag: 530
+        await raw.expect(commands.Basic.ConsumeOk, 1)
+        await raw.expect(commands.Connection.Close)
+
+
+@pytest.mark.parametrize("kind", ["queue", "exchange", "consumer-tag", "vhost"])
+async def test_a_client_chosen_name_cannot_forge_a_log_line(
+    raw: RawConnection, server: ServerProcess, kind: str
+) -> None:
+    """A name with a newline in it was logged as it stood: everything after the newline
+    read as a line of the server's own. Control characters are escaped now."""
+    name = f"{kind}\n{LOG_LINE_START} forged by a {kind} name\x1b[2J"
+    await name_in_an_error(raw, kind, name)
+    escaped = f"{kind}\\n{LOG_LINE_START} forged by a {kind} name\\x1b[2J"
+    async with asyncio.timeout(READ_TIMEOUT):
+        while escaped not in server.log():
+            await asyncio.sleep(0.05)
+    log = server.log()
+    assert not [line for line in log.splitlines() if line.startswith(LOG_LINE_START)]
+    assert "\x1b" not in log

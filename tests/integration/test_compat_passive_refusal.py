@@ -10,6 +10,7 @@ counts one client vote per connection attempt.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiormq
 import amqp
@@ -88,17 +89,58 @@ async def test_one_vote_per_attempt_at_start_ok_or_at_open(make_pair: MakePair) 
     pair = make_pair().start()
     await pair.wait_states("ACTIVE", "PASSIVE")
 
-    def redirects() -> int:
-        return sum(1 for e in pair.events(pair.backup) if e["event"] == "redirect")
+    async def redirects() -> int:
+        # The counter, not the event log: the log records at most one redirect a second.
+        return int((await pair.status(pair.backup))["redirects"])
 
-    before = redirects()
+    before = await redirects()
     close = await asyncio.to_thread(raw_open, pair.backup.port)
     assert isinstance(close, commands.Connection.Close) and close.reply_code == 320
     redirect = await asyncio.to_thread(raw_open, pair.backup.port, True)
     assert isinstance(redirect, ConnectionRedirect)
     assert redirect.host == pair.primary.address
-    assert redirects() == before + 2
+    assert await redirects() == before + 2
     # The active admits a plain client at StartOk and does not ask again at Open.
     assert isinstance(
         await asyncio.to_thread(raw_open, pair.primary.port), commands.Connection.OpenOk
     )
+
+
+async def test_a_flood_of_attempts_on_the_passive_is_recorded_once_a_second(
+    make_pair: MakePair,
+) -> None:
+    """A guest looping on the passive's port wrote one event record per attempt (19 MB in
+    15 s). Now a redirect is recorded at most once a second, and the next record counts the
+    ones left out, so the log still adds up to every attempt."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+
+    def redirect_records() -> list[dict]:
+        return [e for e in pair.events(pair.backup) if e["event"] == "redirect"]
+
+    earlier = len(redirect_records())
+    before = (await pair.status(pair.backup))["redirects"]
+    attempts = 200
+    started = time.monotonic()
+
+    def flood() -> None:
+        for _ in range(attempts):
+            close = raw_open(pair.backup.port)
+            assert isinstance(close, commands.Connection.Close) and close.reply_code == 320
+
+    await asyncio.to_thread(flood)
+    elapsed = time.monotonic() - started
+    assert (await pair.status(pair.backup))["redirects"] == before + attempts
+    flooded = redirect_records()[earlier:]
+    assert 1 <= len(flooded) <= elapsed + 2 < attempts
+    # One attempt more once a second has passed is recorded, with the count of the rest.
+    extra = 0
+    async with asyncio.timeout(15):
+        while len(redirect_records()) - earlier == len(flooded) and extra < 60:
+            await asyncio.sleep(0.1)
+            await asyncio.to_thread(raw_open, pair.backup.port)
+            extra += 1
+    records = redirect_records()[earlier:]
+    assert len(records) == len(flooded) + 1
+    assert sum(1 + e.get("unrecorded", 0) for e in records) == attempts + extra
+    assert pair.states() == ("ACTIVE", "PASSIVE")

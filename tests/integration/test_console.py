@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 
+import pytest
+
+from amqha.console import ConsoleClient
 from tests.pairs import ADMIN, MakePair, url_of
-from tests.support import ROOT
+from tests.support import ROOT, ServerProcess
 
 
 def console(pair, *words: str, stdin: str | None = None, user=ADMIN) -> subprocess.CompletedProcess:
@@ -65,3 +70,25 @@ async def test_commands_with_a_server_down_read_the_other_or_say_so(make_pair: M
     assert stopped.returncode == 1
     assert f"{pair.primary.address}: down" in stopped.stderr
     assert "Traceback" not in stopped.stderr
+
+
+@pytest.mark.parametrize(
+    ("request_body", "error"),
+    [
+        ({"command": "events", "args": [1]}, "'args' must be a JSON object, not list"),
+        ({"command": "promote", "args": "force"}, "'args' must be a JSON object, not str"),
+        ({"command": "events", "args": {"offset": 1e400}}, "OverflowError"),
+        ({"command": ["status"]}, "unhashable"),
+    ],
+    ids=["args-list", "args-string", "offset-inf", "command-list"],
+)
+async def test_malformed_requests_are_answered_and_the_service_goes_on(
+    broker: ServerProcess, request_body: dict, error: str
+) -> None:
+    url = f"amqp://admin:admin@127.0.0.1:{broker.port}/"
+    async with asyncio.timeout(30), ConsoleClient(url) as client:
+        answer = await client.request(json.dumps(request_body).encode())
+        assert answer["ok"] is False and answer["error"].startswith("bad request: ")
+        assert error in answer["error"]
+        assert (await client.call("status"))["control_received"]
+    assert broker.alive, broker.log()

@@ -324,6 +324,17 @@ async def test_ack_multiple_zero_settles_everything(connection) -> None:
     assert await message_count(probe, name) == 0
 
 
+async def test_ack_multiple_zero_with_nothing_outstanding_settles_nothing(connection) -> None:
+    """'Ack all' on a channel with no delivery unacked is legal: it used to raise
+    IndexError in the broker and reset the connection."""
+    channel = await connection.channel()
+    name = await new_queue(channel)
+    await publish(channel, name, b"kept")
+    await channel.basic_ack(0, multiple=True)
+    assert await message_count(channel, name) == 1
+    assert not connection.is_closed
+
+
 @pytest.mark.parametrize("how", ["unknown", "twice"])
 async def test_acking_an_unknown_delivery_tag_is_406(connection, how) -> None:
     channel = await connection.channel()

@@ -167,6 +167,18 @@ async def test_acks_inside_a_transaction(connection) -> None:
     assert await message_count(observer, name) == 0
 
 
+async def test_ack_multiple_zero_with_nothing_outstanding_commits(connection) -> None:
+    """The same 'ack all' inside a transaction is settled at Tx.Commit: it raised there."""
+    channel = await connection.channel(publisher_confirms=False)
+    name = (await channel.queue_declare(exclusive=True)).queue
+    await channel.tx_select()
+    await channel.basic_ack(0, multiple=True)
+    await channel.basic_publish(b"committed", routing_key=name)
+    await channel.tx_commit()
+    assert (await channel.queue_declare(name, passive=True)).message_count == 1
+    assert not connection.is_closed
+
+
 async def test_rolled_back_acks_leave_messages_unacked_until_the_channel_closes(
     connection,
 ) -> None:

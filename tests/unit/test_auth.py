@@ -258,3 +258,16 @@ async def test_failed_logins_are_logged_at_most_a_burst_per_window(
     assert lines[0] == "login refused: user 'guest' from 127.0.0.1 (PLAIN, wrong password)"
     assert authenticator.failed == auth.LOG_BURST + 5
     authenticator.close()
+
+
+async def test_a_refused_user_name_cannot_forge_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    authenticator = make()
+    forged = "x\n2026-01-01 00:00:00,000 primary WARNING amqha.auth: forged\x1b[2J"
+    with caplog.at_level("WARNING", logger="amqha.auth"):
+        await authenticator.login(forged, "guest", "127.0.0.1", "PLAIN")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "amqha.auth"]
+    assert "\n" not in line and "\x1b" not in line
+    assert "user 'x\\n2026-01-01 00:00:00,000 primary WARNING amqha.auth: forged\\x1b[2J'" in line
+    authenticator.close()

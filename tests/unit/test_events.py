@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from failover.epoch import EPOCH_FILE, EpochFileError, load_epoch, store_epoch
-from failover.events import EventLog, read_events, record
+from failover.events import EventLog, RecordThrottle, read_events, record
 from failover.fsm import Event, Role, State
 
 
@@ -294,3 +294,27 @@ def test_a_named_pair_is_in_every_record_after_the_envelope(log_path: Path) -> N
     assert [e["pair"] for e in entries] == ["eu-1", "eu-1"]
     assert list(entries[0])[:8] == ["v", "ts", "node", "role", "epoch", "state", "event", "pair"]
     assert "pair" not in record(1.0, "alpha", "primary", 1, "ACTIVE", "console")
+
+
+# -- the throttle of records a peer or a client can cause ----------------------------------
+
+
+def test_throttle_records_one_per_kind_per_interval_and_counts_the_rest() -> None:
+    throttle = RecordThrottle(1.0)
+    assert throttle.admit("redirect", 10.0) == 0
+    assert [throttle.admit("redirect", 10.0 + i / 10) for i in range(1, 10)] == [None] * 9
+    # Another kind has its own turn.
+    assert throttle.admit("refuse", 10.5) == 0
+    # The next record of the kind says how many were left out before it.
+    assert throttle.admit("redirect", 11.0) == 9
+    assert throttle.admit("redirect", 12.5) == 0
+
+
+def test_a_flood_of_100000_in_15_seconds_is_15_records_that_count_it_all() -> None:
+    throttle = RecordThrottle(1.0)
+    results = [throttle.admit("refuse", i * 15.0 / 100_000) for i in range(100_000)]
+    recorded = [held for held in results if held is not None]
+    assert len(recorded) == 15
+    last = throttle.admit("refuse", 16.0)
+    assert last is not None
+    assert len(recorded) + sum(recorded) + last == 100_000

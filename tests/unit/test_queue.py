@@ -390,6 +390,8 @@ def test_no_x_expires_never_expires() -> None:
         ({"x-max-length-bytes": "big"}, "x-max-length-bytes"),
         ({"x-overflow": "drop-tail"}, "x-overflow"),
         ({"x-overflow": 3}, "x-overflow"),
+        ({"x-overflow": b"\xffdrop"}, "x-overflow.*not UTF-8"),
+        ({"x-dead-letter-exchange": b"\xc3("}, "x-dead-letter-exchange.*not UTF-8"),
         ({"x-dead-letter-exchange": 5}, "x-dead-letter-exchange"),
         ({"x-dead-letter-routing-key": "k"}, "x-dead-letter-routing-key"),
     ],
