@@ -4,7 +4,8 @@ Owns: the byte layout the ACTIVE uses to push its changes to the PASSIVE (one AM
 message carries a run of consecutive changes and the LSN of the first). Every field is
 length-prefixed or fixed-size; names are AMQP short strings; arguments are AMQP field
 tables. Decoding checks every length and raises ``ValueError`` on anything that does not
-parse to the end: a malformed run is refused whole. See docs/durability.md.
+parse to the end, or that this server could not apply (an exchange of an unknown type,
+a control exchange): a malformed run is refused whole. See docs/durability.md.
 
 Must not know: sockets, the store, the loop.
 """
@@ -16,6 +17,7 @@ import struct
 from typing import Any
 
 from ..wire import decode_field_table, field_table
+from .routing import EXCHANGE_TYPES
 from .changes import (
     Batch,
     Bound,
@@ -30,6 +32,7 @@ from .changes import (
     Settled,
     Unbound,
 )
+from .vhost import CONTROL_EXCHANGES
 
 VERSION = 1
 _HEAD = struct.Struct(">BQI")
@@ -217,7 +220,7 @@ def _decode(reader: _Reader, depth: int) -> Change:
         ids = struct.unpack(f">{count}q", reader.take(8 * count))
         return Settled(vhost, queue, ids, reason)
     if kind == 4:
-        return ExchangeDeclared(
+        declared = ExchangeDeclared(
             reader.name(),
             reader.name(),
             reader.name(),
@@ -225,6 +228,13 @@ def _decode(reader: _Reader, depth: int) -> Change:
             reader.flag(),
             reader.table(),
         )
+        # A value this server cannot apply is refused with the run, never stored: an
+        # unknown type would stop every restart.
+        if declared.kind not in EXCHANGE_TYPES:
+            raise ValueError(f"exchange {declared.name!r} of unknown type {declared.kind!r}")
+        if declared.name in CONTROL_EXCHANGES or not declared.name:
+            raise ValueError(f"exchange {declared.name!r} cannot be declared")
+        return declared
     if kind == 5:
         return ExchangeDeleted(reader.name(), reader.name())
     if kind == 6:

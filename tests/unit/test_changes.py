@@ -422,3 +422,14 @@ def test_the_wire_format_round_trips_every_kind_and_refuses_garbage() -> None:
     for broken in (data[:-1], data + b"x", b"\x02" + data[1:], data[:20]):
         with pytest.raises(ValueError):
             codec.decode(broken)
+
+
+def test_a_run_with_a_change_this_server_cannot_apply_is_refused_whole() -> None:
+    """A forged exchange of an unknown type made a store unrecoverable (KeyError at every
+    start); a declared control exchange would replace the control plane."""
+    for name, kind in (("evil", "bogus"), ("amq.peer", "fanout"), ("", "direct")):
+        data = codec.encode(1, [ExchangeDeclared("/", name, kind, True, False, {})])
+        with pytest.raises(ValueError, match="exchange"):
+            codec.decode(data)
+    fine = codec.encode(1, [ExchangeDeclared("/", "orders", "topic", True, False, {})])
+    assert codec.decode(fine)[1][0].kind == "topic"
