@@ -54,6 +54,7 @@ REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
 # The pair's replication feed (see replication.py): only a peering login consumes it.
 FEED_QUEUE = "amq.replication"
+_FEED_ADDRESS = wire.address_of(FEED_QUEUE, "")
 
 # An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
 Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
@@ -150,6 +151,54 @@ class PendingPublish:
         self.received = 0
 
 
+class FeedOutlet:
+    """The replication feed's way out through a channel (``replication.Outlet``): the
+    feed sends its runs as deliveries of one consumer, tagged by the channel, and never
+    touches the channel otherwise."""
+
+    __slots__ = ("channel", "consumer_tag", "tag_wire", "peer", "prefetch")
+
+    def __init__(self, channel: Channel, consumer_tag: str) -> None:
+        self.channel = channel
+        self.consumer_tag = consumer_tag
+        self.tag_wire = wire.shortstr(consumer_tag)
+        self.peer = channel.connection.peer
+        self.prefetch = channel.consumer_prefetch
+
+    def next_tag(self) -> int:
+        channel = self.channel
+        tag = channel.next_delivery_tag
+        channel.next_delivery_tag = tag + 1
+        return tag
+
+    def deliver(self, tag: int, header: bytes, body: bytes) -> None:
+        channel = self.channel
+        connection = channel.connection
+        connection.send(
+            wire.deliver_frames(
+                channel.number,
+                self.tag_wire,
+                tag,
+                False,
+                _FEED_ADDRESS,
+                header,
+                body,
+                connection.frame_max,
+            )
+        )
+        connection.flush()
+
+    def cancel(self) -> None:
+        channel = self.channel
+        if channel.state is OPEN:
+            channel.reply(commands.Basic.Cancel(self.consumer_tag, nowait=True))
+            channel.connection.flush()
+
+    def detach(self) -> None:
+        if self.channel.feed_outlet is self:
+            self.channel.feed_outlet = None
+
+
 class Channel:
     def __init__(self, connection: Connection, number: int) -> None:
         self.connection = connection
@@ -177,8 +226,8 @@ class Channel:
         # Direct reply-to: this channel's reply consumer and the address its requests carry.
         self.reply_consumer: ChannelConsumer | None = None
         self.reply_address = ""
-        # The replication feed, when the PASSIVE's link subscribed on this channel.
-        self.feed: Any = None
+        # The replication feed's outlet, when the PASSIVE's link subscribed on this channel.
+        self.feed_outlet: FeedOutlet | None = None
         self.handlers: dict[type, Callable[[Any], None]] = {
             commands.Channel.Open: self.on_channel_open,
             commands.Channel.Close: self.on_channel_close,
@@ -502,8 +551,8 @@ class Channel:
                 consumer.unacked -= 1
 
     def _ack(self, tag: int, multiple: bool) -> None:
-        if self.feed is not None:
-            self.feed.acked(self, tag, multiple)
+        if self.feed_outlet is not None:
+            self.broker.feed.acked(self.feed_outlet, tag, multiple)
             return
         entries = self._take_unacked(tag, multiple)
         if self.transaction is not None:
@@ -711,8 +760,9 @@ class Channel:
             )
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
+        self.feed_outlet = FeedOutlet(self, tag)
         broker.feed.subscribe(
-            self, tag, feedauth.session_key(secret, self.connection.nonce, client_nonce)
+            self.feed_outlet, feedauth.session_key(secret, self.connection.nonce, client_nonce)
         )
 
     def _stop_replies(self) -> None:
@@ -724,8 +774,8 @@ class Channel:
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
         if self.reply_consumer is not None and self.reply_consumer.tag == method.consumer_tag:
             self._stop_replies()
-        if self.feed is not None:
-            self.feed.unsubscribed(self)
+        if self.feed_outlet is not None:
+            self.broker.feed.unsubscribed(self.feed_outlet)
         consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._detach(consumer)
@@ -1030,8 +1080,8 @@ class Channel:
         if self.state is CLOSING:
             return
         self.connection.confirm_channels.discard(self)
-        if self.feed is not None:
-            self.feed.unsubscribed(self)
+        if self.feed_outlet is not None:
+            self.broker.feed.unsubscribed(self.feed_outlet)
         if self.confirms.unsafe:
             self.confirms.drop_unsafe()
             self.broker.unsafe_channels.discard(self)

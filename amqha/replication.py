@@ -30,14 +30,13 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 from pamqp.header import ContentHeader
 
 from peering import ConsumerLink, Link, LinkClosed
 
-from . import wire
 from .core import codec, feedauth
 from .core.apply import apply_run, state_changes
 from .core.changes import Batch, Bound, Change, Enqueued, QueueDeclared, Reset, Settled, Unbound
@@ -45,7 +44,6 @@ from .core.sync import Eligibility, Leader, Phase, SentRun
 from .store import PendingRun, RunWritten
 
 if TYPE_CHECKING:
-    from .channel import Channel
     from .server import Broker
 
 log = logging.getLogger("amqha.replication")
@@ -92,14 +90,33 @@ def _first_msg_id(changes: Sequence[Change]) -> int | None:
     return None
 
 
-class _Subscriber:
-    __slots__ = ("channel", "tag", "tag_wire", "prefetch", "key")
+class Outlet(Protocol):
+    """The subscriber's way out: its channel (``channel.FeedOutlet``), seen through this
+    interface only. Delivery tags come from the channel, whose other deliveries share
+    them."""
 
-    def __init__(self, channel: Channel, tag: str, prefetch: int, key: bytes) -> None:
-        self.channel = channel
-        self.tag = tag
-        self.tag_wire = wire.shortstr(tag)
-        self.prefetch = prefetch or FOLLOWER_PREFETCH
+    peer: str  # the subscriber's address, for logs and status
+    prefetch: int  # the runs it lets the feed have in flight (0: no limit set)
+
+    def next_tag(self) -> int: ...
+
+    def deliver(self, tag: int, header: bytes, body: bytes) -> None:
+        """Send one run now (the PASSIVE's store is on the confirm's way)."""
+
+    def cancel(self) -> None:
+        """Tell the subscriber its subscription is over (Basic.Cancel), if its channel is
+        still open."""
+
+    def detach(self) -> None:
+        """The feed is done with this outlet: acks on it no longer reach the feed."""
+
+
+class _Subscriber:
+    __slots__ = ("outlet", "prefetch", "key")
+
+    def __init__(self, outlet: Outlet, key: bytes) -> None:
+        self.outlet = outlet
+        self.prefetch = outlet.prefetch or FOLLOWER_PREFETCH
         self.key = key  # the session key: every run's MAC (core/feedauth.py)
 
 
@@ -158,13 +175,12 @@ class Feed:
             user,
         )
 
-    def subscribe(self, channel: Channel, tag: str, key: bytes) -> None:
+    def subscribe(self, outlet: Outlet, key: bytes) -> None:
         """The PASSIVE, proven (the channel checked its proof), subscribes: at most one
         at a time (the channel refuses a second while one is live)."""
         assert self.subscriber is None
         log_ = self.broker.log
-        self.subscriber = _Subscriber(channel, tag, channel.consumer_prefetch, key)
-        channel.feed = self
+        self.subscriber = _Subscriber(outlet, key)
         self.leader.subscribe()
         # The state already holds every change up to the log's last LSN, taken or not.
         self._snapshot_lsn = log_.lsn if log_ is not None else 0
@@ -174,7 +190,7 @@ class Feed:
         self.sent_lsn = self._snapshot_lsn
         self.snapshots += 1
         self.snapshot_changes = 0
-        log.info("replication: %s subscribed, sending a snapshot", channel.connection.peer)
+        log.info("replication: %s subscribed, sending a snapshot", outlet.peer)
         self.push()
 
     def drop(self, reason: str, cancel: bool = True) -> None:
@@ -192,19 +208,17 @@ class Feed:
         self.backlog_bytes = 0
         if subscriber is None:
             return
-        channel = subscriber.channel
-        channel.feed = None
-        if cancel and channel.state == "open":
-            channel.reply(commands.Basic.Cancel(subscriber.tag, nowait=True))
-            channel.connection.flush()
+        subscriber.outlet.detach()
+        if cancel:
+            subscriber.outlet.cancel()
         if was_in_sync:
             assert mark is not None
             self.on_unprotected(mark)
             self.on_sync(False, reason)
         log.warning("replication: subscriber dropped: %s", reason)
 
-    def unsubscribed(self, channel: Channel) -> None:
-        if self.subscriber is not None and self.subscriber.channel is channel:
+    def unsubscribed(self, outlet: Outlet) -> None:
+        if self.subscriber is not None and self.subscriber.outlet is outlet:
             self.drop("the passive's replication link closed", cancel=False)
 
     def _backlog_first_id(self) -> int | None:
@@ -298,35 +312,21 @@ class Feed:
         first_msg_id: int | None,
         headers: dict[str, Any] | None = None,
     ) -> None:
-        channel = subscriber.channel
-        connection = channel.connection
+        outlet = subscriber.outlet
         body = codec.encode(first, changes)
-        tag = channel.next_delivery_tag
-        channel.next_delivery_tag = tag + 1
+        tag = outlet.next_tag()
         marker = headers.get(IN_SYNC) if headers else None
         headers = {SNAPSHOT_END: True} if end else dict(headers or {})
         headers[feedauth.MAC_HEADER] = feedauth.run_mac(subscriber.key, tag, end, marker, body)
         header = ContentHeader(0, len(body), commands.Basic.Properties(headers=headers)).marshal()
         self.leader.sent(tag, SentRun(last, end, first_msg_id, time.monotonic(), len(body)))
         self.sent_lsn = max(self.sent_lsn, last)
-        connection.send(
-            wire.deliver_frames(
-                channel.number,
-                subscriber.tag_wire,
-                tag,
-                False,
-                wire.address_of(FEED_QUEUE, ""),
-                header,
-                body,
-                connection.frame_max,
-            )
-        )
-        connection.flush()  # now: the PASSIVE's store is on the confirm's critical path
+        outlet.deliver(tag, header, body)
 
-    def acked(self, channel: Channel, tag: int, multiple: bool) -> None:
+    def acked(self, outlet: Outlet, tag: int, multiple: bool) -> None:
         """The subscriber's Basic.Ack: it holds what those deliveries carried."""
         subscriber = self.subscriber
-        if subscriber is None or subscriber.channel is not channel:
+        if subscriber is None or subscriber.outlet is not outlet:
             return
         leader = self.leader
         before = leader.phase
@@ -358,7 +358,7 @@ class Feed:
         lsn = log_.lsn if log_ is not None else 0
         oldest = next(iter(leader.unacked.values()), None) if subscriber else None
         return {
-            "subscriber": None if subscriber is None else subscriber.channel.connection.peer,
+            "subscriber": None if subscriber is None else subscriber.outlet.peer,
             "state": "in_sync"
             if leader.in_sync
             else ("catching_up" if subscriber is not None else "none"),

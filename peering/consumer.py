@@ -22,10 +22,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pamqp import commands, frame
+from pamqp import commands, exceptions, frame
 from pamqp.base import Frame
 from pamqp.header import ContentHeader, ProtocolHeader
 from pamqp.heartbeat import Heartbeat
+
+from amqha import wire
 
 from .agent import Reconnecting, _censor
 
@@ -36,7 +38,6 @@ HEARTBEAT_FRAME = frame.marshal(Heartbeat(), 0)
 CHANNEL = 1
 # The largest frame this side accepts (the server may tune lower).
 FRAME_MAX = 131072
-_FRAME_HEAD = struct.Struct(">BHI")
 _METHOD_INDEX = struct.Struct(">I")
 
 
@@ -85,36 +86,28 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_received = self.loop.time()
         buffer = self.buffer + data if self.buffer else data
-        position, available = 0, len(buffer)
-        unpack = _FRAME_HEAD.unpack_from
         try:
-            while available - position >= 8 and not self.is_closed:
-                kind, channel, size = unpack(buffer, position)
-                if size + 8 > self.frame_max:
-                    raise LinkClosed(f"a frame over frame_max {self.frame_max}")
-                end = position + 7 + size
-                if end >= available:
-                    break
-                if buffer[end] != 0xCE:
-                    raise LinkClosed("bad frame end byte")
-                payload = buffer[position + 7 : end]
-                position = end + 1
-                if kind == 3:
-                    self._on_body(payload)
-                elif kind == 1:
-                    self._on_method(channel, payload)
-                elif kind == 2:
-                    self._on_header(payload)
-                elif kind != 8:
+            frames, used = wire.split_frames(buffer, self.frame_max)
+            for each in frames:
+                if self.is_closed:
+                    return
+                kind = each.kind
+                if kind == wire.FRAME_BODY:
+                    self._on_body(each.payload)
+                elif kind == wire.FRAME_METHOD:
+                    self._on_method(each.channel, each.payload)
+                elif kind == wire.FRAME_HEADER:
+                    self._on_header(each.payload)
+                elif kind != wire.FRAME_HEARTBEAT:
                     raise LinkClosed(f"unknown frame type {kind}")
-        except LinkClosed as error:
+        except (LinkClosed, exceptions.AMQPFrameError) as error:
             self.close(str(error))
             return
         except Exception as error:  # the callback's, or a frame pamqp cannot read
             log.exception("%s: closing the link", self.owner.name)
             self.close(f"{type(error).__name__}: {error}")
             return
-        self.buffer = buffer[position:] if position < available else b""
+        self.buffer = buffer[used:] if used < len(buffer) else b""
 
     # -- frames -----------------------------------------------------------------------------
 

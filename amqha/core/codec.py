@@ -17,7 +17,6 @@ import struct
 from typing import Any
 
 from ..wire import decode_field_table, field_table
-from .routing import EXCHANGE_TYPES
 from .changes import (
     Batch,
     Bound,
@@ -32,6 +31,7 @@ from .changes import (
     Settled,
     Unbound,
 )
+from .routing import EXCHANGE_TYPES
 from .vhost import CONTROL_EXCHANGES
 
 VERSION = 1
