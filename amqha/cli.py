@@ -75,6 +75,9 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
     from .server import install_uvloop, serve
     from .store import StoreError
 
+    # Everything a server writes (store, event log, epoch, quarantine) is its user's
+    # alone; the modules that make those files say so too, this covers any other.
+    os.umask(0o077)
     if config_path is None:
         if role is None:
             raise click.UsageError("give --config FILE, or --role to use config/<role>.yaml")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.vhost import VHost
+from .store import PRIVATE_DIRECTORY, PRIVATE_FILE
 
 MARK = "unprotected"
 
@@ -40,9 +41,11 @@ def read_unprotected_mark(data_dir: str) -> int | None:
 
 def write_unprotected_mark(data_dir: str, first_id: int) -> None:
     path = _mark_path(data_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    with open(temporary, "w") as file:
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    os.fchmod(descriptor, PRIVATE_FILE)
+    with open(descriptor, "w") as file:
         file.write(f"{first_id}\n")
         file.flush()
         os.fsync(file.fileno())
@@ -78,10 +81,23 @@ def quarantine(
     ]
     if not rows:
         return None
+    return keep(rows, data_dir, server, first_id)
+
+
+Row = tuple[str, str, int, bytes, bytes, bytes]  # vhost, queue, msg_id, address, header, body
+
+
+def keep(rows: list[Row], data_dir: str, server: str, first_id: int | None) -> dict[str, Any]:
+    """Write ``rows`` to a new quarantine file of ``data_dir``; returns what was kept."""
     folder = Path(data_dir) / "quarantine"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+    os.chmod(folder, PRIVATE_DIRECTORY)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = folder / f"{stamp}-{server}.sqlite"
+    # Made here, 0600, so that SQLite opens it rather than creating it with the umask's
+    # mode (its journal then takes the file's mode).
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE))
+    os.chmod(path, PRIVATE_FILE)
     db = sqlite3.connect(path)
     try:
         db.execute(_SCHEMA)
@@ -93,7 +109,7 @@ def quarantine(
     return {"path": str(path), "messages": len(rows), "queues": queues, "first_id": first_id}
 
 
-def read_quarantine(path: str) -> list[tuple[str, str, int, bytes, bytes, bytes]]:
+def read_quarantine(path: str) -> list[Row]:
     """The messages of a quarantine file, in id order per queue."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
