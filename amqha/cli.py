@@ -87,6 +87,11 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
         config = load_config(config_path, role=role)
     except ConfigError as error:
         raise click.ClickException(f"bad configuration: {error}") from None
+    for line in config.weak_credentials:
+        click.echo(
+            f"amqha: WARNING: {line}; accepted only because every listener is loopback",
+            err=True,
+        )
     logging.basicConfig(
         level=log_level.upper(),
         format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
@@ -121,11 +126,24 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
 def pair(config_dir: str) -> None:
     """Run the primary and the backup together on this machine; Ctrl-C stops both.
 
+    The first run makes the files under CONFIG_DIR/local/ (0700) that the configs read
+    (the shipped ones: the pair's secret and the admin and peering passwords), 0600
+    each: nothing secret is shipped, and `amqha console` finds the admin password there.
+
     Each server's log lines are prefixed with its name. The two pids come first: kill -9
     the ACTIVE one to watch the other take over. A server that ends is reported (how, and
     the command that starts it again) while the other runs on; the exit status is 1 if
     either ended other than by Ctrl-C or SIGTERM.
     """
+    from config.local import ensure_credentials, named_in
+
+    configs = [Path(config_dir) / f"{role}.yaml" for role in ("primary", "backup")]
+    made = ensure_credentials(config_dir, named_in(configs))
+    if made:
+        _say(
+            f"made {', '.join(str(path) for path in made)} (0600, kept out of git): this"
+            " install's own pair secret and passwords, which the configs read"
+        )
     roles: dict[str, subprocess.Popen[bytes]] = {}
     for role in ("primary", "backup"):
         path = Path(config_dir) / f"{role}.yaml"
