@@ -485,6 +485,13 @@ def _file_path(path: str, key: str, value: str) -> str:
 
 def _text_file(path: str, key: str, value: str) -> str:
     """The text of a file the config names (a secret, a password), trailing newline dropped."""
+    if value.startswith("local/") and not (Path(path).resolve().parent / value).exists():
+        raise ConfigError(
+            path,
+            key,
+            f"{value} does not exist yet: `make run` (amqha pair --config-dir"
+            f" {Path(path).parent}) makes this install's own on its first run",
+        )
     resolved = _file_path(path, key, value)
     try:
         return Path(resolved).read_text(encoding="utf-8").rstrip("\r\n")

@@ -142,6 +142,20 @@ def test_shipped_pair_configs_load_with_this_installs_own_credentials(tmp_path: 
         assert "password: peering" not in text
 
 
+def test_the_shipped_configs_before_the_first_make_run_say_what_makes_their_files(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "primary.yaml"
+    config.write_text((ROOT / "config" / "primary.yaml").read_text())
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert caught.value.key == "users[1].password_file"
+    assert caught.value.problem == (
+        f"local/admin.password does not exist yet: `make run` (amqha pair --config-dir"
+        f" {tmp_path}) makes this install's own on its first run"
+    )
+
+
 def test_credentials_are_made_once_private_random_and_kept_out_of_git(tmp_path: Path) -> None:
     made = ensure_credentials(tmp_path)
     assert sorted(path.name for path in made) == sorted(FILES)
