@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -12,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import click
 
@@ -75,6 +76,9 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
     from .server import install_uvloop, serve
     from .store import StoreError
 
+    # Everything a server writes (store, event log, epoch, quarantine) is its user's
+    # alone; the modules that make those files say so too, this covers any other.
+    os.umask(0o077)
     if config_path is None:
         if role is None:
             raise click.UsageError("give --config FILE, or --role to use config/<role>.yaml")
@@ -83,6 +87,11 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
         config = load_config(config_path, role=role)
     except ConfigError as error:
         raise click.ClickException(f"bad configuration: {error}") from None
+    for line in config.weak_credentials:
+        click.echo(
+            f"amqha: WARNING: {line}; accepted only because every listener is loopback",
+            err=True,
+        )
     logging.basicConfig(
         level=log_level.upper(),
         format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
@@ -117,11 +126,24 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
 def pair(config_dir: str) -> None:
     """Run the primary and the backup together on this machine; Ctrl-C stops both.
 
+    The first run makes the files under CONFIG_DIR/local/ (0700) that the configs read
+    (the shipped ones: the pair's secret and the admin and peering passwords), 0600
+    each: nothing secret is shipped, and `amqha console` finds the admin password there.
+
     Each server's log lines are prefixed with its name. The two pids come first: kill -9
     the ACTIVE one to watch the other take over. A server that ends is reported (how, and
     the command that starts it again) while the other runs on; the exit status is 1 if
     either ended other than by Ctrl-C or SIGTERM.
     """
+    from config.local import ensure_credentials, named_in
+
+    configs = [Path(config_dir) / f"{role}.yaml" for role in ("primary", "backup")]
+    made = ensure_credentials(config_dir, named_in(configs))
+    if made:
+        _say(
+            f"made {', '.join(str(path) for path in made)} (0600, kept out of git): this"
+            " install's own pair secret and passwords, which the configs read"
+        )
     roles: dict[str, subprocess.Popen[bytes]] = {}
     for role in ("primary", "backup"):
         path = Path(config_dir) / f"{role}.yaml"
@@ -253,7 +275,7 @@ def quarantine() -> None:
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 def quarantine_list(data_dir: str) -> None:
     """The quarantine files of a server's data dir, with their message counts."""
-    from .quarantine import read_quarantine
+    from .quarantine import read_quarantine, replayed_count
 
     files = sorted(Path(data_dir, "quarantine").glob("*.sqlite*"))
     if not files:
@@ -262,11 +284,17 @@ def quarantine_list(data_dir: str) -> None:
     for path in files:
         try:
             rows = read_quarantine(str(path))
+            replayed = replayed_count(str(path))
         except Exception as error:  # a file this command cannot read is named, not fatal
             click.echo(f"{path}: unreadable ({error})")
             continue
         queues = sorted({f"{vhost}/{queue}" for vhost, queue, *_ in rows})
-        state = "replayed" if path.suffix == ".replayed" else "to replay"
+        if path.suffix == ".replayed":
+            state = "replayed"
+        elif replayed:
+            state = f"{replayed} replayed, {len(rows) - replayed} to replay"
+        else:
+            state = "to replay"
         click.echo(f"{path}: {len(rows)} messages on {', '.join(queues)} ({state})")
 
 
@@ -277,31 +305,60 @@ def quarantine_replay(path: str, url: str) -> None:
     """Publish a quarantine file's messages to their queues on URL, with confirms.
 
     Each message goes to the queue it was on (the default exchange), with its own
-    properties. The file is renamed to FILE.replayed once every message is confirmed,
-    so it is not replayed twice.
+    properties, but a user_id other than URL's user: the server takes a publish whose
+    user_id is the login's only, so it is removed, and the command says from how many
+    messages (replay as that user to keep it). Each message is marked replayed in the
+    file as its confirm arrives: a replay that stops says how many are done and left, and
+    running it again publishes only those. The file is renamed to FILE.replayed once
+    every message is confirmed.
     """
-    from .quarantine import read_quarantine
+    from .quarantine import ReplayProgress
 
     if path.endswith(".replayed"):
         raise click.ClickException(f"{path} was replayed already")
-    rows = read_quarantine(path)
-    confirmed = asyncio.run(_replay(rows, url))
-    if confirmed != len(rows):
+    progress = ReplayProgress(path)
+    try:
+        total, rows = progress.total(), progress.left()
+        outcome = asyncio.run(_replay(rows, url, progress))
+    finally:
+        progress.close()
+    for user_id, count in sorted(outcome.stripped.items()):
+        click.echo(
+            f"user_id {user_id!r} removed from {count} messages: the server takes only the"
+            f" login's own ({outcome.login!r}); replay as {user_id!r} to keep it"
+        )
+    done = total - len(rows) + outcome.confirmed
+    if outcome.failure is not None:
         raise click.ClickException(
-            f"{len(rows) - confirmed} of {len(rows)} messages were not confirmed; the file is "
-            "kept as it is"
+            f"replay stopped: {outcome.failure}; {done} of {total} messages are replayed"
+            f" ({outcome.confirmed} in this run), {total - done} left: run the same command"
+            " again to publish only those"
         )
     os.replace(path, path + ".replayed")
-    click.echo(f"replayed {confirmed} messages to {len(set(r[:2] for r in rows))} queues")
+    earlier = f" ({total - len(rows)} replayed before)" if len(rows) < total else ""
+    click.echo(
+        f"replayed {outcome.confirmed} messages to {len(set(r[:2] for r in rows))} queues" + earlier
+    )
 
 
-async def _replay(rows: list[tuple[str, str, int, bytes, bytes, bytes]], url: str) -> int:
+REPLAY_WINDOW = 256  # publishes in flight at once; their confirms are recorded together
+
+
+class _ReplayOutcome:
+    def __init__(self, login: str) -> None:
+        self.login = login
+        self.confirmed = 0
+        self.stripped: dict[str, int] = {}  # user_id -> confirmed messages it was removed from
+        self.failure: str | None = None
+
+
+async def _replay(rows: list[Any], url: str, progress: Any) -> _ReplayOutcome:
     import aiormq
     from pamqp import commands
 
     from .wire import decode_properties
 
-    confirmed = 0
+    outcome = _ReplayOutcome(unquote(urlsplit(url).username or "guest"))
     connections: dict[str, Any] = {}
     try:
         for vhost in dict.fromkeys(row[0] for row in rows):
@@ -322,16 +379,56 @@ async def _replay(rows: list[tuple[str, str, int, bytes, bytes, bytes]], url: st
                 f"no queue {', '.join(missing)} on the server: declare it as it was, then "
                 "replay again (nothing was published)"
             )
-        for vhost, queue, _msg_id, _address, header, body in rows:
-            answer = await connections[vhost][1].basic_publish(
-                body, routing_key=queue, properties=decode_properties(header), mandatory=True
+
+        def publish(row: Any) -> tuple[Any, str | None]:
+            vhost, queue, _msg_id, _address, header, body = row
+            properties = decode_properties(header)
+            stripped = properties.user_id
+            if stripped is None or stripped == outcome.login:
+                stripped = None
+            else:
+                properties.user_id = None
+            sent = connections[vhost][1].basic_publish(
+                body, routing_key=queue, properties=properties, mandatory=True
             )
-            if isinstance(answer, commands.Basic.Ack):
-                confirmed += 1
+            return sent, stripped
+
+        for start in range(0, len(rows), REPLAY_WINDOW):
+            window = rows[start : start + REPLAY_WINDOW]
+            published = [publish(row) for row in window]
+            answers = await asyncio.gather(*(sent for sent, _ in published), return_exceptions=True)
+            acked = []
+            for row, (_, stripped), answer in zip(window, published, answers, strict=True):
+                if isinstance(answer, commands.Basic.Ack):
+                    acked.append(row)
+                    if stripped is not None:
+                        outcome.stripped[stripped] = outcome.stripped.get(stripped, 0) + 1
+                elif outcome.failure is None:
+                    outcome.failure = _refusal(row, answer)
+            progress.confirmed(acked)
+            outcome.confirmed += len(acked)
+            if outcome.failure is not None:
+                break
+    except (aiormq.exceptions.AMQPError, ConnectionError, OSError) as error:
+        outcome.failure = f"{type(error).__name__}: {error}"
     finally:
         for connection, _ in connections.values():
-            await connection.close()
-    return confirmed
+            with contextlib.suppress(Exception):
+                await connection.close()
+    return outcome
+
+
+def _refusal(row: Any, answer: Any) -> str:
+    """Why the server did not confirm one replayed message, in words."""
+    import aiormq
+
+    vhost, queue, msg_id = row[:3]
+    what = f"message {msg_id} for queue '{queue}' in vhost '{vhost}'"
+    if isinstance(answer, aiormq.exceptions.DeliveryError):
+        return f"{what} was nacked (its queue is full, or the server could not store it)"
+    if isinstance(answer, BaseException):
+        return f"{what} was refused ({type(answer).__name__}: {answer})"
+    return f"{what} was returned unroutable"
 
 
 main.add_command(console)

@@ -24,7 +24,9 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import aiormq
@@ -233,7 +235,20 @@ class ConsoleClient:
         return json.loads(answer)
 
 
-DEFAULT_SERVERS = ("amqp://admin:admin@127.0.0.1:5672/", "amqp://admin:admin@127.0.0.1:5673/")
+def default_servers(config_dir: str = "config") -> tuple[str, ...]:
+    """The loopback pair `make run` starts, as admin with the password it made in
+    CONFIG_DIR/local/admin.password."""
+    from config.local import ADMIN_PASSWORD, LOCAL, read_credential
+
+    password = read_credential(config_dir, ADMIN_PASSWORD)
+    if password is None:
+        where = Path(config_dir) / LOCAL / ADMIN_PASSWORD
+        raise click.UsageError(
+            f"no --server given and no {where} (the admin password `make run` makes): run"
+            " from the folder `make run` ran in, or give --server amqp://USER:PASSWORD@HOST:PORT/"
+        )
+    secret = quote(password, safe="")
+    return tuple(f"amqp://admin:{secret}@127.0.0.1:{port}/" for port in (5672, 5673))
 
 
 async def _status_all(servers: tuple[str, ...], timeout: float) -> list[tuple[str, Any]]:
@@ -450,7 +465,8 @@ async def _events(console: ConsoleClient, follow: bool, as_json: bool) -> None:
     "servers",
     multiple=True,
     metavar="URL",
-    help="Server to talk to, as an administrator (repeat for both; default: the loopback pair).",
+    help="Server to talk to, as an administrator (repeat for both; default: the loopback pair"
+    " as admin, with the password in config/local/admin.password).",
 )
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print raw JSON.")
@@ -471,7 +487,7 @@ def console(
     amqha console --server URL queues    one server's queues
     amqha console events --follow        the event log as it grows
     """
-    servers = servers or DEFAULT_SERVERS
+    servers = servers or default_servers()
     # A server that is down is reported in the table; aiormq's own error lines would repeat it.
     logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
     if words:

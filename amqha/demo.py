@@ -33,6 +33,7 @@ import aio_pika
 import yaml
 
 from amqha.client import connect_robust
+from config.local import ADMIN_PASSWORD, ensure_credentials, read_credential
 from failover.events import read_events
 
 WAIT = 10.0  # bound on every wait in the tour
@@ -134,7 +135,9 @@ class Server:
 
 
 def pair_configs(workdir: Path) -> list[dict[str, Any]]:
-    """The shipped configs, with data and event logs moved to ``workdir``."""
+    """The shipped configs, with data and event logs moved to ``workdir``, and this
+    tour's own secret and passwords in ``workdir/local`` (the configs read them there)."""
+    ensure_credentials(workdir)
     folder = resources.files("config")
     configs = [
         yaml.safe_load((folder / f"{role}.yaml").read_text()) for role in ("primary", "backup")
@@ -163,7 +166,9 @@ async def wait_states(servers: list[Server], *states: str) -> None:
 
 def console(servers: list[Server], *words: str) -> None:
     """Run the real ``amqha console`` command and show what it prints."""
-    arguments = [part for s in servers for part in ("--server", s.url("admin", "admin"))]
+    password = read_credential(servers[0].config_path.parent, ADMIN_PASSWORD)
+    assert password is not None
+    arguments = [part for s in servers for part in ("--server", s.url("admin", password))]
     say(f"   $ amqha console {' '.join(words)}")
     result = subprocess.run(
         [sys.executable, "-m", "amqha", "console", *arguments, *words],

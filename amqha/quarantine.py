@@ -8,7 +8,8 @@ its peer, the messages it holds that were never replicated are written to
 reported: those at or above its mark, if it has one (it lost a split brain, or it was
 killed while unprotected and its peer served meanwhile), and every message on a queue
 left out of replication (``x-amqha-replicate: false``). ``amqha quarantine`` lists and
-replays those files. See docs/durability.md, section 5.
+replays those files; a replay's progress (which messages were confirmed) is kept in the
+file (``ReplayProgress``). See docs/durability.md, section 5.
 
 Must not know: the loop, sockets, the failover state machine.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.vhost import VHost
+from .store import PRIVATE_DIRECTORY, PRIVATE_FILE
 
 MARK = "unprotected"
 
@@ -40,9 +42,11 @@ def read_unprotected_mark(data_dir: str) -> int | None:
 
 def write_unprotected_mark(data_dir: str, first_id: int) -> None:
     path = _mark_path(data_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    with open(temporary, "w") as file:
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    os.fchmod(descriptor, PRIVATE_FILE)
+    with open(descriptor, "w") as file:
         file.write(f"{first_id}\n")
         file.flush()
         os.fsync(file.fileno())
@@ -58,6 +62,13 @@ _SCHEMA = """
 CREATE TABLE messages (
     vhost TEXT, queue TEXT, msg_id INTEGER, address BLOB, header BLOB, body BLOB,
     PRIMARY KEY (vhost, queue, msg_id)
+)
+"""
+# The messages a replay has had confirmed; a file written before it existed gets it at
+# its first replay.
+_REPLAYED = """
+CREATE TABLE IF NOT EXISTS replayed (
+    vhost TEXT, queue TEXT, msg_id INTEGER, PRIMARY KEY (vhost, queue, msg_id)
 )
 """
 
@@ -78,13 +89,27 @@ def quarantine(
     ]
     if not rows:
         return None
+    return keep(rows, data_dir, server, first_id)
+
+
+Row = tuple[str, str, int, bytes, bytes, bytes]  # vhost, queue, msg_id, address, header, body
+
+
+def keep(rows: list[Row], data_dir: str, server: str, first_id: int | None) -> dict[str, Any]:
+    """Write ``rows`` to a new quarantine file of ``data_dir``; returns what was kept."""
     folder = Path(data_dir) / "quarantine"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+    os.chmod(folder, PRIVATE_DIRECTORY)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = folder / f"{stamp}-{server}.sqlite"
+    # Made here, 0600, so that SQLite opens it rather than creating it with the umask's
+    # mode (its journal then takes the file's mode).
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE))
+    os.chmod(path, PRIVATE_FILE)
     db = sqlite3.connect(path)
     try:
         db.execute(_SCHEMA)
+        db.execute(_REPLAYED)
         db.executemany("INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
         db.commit()
     finally:
@@ -93,7 +118,7 @@ def quarantine(
     return {"path": str(path), "messages": len(rows), "queues": queues, "first_id": first_id}
 
 
-def read_quarantine(path: str) -> list[tuple[str, str, int, bytes, bytes, bytes]]:
+def read_quarantine(path: str) -> list[Row]:
     """The messages of a quarantine file, in id order per queue."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -105,3 +130,54 @@ def read_quarantine(path: str) -> list[tuple[str, str, int, bytes, bytes, bytes]
         )
     finally:
         db.close()
+
+
+def replayed_count(path: str) -> int:
+    """How many of a quarantine file's messages a replay has had confirmed."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        exists = db.execute(
+            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'replayed'"
+        ).fetchone()
+        return db.execute("SELECT count(*) FROM replayed").fetchone()[0] if exists else 0
+    finally:
+        db.close()
+
+
+class ReplayProgress:
+    """Which messages of a quarantine file are on the ACTIVE already, kept in the file
+    itself: each is recorded, in a committed transaction, once its confirm arrives. A
+    replay that stops (a refusal, a lost connection) leaves the rest, and the next one
+    publishes only those. A message the server stored but whose confirm never arrived
+    is published again: at least once, never left out."""
+
+    def __init__(self, path: str) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("PRAGMA synchronous = FULL")
+        self.db.execute(_REPLAYED)
+
+    def total(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM messages").fetchone()[0])
+
+    def left(self) -> list[Row]:
+        """The messages not replayed yet, in id order per queue."""
+        return list(
+            self.db.execute(
+                "SELECT vhost, queue, msg_id, address, header, body FROM messages AS m"
+                " WHERE NOT EXISTS (SELECT 1 FROM replayed AS r WHERE r.vhost = m.vhost"
+                " AND r.queue = m.queue AND r.msg_id = m.msg_id)"
+                " ORDER BY vhost, queue, msg_id"
+            )
+        )
+
+    def confirmed(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        self.db.execute("BEGIN")
+        self.db.executemany(
+            "INSERT OR IGNORE INTO replayed VALUES (?, ?, ?)", (row[:3] for row in rows)
+        )
+        self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        self.db.close()

@@ -24,6 +24,7 @@ only), which publishes wait for which LSN (the host's business).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -64,6 +65,9 @@ FETCH_ROWS = 2048
 INSERT_ROWS = 128
 JOIN_TIMEOUT = 30.0
 LOG_EVERY = 1.0  # seconds between two logged write failures
+# Every message body is in the store: only this server's user may read it.
+PRIVATE_FILE = 0o600
+PRIVATE_DIRECTORY = 0o700
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -455,7 +459,7 @@ class Store:
             )
         directory = os.path.dirname(os.path.abspath(path))
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(directory, mode=PRIVATE_DIRECTORY, exist_ok=True)
         except OSError as exc:
             raise StoreError(
                 f"{path}: cannot create its directory {directory} ({exc.strerror})"
@@ -463,11 +467,22 @@ class Store:
         if os.path.isdir(path):
             raise StoreError(f"{path}: is a directory, not a store file")
         try:
+            if os.path.getsize(path) == 0:
+                # Never made by this code (a new store appears whole, below): whatever
+                # left it, a new store in its place would hide that.
+                raise StoreError(
+                    f"{path}: not a readable store (an empty file, which no store ever is:"
+                    " remove it if nothing was stored there)"
+                )
+        except FileNotFoundError:
+            _create(path)
+        try:
             db = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StoreError(_describe(path, exc)) from None
         try:
             _prepare(db, path, max_bytes)
+            _make_private(path)
             store = cls(path, db)
             store._write_pending_runs()
             return store
@@ -755,9 +770,68 @@ class Store:
         )
 
 
+def _create(path: str) -> None:
+    """A new, empty store at ``path``, which does not exist: the schema is written to
+    ``PATH.new`` (mode 0600), synced, then linked to ``path``. A crash at any point leaves
+    no file at ``path`` (the next start begins again) or a whole store, never a file
+    half made; a leftover ``PATH.new`` is replaced."""
+    making = path + ".new"
+    for leftover in (making, making + "-journal"):
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot remove {leftover} ({exc.strerror})") from None
+    try:
+        os.close(os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
+        db = sqlite3.connect(making, isolation_level=None)
+        try:
+            db.execute("PRAGMA synchronous = FULL")
+            db.execute("BEGIN IMMEDIATE")
+            # One statement at a time: executescript would commit the open transaction.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            db.executemany(
+                "INSERT INTO meta VALUES (?, ?)",
+                (("version", SCHEMA_VERSION), ("max_msg_id", 0)),
+            )
+            db.execute("COMMIT")
+        finally:
+            db.close()
+        # Fails if a file appeared at path meanwhile: that one is kept.
+        with contextlib.suppress(FileExistsError):
+            os.link(making, path)
+        os.unlink(making)
+        _sync_directory(os.path.dirname(os.path.abspath(path)))
+    except sqlite3.Error as exc:
+        raise StoreError(_describe(path, exc)) from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot create the store ({exc.strerror})") from None
+
+
+def _sync_directory(directory: str) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _make_private(path: str) -> None:
+    """The store, its WAL and its shared-memory file readable by this server's user only,
+    whatever the umask (SQLite makes the last two itself) and however an older version
+    left them."""
+    for name in (path, path + "-wal", path + "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(name, PRIVATE_FILE)
+
+
 def _prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
-    """Settings, schema (created in an empty file) and version check, under the
-    exclusive lock the connection keeps until it closes."""
+    """Settings and version check, under the exclusive lock the connection keeps until
+    it closes."""
     db.execute("PRAGMA locking_mode = EXCLUSIVE")
     (mode,) = db.execute("PRAGMA journal_mode = WAL").fetchone()
     if mode != "wal":
@@ -771,30 +845,24 @@ def _prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
             name for (name,) in db.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")
         }
         if not tables:
-            # One statement at a time: executescript would commit the open transaction.
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            db.executemany(
-                "INSERT INTO meta VALUES (?, ?)",
-                (("version", SCHEMA_VERSION), ("max_msg_id", 0)),
+            raise StoreError(
+                f"{path}: not an amqha store (a SQLite file without tables:"
+                " remove it if nothing was stored there)"
             )
-        elif application_id != APPLICATION_ID or "meta" not in tables:
+        if application_id != APPLICATION_ID or "meta" not in tables:
             raise StoreError(f"{path}: not an amqha store (a SQLite file of another program)")
-        else:
-            row = db.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
-            version = row[0] if row else None
-            if not isinstance(version, int) or version < 1:
-                raise StoreError(f"{path}: not a readable store (store version {version!r})")
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{path}: written by a newer amqha (store version {version},"
-                    f" this server reads up to {SCHEMA_VERSION})"
-                )
-            if version < 2:
-                db.execute(_RUNS_TABLE)
-                db.execute("UPDATE meta SET value = 2 WHERE key = 'version'")
+        row = db.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
+        version = row[0] if row else None
+        if not isinstance(version, int) or version < 1:
+            raise StoreError(f"{path}: not a readable store (store version {version!r})")
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path}: written by a newer amqha (store version {version},"
+                f" this server reads up to {SCHEMA_VERSION})"
+            )
+        if version < 2:
+            db.execute(_RUNS_TABLE)
+            db.execute("UPDATE meta SET value = 2 WHERE key = 'version'")
         db.execute("COMMIT")
     finally:
         if db.in_transaction:

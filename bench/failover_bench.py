@@ -2,10 +2,11 @@
 
     python -m bench.failover_bench [--kills N]
 
-The pair runs with the shipped timings, users and limits of config/primary.yaml and
-config/backup.yaml (heartbeat 0.2 s, timeout 0.6 s), on free loopback ports with
-temporary data dirs. One ``amqha.client.connect_robust`` publisher with confirms publishes
-continuously. Each round kills the ACTIVE server with SIGKILL (so the kills alternate
+The pair runs with the shipped timings and limits of config/primary.yaml and
+config/backup.yaml (heartbeat 0.2 s, timeout 0.6 s) and the test users (the shipped
+admin and peering passwords are made per install, in config/local/), on free loopback
+ports with temporary data dirs. One ``amqha.client.connect_robust`` publisher with
+confirms publishes continuously. Each round kills the ACTIVE server with SIGKILL (so the kills alternate
 between the two), measures the time from just before the kill to the first publish
 confirmed by the survivor, restarts the killed server and waits for it to settle PASSIVE.
 
@@ -76,7 +77,7 @@ def _quiet_clients() -> Iterator[None]:
 
 
 def shipped_pair(workdir: Path) -> tuple[Pair, dict[str, float]]:
-    """A pair (not started) with the shipped timings, users and limits, and those timings."""
+    """A pair (not started) with the shipped timings and limits, and those timings."""
     primary, backup = shipped("primary"), shipped("backup")
     timings = {key: primary["failover"][key] for key in ("heartbeat", "timeout")}
     if timings != {key: backup["failover"][key] for key in timings}:
@@ -86,7 +87,6 @@ def shipped_pair(workdir: Path) -> tuple[Pair, dict[str, float]]:
         heartbeat=timings["heartbeat"],
         timeout=timings["timeout"],
         proxied=False,
-        users=primary["users"],
         limits=primary.get("limits", {}),
     )
     return pair, timings

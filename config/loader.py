@@ -4,13 +4,15 @@ Owns: the configuration schema (keys, types, defaults, ranges) and error message
 that name the file, the key and the problem. Returns plain frozen dataclasses. A file
 that could split a pair or open the broker to anyone is refused, not patched up: a role
 without a peer (or the reverse), a role the command line contradicts, a non-finite
-duration, a key given twice, no users at all, a pair without its shared secret.
+duration, a key given twice, no users at all, a pair without its shared secret, a
+shipped secret or password on a server that listens beyond loopback.
 
 Must not know: the broker, sockets, the event loop.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from dataclasses import dataclass, field
@@ -26,6 +28,10 @@ ROLES = ("primary", "backup")
 USER_TAGS = ("administrator", "peering", "monitoring")
 CLIENT_CERTS = ("none", "optional", "required")
 MIN_SECRET_LENGTH = 16
+# What the config files used to ship (and the tests still use): refused with a listener
+# that is not loopback, warned about on loopback (docs/security.md, "Shipped credentials").
+DEMO_SECRET = "change-me-loopback-demo-secret"
+SHIPPED_PASSWORDS = frozenset({"guest", "admin", "peering"})
 
 
 class ConfigError(Exception):
@@ -179,6 +185,9 @@ class ServerConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    # One line per shipped credential this server accepts (only ever on loopback
+    # listeners: elsewhere the file is refused); ``amqha start`` prints each.
+    weak_credentials: tuple[str, ...] = ()
 
     @property
     def listen(self) -> str:
@@ -364,12 +373,30 @@ def _users(path: str, value: Any) -> tuple[User, ...]:
             raise ConfigError(path, f"users[{index}].name", "missing")
         password = section.get("password", str, None)
         password_hash = section.get("password_hash", str, None)
-        if password is None and password_hash is None:
-            raise ConfigError(path, f"users[{index}].password", "missing (or give password_hash)")
-        if password is not None and password_hash is not None:
-            raise ConfigError(
-                path, f"users[{index}].password_hash", "give either password or password_hash"
+        password_file = section.get("password_file", str, None)
+        given = [
+            key
+            for key, value in (
+                ("password", password),
+                ("password_hash", password_hash),
+                ("password_file", password_file),
             )
+            if value is not None
+        ]
+        if not given:
+            raise ConfigError(
+                path, f"users[{index}].password", "missing (or give password_hash or password_file)"
+            )
+        if len(given) > 1:
+            raise ConfigError(
+                path,
+                f"users[{index}].{given[1]}",
+                "give either password, password_hash or password_file",
+            )
+        if password_file is not None:
+            password = _text_file(path, f"users[{index}].password_file", password_file)
+            if not password:
+                raise ConfigError(path, f"users[{index}].password_file", "the file is empty")
         if password_hash is not None:
             try:
                 parse_hash(password_hash)
@@ -456,6 +483,60 @@ def _file_path(path: str, key: str, value: str) -> str:
     return str(resolved)
 
 
+def _text_file(path: str, key: str, value: str) -> str:
+    """The text of a file the config names (a secret, a password), trailing newline dropped."""
+    if value.startswith("local/") and not (Path(path).resolve().parent / value).exists():
+        raise ConfigError(
+            path,
+            key,
+            f"{value} does not exist yet: `make run` (amqha pair --config-dir"
+            f" {Path(path).parent}) makes this install's own on its first run",
+        )
+    resolved = _file_path(path, key, value)
+    try:
+        return Path(resolved).read_text(encoding="utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ConfigError(path, key, f"{resolved!r} is not UTF-8 text") from None
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (IPv4-mapped loopback too) or ``localhost``; any other name or
+    address, ``0.0.0.0`` and ``::`` included, may be reached from elsewhere."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _weak_credentials(
+    users: tuple[User, ...], secret: bytes, secret_key: str, loopback_users: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    """(key, problem) for each credential anyone can look up: the demo secret, a shipped
+    password. A user in auth.loopback_users is left out: it can only log in from this
+    machine whatever its password (RabbitMQ's guest/guest)."""
+    weak = []
+    if secret == DEMO_SECRET.encode():
+        weak.append(
+            (secret_key, "the demo secret shipped with amqha (anyone can move the service)")
+        )
+    for index, user in enumerate(users):
+        if user.name in loopback_users or user.password is None:
+            continue
+        if user.password in SHIPPED_PASSWORDS or user.password == user.name:
+            weak.append(
+                (
+                    f"users[{index}].password",
+                    f"user {user.name!r} has a shipped password (as in {user.name}/"
+                    f"{user.name}: anyone can log in as it)",
+                )
+            )
+    return weak
+
+
 def _secret(path: str, failover: _Section) -> bytes:
     secret = failover.get("secret", str, None)
     secret_file = failover.get("secret_file", str, None)
@@ -464,11 +545,7 @@ def _secret(path: str, failover: _Section) -> bytes:
     key = "failover.secret"
     if secret_file is not None:
         key = "failover.secret_file"
-        resolved = _file_path(path, key, secret_file)
-        try:
-            secret = Path(resolved).read_text(encoding="utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            raise ConfigError(path, key, f"{resolved!r} is not UTF-8 text") from None
+        secret = _text_file(path, key, secret_file)
     if secret is None:
         raise ConfigError(
             path,
@@ -727,6 +804,22 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     )
     replication_section.check_unknown()
     top.check_unknown()
+    secret_key = "failover.secret_file" if failover.data.get("secret_file") else "failover.secret"
+    weak = _weak_credentials(users, secret, secret_key, auth.loopback_users)
+    listeners = [
+        *listen_addresses,
+        *([] if tls is None else [(tls.host, tls.port)]),
+        *([] if metrics_listen is None else [metrics_listen]),
+    ]
+    exposed = [format_host_port(*address) for address in listeners if not is_loopback(address[0])]
+    if weak and exposed:
+        key, problem = weak[0]
+        raise ConfigError(
+            path,
+            key,
+            f"{problem}, and this server listens on {exposed[0]}, which is not a loopback "
+            "address: give it one of your own (docs/security.md, 'Shipped credentials')",
+        )
     return ServerConfig(
         name=name,
         host=host,
@@ -756,4 +849,5 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         auth=auth,
         store=store,
         replication=replication,
+        weak_credentials=tuple(f"{path}: {key}: {problem}" for key, problem in weak),
     )

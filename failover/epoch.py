@@ -58,7 +58,8 @@ def store_epoch(data_dir: str | os.PathLike[str], epoch: int) -> None:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
     directory = Path(data_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # mkstemp makes the file 0600: the epoch file is this server's user's only.
     fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{EPOCH_FILE}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="ascii") as temp:

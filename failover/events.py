@@ -81,8 +81,11 @@ class EventLog:
         self._closed = False
         self._fd: int | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            # Whatever the umask, and however an older version left the file: the log
+            # names clients and users, for this server's user only.
+            os.fchmod(self._fd, 0o600)
         except OSError as error:
             self._complain(error, "(opening the log: every record is lost until a restart)")
             return

@@ -23,6 +23,11 @@ from tests.durability import PERSISTENT, Ledger, consume_acking, drain, publish_
 from tests.support import ServerProcess, start_to_exit
 
 
+def weak(line: str) -> bool:
+    """A warning about the test users' well-known passwords (loopback only)."""
+    return line.startswith("amqha: WARNING: ")
+
+
 async def declare_durable(url: str, queue: str, **arguments: Any) -> None:
     connection = await aiormq.connect(url)
     channel = await connection.channel()
@@ -244,7 +249,7 @@ def test_a_corrupt_store_is_one_line_naming_the_file(make_server: Any, tmp_path:
     server.config_path.write_text(yaml.safe_dump(server.config))
     result = start_to_exit(server.config_path)
     assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not weak(line)]
     assert len(lines) == 1 and str(store) in lines[0], result.stderr
 
 
@@ -258,5 +263,5 @@ def test_a_store_from_a_newer_version_is_refused_naming_the_file(make_server: An
         db.execute("UPDATE meta SET value = '999' WHERE key = 'version'")
     result = start_to_exit(server.config_path)
     assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not weak(line)]
     assert len(lines) == 1 and str(store) in lines[0] and "newer" in lines[0], result.stderr

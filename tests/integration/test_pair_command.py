@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from amqha.client import connect
+from config.local import FILES
 from tests.pairs import MakePair, Pair, pair_info
 from tests.support import ROOT
 
@@ -166,3 +168,45 @@ def test_a_server_deaf_to_sigterm_is_killed_and_named(make_pair: MakePair) -> No
         assert not Path(f"/proc/{backup_pid}").exists()
     finally:
         stop_command(process)
+
+
+async def test_the_first_run_on_the_shipped_configs_makes_this_installs_credentials(
+    make_pair: MakePair,
+) -> None:
+    """What `make run` does on a fresh checkout: the shipped configs (on free ports here)
+    name a secret and two passwords under local/, which the command makes, 0600, before
+    it starts the servers; they serve with them, and a second run keeps them."""
+    pair = make_pair(proxied=False)
+    shipped = {
+        role: yaml.safe_load((ROOT / "config" / f"{role}.yaml").read_text())
+        for role in ("primary", "backup")
+    }
+    for server, role in ((pair.primary, "primary"), (pair.backup, "backup")):
+        config = shipped[role]
+        config["server"].update(server.config["server"])
+        config["failover"]["peer"] = server.config["failover"]["peer"]
+        config["failover"]["peer_listen"] = server.config["failover"]["peer_listen"]
+        config["events"] = {"path": str(server.data_dir / "events.jsonl")}
+        server.config = config
+    local = pair.workdir / "local"
+    process, output = start_command(pair)
+    try:
+        made = output.wait_for(r"^amqha pair: made (.+) \(0600, kept out of git\)")
+        assert made.group(1).split(", ") == [str(local / name) for name in FILES]
+        serving(pair, output)
+        await pair.wait_states("ACTIVE", "PASSIVE", timeout=WAIT)
+        assert stat.S_IMODE(local.stat().st_mode) == 0o700
+        for name in FILES:
+            assert stat.S_IMODE((local / name).stat().st_mode) == 0o600
+        warnings = [line for line in output.lines if "amqha: WARNING: " in line]
+        assert warnings == [], warnings
+    finally:
+        stop_command(process)
+    values = {name: (local / name).read_text() for name in FILES}
+    process, output = start_command(pair)
+    try:
+        serving(pair, output)
+        assert not [line for line in output.lines if line.startswith("amqha pair: made")]
+    finally:
+        stop_command(process)
+    assert {name: (local / name).read_text() for name in FILES} == values

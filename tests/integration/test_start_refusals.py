@@ -6,15 +6,18 @@ Each case is a real ``amqha start`` process: it must exit with status 1 and say
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from config.loader import DEMO_SECRET
 from failover.epoch import EPOCH_FILE
-from tests.pairs import PAIR_SECRET
+from tests.pairs import PAIR_SECRET, failover_section
 from tests.support import free_port, start_to_exit
 
-USERS = "users:\n  - {name: peering, password: peering, tags: [peering]}\n"
+USERS = "users:\n  - {name: peering, password: test-peering-password, tags: [peering]}\n"
 
 
 def pair_file(role: str, extra: str = "", secret: bool = True) -> str:
@@ -97,3 +100,42 @@ def test_a_corrupt_epoch_file_is_one_line(tmp_path: Path, content: bytes) -> Non
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"Error: bad epoch file: {data_dir / EPOCH_FILE}: corrupt")
     assert "the peer's data dir" in lines[0]
+
+
+def test_the_demo_secret_is_refused_on_a_listener_beyond_loopback(tmp_path: Path) -> None:
+    """Shipped with config/ until it was made per install: anyone who read it could move
+    the service. 0.0.0.0 is refused before anything is bound."""
+    port = free_port()
+    config = tmp_path / "server.yaml"
+    config.write_text(
+        f"server: {{name: primary, listen: '0.0.0.0:{port}'}}\n{USERS}"
+        f"failover:\n  role: primary\n  peer: '127.0.0.1:{free_port()}'\n"
+        f"  secret: {DEMO_SECRET}\n"
+    )
+    result = start_to_exit(config)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"Error: bad configuration: {config}: failover.secret: "), lines
+    assert "the demo secret shipped with amqha" in lines[0]
+    assert ", which is not a loopback address" in lines[0]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_shipped_credentials_on_loopback_start_with_a_warning_each(make_server: Any) -> None:
+    server = make_server(
+        "primary",
+        failover={**failover_section("primary", free_port(), 0.1, 0.4), "secret": DEMO_SECRET},
+    )
+    server.start()
+    warnings = [line for line in server.log().splitlines() if line.startswith("amqha: WARNING: ")]
+    weak = ["failover.secret: the demo secret"] + [
+        f"users[{index}].password: user '{user['name']}' has a shipped password"
+        for index, user in enumerate(server.config["users"])
+        if user["name"] != "guest"  # loopback-only
+    ]
+    assert len(warnings) == len(weak), warnings
+    for line, expected in zip(warnings, weak, strict=True):
+        assert f"{server.config_path}: {expected}" in line
+        assert line.endswith("accepted only because every listener is loopback")

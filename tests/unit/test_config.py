@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 
+from amqha.console import default_servers
 from config import ConfigError, load_config
-from config.loader import Limits
+from config.loader import DEMO_SECRET, Limits, is_loopback
+from config.local import ADMIN_PASSWORD, FILES, LOCAL, SECRET, ensure_credentials, named_in
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,11 +118,169 @@ def test_a_file_without_users_is_refused(tmp_path: Path, text: str) -> None:
     assert_error(tmp_path, text, "users", "missing")
 
 
-@pytest.mark.parametrize("name", ["primary.yaml", "backup.yaml"])
-def test_shipped_pair_configs_load(name: str) -> None:
-    config = load_config(ROOT / "config" / name)
-    assert config.failover.role == name.split(".")[0]
-    assert config.failover.peer is not None
+def test_shipped_pair_configs_load_with_this_installs_own_credentials(tmp_path: Path) -> None:
+    """The shipped files hold no secret and no password but guest's (loopback-only): they
+    read this install's own from local/, which ``ensure_credentials`` makes (``make run``
+    calls it through ``amqha pair``)."""
+    configs = [tmp_path / "primary.yaml", tmp_path / "backup.yaml"]
+    for config in configs:
+        config.write_text((ROOT / "config" / config.name).read_text())
+    assert named_in(configs) == list(FILES)
+    assert ensure_credentials(tmp_path, named_in(configs))
+    primary = load_config(tmp_path / "primary.yaml")
+    backup = load_config(tmp_path / "backup.yaml")
+    for config, role in ((primary, "primary"), (backup, "backup")):
+        assert config.failover.role == role and config.failover.peer is not None
+        assert config.weak_credentials == ()
+        assert config.failover.secret == (tmp_path / "local" / SECRET).read_bytes().strip()
+    assert primary.failover.secret == backup.failover.secret
+    assert primary.user("admin") == backup.user("admin")
+    assert primary.user("admin").password != primary.user("peering").password  # type: ignore[union-attr]
+    for name in ("primary.yaml", "backup.yaml"):
+        text = (ROOT / "config" / name).read_text()
+        assert DEMO_SECRET not in text and "password: admin" not in text
+        assert "password: peering" not in text
+
+
+def test_the_shipped_configs_before_the_first_make_run_say_what_makes_their_files(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "primary.yaml"
+    config.write_text((ROOT / "config" / "primary.yaml").read_text())
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert caught.value.key == "users[1].password_file"
+    assert caught.value.problem == (
+        f"local/admin.password does not exist yet: `make run` (amqha pair --config-dir"
+        f" {tmp_path}) makes this install's own on its first run"
+    )
+
+
+def test_credentials_are_made_once_private_random_and_kept_out_of_git(tmp_path: Path) -> None:
+    made = ensure_credentials(tmp_path)
+    assert sorted(path.name for path in made) == sorted(FILES)
+    assert stat.S_IMODE((tmp_path / "local").stat().st_mode) == 0o700
+    values = {}
+    for path in made:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        values[path.name] = path.read_text()
+        assert len(values[path.name].strip()) >= 32 and values[path.name].endswith("\n")
+    assert len(set(values.values())) == len(FILES)
+    assert ensure_credentials(tmp_path) == []  # a second run keeps every value
+    assert {path.name: path.read_text() for path in made} == values
+    assert not [path for path in (tmp_path / "local").iterdir() if path.name not in FILES]
+    # A config of one's own that names no file under local/: nothing is made for it.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "primary.yaml").write_text(yaml.safe_dump(VALID))
+    assert named_in([other / "primary.yaml"]) == []
+    assert ensure_credentials(other, []) == [] and not (other / LOCAL).exists()
+    for name in FILES:
+        ignored = subprocess.run(
+            ["git", "check-ignore", "-q", f"config/{LOCAL}/{name}"], cwd=ROOT, check=False
+        )
+        assert ignored.returncode == 0, f"config/{LOCAL}/{name} is not in .gitignore"
+
+
+def test_the_console_logs_in_to_the_loopback_pair_with_the_made_admin_password(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(click.UsageError) as missing:
+        default_servers(str(tmp_path))
+    assert f"no {tmp_path / LOCAL / ADMIN_PASSWORD}" in missing.value.message
+    ensure_credentials(tmp_path)
+    password = (tmp_path / LOCAL / ADMIN_PASSWORD).read_text().strip()
+    assert default_servers(str(tmp_path)) == (
+        f"amqp://admin:{password}@127.0.0.1:5672/",
+        f"amqp://admin:{password}@127.0.0.1:5673/",
+    )
+
+
+def test_password_file_relative_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "root.password").write_text("a-password-from-a-file\n")
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    data["users"][2] = {"name": "root", "password_file": "root.password"}
+    config = load_config(write(tmp_path, data))
+    assert config.user("root").password == "a-password-from-a-file"  # type: ignore[union-attr]
+    data["users"][2]["password"] = "root"
+    assert_error(tmp_path, data, "users[2].password_file", "give either password")
+    (tmp_path / "root.password").write_text("\n")
+    del data["users"][2]["password"]
+    assert_error(tmp_path, data, "users[2].password_file", "the file is empty")
+
+
+EXPOSED = [
+    ("server", "listen", "0.0.0.0:5999"),
+    ("server", "listen", ["127.0.0.1:5999", "[::]:5999"]),
+    ("server", "listen", "10.1.2.3:5999"),
+    ("server", "listen", "amqha.example.org:5999"),
+    ("metrics", "listen", "0.0.0.0:15692"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value"), EXPOSED)
+def test_the_demo_secret_is_refused_beyond_loopback(
+    tmp_path: Path, section: str, key: str, value: Any
+) -> None:
+    data = with_change(section, key, value)
+    data["users"][2]["password"] = "not-a-shipped-one"
+    data["failover"]["secret"] = DEMO_SECRET
+    assert_error(tmp_path, data, "failover.secret", "the demo secret", "not a loopback address")
+    del data["failover"]["secret"]
+    (tmp_path / "pair.secret").write_text(DEMO_SECRET + "\n")
+    data["failover"]["secret_file"] = "pair.secret"
+    assert_error(tmp_path, data, "failover.secret_file", "the demo secret")
+
+
+@pytest.mark.parametrize("password", ["admin", "peering", "guest", "root"])
+def test_a_shipped_password_is_refused_beyond_loopback(tmp_path: Path, password: str) -> None:
+    data = with_change("server", "listen", "0.0.0.0:5999")
+    data["users"][2]["password"] = password
+    error = assert_error(tmp_path, data, "users[2].password", "'root' has a shipped password")
+    assert "0.0.0.0:5999, which is not a loopback address" in error.problem
+
+
+def test_guest_guest_is_refused_beyond_loopback_only_when_guest_may_log_in_from_anywhere(
+    tmp_path: Path,
+) -> None:
+    data = with_change("server", "listen", "0.0.0.0:5999")
+    data["users"][2]["password"] = "not-a-shipped-one"
+    assert load_config(write(tmp_path, data)).weak_credentials == ()  # guest: loopback only
+    data["auth"] = {"loopback_users": []}
+    assert_error(tmp_path, data, "users[0].password", "'guest' has a shipped password")
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:5999", "127.8.9.10:5999", "[::1]:5999"])
+def test_on_loopback_shipped_credentials_start_with_one_line_each(
+    tmp_path: Path, listen: str
+) -> None:
+    data = with_change("server", "listen", listen)
+    data["failover"]["secret"] = DEMO_SECRET
+    path = write(tmp_path, data)
+    assert load_config(path).weak_credentials == (
+        f"{path}: failover.secret: the demo secret shipped with amqha (anyone can move the"
+        " service)",
+        f"{path}: users[2].password: user 'root' has a shipped password (as in root/root:"
+        " anyone can log in as it)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.255.0.1", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.1", False),
+        ("amqha.example.org", False),
+    ],
+)
+def test_what_counts_as_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
 
 
 @pytest.mark.parametrize(
@@ -342,7 +505,9 @@ def test_directory_instead_of_a_file(tmp_path: Path) -> None:
 
 def test_listen_takes_a_list_of_addresses(tmp_path: Path) -> None:
     addresses = ["127.0.0.1:5999", "[::1]:5999", "[::]:6000"]
-    config = load_config(write(tmp_path, with_change("server", "listen", addresses)))
+    data = with_change("server", "listen", addresses)
+    data["users"][2]["password"] = "not-a-shipped-one"  # [::] is not loopback
+    config = load_config(write(tmp_path, data))
     assert config.addresses == (("127.0.0.1", 5999), ("::1", 5999), ("::", 6000))
     assert (config.host, config.port) == ("127.0.0.1", 5999)
     assert load_config(write(tmp_path, with_change("server", "listen", "[::1]:5"))).listen == (
@@ -569,7 +734,7 @@ def test_password_hash_accepted(tmp_path: Path) -> None:
             "users[0].password_hash",
             "either",
         ),
-        ({"name": "a"}, "users[0].password", "missing (or give password_hash)"),
+        ({"name": "a"}, "users[0].password", "missing (or give password_hash or password_file)"),
     ],
 )
 def test_bad_password_hash(tmp_path: Path, entry: dict, key: str, problem: str) -> None:
