@@ -606,7 +606,9 @@ class Follower:
                 return
             _, changes = codec.decode(body)
         except ValueError as error:
+            self.refused_runs += 1
             log.error("replication: a run that does not decode (%s): resubscribing", error)
+            self._ended("a run from the ACTIVE that does not decode")
             link.close("a run that does not decode")
             return
         self.settle()  # the runs before this one are applied first

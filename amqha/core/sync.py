@@ -169,4 +169,5 @@ class Eligibility:
     def _lose(self) -> bool:
         was = self.in_sync
         self.in_sync = False
+        self.sync_lsn = None
         return was

@@ -7,20 +7,18 @@ Every test that kills a server checks that no confirmed message went missing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 from typing import Any
 
 import aiormq
 import pytest
-from pamqp import commands, frame
-from pamqp.exceptions import UnmarshalingException
-from pamqp.header import ContentHeader
+from pamqp import commands
 
 from amqha.core import codec, feedauth
 from amqha.core.changes import ExchangeDeclared, Reset
 from amqha.replication import SNAPSHOT_END
 from tests.durability import Ledger, drain, publish_confirmed
+from tests.fake_active import FakeActive
 from tests.integration.test_replication import declare, replication, wait_in_sync
 from tests.pairs import PAIR_SECRET, PEERING, Pair, client_vote, poll, url_of
 
@@ -119,94 +117,6 @@ async def test_a_login_with_the_peering_password_cannot_take_the_feed(make_pair:
     assert not lost and not invented and len(remaining) == 2000
 
 
-class FakeActive:
-    """An AMQP server on the dead primary's address that lets the PASSIVE subscribe (it
-    does not check the proof: it cannot) and then sends ``deliveries``: (properties,
-    announced body size, body). Records every method the PASSIVE sends."""
-
-    def __init__(self, port: int, deliveries: list[tuple[commands.Basic.Properties, int, bytes]]):
-        self.port = port
-        self.deliveries = deliveries
-        self.received: list[str] = []
-        self.connections = 0
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> FakeActive:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.server.wait_closed(), 5)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        buffer = b""
-
-        def send(method: Any, channel: int = 0) -> None:
-            writer.write(frame.marshal(method, channel))
-
-        try:
-            buffer = await asyncio.wait_for(reader.readexactly(8), 10)  # the protocol header
-            buffer = b""
-            send(
-                commands.Connection.Start(
-                    server_properties={
-                        "product": "amqha",
-                        feedauth.NONCE_PROPERTY: secrets.token_hex(feedauth.NONCE_BYTES),
-                    },
-                    mechanisms="PLAIN",
-                    locales="en_US",
-                )
-            )
-            while True:
-                data = await asyncio.wait_for(reader.read(65536), 10)
-                if not data:
-                    return
-                buffer += data
-                while buffer:
-                    try:
-                        used, channel, method = frame.unmarshal(buffer)
-                    except UnmarshalingException:
-                        break
-                    buffer = buffer[used:]
-                    self.received.append(type(method).__name__)
-                    self._answer(method, channel, send, writer)
-                await writer.drain()
-        except (OSError, asyncio.IncompleteReadError, TimeoutError):
-            return
-        finally:
-            writer.close()
-
-    def _answer(self, method: Any, channel: int, send: Any, writer: asyncio.StreamWriter) -> None:
-        if isinstance(method, commands.Connection.StartOk):
-            send(commands.Connection.Tune(channel_max=2, frame_max=131072, heartbeat=0))
-        elif isinstance(method, commands.Connection.Open):
-            send(commands.Connection.OpenOk())
-        elif isinstance(method, commands.Channel.Open):
-            send(commands.Channel.OpenOk(), channel)
-        elif isinstance(method, commands.Basic.Qos):
-            send(commands.Basic.QosOk(), channel)
-        elif isinstance(method, commands.Basic.Consume):
-            send(commands.Basic.ConsumeOk("amq.ctag-fake"), channel)
-            for tag, (properties, size, body) in enumerate(self.deliveries, 1):
-                send(
-                    commands.Basic.Deliver("amq.ctag-fake", tag, False, "", "amq.replication"),
-                    channel,
-                )
-                writer.write(frame.marshal(ContentHeader(0, size, properties), channel))
-                if body:
-                    writer.write(_body_frame(channel, body))
-        elif isinstance(method, commands.Connection.Close):
-            send(commands.Connection.CloseOk())
-
-
-def _body_frame(channel: int, body: bytes) -> bytes:
-    return b"\x03" + channel.to_bytes(2, "big") + len(body).to_bytes(4, "big") + body + b"\xce"
-
-
 async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_pair: Any) -> None:
     """The audit's fake ACTIVE: with the primary killed, a server on its address sent a
     forged snapshot (an exchange of an unknown type), and the backup acked it, took it as
@@ -229,7 +139,7 @@ async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_p
             forged,
         ),
     ]
-    async with FakeActive(pair.primary.port, deliveries) as fake:
+    async with FakeActive(pair.primary.port, lambda key: deliveries) as fake:
         await poll(
             lambda: "Consume" in fake.received and fake.connections >= 2,
             30,
@@ -242,7 +152,7 @@ async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_p
     assert "a run whose MAC does not hold" in pair.backup.log()
 
     huge = [(commands.Basic.Properties(headers={SNAPSHOT_END: True}), 1 << 40, b"")]
-    async with FakeActive(pair.primary.port, huge) as fake:
+    async with FakeActive(pair.primary.port, lambda key: huge) as fake:
         await poll(lambda: "over the" in pair.backup.log(), 30, "the backup refusing the 1 TiB run")
     assert "Ack" not in fake.received
 

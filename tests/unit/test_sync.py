@@ -106,7 +106,7 @@ def test_eligibility_comes_only_from_the_marker_and_goes_on_any_end() -> None:
     assert passive.in_sync and passive.sync_lsn == 60
     assert passive.declared(60) is False  # already
     assert passive.ended() is True
-    assert not passive.in_sync
+    assert not passive.in_sync and passive.sync_lsn is None
     passive.declared(70)
     assert passive.subscribed() is True  # a new subscription: a new snapshot follows
     assert not passive.in_sync
