@@ -1,8 +1,9 @@
-"""The broker's side of the pair: the small interface a failover controller implements.
+"""The broker's side of the pair: the small interfaces between a broker and its pair.
 
 Owns: the answers the gate gives a client's Connection.Open (``Accept`` or ``Redirect``),
 the reply text of the 320 close that a server which is not ACTIVE sends, the ``Pair``
-protocol the broker and the console call, and ``Standalone``, the pair of a server that
+protocol the broker and the console call, ``Member``, what a pair's controller asks of
+its broker (lead, follow, report sync), and ``Standalone``, the pair of a server that
 runs alone (always serving, nothing to report).
 
 Must not know: how a pair decides (``failover`` implements ``Pair``; the broker never
@@ -11,6 +12,7 @@ imports it), frames or sockets. See docs/architecture.md ("The gate").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -74,6 +76,59 @@ class Pair(Protocol):
         """A pair command from the console (recover, promote, controller); raises
         ``ConsoleRefused`` with the reason when it is refused."""
         ...
+
+
+class Closable(Protocol):
+    """A connection as a pair's controller sees it: one it may close."""
+
+    def close_forced(self, text: str) -> None: ...
+
+
+# (side, in_sync, reason): "active" (this server's feed) or "passive" (this server
+# following its ACTIVE) became or stopped being in sync; an empty reason: progress only.
+OnSync = Callable[[str, bool, str], None]
+
+
+class Member(Protocol):
+    """What a pair's controller (``failover/controller.py``) asks of its broker; the
+    broker implements it and never imports the controller."""
+
+    on_sync: OnSync | None
+    on_quarantine: Callable[[dict[str, Any]], None] | None
+
+    def lead(self, epoch: int, role_bit: int) -> None:
+        """This server is ACTIVE in ``epoch``: serve, log changes, feed a PASSIVE."""
+        ...
+
+    def follow(self, url: str, connect_options: dict[str, Any]) -> None:
+        """This server is PASSIVE: take the durable state from the ACTIVE at ``url``."""
+        ...
+
+    def following_in_sync(self) -> bool:
+        """Whether this PASSIVE holds every change its ACTIVE confirmed (True when it
+        follows nothing: replication off)."""
+        ...
+
+    def replication_status(self) -> dict[str, Any]: ...
+
+    def receive_control(self, exchange: str, receiver: Callable[[Any, Any], None]) -> None:
+        """Hand what is published to control exchange ``exchange`` to ``receiver(message,
+        connection)``."""
+        ...
+
+    def client_connections(self) -> list[Any]:
+        """Open connections the gate governs (``Closable``)."""
+        ...
+
+    def admin_connections(self) -> list[Any]:
+        """Open administrator connections (``Closable``)."""
+        ...
+
+    def hold_all(self) -> None:
+        """Stop reading clients and sending confirms (a frozen server waking)."""
+        ...
+
+    def release_held(self) -> None: ...
 
 
 class Standalone:

@@ -376,6 +376,10 @@ class Broker:
         self.store.on_commit = self._committing
         self.loop.create_task(self.follower.start())
 
+    def following_in_sync(self) -> bool:
+        follower = self.follower
+        return follower.in_sync if follower is not None else True
+
     def _committing(self) -> None:
         """On the store's writer thread, as a commit starts: the follower applies the
         decoded runs it stored meanwhile (see ``Follower.settle``)."""

@@ -30,7 +30,7 @@ from urllib.parse import quote
 from amqha import __version__
 from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
-from amqha.gate import ACCEPT, Accept, ConsoleRefused, Redirect, not_active_text
+from amqha.gate import ACCEPT, Accept, ConsoleRefused, Member, Redirect, not_active_text
 from amqha.logtext import escaped
 from config import ServerConfig
 from config.tls import client_context
@@ -55,7 +55,7 @@ CLIENT_RECORD_INTERVAL = 1.0
 
 
 class FailoverController:
-    def __init__(self, broker: Any, config: ServerConfig) -> None:
+    def __init__(self, broker: Member, config: ServerConfig) -> None:
         assert config.failover.role is not None and config.failover.peer is not None
         self.broker = broker
         self.config = config
@@ -529,10 +529,7 @@ class FailoverController:
                 options["ssl_context"] = client_context(peer_tls, self.config.source)
                 options["server_hostname"] = peer_tls.server_name
             self.broker.follow(self._peer_url, options)
-            follower = self.broker.follower
-            self.machine = replace(
-                self.machine, in_sync=follower.in_sync if follower is not None else True
-            )
+            self.machine = replace(self.machine, in_sync=self.broker.following_in_sync())
 
     def _on_sync(self, side: str, in_sync: bool, reason: str) -> None:
         """The broker's replication changed: recorded; a PASSIVE's state feeds the rule."""
