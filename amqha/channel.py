@@ -509,13 +509,19 @@ class Channel:
                 else wire.nack_frame(self.number, seq, multiple)
             )
 
-    def store_progress(self, safe_lsn: int, failed: tuple[int, int] | None) -> bool:
-        """The store has written up to ``safe_lsn`` (``failed``: an LSN range it could not
-        write, whose publishes are nacked). True while publishes still wait."""
+    def store_progress(self, safe_lsn: int) -> bool:
+        """The store (and a PASSIVE) hold everything up to ``safe_lsn``. True while
+        publishes still wait."""
         confirms = self.confirms
-        if confirms.progress(safe_lsn, failed) and self.state is OPEN:
+        if confirms.progress(safe_lsn) and self.state is OPEN:
             self.connection.confirms_due(self)
         return bool(confirms.unsafe)
+
+    def store_failed(self, first: int, last: int) -> None:
+        """The store could not write LSNs ``first``-``last``: their publishes are nacked."""
+        confirms = self.confirms
+        if confirms.refuse_range(first, last) and self.state is OPEN:
+            self.connection.confirms_due(self)
 
     # -- acks ----------------------------------------------------------------------
 

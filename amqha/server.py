@@ -280,9 +280,8 @@ class Broker:
 
     def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
         self.store_lsn = max(self.store_lsn, last_lsn)
-        failed_range = None
         if failed is not None:
-            failed_range = (failed.first_lsn, failed.last_lsn)
+            self._refuse_range(failed.first_lsn, failed.last_lsn)
             self.store_failures += 1
             if not self.store_failing:
                 log.warning(
@@ -294,23 +293,38 @@ class Broker:
                 self._update_blocked()
             if self.store_retry is None:
                 self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
-        self._release_confirms(failed_range)
+        self._release_confirms()
 
-    def _release_confirms(self, failed_range: tuple[int, int] | None = None) -> None:
+    def _refuse_range(self, first: int, last: int) -> None:
+        """The store could not write LSNs ``first``-``last``: what waits on them is
+        refused now, whatever the watermark. Held back until the watermark passed the
+        range (a PASSIVE behind it), such a publish was acked later, on the PASSIVE's
+        copy alone, and lost if this server then led from its own store."""
+        for channel in list(self.unsafe_channels):
+            channel.store_failed(first, last)
+        waiting = self.waiting_safe
+        if any(first <= lsn <= last for lsn, _ in waiting):
+            refused = [done for lsn, done in waiting if first <= lsn <= last]
+            self.waiting_safe = collections.deque(
+                (lsn, done) for lsn, done in waiting if not first <= lsn <= last
+            )
+            for done in refused:
+                done(False)
+
+    def _release_confirms(self) -> None:
         """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
         what the PASSIVE has too (the watermark of docs/durability.md)."""
         safe = self.feed.watermark(self.store_lsn)
-        if safe <= self.safe_lsn and failed_range is None:
+        if safe <= self.safe_lsn:
             return
-        self.safe_lsn = max(self.safe_lsn, safe)
-        safe = self.safe_lsn
+        self.safe_lsn = safe
         for channel in list(self.unsafe_channels):
-            if not channel.store_progress(safe, failed_range):
+            if not channel.store_progress(safe):
                 self.unsafe_channels.discard(channel)
         waiting = self.waiting_safe
         while waiting and waiting[0][0] <= safe:
-            lsn, done = waiting.popleft()
-            done(failed_range is None or not failed_range[0] <= lsn <= failed_range[1])
+            _, done = waiting.popleft()
+            done(True)
 
     # -- replication ----------------------------------------------------------------------
 

@@ -41,17 +41,27 @@ class Confirms:
         """Publish ``seq`` is confirmed once the store has written up to ``lsn``."""
         self.unsafe.append((seq, lsn))
 
-    def progress(self, safe_lsn: int, failed: tuple[int, int] | None = None) -> bool:
-        """The store wrote up to ``safe_lsn``; ``failed`` is an LSN range it could not
-        write (those publishes are nacked). True if some publish became confirmable."""
+    def progress(self, safe_lsn: int) -> bool:
+        """Everything up to ``safe_lsn`` is safe. True if some publish became confirmable."""
         unsafe = self.unsafe
         moved = False
         while unsafe and unsafe[0][1] <= safe_lsn:
-            seq, lsn = unsafe.popleft()
-            if failed is not None and failed[0] <= lsn <= failed[1]:
-                bisect.insort(self.nacks, seq)
+            unsafe.popleft()
             moved = True
         return moved
+
+    def refuse_range(self, first: int, last: int) -> bool:
+        """The store could not write LSNs ``first``-``last``: the publishes that wait on
+        them are nacked, at once, whatever the watermark (they will never be safe). True
+        if some were."""
+        unsafe = self.unsafe
+        refused = [seq for seq, lsn in unsafe if first <= lsn <= last]
+        if not refused:
+            return False
+        self.unsafe = deque((seq, lsn) for seq, lsn in unsafe if not first <= lsn <= last)
+        for seq in refused:
+            bisect.insort(self.nacks, seq)
+        return True
 
     def due(self) -> list[Confirm]:
         """The confirms that may go out now, in order; they count as sent."""

@@ -43,10 +43,27 @@ def test_a_failed_write_nacks_exactly_its_publishes() -> None:
     confirms.wait_for(confirms.publish(), 8)  # 3, in the failed write
     confirms.wait_for(confirms.publish(), 12)  # 4
     confirms.progress(3)
-    confirms.progress(9, failed=(4, 9))
+    assert confirms.refuse_range(4, 9)
+    confirms.progress(9)
     assert confirms.due() == [(True, 1, False), (False, 2, False), (False, 3, False)]
     confirms.progress(12)
     assert confirms.due() == [(True, 4, False)]
+
+
+def test_a_failed_write_is_nacked_before_the_watermark_reaches_it() -> None:
+    """With confirms waiting for a PASSIVE behind the failed range, the failure still
+    nacks its publishes at once: they are not on this server's disk, and acking them
+    later, on the PASSIVE's copy alone, lost them if this server then led."""
+    confirms = Confirms()
+    confirms.wait_for(confirms.publish(), 3)  # 1
+    confirms.wait_for(confirms.publish(), 7)  # 2, in the failed write
+    confirms.wait_for(confirms.publish(), 12)  # 3
+    assert confirms.refuse_range(4, 9)
+    assert not confirms.refuse_range(4, 9)
+    confirms.progress(2)  # the PASSIVE is behind: nothing is safe yet
+    assert confirms.due() == []
+    confirms.progress(12)
+    assert confirms.due() == [(True, 1, False), (False, 2, False), (True, 3, False)]
 
 
 def test_publishes_not_yet_safe_are_dropped_on_close() -> None:
