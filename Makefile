@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench compat demo report clean venv soak
+.PHONY: run test unit lint bench compat demo report clean venv soak simulate
 
 venv: $(STAMP)
 
@@ -35,6 +35,12 @@ lint: $(STAMP)
 ## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --kills 100
+
+## The replication protocol's deterministic simulator: SCHEDULES seeded schedules of kill -9,
+## dropped links and slow or failing disks; JSON with the failing seeds and schedules/s.
+SCHEDULES ?= 100000
+simulate: $(STAMP)
+	$(BIN)/python -m tests.sim --schedules $(SCHEDULES) --jobs 2
 
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)
