@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench compat demo report clean venv soak soak-backlog
+.PHONY: run test unit lint bench compat demo report clean venv soak soak-backlog simulate
 
 venv: $(STAMP)
 
@@ -40,6 +40,12 @@ soak: $(STAMP)
 ## moments (while the restarted PASSIVE catches up, within 0.5 s of its in sync, later); JSON.
 soak-backlog: $(STAMP)
 	$(BIN)/python -m bench.soak --kills 100 --backlog 300000
+
+## The replication protocol's deterministic simulator: SCHEDULES seeded schedules of kill -9,
+## dropped links and slow or failing disks; JSON with the failing seeds and schedules/s.
+SCHEDULES ?= 100000
+simulate: $(STAMP)
+	$(BIN)/python -m tests.sim --schedules $(SCHEDULES) --jobs 2
 
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)

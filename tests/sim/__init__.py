@@ -1,0 +1,1 @@
+"""The deterministic simulator of the replication protocol (``python -m tests.sim``)."""
