@@ -58,6 +58,34 @@ def clear_unprotected_mark(data_dir: str) -> None:
         _mark_path(data_dir).unlink()
 
 
+def _incomplete_path(data_dir: str) -> Path:
+    return Path(data_dir) / "incomplete"
+
+
+def mark_incomplete(data_dir: str) -> None:
+    """This server's store is about to take its peer's snapshot: until its ACTIVE says it
+    is in sync, the store may hold part of it, and a restart must not lead on it
+    (docs/durability.md, section 5). On disk before the snapshot's first change."""
+    path = _incomplete_path(data_dir)
+    path.parent.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    try:
+        os.fchmod(descriptor, PRIVATE_FILE)
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def is_incomplete(data_dir: str) -> bool:
+    return _incomplete_path(data_dir).exists()
+
+
+def clear_incomplete(data_dir: str) -> None:
+    """In sync again, or leading: this server's store is whole."""
+    with contextlib.suppress(FileNotFoundError):
+        _incomplete_path(data_dir).unlink()
+
+
 _SCHEMA = """
 CREATE TABLE messages (
     vhost TEXT, queue TEXT, msg_id INTEGER, address BLOB, header BLOB, body BLOB,

@@ -56,7 +56,9 @@ from .gate import Pair, Standalone
 from .logtext import escaped
 from .metrics import MetricsEndpoint
 from .quarantine import (
+    clear_incomplete,
     clear_unprotected_mark,
+    mark_incomplete,
     quarantine,
     read_unprotected_mark,
     write_unprotected_mark,
@@ -343,6 +345,8 @@ class Broker:
         self._mark_unprotected(True, first_id)
 
     def _follower_sync(self, in_sync: bool, reason: str) -> None:
+        if in_sync:
+            clear_incomplete(self.config.data_dir)
         if self.on_sync is not None:
             self.on_sync("passive", in_sync, reason)
 
@@ -354,6 +358,7 @@ class Broker:
         if self.leading:
             return
         self.leading = True
+        clear_incomplete(self.config.data_dir)  # what it leads with is the service now
         follower, self.follower = self.follower, None
         if follower is not None:
             follower.settle()  # every run received is in the state this server leads with
@@ -424,6 +429,7 @@ class Broker:
         quarantine file first, and reported."""
         mark = read_unprotected_mark(self.config.data_dir)
         found = quarantine(self.vhosts, mark, self.config.data_dir, self.config.name)
+        mark_incomplete(self.config.data_dir)
         if mark is not None:
             clear_unprotected_mark(self.config.data_dir)
         if found is not None:

@@ -32,6 +32,7 @@ from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
 from amqha.gate import ACCEPT, Accept, ConsoleRefused, Member, Redirect, not_active_text
 from amqha.logtext import escaped
+from amqha.quarantine import is_incomplete
 from config import ServerConfig
 from config.tls import client_context
 from peering import Peering
@@ -71,6 +72,9 @@ class FailoverController:
                 self.loop.time(),
             ),
             takeover_unsynced=config.failover.takeover_unsynced,
+            # A store killed while it took its peer's snapshot may hold part of it: not in
+            # sync until its ACTIVE says so again (docs/durability.md, section 5).
+            in_sync=not is_incomplete(config.data_dir),
         )
         self.events = EventLog(
             config.event_log_path, config.name, self.role.value, pair=config.pair

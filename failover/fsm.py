@@ -380,7 +380,21 @@ _NOT_IN_SYNC = (
 
 
 def _unsynced(machine: Machine) -> bool:
-    return machine.state is State.PASSIVE and not machine.in_sync
+    """Not in sync: a PASSIVE that has not caught up, or a server restarted with a store
+    that was taking its peer's snapshot (it may hold part of it)."""
+    return machine.state is not State.ACTIVE and not machine.in_sync
+
+
+def _primary_starts(why: str) -> Handler:
+    def primary_starts(machine: Machine, event: Event, now: float) -> Outcome:
+        if not machine.in_sync:
+            # Our store may hold part of a snapshot: the backup, whose store is whole,
+            # leads (it sees us not in sync), and we follow it.
+            return Outcome(machine)
+        return _become_active(machine, event, why)
+
+    primary_starts.__doc__ = why + "; unless our store is incomplete (the backup leads)"
+    return primary_starts
 
 
 def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
@@ -517,13 +531,26 @@ def _backup_returns(machine: Machine, event: Event, now: float) -> Outcome:
 
 
 def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Outcome:
-    """The primary goes ACTIVE when it sees a BACKUP; if the primary is a PASSIVE that is
-    not in sync, it will not, and this backup (whose store held the service) leads."""
+    """The primary goes ACTIVE when it sees a BACKUP; if the primary is not in sync (a
+    PASSIVE that has not caught up, or restarted with an incomplete store), it will not,
+    and this backup (whose store held the service) leads, if its own store is whole."""
     peer = machine.peer
     assert peer is not None
-    if not peer.in_sync:
+    if not peer.in_sync and machine.in_sync:
         return _become_active(
-            machine, event, "the primary is PASSIVE and not in sync: the backup leads"
+            machine, event, f"the primary is {peer.state} and not in sync: the backup leads"
+        )
+    return Outcome(machine)
+
+
+def _passive_sees_primary_start(machine: Machine, event: Event, now: float) -> Outcome:
+    """The restarted primary goes ACTIVE on seeing us PASSIVE (racing it risks dual
+    active), unless its store is incomplete: then we lead, if we are in sync."""
+    peer = machine.peer
+    assert peer is not None
+    if not peer.in_sync and machine.in_sync:
+        return _become_active(
+            machine, event, "the restarted primary's store is incomplete: we lead"
         )
     return Outcome(machine)
 
@@ -541,16 +568,16 @@ _ALREADY_ACTIVE = "this server is already ACTIVE: nothing to promote"
 TRANSITIONS: dict[tuple[State, Event], Handler] = {
     # PRIMARY: the primary has started and not yet heard its peer.
     (State.PRIMARY, Event.PEER_PRIMARY): _same_role,
-    (State.PRIMARY, Event.PEER_BACKUP): _go_active("the peer is a fresh backup: we lead"),
+    (State.PRIMARY, Event.PEER_BACKUP): _primary_starts("the peer is a fresh backup: we lead"),
     (State.PRIMARY, Event.PEER_ACTIVE): _go_passive("the backup took over while we were down"),
-    (State.PRIMARY, Event.PEER_PASSIVE): _go_active("the backup waits PASSIVE, none ACTIVE"),
+    (State.PRIMARY, Event.PEER_PASSIVE): _primary_starts("the backup waits PASSIVE, none ACTIVE"),
     (State.PRIMARY, Event.CLIENT_REQUEST): _client_vote,
     (State.PRIMARY, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PRIMARY"),
     (State.PRIMARY, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),
     (State.PRIMARY, Event.PROMOTE): _promote,
     (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
-    (State.BACKUP, Event.PEER_PRIMARY): _stay("the primary will take ACTIVE"),
+    (State.BACKUP, Event.PEER_PRIMARY): _backup_waits_for_primary,
     (State.BACKUP, Event.PEER_BACKUP): _same_role,
     (State.BACKUP, Event.PEER_ACTIVE): _go_passive("the primary is ACTIVE: normal start"),
     (State.BACKUP, Event.PEER_PASSIVE): _backup_waits_for_primary,
@@ -570,9 +597,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.ACTIVE, Event.PROMOTE): _refuse(_ALREADY_ACTIVE),
     (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
     # PASSIVE: the peer serves (or did until recently); this server stands by.
-    (State.PASSIVE, Event.PEER_PRIMARY): _stay(
-        "the restarted primary goes ACTIVE on seeing us PASSIVE; racing it risks dual active"
-    ),
+    (State.PASSIVE, Event.PEER_PRIMARY): _passive_sees_primary_start,
     (State.PASSIVE, Event.PEER_BACKUP): _backup_returns,
     (State.PASSIVE, Event.PEER_ACTIVE): _stay("normal passive duty"),
     (State.PASSIVE, Event.PEER_PASSIVE): _primary_leads,

@@ -473,3 +473,44 @@ async def test_a_kill_of_the_active_the_moment_its_passive_is_in_sync_loses_noth
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
     assert not invented
     assert len(ledger.confirmed) > 41_000
+
+
+async def test_a_server_killed_while_catching_up_never_leads_on_part_of_a_snapshot(
+    make_pair: Any,
+) -> None:
+    """A double failure: the primary, restarted after a takeover, is killed while it
+    takes the backup's snapshot; then the backup (ACTIVE) is killed too. Started alone,
+    the primary's store holds part of the snapshot: it used to win the client vote and
+    serve it, losing confirmed messages. Its data dir says it is incomplete now: the
+    vote is refused with the reason; the backup, started again, leads (the primary is
+    not in sync), the primary follows it, and every confirmed message is there."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "big")
+    ledger = Ledger()
+    await fill_confirmed(pair.primary.url, "big", ledger, 20_000, 4000)
+    await wait_in_sync(pair, pair.primary)
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+    assert await restart_into_catch_up(pair, pair.primary), "the catch-up was never seen"
+    pair.kill(pair.primary)
+    assert (pair.primary.data_dir / "incomplete").exists()
+    pair.kill(pair.backup)
+    pair.primary.start()
+    answers: list[str] = []
+    for _ in range(200):  # until the peer counts as gone: at most ~20 s
+        answer = await asyncio.to_thread(raw_open, pair.primary.port)
+        answers.append(str(getattr(answer, "reply_text", answer)))
+        if "not in sync" in answers[-1]:
+            break
+        await asyncio.sleep(0.1)
+    assert "not in sync" in answers[-1], answers[-3:]
+    await hold(lambda: pair.state(pair.primary) != "ACTIVE", 1.0, "the primary does not lead")
+    pair.backup.start()
+    await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+    remaining = [body for body, _ in await drain(pair.backup.url, "big")]
+    lost, invented = ledger.check(remaining)
+    assert not lost and not invented and len(remaining) == 20_000
+    await pair.wait_in_sync(pair.primary, timeout=60)
+    assert not (pair.primary.data_dir / "incomplete").exists()

@@ -246,6 +246,7 @@ class Follower:
         _, tag, _first, changes, end, marker = message
         if marker is not None:
             world.send(link, 1, ("ack", tag))
+            node.incomplete = False  # Broker._follower_sync: clear_incomplete
             if self.eligibility.declared(marker):
                 world.event(f"{node.name} follower: eligible at {marker}")
                 world.moment("eligible", node)
@@ -275,6 +276,7 @@ class Node:
         self.epoch = 0
         self.disk: dict[int, None] = {}
         self.mark: int | None = None
+        self.incomplete = False  # the data dir's mark: killed while taking a snapshot
         self.quarantined: list[int] = []
         self.up = True
         self.life = 0
@@ -346,33 +348,49 @@ class Node:
 
     def stored(self, last: int, failed: tuple[int, int] | None) -> None:
         self.store_lsn = max(self.store_lsn, last)
-        self.release_confirms(failed)
+        if failed is not None:
+            self.refuse_range(*failed)
+        self.release_confirms()
 
-    def release_confirms(self, failed: tuple[int, int] | None = None) -> None:
+    def refuse_range(self, first: int, last: int) -> None:
+        """``Broker._refuse_range``: what waits on a failed write is refused at once."""
+        if self.confirms.refuse_range(first, last):
+            self.emit_confirms()
+        self.settles = collections.deque(
+            (lsn, msg_id) for lsn, msg_id in self.settles if not first <= lsn <= last
+        )
+        refused = [done for lsn, done in self.waiting if first <= lsn <= last]
+        self.waiting = collections.deque(
+            (lsn, done) for lsn, done in self.waiting if not first <= lsn <= last
+        )
+        for done in refused:
+            done(False)
+
+    def release_confirms(self) -> None:
         """``Broker._release_confirms``: the store's LSN and, gating, the PASSIVE's."""
         safe = self.feed.leader.watermark(self.store_lsn)
-        if safe <= self.safe_lsn and failed is None:
+        if safe <= self.safe_lsn:
             return
-        self.safe_lsn = max(self.safe_lsn, safe)
-        safe = self.safe_lsn
+        self.safe_lsn = safe
         world = self.world
-        self.confirms.progress(safe, failed)
+        self.confirms.progress(safe)
+        self.emit_confirms()
+        settles = self.settles
+        while settles and settles[0][0] <= safe:
+            _, msg_id = settles.popleft()
+            world.settle_safe(self, msg_id)
+        waiting = self.waiting
+        while waiting and waiting[0][0] <= safe:
+            _, done = waiting.popleft()
+            done(True)
+
+    def emit_confirms(self) -> None:
         seq_ids = self.seq_ids
         for ack, seq, _ in self.confirms.due():
             # In publish order: a multiple ack covers every publish up to ``seq``.
             while seq_ids and next(iter(seq_ids)) <= seq:
                 first = next(iter(seq_ids))
-                world.confirmed(self, seq_ids.pop(first), ack or first != seq)
-        settles = self.settles
-        while settles and settles[0][0] <= safe:
-            lsn, msg_id = settles.popleft()
-            bad = failed is not None and failed[0] <= lsn <= failed[1]
-            if not bad:
-                world.settle_safe(self, msg_id)
-        waiting = self.waiting
-        while waiting and waiting[0][0] <= safe:
-            lsn, done = waiting.popleft()
-            done(failed is None or not failed[0] <= lsn <= failed[1])
+                self.world.confirmed(self, seq_ids.pop(first), ack or first != seq)
 
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
         if lsn <= self.safe_lsn:
@@ -403,6 +421,7 @@ class Node:
     def lead(self) -> None:
         self.next_id = max(self.next_id, (self.epoch * 2 + self.index) << ID_BLOCK_BITS)
         self.leading = True
+        self.incomplete = False
         follower, self.follower = self.follower, None
         if follower is not None and follower.link is not None:
             self.world.close(follower.link, "leading")
@@ -438,6 +457,7 @@ class Node:
             self.world.event(f"{self.name}: unprotected mark cleared")
 
     def before_reset(self) -> None:
+        self.incomplete = True  # on disk before the snapshot's first change
         mark = self.mark
         if mark is not None:
             kept = [msg_id for msg_id in self.queue if msg_id >= mark]
@@ -447,10 +467,11 @@ class Node:
                 self.world.event(f"{self.name}: quarantined {len(kept)} from {mark:#x}")
 
     def in_sync_for_pair(self) -> bool:
-        """The failover machine's ``in_sync``: a PASSIVE's eligibility, True otherwise."""
+        """The failover machine's ``in_sync``: a PASSIVE's eligibility; otherwise whether
+        its store is whole (not killed while taking a snapshot: the data dir's mark)."""
         if self.state == PASSIVE and self.follower is not None:
             return self.follower.eligibility.in_sync
-        return True
+        return not self.incomplete
 
 
 class World:
@@ -651,18 +672,25 @@ class World:
                 self.become_passive(node, "the peer is ACTIVE")
             elif peer.up and peer.state == PASSIVE:
                 if node.index == PRIMARY:
-                    self.become_active(node, "PRIMARY + PEER_PASSIVE")
-                elif not peer.in_sync_for_pair():
+                    if node.in_sync_for_pair():
+                        self.become_active(node, "PRIMARY + PEER_PASSIVE")
+                elif not peer.in_sync_for_pair() and node.in_sync_for_pair():
                     self.become_active(node, "the primary is PASSIVE and not in sync")
             elif peer.up and peer.state == START:
                 if node.index == PRIMARY:
-                    self.become_active(node, "PRIMARY + PEER_BACKUP")
-            elif self.silent(node, peer) and node.index == PRIMARY:
+                    if node.in_sync_for_pair():
+                        self.become_active(node, "PRIMARY + PEER_BACKUP")
+                elif not peer.in_sync_for_pair() and node.in_sync_for_pair():
+                    self.become_active(node, "BACKUP + PEER_PRIMARY, the primary incomplete")
+            elif self.silent(node, peer) and node.index == PRIMARY and node.in_sync_for_pair():
                 self.become_active(node, "client vote, peer silent")
         elif node.state == PASSIVE:
             if peer.up and peer.state == START and peer.index == BACKUP:
                 if node.in_sync_for_pair():
                     self.become_active(node, "PASSIVE + PEER_BACKUP")
+            elif peer.up and peer.state == START and peer.index == PRIMARY:
+                if not peer.in_sync_for_pair() and node.in_sync_for_pair():
+                    self.become_active(node, "PASSIVE + PEER_PRIMARY, the primary incomplete")
             elif peer.up and peer.state == PASSIVE:
                 mine, theirs = node.in_sync_for_pair(), peer.in_sync_for_pair()
                 if (mine and not theirs) or (mine == theirs and node.index == PRIMARY):

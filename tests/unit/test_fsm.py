@@ -512,11 +512,28 @@ def test_passive_redirects_to_the_active_until_it_expires_then_the_client_vote()
     assert allowed.transition is not None and "NOT in sync" in allowed.transition.reason
 
 
-def test_the_takeover_rule_holds_only_for_a_passive_server() -> None:
-    """A started primary has no ACTIVE it followed: its client vote is the usual one."""
+def test_a_server_restarted_with_an_incomplete_store_does_not_take_over() -> None:
+    """Killed while it took its peer's snapshot, a server restarts not in sync (its data
+    dir says so): its store may hold part of the snapshot, so the client vote is refused
+    and it does not lead when it sees its peer; the peer, whose store is whole, leads."""
     started = replace(ours(Role.PRIMARY, State.PRIMARY, epoch=2), in_sync=False)
     outcome = step(started, Event.CLIENT_REQUEST, EXPIRED)
-    assert outcome.machine.state is State.ACTIVE and outcome.decision == Accept()
+    assert_unchanged(outcome, started)
+    assert isinstance(outcome.decision, Refuse) and "not in sync" in outcome.decision.reason
+    for peer_state in (State.BACKUP, State.PASSIVE):
+        assert hear(started, peer(Role.BACKUP, peer_state, 2)).machine.state is State.PRIMARY
+    # The backup, at its start or PASSIVE, leads when the primary is not in sync...
+    incomplete_primary = replace(peer(Role.PRIMARY, State.PRIMARY, 2), in_sync=False)
+    for backup_state in (State.BACKUP, State.PASSIVE):
+        backup = ours(Role.BACKUP, backup_state, epoch=2)
+        led = hear(backup, incomplete_primary)
+        assert led.machine.state is State.ACTIVE and led.machine.epoch == 3
+        # ... unless its own store is incomplete too: nobody leads without an operator.
+        both = hear(replace(backup, in_sync=False), incomplete_primary)
+        assert both.machine.state is backup_state
+    # A whole primary still leads as before.
+    whole = ours(Role.PRIMARY, State.PRIMARY, epoch=2)
+    assert hear(whole, peer(Role.BACKUP, State.BACKUP, 2)).machine.state is State.ACTIVE
 
 
 def test_promote_refuses_a_passive_server_not_in_sync_and_force_overrides() -> None:
