@@ -57,6 +57,7 @@ class Snapshot:
     connections: int = 0
     channels: int = 0
     queued_bytes: int = 0
+    memory_used: int = 0
     watermark: int = 0
     blocked: bool = False
     memory_blocked: bool = False
@@ -71,6 +72,7 @@ def take_snapshot(broker: Broker) -> Snapshot:
     snapshot = Snapshot(
         connections=len(connections),
         channels=sum(len(c.channels) for c in connections),
+        memory_used=broker.memory_in_use(),
         watermark=broker.config.limits.memory_high_watermark,
         blocked=broker.blocked,
         memory_blocked=broker.memory_over,
@@ -177,8 +179,14 @@ def broker_metrics(snapshot: Snapshot) -> Iterator[Metric]:
         value=snapshot.queued_bytes,
     )
     yield GaugeMetricFamily(
+        "amqha_memory_used_bytes",
+        "Bytes counted against the memory watermark: messages, input being assembled, "
+        "output held for sockets that do not drain, fixed costs (docs/limits.md)",
+        value=snapshot.memory_used,
+    )
+    yield GaugeMetricFamily(
         "amqha_memory_high_watermark_bytes",
-        "Queued message bytes above which publishers are blocked",
+        "Counted bytes above which publishers are blocked",
         value=snapshot.watermark,
     )
     yield GaugeMetricFamily(

@@ -53,6 +53,8 @@ async def test_queue_connection_and_memory_figures(make_server) -> None:
         assert figures[("rabbitmq_channels", ())] == 1
         assert figures[("amqha_queued_message_bytes", ())] == 3 * 101
         assert figures[("amqha_memory_high_watermark_bytes", ())] == 2 * 1024**3
+        # Four messages of 101 bytes, a connection, a channel and a queue at least.
+        assert figures[("amqha_memory_used_bytes", ())] > 4 * 101 + 16 * 1024
         assert figures[("rabbitmq_alarms_memory_used_watermark", ())] == 0
         assert figures[("rabbitmq_process_resident_memory_bytes", ())] > 10 * 1024**2
         # A standalone server is always ACTIVE; nothing to count.
