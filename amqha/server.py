@@ -30,6 +30,7 @@ import heapq
 import itertools
 import logging
 import platform
+import select
 import signal
 import socket
 import sys
@@ -69,6 +70,11 @@ log = logging.getLogger("amqha.server")
 
 # How often the watermark is re-checked while nothing publishes (publishes check at once).
 MEMORY_CHECK_INTERVAL = 0.1
+# How often sockets not being read are looked at for their client's going, and the poll
+# events that say it went: a FIN (POLLRDHUP, Linux; seen though unread bytes are ahead
+# of it) or a reset (POLLHUP, POLLERR).
+HANGUP_CHECK_INTERVAL = 0.5
+HANGUP_EVENTS = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 # Fixed costs counted against the watermark, measured with bench/memory_attacks.py:
 # a queue with its limits, deques and dicts; a connection with its transport, buffers
 # and handshake state; a channel with its maps.
@@ -152,6 +158,10 @@ class Broker:
         # Memory counted against the watermark beyond Message.held (see the docstring).
         self.input_bytes = 0  # partial frames and multi-frame bodies being assembled
         self.paused_outputs = 0  # connections whose socket stopped draining
+        # Connections not read for a reason that may last (blocked, say): asyncio would
+        # see their client's FIN or reset only by reading, so ``_check_hangups`` polls them.
+        self.unread: set[Connection] = set()
+        self.hangup_timer: asyncio.TimerHandle | None = None
         self.channel_count = 0
         # What messages may hold before the watermark is reached, refreshed at each check:
         # a publish compares Message.held with it and checks at once when past it.
@@ -566,6 +576,32 @@ class Broker:
         """
         connection.hold_reading(READ_HELD_MEMORY, self.blocked and connection.published)
 
+    def watch_unread(self, connection: Connection, watch: bool) -> None:
+        if not watch:
+            self.unread.discard(connection)
+            return
+        self.unread.add(connection)
+        if self.hangup_timer is None:
+            self.hangup_timer = self.loop.call_later(HANGUP_CHECK_INTERVAL, self._check_hangups)
+
+    def _check_hangups(self) -> None:
+        """One poll(2) over every unread socket: those whose client closed or reset it
+        are closed, which releases what they held (a partial body, their channels)."""
+        self.hangup_timer = None
+        poller = select.poll()
+        by_fd: dict[int, Connection] = {}
+        for connection in self.unread:
+            transport = connection.transport
+            # A closing transport's descriptor may already belong to a new socket.
+            if connection.fileno >= 0 and transport is not None and not transport.is_closing():
+                poller.register(connection.fileno, HANGUP_EVENTS)
+                by_fd[connection.fileno] = connection
+        for fd, events in poller.poll(0):
+            if events & HANGUP_EVENTS:
+                by_fd[fd].hung_up()
+        if self.unread:
+            self.hangup_timer = self.loop.call_later(HANGUP_CHECK_INTERVAL, self._check_hangups)
+
     # -- holding work while the pair says we are not serving ------------------------------
 
     def hold(self, connection: Connection) -> None:
@@ -640,6 +676,7 @@ class Broker:
     def connection_closed(self, connection: Connection) -> None:
         self.connections.discard(connection)
         self.held.discard(connection)
+        self.unread.discard(connection)
         if connection.counted:
             connection.counted = False
             vhost, user = connection.vhost.name, connection.user.name
@@ -732,6 +769,8 @@ class Broker:
     async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
         if self.memory_timer is not None:
             self.memory_timer.cancel()
+        if self.hangup_timer is not None:
+            self.hangup_timer.cancel()
         self.timers.close()
         try:
             for server in (*self.servers, self.tls_server):
