@@ -913,7 +913,7 @@ async def serve(
         services.append(service)
     await broker.start()
     metrics = MetricsEndpoint(broker)
-    metrics.start()
+    await metrics.start()
     for service in services:
         await service.start()
     amqps = "" if config.tls is None else f", amqps on {config.tls.listen}"

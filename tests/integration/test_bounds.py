@@ -18,7 +18,7 @@ import pytest
 from pamqp import body as content_body
 from pamqp import commands, frame, header
 
-from tests.integration.protocol_support import Closed, RawClient, scrape, unique
+from tests.integration.protocol_support import Closed, RawClient, fresh_scrape, scrape, unique
 from tests.support import ServerProcess, free_port, wait_until
 
 MiB = 1024 * 1024
@@ -246,14 +246,14 @@ def test_publishers_that_leave_half_way_through_a_body_while_blocked_are_release
         assert sent < 60 * MiB
         for client in (*graceful, watcher):
             client.expect(commands.Connection.Blocked, 0, timeout=10)
-        assert scrape(metrics_port)[("rabbitmq_connections", ())] == 4
+        assert fresh_scrape(metrics_port)[("rabbitmq_connections", ())] == 4
         reset.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         for client in (*graceful, reset):
             client.close()
 
         # The broker reads none of them, yet sees them go and drops their partial bodies.
         watcher.expect(commands.Connection.Unblocked, 0, timeout=15)
-        figures = scrape(metrics_port)
+        figures = fresh_scrape(metrics_port)
         assert figures[("rabbitmq_connections", ())] == 1
         assert figures[("rabbitmq_alarms_memory_used_watermark", ())] == 0
         assert figures[("amqha_memory_used_bytes", ())] < idle + MiB
