@@ -1,7 +1,7 @@
 """The Prometheus endpoint: the broker's counters and the pair's state, as of a snapshot.
 
 Owns: the ``metrics.listen`` HTTP listener (a small HTTP/1.1 responder on the broker's
-loop: ``GET /metrics`` and nothing else), its bounds, the snapshot cache,
+loop: ``GET /metrics`` and nothing else), its bounds and basic auth, the snapshot cache,
 and the metric names, which follow RabbitMQ's prometheus plugin where the meaning is the
 same (``rabbitmq_queue_messages_ready``...) and are ``amqha_`` where it is not.
 
@@ -21,7 +21,10 @@ the snapshot's copies.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import concurrent.futures
+import hmac
 import logging
 import os
 import time
@@ -422,6 +425,8 @@ class MetricsEndpoint:
         self.pages = Pages(broker)
         # Open connections, oldest first.
         self.exchanges: dict[Exchange, None] = {}
+        auth = broker.config.metrics_auth
+        self.credentials = None if auth is None else f"{auth[0]}:{auth[1]}".encode()
 
     async def start(self) -> None:
         address = self.broker.config.metrics_listen
@@ -453,7 +458,7 @@ class MetricsEndpoint:
         self.exchanges.pop(exchange, None)
 
     async def answer(self, exchange: Exchange, head: bytes) -> None:
-        request_line = head.split(b"\r\n", 1)[0]
+        request_line, *header_lines = head.split(b"\r\n")
         parts = request_line.split(b" ")
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
             exchange.respond("400 Bad Request", b"bad request\n")
@@ -465,6 +470,13 @@ class MetricsEndpoint:
         if target.partition(b"?")[0] != b"/metrics":
             exchange.respond("404 Not Found", b"see /metrics\n")
             return
+        if not self._authorized(header_lines):
+            exchange.respond(
+                "401 Unauthorized",
+                b"credentials needed\n",
+                {"WWW-Authenticate": 'Basic realm="amqha metrics", charset="UTF-8"'},
+            )
+            return
         try:
             page = await self.pages.get()
         except asyncio.CancelledError:
@@ -474,6 +486,23 @@ class MetricsEndpoint:
             exchange.respond("500 Internal Server Error", b"the page could not be made\n")
             return
         exchange.respond("200 OK", page, head=method == b"HEAD")
+
+    def _authorized(self, header_lines: list[bytes]) -> bool:
+        if self.credentials is None:
+            return True
+        for line in header_lines:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() != b"authorization":
+                continue
+            scheme, _, token = value.strip().partition(b" ")
+            if scheme.lower() != b"basic":
+                return False
+            try:
+                given = base64.b64decode(token.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                return False
+            return hmac.compare_digest(given, self.credentials)
+        return False
 
     def stop(self) -> None:
         if self.server is not None:

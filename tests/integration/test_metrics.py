@@ -6,6 +6,7 @@ its replication (in sync, lag)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import socket
 import time
@@ -193,6 +194,29 @@ def test_half_sent_requests_neither_keep_a_scrape_out_nor_delay_a_stop(make_serv
     finally:
         for sock in held:
             sock.close()
+
+
+def test_basic_auth_refuses_a_scrape_without_the_credentials(make_server) -> None:
+    metrics_port = free_port()
+    server = make_server(
+        "guarded",
+        metrics={"listen": f"127.0.0.1:{metrics_port}", "username": "prom", "password": "scrape"},
+    )
+    server.start()
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    for credentials in (None, b"prom:wrong", b"other:scrape"):
+        request = urllib.request.Request(url)
+        if credentials is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(credentials).decode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 401
+        assert refused.value.headers["WWW-Authenticate"].startswith("Basic ")
+    request = urllib.request.Request(url)
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"prom:scrape").decode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+        assert b"rabbitmq_connections 0.0" in response.read()
 
 
 def test_scrapes_share_a_snapshot_taken_at_most_once_a_second(make_server) -> None:
