@@ -11,8 +11,9 @@ receivers of the control exchanges, and clean shutdown (every connection closed 
 
 Memory: what the process holds for its clients is counted as it changes, never by
 walking queues or connections: message bytes plus a per-message overhead
-(``Message.held``), partial frames and content being assembled, output held for
-sockets that do not drain, and a fixed cost per queue, connection and channel.
+(``Message.held``), binding arguments (``Binding.held``), partial frames and content
+being assembled, output held for sockets that do not drain, and a fixed cost per queue,
+connection and channel.
 When that passes ``limits.memory_high_watermark`` publishers are blocked
 (Connection.Blocked, and their sockets are no longer read) until it falls below.
 
@@ -52,6 +53,7 @@ from .core.apply import apply_run
 from .core.changes import ChangeLog
 from .core.message import Message
 from .core.queue import Queue
+from .core.routing import Binding
 from .core.vhost import MessageIds, VHost
 from .gate import Pair, Standalone
 from .metrics import MetricsEndpoint
@@ -519,6 +521,7 @@ class Broker:
         queues = sum(len(vhost.queues) for vhost in self.vhosts.values())
         return (
             Message.held
+            + Binding.held
             + self.input_bytes
             + self.paused_outputs * self.config.limits.output_buffer
             + queues * QUEUE_COST

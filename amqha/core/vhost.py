@@ -290,7 +290,7 @@ class VHost:
                 self._after_unbind(other)
 
     def _after_unbind(self, exchange: Exchange) -> None:
-        if not any(isinstance(b.destination, Exchange) for b in exchange.bindings.values()):
+        if not exchange.exchange_bindings:
             self._has_exchange_destinations.discard(exchange.name)
         if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
             self.remove_exchange(exchange)
