@@ -11,10 +11,9 @@ receivers of the control exchanges, and clean shutdown (every connection closed 
 
 Memory: what the process holds for its clients is counted as it changes, never by
 walking queues or connections: message bytes plus a per-message overhead
-(``Message.held``), binding arguments (``Binding.held``), partial frames and content
-being assembled, output held for sockets that do not drain, and a fixed cost per queue,
-connection and channel.
-When that passes ``limits.memory_high_watermark`` publishers are blocked
+(``Message.held``), arguments of bindings, exchanges and queues (``ArgumentBytes``),
+partial frames and content being assembled, output held for sockets that do not drain,
+and a fixed cost per queue, connection and channel. When that passes ``limits.memory_high_watermark`` publishers are blocked
 (Connection.Blocked, and their sockets are no longer read) until it falls below.
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
@@ -53,7 +52,7 @@ from .core.apply import apply_run
 from .core.changes import ChangeLog
 from .core.message import Message
 from .core.queue import Queue
-from .core.routing import Binding
+from .core.routing import ArgumentBytes
 from .core.vhost import MessageIds, VHost
 from .gate import Pair, Standalone
 from .metrics import MetricsEndpoint
@@ -202,6 +201,7 @@ class Broker:
         if vhost is None:
             vhost = VHost(name, time.time, self.log, self.ids)
             vhost.max_queues = self.config.limits.vhost.max_queues
+            vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
             vhost.on_queue_deleted = self._queue_deleted
             self.vhosts[name] = vhost
@@ -521,7 +521,7 @@ class Broker:
         queues = sum(len(vhost.queues) for vhost in self.vhosts.values())
         return (
             Message.held
-            + Binding.held
+            + ArgumentBytes.held
             + self.input_bytes
             + self.paused_outputs * self.config.limits.output_buffer
             + queues * QUEUE_COST

@@ -132,6 +132,8 @@ class Limits:
     max_connections: int = 10_000
     max_consumers_per_channel: int = 0
     max_header_size: int = 64 * 1024
+    # The arguments of one declare or bind, as core.routing.arguments_size counts them.
+    max_arguments_size: int = 16 * 1024
     output_buffer: int = 1024 * 1024
     vhost: VHostLimits = field(default_factory=VHostLimits)
     user: UserLimits = field(default_factory=UserLimits)
@@ -740,6 +742,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             "max_consumers_per_channel", defaults.max_consumers_per_channel
         ),
         max_header_size=limits_section.size("max_header_size", defaults.max_header_size),
+        max_arguments_size=limits_section.size("max_arguments_size", defaults.max_arguments_size),
         output_buffer=limits_section.size("output_buffer", defaults.output_buffer),
         vhost=_vhost_limits(limits_section.section("vhost")),
         user=_user_limits(limits_section.section("user")),

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from .changes import ChangeLog, Delivered, Enqueued, Settled
 from .message import Message
+from .routing import ArgumentBytes, arguments_size
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 # The highest x-max-priority RabbitMQ accepts.
@@ -88,9 +89,11 @@ def _str_argument(arguments: dict[str, Any], key: str) -> str | None:
 
 
 class QueueLimits:
-    """The parsed x- arguments of a queue."""
+    """The parsed x- arguments of a queue; the queue's arguments count in
+    ``ArgumentBytes`` while it lives."""
 
     __slots__ = (
+        "arguments_size",
         "message_ttl",
         "expires",
         "max_length",
@@ -103,6 +106,8 @@ class QueueLimits:
     )
 
     def __init__(self, arguments: dict[str, Any]) -> None:
+        self.arguments_size = arguments_size(arguments) if arguments else 0
+        ArgumentBytes.held += self.arguments_size
         ttl = _int_argument(arguments, "x-message-ttl", 0)
         expires = _int_argument(arguments, "x-expires", 1)
         self.message_ttl = None if ttl is None else ttl / 1000.0
@@ -138,6 +143,9 @@ class QueueLimits:
                 f"invalid arg 'x-single-active-consumer' for queue: {single!r} (need true or false)"
             )
         self.single_active_consumer = single
+
+    def __del__(self) -> None:
+        ArgumentBytes.held -= self.arguments_size
 
 
 def consumer_priority(arguments: dict[str, Any] | None, queue: str) -> int:

@@ -38,6 +38,14 @@ def arguments_size(value: Any) -> int:
     return ARGUMENT_ITEM_OVERHEAD
 
 
+class ArgumentBytes:
+    """The argument bytes (``arguments_size``) held by every live binding, exchange and
+    queue of this process: each adds its own when made and takes them back in its
+    finaliser, as messages do in ``Message.held``. The memory watermark reads it."""
+
+    held = 0
+
+
 def _frozen(value: Any) -> Hashable:
     """A hashable stand-in for an argument value that shares its text instead of copying
     it; the type is kept, so 1, True and 1.0 stay different bindings."""
@@ -55,23 +63,19 @@ def binding_key(destination: Hashable, routing_key: str, arguments: dict[str, An
 
 
 class Binding:
-    """One binding. Counts its arguments in ``Binding.held`` while it lives, as
-    ``Message.held`` counts messages: the memory watermark reads it."""
+    """One binding; its arguments count in ``ArgumentBytes`` while it lives."""
 
     __slots__ = ("destination", "routing_key", "arguments", "size")
-
-    # Argument bytes held by all live bindings of this process (``arguments_size``).
-    held = 0
 
     def __init__(self, destination: Hashable, routing_key: str, arguments: dict[str, Any]):
         self.destination = destination
         self.routing_key = routing_key
         self.arguments = arguments
         self.size = arguments_size(arguments) if arguments else 0
-        Binding.held += self.size
+        ArgumentBytes.held += self.size
 
     def __del__(self) -> None:
-        Binding.held -= self.size
+        ArgumentBytes.held -= self.size
 
 
 class Exchange:
@@ -100,11 +104,16 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
+        self.arguments_size = arguments_size(arguments) if arguments else 0
+        ArgumentBytes.held += self.arguments_size
         self.bindings: dict[tuple, Binding] = {}
         # The same bindings by destination, so that a deleted queue's go in its own time.
         self.by_destination: dict[Hashable, dict[tuple, Binding]] = {}
         # Bindings whose destination is an exchange.
         self.exchange_bindings = 0
+
+    def __del__(self) -> None:
+        ArgumentBytes.held -= self.arguments_size
 
     def bind(self, destination: Hashable, routing_key: str, arguments: dict[str, Any]) -> bool:
         """Add a binding; False if the same binding exists already (binding is idempotent)."""

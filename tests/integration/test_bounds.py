@@ -261,6 +261,62 @@ def test_publishers_that_leave_half_way_through_a_body_while_blocked_are_release
         wait_until(lambda: message_count(server, queue) == 2, what="published again")
 
 
+def test_arguments_are_capped_and_counted_against_the_watermark(make_server) -> None:
+    metrics_port = free_port()
+    server = make_server(
+        "arguments",
+        limits={"max_arguments_size": "16KiB"},
+        metrics={"listen": f"127.0.0.1:{metrics_port}"},
+    ).start()
+    queue = unique("args")
+    with RawClient(server.port) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.call(1, commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
+        before = fresh_scrape(metrics_port)[("amqha_memory_used_bytes", ())]
+        # Within the limit: held, and counted.
+        for index in range(100):
+            client.call(
+                1,
+                commands.Queue.Bind(
+                    queue=queue,
+                    exchange="amq.direct",
+                    routing_key=f"k{index}",
+                    arguments={"x": "v" * 10_000},
+                ),
+                commands.Queue.BindOk,
+            )
+        after = fresh_scrape(metrics_port)[("amqha_memory_used_bytes", ())]
+        assert after - before >= 100 * 10_000
+        # Past it, each of the four ways to leave arguments behind is refused.
+        big = {"x": "v" * 20_000}
+        for method, what in (
+            (
+                commands.Queue.Bind(queue=queue, exchange="amq.direct", arguments=big),
+                f"a binding of queue '{queue}'",
+            ),
+            (commands.Queue.Declare(queue="big", arguments=big), "queue 'big'"),
+            (commands.Exchange.Declare(exchange="big", arguments=big), "exchange 'big'"),
+            (
+                commands.Exchange.Bind(
+                    destination="amq.fanout", source="amq.direct", arguments=big
+                ),
+                "a binding of exchange 'amq.fanout'",
+            ),
+        ):
+            client.send(1, method)
+            close = client.expect(commands.Channel.Close, 1)
+            assert close.reply_code == 406
+            assert close.reply_text.startswith(f"PRECONDITION_FAILED - the arguments of {what}")
+            assert "more than limits.max_arguments_size (16384)" in close.reply_text
+            client.send(1, commands.Channel.CloseOk())
+            client.open_channel(1)
+        client.call(1, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
+    # The queue's bindings went with it, and so did their count.
+    gone = fresh_scrape(metrics_port)[("amqha_memory_used_bytes", ())]
+    assert gone < before + 100_000
+
+
 # -- before Connection.Tune ------------------------------------------------------------
 
 

@@ -439,9 +439,11 @@ def test_bounds_limits_load_with_their_defaults(tmp_path: Path) -> None:
             "max_consumers_per_channel": 3,
             "max_header_size": "16KiB",
             "output_buffer": "256KiB",
+            "max_arguments_size": "4KiB",
         }
     )
     limits = load_config(write(tmp_path, data)).limits
+    assert limits.max_arguments_size == 4096
     assert (limits.vhost.max_queues, limits.vhost.max_connections) == (10, 0)
     assert (limits.user.max_connections, limits.user.max_channels) == (5, 50)
     assert (limits.max_connections, limits.max_consumers_per_channel) == (100, 3)
@@ -449,6 +451,7 @@ def test_bounds_limits_load_with_their_defaults(tmp_path: Path) -> None:
     defaults = load_config(write(tmp_path, VALID)).limits
     assert (defaults.max_connections, defaults.vhost.max_queues) == (10_000, 100_000)
     assert (defaults.max_header_size, defaults.output_buffer) == (64 * 1024, 1024 * 1024)
+    assert defaults.max_arguments_size == 16 * 1024
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amqha.core.routing import (
-    Binding,
+    ArgumentBytes,
     DirectExchange,
     FanoutExchange,
     HeadersExchange,
@@ -333,13 +333,13 @@ def test_arguments_equal_in_value_but_not_in_type_are_different_bindings() -> No
 
 
 def test_bindings_count_their_arguments_while_they_live() -> None:
-    before = Binding.held
+    before = ArgumentBytes.held
     exchange = DirectExchange("e")
     exchange.bind("q", "k1", {"big": "x" * 100_000})
     exchange.bind("q", "k2", {})
-    assert Binding.held - before >= 100_000
+    assert ArgumentBytes.held - before >= 100_000
     exchange.unbind("q", "k1", {"big": "x" * 100_000})
-    assert Binding.held == before
+    assert ArgumentBytes.held == before
     exchange.bind("q", "k3", {"big": "y" * 50_000})
     del exchange  # an exchange deleted with its bindings
-    assert Binding.held == before
+    assert ArgumentBytes.held == before
