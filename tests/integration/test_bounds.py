@@ -212,15 +212,16 @@ def _start_big_body(client: RawClient, queue: str) -> bytes:
     return frame.marshal(content_body.ContentBody(b"b" * (131072 - 8)), 1)
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_publishers_that_leave_half_way_through_a_body_while_blocked_are_released(
-    make_server,
+    make_server, loop: str
 ) -> None:
     metrics_port = free_port()
     server = make_server(
         "halfsent",
         limits={"memory_high_watermark": 8 * MiB},
         metrics={"listen": f"127.0.0.1:{metrics_port}"},
-    ).start()
+    ).start(extra_args=("--no-uvloop",) if loop == "asyncio" else ())
     queue = unique("halfsent")
 
     def used() -> float:
