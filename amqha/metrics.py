@@ -10,8 +10,8 @@ most once per SNAPSHOT_PERIOD however many scrapes come, and turned into text on
 worker thread; every scrape in between is answered with those bytes. At most
 MAX_CONNECTIONS sockets are open; past that the oldest one still sending its request is
 dropped for the newcomer. A request must be in within REQUEST_TIMEOUT and at most
-MAX_REQUEST bytes; the answer is written as the socket drains and must be taken within
-RESPONSE_TIMEOUT. A stop closes every socket at once.
+MAX_REQUEST bytes; from then on the answer is made, written as the socket drains and
+taken within RESPONSE_TIMEOUT. A stop closes every socket at once.
 
 Must not know: how the counters are kept (queues and channels count; nothing here runs on
 the publish path). The loop's objects are read on the loop only; the worker thread sees
@@ -326,7 +326,7 @@ class Pages:
         self.worker.shutdown(wait=False, cancel_futures=True)
 
 
-class Exchange(asyncio.Protocol):
+class ScrapeConnection(asyncio.Protocol):
     """One HTTP connection: one request read (bounded in size and time), one answer
     written as the socket drains, then closed."""
 
@@ -377,6 +377,10 @@ class Exchange(asyncio.Protocol):
         self.answering = True
         head = bytes(self.request[:end])
         self.request = bytearray()
+        # The request is in: from here the answer has RESPONSE_TIMEOUT, page making included.
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(RESPONSE_TIMEOUT, self.abort)
         self.task = self.loop.create_task(self.endpoint.answer(self, head))
 
     def respond(
@@ -393,9 +397,6 @@ class Exchange(asyncio.Protocol):
         ]
         self.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode())
         self.answer = memoryview(b"" if head else body)
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(RESPONSE_TIMEOUT, self.abort)
         self._write_more()
 
     def _write_more(self) -> None:
@@ -424,7 +425,7 @@ class MetricsEndpoint:
         self.server: asyncio.base_events.Server | None = None
         self.pages = Pages(broker)
         # Open connections, oldest first.
-        self.exchanges: dict[Exchange, None] = {}
+        self.connections: dict[ScrapeConnection, None] = {}
         auth = broker.config.metrics_auth
         self.credentials = None if auth is None else f"{auth[0]}:{auth[1]}".encode()
 
@@ -434,7 +435,7 @@ class MetricsEndpoint:
             return
         host, port = address
         self.server = await asyncio.get_running_loop().create_server(
-            lambda: Exchange(self), host, port, reuse_address=True
+            lambda: ScrapeConnection(self), host, port, reuse_address=True
         )
         log.info("metrics on http://%s:%d/metrics", host, self.port)
 
@@ -443,35 +444,35 @@ class MetricsEndpoint:
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
-    def opened(self, exchange: Exchange) -> None:
-        if len(self.exchanges) >= MAX_CONNECTIONS:
+    def opened(self, connection: ScrapeConnection) -> None:
+        if len(self.connections) >= MAX_CONNECTIONS:
             # A slow or half-sent request gives way to the newcomer: holding sockets open
             # cannot keep a scraper out.
-            waiting = next((e for e in self.exchanges if not e.answering), None)
+            waiting = next((c for c in self.connections if not c.answering), None)
             if waiting is None:
-                exchange.abort()
+                connection.abort()
                 return
             waiting.abort()
-        self.exchanges[exchange] = None
+        self.connections[connection] = None
 
-    def closed(self, exchange: Exchange) -> None:
-        self.exchanges.pop(exchange, None)
+    def closed(self, connection: ScrapeConnection) -> None:
+        self.connections.pop(connection, None)
 
-    async def answer(self, exchange: Exchange, head: bytes) -> None:
+    async def answer(self, connection: ScrapeConnection, head: bytes) -> None:
         request_line, *header_lines = head.split(b"\r\n")
         parts = request_line.split(b" ")
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-            exchange.respond("400 Bad Request", b"bad request\n")
+            connection.respond("400 Bad Request", b"bad request\n")
             return
         method, target, _version = parts
         if method not in (b"GET", b"HEAD"):
-            exchange.respond("405 Method Not Allowed", b"GET only\n", {"Allow": "GET, HEAD"})
+            connection.respond("405 Method Not Allowed", b"GET only\n", {"Allow": "GET, HEAD"})
             return
         if target.partition(b"?")[0] != b"/metrics":
-            exchange.respond("404 Not Found", b"see /metrics\n")
+            connection.respond("404 Not Found", b"see /metrics\n")
             return
         if not self._authorized(header_lines):
-            exchange.respond(
+            connection.respond(
                 "401 Unauthorized",
                 b"credentials needed\n",
                 {"WWW-Authenticate": 'Basic realm="amqha metrics", charset="UTF-8"'},
@@ -479,13 +480,11 @@ class MetricsEndpoint:
             return
         try:
             page = await self.pages.get()
-        except asyncio.CancelledError:
-            raise
         except Exception:
             log.exception("metrics: the page could not be made")
-            exchange.respond("500 Internal Server Error", b"the page could not be made\n")
+            connection.respond("500 Internal Server Error", b"the page could not be made\n")
             return
-        exchange.respond("200 OK", page, head=method == b"HEAD")
+        connection.respond("200 OK", page, head=method == b"HEAD")
 
     def _authorized(self, header_lines: list[bytes]) -> bool:
         if self.credentials is None:
@@ -508,6 +507,6 @@ class MetricsEndpoint:
         if self.server is not None:
             self.server.close()
             self.server = None
-        for exchange in list(self.exchanges):
-            exchange.abort()
+        for connection in list(self.connections):
+            connection.abort()
         self.pages.close()
