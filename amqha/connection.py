@@ -12,6 +12,8 @@ has not logged in can make us hold no more. Output is bounded: frames are writte
 soon as ``limits.output_buffer`` bytes are queued, and once the socket holds that much
 unwritten, deliveries to this connection stop and, if it publishes, it is no longer
 read (its Basic.Returns and confirms are what backs up) until the socket drains.
+While it is not read for such a reason, the broker polls its socket for the client's
+FIN or reset (``hung_up``), which asyncio would only see by reading.
 Reading is bounded too: one read's frames are handled for at most FRAME_BUDGET
 seconds; the rest waits for the next turn of the loop, with the socket unread, so
 other connections and timers run in between.
@@ -33,7 +35,7 @@ from pamqp import commands, decode, exceptions
 from . import wire
 from .auth import Refused
 from .channel import CLOSING as CHANNEL_CLOSING
-from .channel import Channel
+from .channel import READ_HELD_STORE, Channel
 from .core import feedauth
 from .gate import ACCEPT, Redirect, not_active_text
 from .logtext import escaped
@@ -77,6 +79,9 @@ READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
 READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
 READ_HELD_LOGIN = 16  # a login is being checked: frames behind Start-Ok wait for its answer
 # READ_HELD_STORE (32, channel.py): a transaction's Commit-Ok waits for the store
+# Holds that may last: while one does, the broker watches the socket for the client's
+# going (asyncio sees a FIN or a reset only by reading).
+LASTING_HOLDS = READ_HELD_MEMORY | READ_HELD_OUTPUT | READ_HELD_PAIR | READ_HELD_STORE
 
 
 class Connection(asyncio.Protocol):
@@ -100,6 +105,7 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.nonce = b""  # this connection's nonce, sent in Connection.Start
         self.address = ""  # the client's IP address, as the loopback-only rule reads it
+        self.fileno = -1  # the socket's, for the broker's hang-up check while unread
         self.out: list[bytes] = []
         self.out_bytes = 0
         self.flush_scheduled = False
@@ -140,6 +146,9 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
             self.address = str(peer[0])
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self.fileno = sock.fileno()
         if not self.broker.admit(self):
             self.state = CLOSED
             transport.abort()
@@ -194,10 +203,21 @@ class Connection(asyncio.Protocol):
         self.read_holds = after
         if self.transport is None or self.state >= CLOSED:
             return
+        if bool(before & LASTING_HOLDS) != bool(after & LASTING_HOLDS):
+            self.broker.watch_unread(self, bool(after & LASTING_HOLDS))
         if not before:
             self.transport.pause_reading()
         elif not after:
             self.transport.resume_reading()
+
+    def hung_up(self) -> None:
+        """The client closed or reset its socket while we did not read it (a blocked
+        publisher, say): what it sent and we never read, a partial body included, is
+        dropped with the connection, as at any close without Connection.Close."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        log.info("%s: the client left while not read, closing", self.peer)
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         self.last_received = self.loop.time()

@@ -137,6 +137,8 @@ class Limits:
     max_connections: int = 10_000
     max_consumers_per_channel: int = 0
     max_header_size: int = 64 * 1024
+    # The arguments of one declare or bind, as core.routing.arguments_size counts them.
+    max_arguments_size: int = 16 * 1024
     output_buffer: int = 1024 * 1024
     vhost: VHostLimits = field(default_factory=VHostLimits)
     user: UserLimits = field(default_factory=UserLimits)
@@ -181,6 +183,8 @@ class ServerConfig:
     listen_addresses: tuple[tuple[str, int], ...] = ()
     # Where the Prometheus endpoint listens (metrics.listen); None: no endpoint.
     metrics_listen: tuple[str, int] | None = None
+    # (username, password) a scrape must give with HTTP basic auth; None: none asked.
+    metrics_auth: tuple[str, str] | None = field(default=None, repr=False)
     tls: TlsListener | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -537,6 +541,36 @@ def _weak_credentials(
     return weak
 
 
+def _metrics(path: str, metrics: _Section) -> tuple[tuple[str, int] | None, tuple[str, str] | None]:
+    """metrics.listen and the basic-auth credentials; the endpoint names every queue of
+    every vhost, so off loopback it must ask for them."""
+    listen_value = metrics.get("listen", str, None)
+    listen = None if listen_value is None else parse_host_port(path, "metrics.listen", listen_value)
+    username = metrics.get("username", str, None)
+    password = metrics.get("password", str, None)
+    password_file = metrics.get("password_file", str, None)
+    if password is not None and password_file is not None:
+        raise ConfigError(path, "metrics.password_file", "give either password or password_file")
+    if password_file is not None:
+        password = _text_file(path, "metrics.password_file", password_file)
+    if (username is None) != (password is None):
+        missing = "metrics.username" if username is None else "metrics.password"
+        raise ConfigError(path, missing, "missing: basic auth needs both a username and a password")
+    if username is not None and (not username or ":" in username):
+        raise ConfigError(path, "metrics.username", "must be non-empty, without ':'")
+    if password is not None and not password:
+        raise ConfigError(path, "metrics.password", "is empty")
+    auth = None if username is None or password is None else (username, password)
+    if listen is not None and auth is None and not is_loopback(listen[0]):
+        raise ConfigError(
+            path,
+            "metrics.listen",
+            f"{listen_value!r} is not a loopback address: give metrics.username and "
+            "metrics.password (or password_file), since the endpoint names every queue",
+        )
+    return listen, auth
+
+
 def _secret(path: str, failover: _Section) -> bytes:
     secret = failover.get("secret", str, None)
     secret_file = failover.get("secret_file", str, None)
@@ -769,6 +803,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             "max_consumers_per_channel", defaults.max_consumers_per_channel
         ),
         max_header_size=limits_section.size("max_header_size", defaults.max_header_size),
+        max_arguments_size=limits_section.size("max_arguments_size", defaults.max_arguments_size),
         output_buffer=limits_section.size("output_buffer", defaults.output_buffer),
         vhost=_vhost_limits(limits_section.section("vhost")),
         user=_user_limits(limits_section.section("user")),
@@ -779,10 +814,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         )
     limits_section.check_unknown()
     metrics = top.section("metrics")
-    metrics_value = metrics.get("listen", str, None)
-    metrics_listen = (
-        None if metrics_value is None else parse_host_port(path, "metrics.listen", metrics_value)
-    )
+    metrics_listen, metrics_auth = _metrics(path, metrics)
     metrics.check_unknown()
     store_section = top.section("store")
     store = StoreConfig(
@@ -845,6 +877,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         source=path,
         listen_addresses=listen_addresses,
         metrics_listen=metrics_listen,
+        metrics_auth=metrics_auth,
         tls=tls,
         auth=auth,
         store=store,

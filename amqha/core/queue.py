@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from .changes import ChangeLog, Delivered, Enqueued, Settled
 from .message import Message
+from .routing import ArgumentBytes, arguments_size
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 # The highest x-max-priority RabbitMQ accepts.
@@ -93,9 +94,11 @@ def _str_argument(arguments: dict[str, Any], key: str) -> str | None:
 
 
 class QueueLimits:
-    """The parsed x- arguments of a queue."""
+    """The parsed x- arguments of a queue; the queue's arguments count in
+    ``ArgumentBytes`` while it lives."""
 
     __slots__ = (
+        "arguments_size",
         "message_ttl",
         "expires",
         "max_length",
@@ -108,6 +111,8 @@ class QueueLimits:
     )
 
     def __init__(self, arguments: dict[str, Any]) -> None:
+        self.arguments_size = arguments_size(arguments) if arguments else 0
+        ArgumentBytes.held += self.arguments_size
         ttl = _int_argument(arguments, "x-message-ttl", 0)
         expires = _int_argument(arguments, "x-expires", 1)
         self.message_ttl = None if ttl is None else ttl / 1000.0
@@ -143,6 +148,9 @@ class QueueLimits:
                 f"invalid arg 'x-single-active-consumer' for queue: {single!r} (need true or false)"
             )
         self.single_active_consumer = single
+
+    def __del__(self) -> None:
+        ArgumentBytes.held -= self.arguments_size
 
 
 def consumer_priority(arguments: dict[str, Any] | None, queue: str) -> int:
@@ -764,17 +772,25 @@ class RankedConsumers:
         self.level_of.clear()
 
 
-class _Lane:
+class Lane:
     """The messages of one priority, kept as a plain queue keeps its ready side: the
     never-delivered ones in id order (with their deadlines once one has a deadline) and
     the returned ones in a heap by id; the head is whichever has the lower id."""
 
     __slots__ = ("ready", "expiries", "returned")
 
+    # Lanes alive in this process: the memory watermark counts each (a lane lives only
+    # while it holds a message, but one message may cost a lane on its own).
+    held = 0
+
     def __init__(self) -> None:
         self.ready: deque[Message] = deque()
         self.expiries: deque[float] | None = None
         self.returned: list[tuple[int, float, Message]] = []
+        Lane.held += 1
+
+    def __del__(self) -> None:
+        Lane.held -= 1
 
     def __len__(self) -> int:
         return len(self.ready) + len(self.returned)
@@ -852,12 +868,6 @@ class _Lane:
         for _, deadline, message in self.returned:
             yield message, deadline
 
-    def clear(self) -> None:
-        self.ready.clear()
-        if self.expiries is not None:
-            self.expiries.clear()
-        self.returned.clear()
-
 
 class PriorityQueue(Queue):
     """A queue with ``x-max-priority``: higher priorities first, each priority in its own
@@ -867,8 +877,9 @@ class PriorityQueue(Queue):
     works on the head (TTL, drop-head, Basic.Get, consumers) sees the highest priority's
     head, as in RabbitMQ: drop-head drops the oldest message of the highest priority.
 
-    Lanes are made when a priority is first used: a queue costs what its priorities in
-    use cost, whatever its maximum.
+    A lane is made when a message of its priority arrives and dropped once it holds
+    none: a queue costs what its priorities holding messages cost, whatever its maximum,
+    and an empty one (purged, drained) holds no lane at all.
 
     Redelivered: a returned message is marked, as in a plain queue. Deliveries here are
     not in id order, so the queue's own deliveries say nothing of the ready messages below
@@ -891,10 +902,8 @@ class PriorityQueue(Queue):
     ) -> None:
         super().__init__(name, durable, exclusive_owner, auto_delete, arguments, now, log, vhost)
         self.max_priority = self.limits.max_priority
-        self.lanes: list[_Lane | None] = [None] * (self.max_priority + 1)
-        # The lanes made so far (those walked when the whole queue is).
-        self.made: list[_Lane] = []
-        # Messages in the lanes; no lane above ``_top`` holds one.
+        # The lanes holding messages, by priority; ``_top`` is the highest (0: none).
+        self.lanes: dict[int, Lane] = {}
         self.count = 0
         self._top = 0
         # The highest delivered id known from the change stream (see the class docstring).
@@ -909,25 +918,24 @@ class PriorityQueue(Queue):
     def priority_of(self, message: Message) -> int:
         return min(message.priority(), self.max_priority)
 
-    def _lane(self, priority: int) -> _Lane:
-        lane = self.lanes[priority]
+    def _lane(self, priority: int) -> Lane:
+        lane = self.lanes.get(priority)
         if lane is None:
-            lane = self.lanes[priority] = _Lane()
-            self.made.append(lane)
-        if priority > self._top:
-            self._top = priority
+            lane = self.lanes[priority] = Lane()
+            if priority > self._top:
+                self._top = priority
         return lane
 
-    def _head_lane(self) -> _Lane:
+    def _head_lane(self) -> Lane:
         """The highest lane that holds a message (the queue is not empty)."""
-        lanes = self.lanes
-        top = self._top
-        while True:
-            lane = lanes[top]
-            if lane is not None and (lane.ready or lane.returned):
-                self._top = top
-                return lane
-            top -= 1
+        return self.lanes[self._top]
+
+    def _drop_if_empty(self, priority: int, lane: Lane) -> None:
+        if lane.ready or lane.returned:
+            return
+        del self.lanes[priority]
+        if priority == self._top:
+            self._top = max(self.lanes) if self.lanes else 0
 
     # -- enqueue ---------------------------------------------------------------------
 
@@ -939,8 +947,8 @@ class PriorityQueue(Queue):
         priority = message.priority()
         if priority > self.max_priority:
             priority = self.max_priority
-        lane = self.lanes[priority]
-        if lane is None or priority > self._top:
+        lane = self.lanes.get(priority)
+        if lane is None:
             lane = self._lane(priority)
         if lane.expiries is None and deadline == math.inf:
             lane.ready.append(message)
@@ -972,7 +980,8 @@ class PriorityQueue(Queue):
     # -- the head --------------------------------------------------------------------
 
     def _pop_head(self) -> tuple[Message, float, bool]:
-        lane = self._head_lane()
+        top = self._top
+        lane = self.lanes[top]
         returned = lane.returned
         ready = lane.ready
         if returned and (not ready or returned[0][0] < ready[0].msg_id):
@@ -983,6 +992,8 @@ class PriorityQueue(Queue):
             expiries = lane.expiries
             deadline = math.inf if expiries is None else expiries.popleft()
             redelivered = message.msg_id <= self.streamed_mark
+        if not (ready or returned):
+            self._drop_if_empty(top, lane)
         self.count -= 1
         self.bytes -= len(message.body)
         if self.timed and self.count and self.on_due_changed is not None:
@@ -1043,19 +1054,20 @@ class PriorityQueue(Queue):
                 self.outstanding_deadlines.pop(msg_id, None)
                 wanted.discard(msg_id)
         # The heads of every lane first: a walk of a whole lane only for what is left.
-        for discard in (_Lane.discard_heads, _Lane.discard_anywhere):
-            for lane in self.made:
+        for discard in (Lane.discard_heads, Lane.discard_anywhere):
+            for priority, lane in list(self.lanes.items()):
                 if not wanted:
                     return
-                if lane:
-                    count, size = discard(lane, wanted)
+                count, size = discard(lane, wanted)
+                if count:
                     self.count -= count
                     self.bytes -= size
+                    self._drop_if_empty(priority, lane)
 
     def purge(self) -> int:
         count = self.count
         if self.log is not None and count:
-            ids = tuple(m.msg_id for lane in self.made for m, _ in lane.entries())
+            ids = tuple(m.msg_id for lane in self.lanes.values() for m, _ in lane.entries())
             self.log.emit(Settled(self.vhost, self.name, ids, "purged"))
         self._clear_lanes()
         return count
@@ -1066,13 +1078,17 @@ class PriorityQueue(Queue):
         return count
 
     def _clear_lanes(self) -> None:
-        for lane in self.made:
-            lane.clear()
+        self.lanes = {}
+        self._top = 0
         self.count = 0
         self.bytes = 0
 
     def messages(self) -> list[tuple[Message, float | None]]:
-        found = [(m, None if d == math.inf else d) for lane in self.made for m, d in lane.entries()]
+        found = [
+            (m, None if d == math.inf else d)
+            for lane in self.lanes.values()
+            for m, d in lane.entries()
+        ]
         found += [(m, self.outstanding_deadlines.get(i)) for i, m in self.outstanding.items()]
         found.sort(key=lambda pair: pair[0].msg_id)
         return found

@@ -17,24 +17,73 @@ HeadersFn = Callable[[], dict[str, Any]]
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 
+# What one argument item is counted as beyond its text: the Python objects that hold it.
+ARGUMENT_ITEM_OVERHEAD = 64
+
+
+def arguments_size(value: Any) -> int:
+    """The bytes an arguments table (or a value in one) is counted as: its text and
+    binary lengths (non-ASCII text at 4 bytes a character) plus ARGUMENT_ITEM_OVERHEAD
+    for each key and value. Linear in the table; nothing is copied."""
+    if isinstance(value, str):
+        return ARGUMENT_ITEM_OVERHEAD + (len(value) if value.isascii() else 4 * len(value))
+    if isinstance(value, bytes | bytearray):
+        return ARGUMENT_ITEM_OVERHEAD + len(value)
+    if isinstance(value, dict):
+        return ARGUMENT_ITEM_OVERHEAD + sum(
+            arguments_size(key) + arguments_size(item) for key, item in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return ARGUMENT_ITEM_OVERHEAD + sum(arguments_size(item) for item in value)
+    return ARGUMENT_ITEM_OVERHEAD
+
+
+class ArgumentBytes:
+    """The argument bytes (``arguments_size``) held by every live binding, exchange and
+    queue of this process: each adds its own when made and takes them back in its
+    finaliser, as messages do in ``Message.held``. The memory watermark reads it."""
+
+    held = 0
+
+
+def _frozen(value: Any) -> Hashable:
+    """A hashable stand-in for an argument value that shares its text instead of copying
+    it; the type is kept, so 1, True and 1.0 stay different bindings."""
+    if isinstance(value, dict):
+        return ("table", tuple(sorted((key, _frozen(item)) for key, item in value.items())))
+    if isinstance(value, list | tuple):
+        return ("array", tuple(_frozen(item) for item in value))
+    if isinstance(value, bytearray):
+        return ("bytes", bytes(value))
+    return (type(value).__name__, value)
+
+
+def binding_key(destination: Hashable, routing_key: str, arguments: dict[str, Any]) -> tuple:
+    return (id(destination), routing_key, _frozen(arguments))
+
+
 class Binding:
-    __slots__ = ("destination", "routing_key", "arguments")
+    """One binding; its arguments count in ``ArgumentBytes`` while it lives."""
+
+    __slots__ = ("destination", "routing_key", "arguments", "size")
 
     def __init__(self, destination: Hashable, routing_key: str, arguments: dict[str, Any]):
         self.destination = destination
         self.routing_key = routing_key
         self.arguments = arguments
+        self.size = arguments_size(arguments) if arguments else 0
+        ArgumentBytes.held += self.size
 
-    def key(self) -> tuple[int, str, tuple[tuple[str, str], ...]]:
-        return (
-            id(self.destination),
-            self.routing_key,
-            tuple(sorted((k, repr(v)) for k, v in self.arguments.items())),
-        )
+    def __del__(self) -> None:
+        ArgumentBytes.held -= self.size
 
 
 class Exchange:
-    """An exchange's identity and bindings; subclasses say how keys match."""
+    """An exchange's identity and bindings; subclasses say how keys match.
+
+    Lookup structures change with each binding added or removed (``_added``,
+    ``_removed``), never by a walk of all bindings: a bind costs the same with 20,000
+    bindings as with one."""
 
     kind = ""
     # Only users with this tag may publish here (amq.peer: peering, amq.console: administrator).
@@ -55,76 +104,145 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
+        self.arguments_size = arguments_size(arguments) if arguments else 0
+        ArgumentBytes.held += self.arguments_size
         self.bindings: dict[tuple, Binding] = {}
+        # The same bindings by destination, so that a deleted queue's go in its own time.
+        self.by_destination: dict[Hashable, dict[tuple, Binding]] = {}
+        # Bindings whose destination is an exchange.
+        self.exchange_bindings = 0
+
+    def __del__(self) -> None:
+        ArgumentBytes.held -= self.arguments_size
 
     def bind(self, destination: Hashable, routing_key: str, arguments: dict[str, Any]) -> bool:
         """Add a binding; False if the same binding exists already (binding is idempotent)."""
-        binding = Binding(destination, routing_key, arguments)
-        key = binding.key()
+        key = binding_key(destination, routing_key, arguments)
         if key in self.bindings:
             return False
+        binding = Binding(destination, routing_key, arguments)
         self.validate(binding)
         self.bindings[key] = binding
-        self._rebuild()
+        self.by_destination.setdefault(destination, {})[key] = binding
+        if isinstance(destination, Exchange):
+            self.exchange_bindings += 1
+        self._added(binding)
         return True
 
     def unbind(self, destination: Hashable, routing_key: str, arguments: dict[str, Any]) -> bool:
-        key = Binding(destination, routing_key, arguments).key()
-        if self.bindings.pop(key, None) is None:
+        key = binding_key(destination, routing_key, arguments)
+        binding = self.bindings.pop(key, None)
+        if binding is None:
             return False
-        self._rebuild()
+        same = self.by_destination[destination]
+        del same[key]
+        if not same:
+            del self.by_destination[destination]
+        self._forget(binding)
         return True
 
     def unbind_destination(self, destination: Hashable) -> int:
         """Remove every binding to ``destination`` (it is being deleted)."""
-        keys = [k for k, b in self.bindings.items() if b.destination is destination]
-        for key in keys:
+        found = self.by_destination.pop(destination, None)
+        if not found:
+            return 0
+        for key, binding in found.items():
             del self.bindings[key]
-        if keys:
-            self._rebuild()
-        return len(keys)
+            self._forget(binding)
+        return len(found)
+
+    def _forget(self, binding: Binding) -> None:
+        if isinstance(binding.destination, Exchange):
+            self.exchange_bindings -= 1
+        self._removed(binding)
 
     def validate(self, binding: Binding) -> None:
         """Raise ValueError for a binding this type cannot hold."""
 
-    def _rebuild(self) -> None:
-        """Recompute lookup structures after the bindings changed."""
+    def _added(self, binding: Binding) -> None:
+        """Update lookup structures for a new binding."""
+
+    def _removed(self, binding: Binding) -> None:
+        """Update lookup structures for a binding gone."""
 
     def route(self, routing_key: str, headers: HeadersFn) -> tuple:
         raise NotImplementedError
 
 
 class DirectExchange(Exchange):
+    """Destinations by routing key, each with how many bindings lead to it (bindings
+    differing in arguments alone reach it once); the tuple a route returns is made on
+    the first route after a change of that key."""
+
     kind = "direct"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._counts: dict[str, dict[Hashable, int]] = {}
         self._index: dict[str, tuple] = {}
         super().__init__(*args, **kwargs)
 
-    def _rebuild(self) -> None:
-        index: dict[str, list] = {}
-        for binding in self.bindings.values():
-            targets = index.setdefault(binding.routing_key, [])
-            if binding.destination not in targets:
-                targets.append(binding.destination)
-        self._index = {key: tuple(targets) for key, targets in index.items()}
+    def _added(self, binding: Binding) -> None:
+        key = binding.routing_key
+        counts = self._counts.setdefault(key, {})
+        counts[binding.destination] = counts.get(binding.destination, 0) + 1
+        self._index.pop(key, None)
+
+    def _removed(self, binding: Binding) -> None:
+        key = binding.routing_key
+        counts = self._counts[key]
+        left = counts[binding.destination] - 1
+        if left:
+            counts[binding.destination] = left
+        else:
+            del counts[binding.destination]
+            if not counts:
+                del self._counts[key]
+        self._index.pop(key, None)
 
     def route(self, routing_key: str, headers: HeadersFn) -> tuple:
-        return self._index.get(routing_key, ())
+        found = self._index.get(routing_key)
+        if found is None:
+            counts = self._counts.get(routing_key)
+            if counts is None:
+                return ()
+            found = self._index[routing_key] = tuple(counts)
+        return found
+
+    def index(self) -> dict[str, set]:
+        """Routing key → destinations (for tests: it must equal what the bindings say)."""
+        return {key: set(counts) for key, counts in self._counts.items()}
 
 
 class FanoutExchange(Exchange):
     kind = "fanout"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._all: tuple = ()
+        self._counts: dict[Hashable, int] = {}
+        self._all: tuple | None = ()
         super().__init__(*args, **kwargs)
 
-    def _rebuild(self) -> None:
-        self._all = tuple(dict.fromkeys(b.destination for b in self.bindings.values()))
+    def _added(self, binding: Binding) -> None:
+        destination = binding.destination
+        self._counts[destination] = self._counts.get(destination, 0) + 1
+        self._all = None
+
+    def _removed(self, binding: Binding) -> None:
+        destination = binding.destination
+        left = self._counts[destination] - 1
+        if left:
+            self._counts[destination] = left
+        else:
+            del self._counts[destination]
+        self._all = None
 
     def route(self, routing_key: str, headers: HeadersFn) -> tuple:
-        return self._all
+        found = self._all
+        if found is None:
+            found = self._all = tuple(self._counts)
+        return found
+
+    def index(self) -> dict[str, set]:
+        return {"": set(self._counts)} if self._counts else {}
 
 
 def topic_matches(pattern: str, routing_key: str) -> bool:
@@ -156,14 +274,16 @@ class _TopicNode:
 
     def __init__(self) -> None:
         self.children: dict[str, _TopicNode] = {}
-        self.destinations: list = []
+        # Destination → how many bindings end here for it.
+        self.destinations: dict[Hashable, int] = {}
 
 
 class TopicExchange(Exchange):
     """Bindings live in a trie of words; results are cached per routing key.
 
-    The cache is cleared whenever bindings change and capped in size, so a stream of
-    distinct keys costs a trie walk each, never unbounded memory.
+    A binding adds or removes its own path (empty nodes pruned). The cache is cleared
+    whenever bindings change and capped in size, so a stream of distinct keys costs a
+    trie walk each, never unbounded memory.
     """
 
     kind = "topic"
@@ -174,16 +294,37 @@ class TopicExchange(Exchange):
         self._cache: dict[str, tuple] = {}
         super().__init__(*args, **kwargs)
 
-    def _rebuild(self) -> None:
-        root = _TopicNode()
-        for binding in self.bindings.values():
-            node = root
-            for word in binding.routing_key.split("."):
-                node = node.children.setdefault(word, _TopicNode())
-            if binding.destination not in node.destinations:
-                node.destinations.append(binding.destination)
-        self._root = root
-        self._cache = {}
+    def _added(self, binding: Binding) -> None:
+        node = self._root
+        for word in binding.routing_key.split("."):
+            child = node.children.get(word)
+            if child is None:
+                child = node.children[word] = _TopicNode()
+            node = child
+        destination = binding.destination
+        node.destinations[destination] = node.destinations.get(destination, 0) + 1
+        if self._cache:
+            self._cache = {}
+
+    def _removed(self, binding: Binding) -> None:
+        path = [self._root]
+        words = binding.routing_key.split(".")
+        for word in words:
+            path.append(path[-1].children[word])
+        node = path[-1]
+        destination = binding.destination
+        left = node.destinations[destination] - 1
+        if left:
+            node.destinations[destination] = left
+        else:
+            del node.destinations[destination]
+        for depth in range(len(words), 0, -1):
+            node = path[depth]
+            if node.children or node.destinations:
+                break
+            del path[depth - 1].children[words[depth - 1]]
+        if self._cache:
+            self._cache = {}
 
     def route(self, routing_key: str, headers: HeadersFn) -> tuple:
         cached = self._cache.get(routing_key)
@@ -196,6 +337,20 @@ class TopicExchange(Exchange):
             self._cache.clear()
         self._cache[routing_key] = result
         return result
+
+    def index(self) -> dict[str, set]:
+        """Pattern → destinations, read back from the trie (for tests)."""
+        found: dict[str, set] = {}
+
+        def visit(node: _TopicNode, words: list[str]) -> None:
+            if node.destinations:
+                found[".".join(words)] = set(node.destinations)
+            for word, child in node.children.items():
+                visit(child, [*words, word])
+
+        for word, child in self._root.children.items():
+            visit(child, [word])
+        return found
 
 
 def _walk(node: _TopicNode, words: list[str], at: int, found: dict) -> None:

@@ -34,7 +34,13 @@ from .changes import (
 )
 from .message import Message
 from .queue import Queue, QueueArgumentError, new_queue
-from .routing import EXCHANGE_CLASSES, ControlExchange, DirectExchange, Exchange
+from .routing import (
+    EXCHANGE_CLASSES,
+    ControlExchange,
+    DirectExchange,
+    Exchange,
+    arguments_size,
+)
 
 PEER_EXCHANGE = "amq.peer"
 CONSOLE_EXCHANGE = "amq.console"
@@ -119,6 +125,9 @@ class VHost:
         self.queues: dict[str, Queue] = {}
         # At most this many queues (0: no limit); a declare past it is refused with 406.
         self.max_queues = 0
+        # The arguments of one declare or bind may count at most this (routing's
+        # arguments_size; 0: no limit); more is refused with 406.
+        self.max_arguments_size = 0
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues)}
         for exchange_name, kind in STANDARD_EXCHANGES:
             self.exchanges[exchange_name] = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
@@ -221,6 +230,7 @@ class VHost:
                 if name
                 else "ACCESS_REFUSED - operation not permitted on the default exchange"
             )
+        self._check_arguments_size(arguments, f"exchange '{name}'")
         if kind not in EXCHANGE_CLASSES:
             # A channel error, as in RabbitMQ since 3.12: one bad declare does not close
             # every channel of the connection (docs/compat.md).
@@ -290,10 +300,20 @@ class VHost:
                 self._after_unbind(other)
 
     def _after_unbind(self, exchange: Exchange) -> None:
-        if not any(isinstance(b.destination, Exchange) for b in exchange.bindings.values()):
+        if not exchange.exchange_bindings:
             self._has_exchange_destinations.discard(exchange.name)
         if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
             self.remove_exchange(exchange)
+
+    def _check_arguments_size(self, arguments: dict[str, Any] | None, what: str) -> None:
+        limit = self.max_arguments_size
+        if limit and arguments:
+            size = arguments_size(arguments)
+            if size > limit:
+                raise exceptions.AMQPPreconditionFailed(
+                    f"PRECONDITION_FAILED - the arguments of {what} count {size} bytes, "
+                    f"more than limits.max_arguments_size ({limit})"
+                )
 
     # -- queues --------------------------------------------------------------------
 
@@ -334,6 +354,7 @@ class VHost:
                 f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.'"
             )
         arguments = arguments or {}
+        self._check_arguments_size(arguments, f"queue '{name}'")
         self._refuse_control_reference(
             arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
         )
@@ -471,6 +492,7 @@ class VHost:
     ) -> None:
         queue = self.get_queue(queue_name, owner)
         exchange = self._bindable_source(exchange_name)
+        self._check_arguments_size(arguments, f"a binding of queue '{queue_name}'")
         try:
             added = exchange.bind(queue, routing_key, arguments)
         except ValueError as error:
@@ -503,6 +525,7 @@ class VHost:
     ) -> None:
         destination = self._bindable_source(destination_name)
         source = self._bindable_source(source_name)
+        self._check_arguments_size(arguments, f"a binding of exchange '{destination_name}'")
         try:
             added = source.bind(destination, routing_key, arguments)
         except ValueError as error:

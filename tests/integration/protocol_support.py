@@ -267,3 +267,17 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+def fresh_scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A scrape of a snapshot taken after this call began (a page is reused for a second):
+    scrapes until the snapshot count passes the first one's, at most 10 s."""
+    first = scrape(port)[("amqha_metrics_snapshots_total", ())]
+    deadline = time.monotonic() + 10
+    while True:
+        figures = scrape(port)
+        if figures[("amqha_metrics_snapshots_total", ())] > first:
+            return figures
+        if time.monotonic() >= deadline:
+            raise TimeoutError("no new metrics snapshot in 10 s")
+        time.sleep(0.05)

@@ -9,6 +9,7 @@ in bench/memory_attacks.py.
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 from pathlib import Path
@@ -17,8 +18,8 @@ import pytest
 from pamqp import body as content_body
 from pamqp import commands, frame, header
 
-from tests.integration.protocol_support import Closed, RawClient, unique
-from tests.support import ServerProcess, wait_until
+from tests.integration.protocol_support import Closed, RawClient, fresh_scrape, scrape, unique
+from tests.support import ServerProcess, free_port, wait_until
 
 MiB = 1024 * 1024
 # What the RSS of a broker may grow beyond the configured limit in these tests: the
@@ -197,6 +198,124 @@ def test_a_header_above_max_header_size_is_406(make_server) -> None:
         close = client.expect(commands.Channel.Close, 1)
         assert close.reply_code == 406
         assert "max header size 8192" in close.reply_text
+
+
+def _start_big_body(client: RawClient, queue: str) -> bytes:
+    """Open a publisher and announce a 120 MiB body; returns one full body frame."""
+    client.handshake(capabilities={"connection.blocked": True})
+    client.open_channel(1)
+    client.send(
+        1,
+        commands.Basic.Publish(exchange="", routing_key=queue),
+        header.ContentHeader(0, 120 * MiB, commands.Basic.Properties()),
+    )
+    return frame.marshal(content_body.ContentBody(b"b" * (131072 - 8)), 1)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_publishers_that_leave_half_way_through_a_body_while_blocked_are_released(
+    make_server, loop: str
+) -> None:
+    metrics_port = free_port()
+    server = make_server(
+        "halfsent",
+        limits={"memory_high_watermark": 8 * MiB},
+        metrics={"listen": f"127.0.0.1:{metrics_port}"},
+    ).start(extra_args=("--no-uvloop",) if loop == "asyncio" else ())
+    queue = unique("halfsent")
+
+    def used() -> float:
+        return scrape(metrics_port)[("amqha_memory_used_bytes", ())]
+
+    with RawClient(server.port) as watcher:
+        watcher.handshake(capabilities={"connection.blocked": True})
+        watcher.open_channel(1)
+        watcher.call(1, commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
+        watcher.publish(1, "", queue, b"first")
+        idle = wait_until(lambda: message_count(server, queue) == 1 and used(), what="published")
+        # Two bodies partly sent and read (their close comes as a FIN), then one sent until
+        # the broker stops reading it, which leaves with a reset (SO_LINGER 0, as when a
+        # process exits with frames unread).
+        graceful = [RawClient(server.port), RawClient(server.port)]
+        for count, client in enumerate(graceful, 1):
+            body = _start_big_body(client, queue)
+            client.send_raw(body * 24)  # 3 MiB of 120
+            wait_until(lambda count=count: used() > idle + count * 3 * MiB, what="body read")
+        reset = RawClient(server.port)
+        body = _start_big_body(reset, queue)
+        sent = send_until_blocked(reset, body * 8, 60 * MiB)
+        assert sent < 60 * MiB
+        for client in (*graceful, watcher):
+            client.expect(commands.Connection.Blocked, 0, timeout=10)
+        assert fresh_scrape(metrics_port)[("rabbitmq_connections", ())] == 4
+        reset.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        for client in (*graceful, reset):
+            client.close()
+
+        # The broker reads none of them, yet sees them go and drops their partial bodies.
+        watcher.expect(commands.Connection.Unblocked, 0, timeout=15)
+        figures = fresh_scrape(metrics_port)
+        assert figures[("rabbitmq_connections", ())] == 1
+        assert figures[("rabbitmq_alarms_memory_used_watermark", ())] == 0
+        assert figures[("amqha_memory_used_bytes", ())] < idle + MiB
+        watcher.publish(1, "", queue, b"second")
+        wait_until(lambda: message_count(server, queue) == 2, what="published again")
+
+
+def test_arguments_are_capped_and_counted_against_the_watermark(make_server) -> None:
+    metrics_port = free_port()
+    server = make_server(
+        "arguments",
+        limits={"max_arguments_size": "16KiB"},
+        metrics={"listen": f"127.0.0.1:{metrics_port}"},
+    ).start()
+    queue = unique("args")
+    with RawClient(server.port) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.call(1, commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
+        before = fresh_scrape(metrics_port)[("amqha_memory_used_bytes", ())]
+        # Within the limit: held, and counted.
+        for index in range(100):
+            client.call(
+                1,
+                commands.Queue.Bind(
+                    queue=queue,
+                    exchange="amq.direct",
+                    routing_key=f"k{index}",
+                    arguments={"x": "v" * 10_000},
+                ),
+                commands.Queue.BindOk,
+            )
+        after = fresh_scrape(metrics_port)[("amqha_memory_used_bytes", ())]
+        assert after - before >= 100 * 10_000
+        # Past it, each of the four ways to leave arguments behind is refused.
+        big = {"x": "v" * 20_000}
+        for method, what in (
+            (
+                commands.Queue.Bind(queue=queue, exchange="amq.direct", arguments=big),
+                f"a binding of queue '{queue}'",
+            ),
+            (commands.Queue.Declare(queue="big", arguments=big), "queue 'big'"),
+            (commands.Exchange.Declare(exchange="big", arguments=big), "exchange 'big'"),
+            (
+                commands.Exchange.Bind(
+                    destination="amq.fanout", source="amq.direct", arguments=big
+                ),
+                "a binding of exchange 'amq.fanout'",
+            ),
+        ):
+            client.send(1, method)
+            close = client.expect(commands.Channel.Close, 1)
+            assert close.reply_code == 406
+            assert close.reply_text.startswith(f"PRECONDITION_FAILED - the arguments of {what}")
+            assert "more than limits.max_arguments_size (16384)" in close.reply_text
+            client.send(1, commands.Channel.CloseOk())
+            client.open_channel(1)
+        client.call(1, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
+    # The queue's bindings went with it, and so did their count.
+    gone = fresh_scrape(metrics_port)[("amqha_memory_used_bytes", ())]
+    assert gone < before + 100_000
 
 
 # -- before Connection.Tune ------------------------------------------------------------

@@ -6,16 +6,22 @@ its replication (in sync, lag)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import socket
+import time
 import urllib.error
+import urllib.request
+from pathlib import Path
 
 import aio_pika
 import pika
 import pytest
 from pamqp import commands
 
-from tests.integration.protocol_support import RawClient, scrape, unique
+from tests.integration.protocol_support import RawClient, fresh_scrape, scrape, unique
 from tests.pairs import MakePair, raw_open
-from tests.support import free_port, wait_until
+from tests.support import ServerProcess, free_port, wait_until
 
 
 def queue_labels(name: str) -> tuple[tuple[str, str], ...]:
@@ -53,6 +59,8 @@ async def test_queue_connection_and_memory_figures(make_server) -> None:
         assert figures[("rabbitmq_channels", ())] == 1
         assert figures[("amqha_queued_message_bytes", ())] == 3 * 101
         assert figures[("amqha_memory_high_watermark_bytes", ())] == 2 * 1024**3
+        # Four messages of 101 bytes, a connection, a channel and a queue at least.
+        assert figures[("amqha_memory_used_bytes", ())] > 4 * 101 + 16 * 1024
         assert figures[("rabbitmq_alarms_memory_used_watermark", ())] == 0
         assert figures[("rabbitmq_process_resident_memory_bytes", ())] > 10 * 1024**2
         # A standalone server is always ACTIVE; nothing to count.
@@ -103,7 +111,7 @@ def test_a_connection_is_not_counted_once_its_close_handshake_is_done(make_serve
         closing.send(0, commands.Connection.Close(200, "bye", 0, 0))
         closing.expect(commands.Connection.CloseOk, 0)
         # The socket stays open: the client has not hung up yet.
-        assert scrape(metrics_port)[("rabbitmq_connections", ())] == 1
+        assert fresh_scrape(metrics_port)[("rabbitmq_connections", ())] == 1
 
 
 def test_no_endpoint_unless_configured(make_server) -> None:
@@ -150,8 +158,107 @@ async def test_pair_figures_on_both_servers(make_pair: MakePair) -> None:
         0.05,
         "the backup lets a client in",
     )
-    after = await asyncio.to_thread(scrape, ports[1])
+    after = await asyncio.to_thread(fresh_scrape, ports[1])
     assert after[("amqha_pair_state", (("state", "ACTIVE"),))] == 1
     # Alone, it confirms on its own store: unprotected, and the metric says so.
     assert after[("amqha_replication_in_sync", ())] == 0
     assert after[("amqha_pair_takeovers_total", ())] == 1
+
+
+def threads(server: ServerProcess) -> int:
+    assert server.process is not None
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def test_half_sent_requests_neither_keep_a_scrape_out_nor_delay_a_stop(make_server) -> None:
+    metrics_port = free_port()
+    server = make_server("slowloris", metrics={"listen": f"127.0.0.1:{metrics_port}"})
+    server.start()
+    scrape(metrics_port)
+    before = threads(server)
+    held: list[socket.socket] = []
+    try:
+        # More than the endpoint keeps open: the oldest give way to newer ones.
+        for _ in range(300):
+            sock = socket.create_connection(("127.0.0.1", metrics_port), timeout=5)
+            held.append(sock)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        assert scrape(metrics_port)[("rabbitmq_connections", ())] == 0
+        # No thread per request: the requests are read on the broker's loop.
+        assert threads(server) <= before + 1
+        # A stop closes them all at once (terminate waits 15 s at most, then kills).
+        assert server.terminate() == 0
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_basic_auth_refuses_a_scrape_without_the_credentials(make_server) -> None:
+    metrics_port = free_port()
+    server = make_server(
+        "guarded",
+        metrics={"listen": f"127.0.0.1:{metrics_port}", "username": "prom", "password": "scrape"},
+    )
+    server.start()
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    for credentials in (None, b"prom:wrong", b"other:scrape"):
+        request = urllib.request.Request(url)
+        if credentials is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(credentials).decode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 401
+        assert refused.value.headers["WWW-Authenticate"].startswith("Basic ")
+    request = urllib.request.Request(url)
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"prom:scrape").decode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+        assert b"rabbitmq_connections 0.0" in response.read()
+
+
+def test_scrapes_share_a_snapshot_taken_at_most_once_a_second(make_server) -> None:
+    metrics_port = free_port()
+    server = make_server("shared", metrics={"listen": f"127.0.0.1:{metrics_port}"})
+    server.start()
+    with RawClient(server.port) as client:
+        client.handshake()
+        client.open_channel(1)
+        for index in range(200):
+            client.call(1, commands.Queue.Declare(queue=f"q{index}"), commands.Queue.DeclareOk)
+    first = scrape(metrics_port)[("amqha_metrics_snapshots_total", ())]
+    began = time.monotonic()
+
+    async def many() -> list[dict]:
+        return await asyncio.gather(*(asyncio.to_thread(scrape, metrics_port) for _ in range(60)))
+
+    pages = asyncio.run(many())
+    elapsed = time.monotonic() - began
+    last = max(page[("amqha_metrics_snapshots_total", ())] for page in pages)
+    # Snapshots are a second apart at least: however many scrapes, no more walks than that.
+    assert last - first <= elapsed + 1
+    assert all(page[("rabbitmq_queues", ())] == 200 for page in pages)
+
+
+def test_only_get_metrics_is_answered(make_server) -> None:
+    metrics_port = free_port()
+    make_server("narrow", metrics={"listen": f"127.0.0.1:{metrics_port}"}).start()
+
+    def status(request: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as sock:
+            sock.sendall(request)
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):
+                    answer += chunk
+        return answer.split(b"\r\n", 1)[0]
+
+    assert status(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") == b"HTTP/1.1 200 OK"
+    assert status(b"HEAD /metrics HTTP/1.1\r\n\r\n") == b"HTTP/1.1 200 OK"
+    assert status(b"GET /other HTTP/1.1\r\n\r\n") == b"HTTP/1.1 404 Not Found"
+    assert status(b"POST /metrics HTTP/1.1\r\n\r\n") == b"HTTP/1.1 405 Method Not Allowed"
+    assert status(b"nonsense\r\n\r\n") == b"HTTP/1.1 400 Bad Request"
+    too_big = b"GET /metrics HTTP/1.1\r\nX: " + b"x" * 10_000
+    assert status(too_big) == b"HTTP/1.1 431 Request Header Fields Too Large"

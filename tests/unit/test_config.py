@@ -538,6 +538,63 @@ def test_metrics_listen_is_off_by_default_and_checked(tmp_path: Path) -> None:
     assert_error(tmp_path, with_change("metrics", "port", 1), "metrics.port", "unknown key")
 
 
+def metrics_section(tmp_path: Path, **values: Any) -> dict[str, Any]:
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    data["metrics"] = values
+    return data
+
+
+def test_metrics_off_loopback_needs_basic_auth(tmp_path: Path) -> None:
+    for host in ("0.0.0.0", "[::]", "10.1.2.3", "metrics.example"):
+        assert_error(
+            tmp_path,
+            metrics_section(tmp_path, listen=f"{host}:15692"),
+            "metrics.listen",
+            "not a loopback address",
+            "metrics.username",
+        )
+    for host in ("127.0.0.1", "127.9.9.9", "[::1]", "localhost"):
+        config = load_config(write(tmp_path, metrics_section(tmp_path, listen=f"{host}:15692")))
+        assert config.metrics_auth is None
+    config = load_config(
+        write(
+            tmp_path,
+            metrics_section(tmp_path, listen="0.0.0.0:15692", username="prom", password="s3cret"),
+        )
+    )
+    assert config.metrics_listen == ("0.0.0.0", 15692)
+    assert config.metrics_auth == ("prom", "s3cret")
+    assert "s3cret" not in repr(config)
+
+
+def test_metrics_password_file_and_bad_credentials(tmp_path: Path) -> None:
+    (tmp_path / "metrics.pw").write_text("from-a-file\n")
+    config = load_config(
+        write(
+            tmp_path,
+            metrics_section(
+                tmp_path, listen="0.0.0.0:1", username="prom", password_file="metrics.pw"
+            ),
+        )
+    )
+    assert config.metrics_auth == ("prom", "from-a-file")
+    for values, key, problem in (
+        ({"username": "prom"}, "metrics.password", "missing"),
+        ({"password": "x"}, "metrics.username", "missing"),
+        ({"username": "a:b", "password": "x"}, "metrics.username", "without ':'"),
+        ({"username": "prom", "password": ""}, "metrics.password", "is empty"),
+        (
+            {"username": "prom", "password": "x", "password_file": "metrics.pw"},
+            "metrics.password_file",
+            "either",
+        ),
+        ({"username": "prom", "password_file": "absent.pw"}, "metrics.password_file", "cannot"),
+    ):
+        assert_error(
+            tmp_path, metrics_section(tmp_path, listen="127.0.0.1:1", **values), key, problem
+        )
+
+
 def test_bounds_limits_load_with_their_defaults(tmp_path: Path) -> None:
     data = with_change("limits", "vhost", {"max_queues": 10})
     data["limits"].update(
@@ -547,9 +604,11 @@ def test_bounds_limits_load_with_their_defaults(tmp_path: Path) -> None:
             "max_consumers_per_channel": 3,
             "max_header_size": "16KiB",
             "output_buffer": "256KiB",
+            "max_arguments_size": "4KiB",
         }
     )
     limits = load_config(write(tmp_path, data)).limits
+    assert limits.max_arguments_size == 4096
     assert (limits.vhost.max_queues, limits.vhost.max_connections) == (10, 0)
     assert (limits.user.max_connections, limits.user.max_channels) == (5, 50)
     assert (limits.max_connections, limits.max_consumers_per_channel) == (100, 3)
@@ -557,6 +616,7 @@ def test_bounds_limits_load_with_their_defaults(tmp_path: Path) -> None:
     defaults = load_config(write(tmp_path, VALID)).limits
     assert (defaults.max_connections, defaults.vhost.max_queues) == (10_000, 100_000)
     assert (defaults.max_header_size, defaults.output_buffer) == (64 * 1024, 1024 * 1024)
+    assert defaults.max_arguments_size == 16 * 1024
 
 
 @pytest.mark.parametrize(

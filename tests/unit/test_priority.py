@@ -19,6 +19,7 @@ from pamqp.header import ContentHeader
 from amqha.core.changes import ChangeLog, Delivered, Enqueued, Settled
 from amqha.core.message import Message
 from amqha.core.queue import (
+    Lane,
     PriorityQueue,
     Queue,
     QueueArgumentError,
@@ -178,9 +179,9 @@ def test_a_maximum_of_0_is_a_plain_queue_and_others_are_priority_queues() -> Non
     queue = new_queue("q", arguments={"x-max-priority": 255})
     assert isinstance(queue, PriorityQueue) and queue.max_priority == 255
     fill(queue, ("low", 0), ("top", 255), ("mid", 7))
-    assert bodies(queue) == ["top", "mid", "low"]
     # Lanes are made for the priorities in use only.
-    assert sum(lane is not None for lane in queue.lanes) == len(queue.made) == 3
+    assert sorted(queue.lanes) == [0, 7, 255]
+    assert bodies(queue) == ["top", "mid", "low"]
 
 
 @pytest.mark.parametrize("value", [256, -1, 10**6, "5", b"5", True, 2.5, None])
@@ -526,3 +527,37 @@ def test_clearing_consumers_forgets_the_active_one() -> None:
     queue.add_consumer(later, 0.0)
     assert queue.active_consumer is later
     assert math.isinf(queue._head_deadline())
+
+
+# -- lanes live while they hold messages ---------------------------------------------------
+
+
+def test_an_empty_priority_queue_holds_no_lane() -> None:
+    held = Lane.held
+    queue = priority_queue(255)
+    assert queue.lanes == {} and Lane.held == held
+    fill(queue, *((f"m{p}", p) for p in range(256)))
+    assert len(queue.lanes) == 256 and Lane.held == held + 256
+    assert queue.purge() == 256
+    assert queue.lanes == {} and Lane.held == held
+    # Drained by consumers, gets, expiry or settling, lanes go as they empty.
+    fill(queue, ("a", 9), ("b", 3), ("c", 3))
+    assert take_all(queue) == [("a", False), ("b", False), ("c", False)]
+    assert queue.lanes == {} and Lane.held == held
+    first, second = fill(queue, ("x", 5), ("y", 2))
+    queue.discard([second.msg_id])
+    assert sorted(queue.lanes) == [5]
+    fill(queue, ("z", 200))
+    assert bodies(queue) == ["z", "x"]
+    assert queue.lanes == {} and Lane.held == held
+
+
+def test_the_head_follows_lanes_as_they_come_and_go() -> None:
+    queue = priority_queue(10)
+    fill(queue, ("low", 1), ("high", 8))
+    got = queue.get(0.0)
+    assert got is not None and got[0].body == b"high"
+    assert sorted(queue.lanes) == [1]
+    fill(queue, ("mid", 4))
+    assert bodies(queue) == ["mid", "low"]
+    assert queue.lanes == {} and queue.message_count == 0

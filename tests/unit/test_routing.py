@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amqha.core.routing import (
+    ArgumentBytes,
     DirectExchange,
     FanoutExchange,
     HeadersExchange,
@@ -234,3 +235,111 @@ def test_unbind_destination_removes_every_binding_to_it(kind: type) -> None:
     assert exchange.unbind_destination("q1") == 2
     assert exchange.unbind_destination("q1") == 0
     assert exchange.route("k", no_headers) == ("q2",)
+
+
+# -- the index follows each binding, and always equals one built from scratch ----------
+
+
+def scratch_index(exchange: DirectExchange | FanoutExchange | TopicExchange) -> dict[str, set]:
+    index: dict[str, set] = {}
+    for binding in exchange.bindings.values():
+        key = "" if isinstance(exchange, FanoutExchange) else binding.routing_key
+        index.setdefault(key, set()).add(binding.destination)
+    return index
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["bind", "unbind", "unbind_destination"]),
+        st.sampled_from(["q1", "q2", "q3"]),
+        st.sampled_from(["a", "a.b", "*.b", "#", "a.#", ""]),
+        st.sampled_from([{}, {"x": 1}, {"x": True}, {"x": "1"}]),
+    ),
+    max_size=60,
+)
+
+
+@pytest.mark.parametrize("kind", [DirectExchange, FanoutExchange, TopicExchange])
+@given(steps=operations)
+@settings(max_examples=150, deadline=None)
+def test_the_index_after_binds_and_unbinds_equals_one_built_from_scratch(
+    kind: type, steps: list
+) -> None:
+    exchange = kind("e")
+    for operation, destination, key, arguments in steps:
+        if operation == "bind":
+            exchange.bind(destination, key, arguments)
+        elif operation == "unbind":
+            exchange.unbind(destination, key, arguments)
+        else:
+            exchange.unbind_destination(destination)
+        assert exchange.index() == scratch_index(exchange)
+        for routing_key in ("a", "a.b", "c.b", "", "a.b.c"):
+            expected = {
+                b.destination
+                for b in exchange.bindings.values()
+                if kind is FanoutExchange
+                or (kind is DirectExchange and b.routing_key == routing_key)
+                or (kind is TopicExchange and topic_matches(b.routing_key, routing_key))
+            }
+            assert set(exchange.route(routing_key, no_headers)) == expected
+    for destination in ("q1", "q2", "q3"):
+        exchange.unbind_destination(destination)
+    assert exchange.index() == {} and not exchange.bindings and not exchange.by_destination
+
+
+class NoWalk(dict):
+    """Bindings that may be looked up and changed, never walked."""
+
+    def _walked(self, *args: object) -> None:
+        raise AssertionError("a bind or unbind walked every binding")
+
+    values = items = keys = __iter__ = _walked  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("kind", [DirectExchange, FanoutExchange, TopicExchange])
+def test_a_bind_or_unbind_does_not_walk_the_other_bindings(kind: type) -> None:
+    exchange = kind("e")
+    queues = [f"q{index}" for index in range(1000)]
+    for index, queue in enumerate(queues):
+        exchange.bind(queue, f"k.{index}", {})
+    exchange.bindings = NoWalk(exchange.bindings)
+    assert exchange.bind("new", "k.new", {"x": 1}) is True
+    assert exchange.unbind(queues[5], "k.5", {}) is True
+    assert exchange.unbind_destination(queues[6]) == 1
+    assert len(exchange.bindings) == 999
+    assert "new" in exchange.route("k.new", no_headers)
+
+
+def test_a_topic_trie_keeps_no_empty_node_after_unbinding() -> None:
+    exchange = TopicExchange("e")
+    exchange.bind("q", "a.b.c.d", {})
+    exchange.bind("q", "a.b", {})
+    exchange.unbind("q", "a.b.c.d", {})
+    assert exchange.index() == {"a.b": {"q"}}
+    exchange.unbind("q", "a.b", {})
+    assert exchange._root.children == {}
+
+
+def test_arguments_equal_in_value_but_not_in_type_are_different_bindings() -> None:
+    exchange = DirectExchange("e")
+    assert exchange.bind("q", "k", {"x": 1}) is True
+    assert exchange.bind("q", "k", {"x": True}) is True
+    assert exchange.bind("q", "k", {"x": 1.0}) is True
+    assert exchange.bind("q", "k", {"x": {"y": [1, "z"]}}) is True
+    assert exchange.bind("q", "k", {"x": {"y": [1, "z"]}}) is False
+    assert len(exchange.bindings) == 4
+    assert exchange.route("k", no_headers) == ("q",)
+
+
+def test_bindings_count_their_arguments_while_they_live() -> None:
+    before = ArgumentBytes.held
+    exchange = DirectExchange("e")
+    exchange.bind("q", "k1", {"big": "x" * 100_000})
+    exchange.bind("q", "k2", {})
+    assert ArgumentBytes.held - before >= 100_000
+    exchange.unbind("q", "k1", {"big": "x" * 100_000})
+    assert ArgumentBytes.held == before
+    exchange.bind("q", "k3", {"big": "y" * 50_000})
+    del exchange  # an exchange deleted with its bindings
+    assert ArgumentBytes.held == before

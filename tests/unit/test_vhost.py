@@ -4,6 +4,7 @@ routing through exchange-to-exchange bindings (cycles included), and dead-letter
 from __future__ import annotations
 
 import datetime
+import gc
 import struct
 from typing import Any
 
@@ -13,7 +14,7 @@ from pamqp.header import ContentHeader
 
 from amqha.core.message import Message
 from amqha.core.queue import Queue
-from amqha.core.routing import Exchange
+from amqha.core.routing import ArgumentBytes, Exchange
 from amqha.core.vhost import VHost
 from amqha.wire import address_of
 
@@ -745,3 +746,32 @@ def test_replication_needs_a_durable_shared_queue(
             "r", OWNER, h.now, durable=durable, exclusive=exclusive, arguments=arguments
         )
     assert "r" not in h.vhost.queues
+
+
+def test_arguments_count_while_their_queue_exchange_or_binding_lives(h: Harness) -> None:
+    gc.collect()
+    before = ArgumentBytes.held
+    big = {"x-note": "n" * 5000}
+    h.vhost.declare_queue("q", OWNER, 0.0, arguments=dict(big))
+    h.vhost.declare_exchange("e", "direct", arguments=dict(big))
+    h.vhost.bind_queue("q", "e", "k", dict(big), OWNER)
+    assert ArgumentBytes.held - before >= 3 * 5000
+    h.vhost.delete_exchange("e")
+    h.vhost.delete_queue("q", OWNER)
+    gc.collect()
+    assert ArgumentBytes.held == before
+
+
+def test_arguments_past_the_limit_are_refused_with_406(h: Harness) -> None:
+    h.vhost.max_arguments_size = 1000
+    h.vhost.declare_queue("q", OWNER, 0.0, arguments={"x-note": "n" * 500})
+    for attempt in (
+        lambda: h.vhost.declare_queue("q2", OWNER, 0.0, arguments={"x-note": "n" * 2000}),
+        lambda: h.vhost.declare_exchange("e", "direct", arguments={"a": "n" * 2000}),
+        lambda: h.vhost.bind_queue("q", "amq.direct", "k", {"a": "n" * 2000}, OWNER),
+        lambda: h.vhost.bind_exchange("amq.fanout", "amq.direct", "k", {"a": "n" * 2000}),
+    ):
+        with pytest.raises(exceptions.AMQPPreconditionFailed, match="max_arguments_size"):
+            attempt()
+    assert set(h.vhost.queues) == {"q"} and "e" not in h.vhost.exchanges
+    assert not h.vhost.exchanges["amq.direct"].bindings
