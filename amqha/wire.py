@@ -148,6 +148,17 @@ _ARGUMENT_TYPES: dict[type[Method], tuple[tuple[str, str], ...]] = {
 }
 
 
+def _argument_types(method_class: type[Method]) -> tuple[tuple[str, str], ...]:
+    """A class registered with pamqp after this module was imported (a client's
+    Connection.Redirect) gets its entry on first use."""
+    types = _ARGUMENT_TYPES.get(method_class)
+    if types is None:
+        types = _ARGUMENT_TYPES[method_class] = tuple(
+            (name, method_class.amqp_type(name)) for name in method_class.__slots__
+        )
+    return types
+
+
 def _decode_arguments(method: Method, payload: bytes) -> None:
     """What pamqp's ``Frame.unmarshal`` does, with field tables decoded by ``_table``.
 
@@ -161,7 +172,7 @@ def _decode_arguments(method: Method, payload: bytes) -> None:
     bits_at = -1  # the octet the current run of bits is read from
     bit = 0
     value: Any
-    for name, kind in _ARGUMENT_TYPES[type(method)]:
+    for name, kind in _argument_types(type(method)):
         if kind == "bit":
             if bits_at < 0 or bit == 8:
                 bits_at, bit = at, 0
