@@ -44,7 +44,7 @@ from .core.sync import Eligibility, Leader, Phase, SentRun
 from .store import PendingRun, RunWritten
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from .host import ReplicationHost
 
 log = logging.getLogger("amqha.replication")
 
@@ -127,7 +127,7 @@ class Feed:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: ReplicationHost,
         on_sync: Callable[[bool, str], None],
         on_unprotected: Callable[[int], None],
     ) -> None:
@@ -424,7 +424,7 @@ class Follower:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: ReplicationHost,
         url: str,
         on_sync: Callable[[bool, str], None],
         connect_options: dict[str, Any],
