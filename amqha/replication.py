@@ -39,9 +39,19 @@ from peering import ConsumerLink, Link, LinkClosed
 
 from .core import codec, feedauth
 from .core.apply import apply_run, state_changes
-from .core.changes import Batch, Bound, Change, Enqueued, QueueDeclared, Reset, Settled, Unbound
+from .core.changes import (
+    Batch,
+    Bound,
+    Change,
+    Enqueued,
+    PendingRun,
+    QueueDeclared,
+    Reset,
+    RunWritten,
+    Settled,
+    Unbound,
+)
 from .core.sync import Eligibility, Leader, Phase, SentRun
-from .store import PendingRun, RunWritten
 
 if TYPE_CHECKING:
     from .host import ReplicationHost
