@@ -220,6 +220,7 @@ class Channel:
         self.transaction: list[TxAction] | None = None
         # Deliveries acked inside the open transaction: a rollback makes them unacked again.
         self.transaction_acks: list[Unacked] = []
+        self.transaction_bytes = 0  # message bodies published in the open transaction
         self.pending: PendingPublish | None = None
         # An empty queue name in a method means the queue last declared on this channel.
         self.last_queue = ""
@@ -429,6 +430,7 @@ class Channel:
         if not broker.blocked and Message.held > broker.message_budget:
             broker.check_memory()
         if self.transaction is not None:
+            self._hold_in_transaction(len(body))
             self.transaction.append((TX_PUBLISH, pending.exchange, publish, message))
             return
         self._route(pending.exchange, publish, message)
@@ -965,6 +967,18 @@ class Channel:
             self.transaction = []
         self.reply(commands.Tx.SelectOk())
 
+    def _hold_in_transaction(self, size: int) -> None:
+        """A transaction commits as one change, replicated as one run: its bodies are
+        bounded like one message's (``limits.max_message_size``), so the run, and what
+        encoding it costs, are bounded too."""
+        limit = self.broker.config.limits.max_message_size
+        self.transaction_bytes += size
+        if self.transaction_bytes > limit:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - the transaction holds more than {limit} bytes of "
+                "message bodies (limits.max_message_size): commit in smaller transactions"
+            )
+
     def _require_transaction(self) -> list[TxAction]:
         if self.transaction is None:
             raise exceptions.AMQPPreconditionFailed(
@@ -976,6 +990,7 @@ class Channel:
         actions = self._require_transaction()
         self.transaction = None
         self.transaction_acks = []
+        self.transaction_bytes = 0
         log = self.vhost.log
         sync_before = log.sync_lsn if log is not None else 0
         if log is not None:
@@ -1022,6 +1037,7 @@ class Channel:
     def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
         actions = self._require_transaction()
         actions.clear()
+        self.transaction_bytes = 0
         # Deliveries acked, nacked or rejected inside the transaction are unacked again.
         for entry in self.transaction_acks:
             self.unacked[entry[0]] = entry
