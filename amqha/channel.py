@@ -29,7 +29,7 @@ from .core.message import Message
 from .core.queue import Queue, QueueArgumentError, consumer_priority
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from .host import ChannelHost, ChannelOwner
 
 OPEN, CLOSING = "open", "closing"
 
@@ -200,9 +200,9 @@ class FeedOutlet:
 
 
 class Channel:
-    def __init__(self, connection: Connection, number: int) -> None:
+    def __init__(self, connection: ChannelOwner, number: int) -> None:
         self.connection = connection
-        self.broker = connection.broker
+        self.broker: ChannelHost = connection.broker
         self.vhost = connection.vhost
         self.number = number
         self.state = OPEN
@@ -220,6 +220,7 @@ class Channel:
         self.transaction: list[TxAction] | None = None
         # Deliveries acked inside the open transaction: a rollback makes them unacked again.
         self.transaction_acks: list[Unacked] = []
+        self.transaction_bytes = 0  # message bodies published in the open transaction
         self.pending: PendingPublish | None = None
         # An empty queue name in a method means the queue last declared on this channel.
         self.last_queue = ""
@@ -411,7 +412,7 @@ class Channel:
         pending.parts.append(payload)
         pending.received = received
         # A body in many frames is held here until complete: it counts against the watermark.
-        self.broker.input_bytes += len(payload)
+        self.broker.count_input(len(payload))
         if received == pending.body_size:
             self._complete(pending, b"".join(pending.parts))
 
@@ -419,7 +420,7 @@ class Channel:
         pending = self.pending
         if pending is not None:
             self.pending = None
-            self.broker.input_bytes -= pending.received
+            self.broker.count_input(-pending.received)
 
     def _complete(self, pending: PendingPublish, body: bytes) -> None:
         self._drop_pending()
@@ -429,6 +430,7 @@ class Channel:
         if not broker.blocked and Message.held > broker.message_budget:
             broker.check_memory()
         if self.transaction is not None:
+            self._hold_in_transaction(len(body))
             self.transaction.append((TX_PUBLISH, pending.exchange, publish, message))
             return
         self._route(pending.exchange, publish, message)
@@ -461,7 +463,7 @@ class Channel:
             elif log is not None and log.sync_lsn != sync_before:
                 # Confirmed once the store has it on disk (``store_progress``).
                 if not confirms.unsafe:
-                    self.broker.unsafe_channels.add(self)
+                    self.broker.wait_for_safe(self)
                 confirms.wait_for(seq, log.sync_lsn)
             else:
                 connection.confirms_due(self)
@@ -482,7 +484,7 @@ class Channel:
 
     def _reply(self, address: str, message: Message) -> bool:
         """A reply to a direct reply-to address: straight to its consumer, if still there."""
-        consumer = self.broker.direct_replies.get(address)
+        consumer = self.broker.reply_consumer(address)
         if consumer is None:
             return False
         consumer.deliver(None, message, False)  # type: ignore[arg-type]  # no_ack: no queue
@@ -727,7 +729,7 @@ class Channel:
             )
         self.reply_consumer = ChannelConsumer(tag, self, None, True, False, 0)  # type: ignore[arg-type]
         self.reply_address = REPLY_TO_PREFIX + secrets.token_urlsafe(24)
-        self.broker.direct_replies[self.reply_address] = self.reply_consumer
+        self.broker.add_reply(self.reply_address, self.reply_consumer)
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
 
@@ -773,7 +775,7 @@ class Channel:
 
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:
-            self.broker.direct_replies.pop(self.reply_address, None)
+            self.broker.forget_reply(self.reply_address)
             self.reply_consumer = None
             self.reply_address = ""
 
@@ -904,7 +906,7 @@ class Channel:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - queue name '{method.queue}' contains reserved prefix 'amq.'"
             )
-        if method.queue != REPLY_TO and method.queue not in self.broker.direct_replies:
+        if method.queue != REPLY_TO and self.broker.reply_consumer(method.queue) is None:
             raise exceptions.AMQPNotFound(
                 f"NOT_FOUND - no queue '{method.queue}' in vhost '{self.vhost.name}'"
             )
@@ -965,6 +967,18 @@ class Channel:
             self.transaction = []
         self.reply(commands.Tx.SelectOk())
 
+    def _hold_in_transaction(self, size: int) -> None:
+        """A transaction commits as one change, replicated as one run: its bodies are
+        bounded like one message's (``limits.max_message_size``), so the run, and what
+        encoding it costs, are bounded too."""
+        limit = self.broker.config.limits.max_message_size
+        self.transaction_bytes += size
+        if self.transaction_bytes > limit:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - the transaction holds more than {limit} bytes of "
+                "message bodies (limits.max_message_size): commit in smaller transactions"
+            )
+
     def _require_transaction(self) -> list[TxAction]:
         if self.transaction is None:
             raise exceptions.AMQPPreconditionFailed(
@@ -976,6 +990,7 @@ class Channel:
         actions = self._require_transaction()
         self.transaction = None
         self.transaction_acks = []
+        self.transaction_bytes = 0
         log = self.vhost.log
         sync_before = log.sync_lsn if log is not None else 0
         if log is not None:
@@ -1022,6 +1037,7 @@ class Channel:
     def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
         actions = self._require_transaction()
         actions.clear()
+        self.transaction_bytes = 0
         # Deliveries acked, nacked or rejected inside the transaction are unacked again.
         for entry in self.transaction_acks:
             self.unacked[entry[0]] = entry
@@ -1090,7 +1106,7 @@ class Channel:
             self.broker.feed.unsubscribed(self.feed_outlet)
         if self.confirms.unsafe:
             self.confirms.drop_unsafe()
-            self.broker.unsafe_channels.discard(self)
+            self.broker.done_waiting(self)
         self._stop_replies()
         self._drop_pending()
         consumers = list(self.consumers.values())

@@ -43,7 +43,7 @@ from .logtext import escaped
 if TYPE_CHECKING:
     from .core.queue import Queue
     from .core.vhost import VHost
-    from .server import Broker
+    from .host import BrokerHost
 
 log = logging.getLogger("amqha.connection")
 
@@ -85,7 +85,7 @@ LASTING_HOLDS = READ_HELD_MEMORY | READ_HELD_OUTPUT | READ_HELD_PAIR | READ_HELD
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerHost) -> None:
         self.broker = broker
         limits = broker.config.limits
         self.loop = asyncio.get_running_loop()
@@ -112,7 +112,7 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.read_holds = 0
         self.backlog: tuple[list[wire.RawFrame], int] | None = None
-        self.buffered = 0  # len(self.buffer) as last counted in broker.input_bytes
+        self.buffered = 0  # len(self.buffer) as last counted by broker.count_input
         self.counted = False  # counted in the broker's per-vhost and per-user connections
         self.published = False
         self.confirm_channels: set[Channel] = set()
@@ -166,7 +166,7 @@ class Connection(asyncio.Protocol):
         self._release_all()
         if self.write_paused:
             self.write_paused = False
-            self.broker.paused_outputs -= 1
+            self.broker.output_paused(-1)
         self.buffer = bytearray()
         self.backlog = None
         self._count_input()
@@ -175,14 +175,14 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if not self.write_paused:
             self.write_paused = True
-            self.broker.paused_outputs += 1
+            self.broker.output_paused(1)
         if self.published:
             self.hold_reading(READ_HELD_OUTPUT, True)
 
     def resume_writing(self) -> None:
         if self.write_paused:
             self.write_paused = False
-            self.broker.paused_outputs -= 1
+            self.broker.output_paused(-1)
         self.hold_reading(READ_HELD_OUTPUT, False)
         self.wake_consumers()
 
@@ -314,7 +314,7 @@ class Connection(asyncio.Protocol):
         """Keep the broker's count of partial frames held for reading up to date."""
         buffered = len(self.buffer)
         if buffered != self.buffered:
-            self.broker.input_bytes += buffered - self.buffered
+            self.broker.count_input(buffered - self.buffered)
             self.buffered = buffered
 
     # -- writing ----------------------------------------------------------------------

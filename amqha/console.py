@@ -276,14 +276,20 @@ def _replication_text(status: dict[str, Any]) -> str:
         text = {"in_sync": "in sync", "catching_up": "catching up", "none": "unprotected"}.get(
             feed.get("state"), str(feed.get("state"))
         )
-        if feed.get("state") == "catching_up":
+        if feed.get("phase") == "closing":
+            # The snapshot is acked and confirms wait for the PASSIVE; it is in sync
+            # once it holds what was confirmed without it.
+            text += f" (snapshot acked, in sync at LSN {feed.get('sync_lsn')})"
+        elif feed.get("state") == "catching_up":
             text += f" (lag {feed.get('lag_changes')})"
     elif follower is not None:
-        text = (
-            "following, in sync"
-            if follower.get("in_sync")
-            else f"following, {follower.get('state')}"
-        )
+        state = follower.get("state")
+        if follower.get("in_sync"):
+            text = "following, in sync"
+        elif state == "closing":
+            text = "following, snapshot applied, not yet in sync"
+        else:
+            text = f"following, {str(state).replace('_', ' ')}"
     else:
         text = ""
     quarantined = replication.get("quarantined") or []

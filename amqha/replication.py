@@ -39,12 +39,22 @@ from peering import ConsumerLink, Link, LinkClosed
 
 from .core import codec, feedauth
 from .core.apply import apply_run, state_changes
-from .core.changes import Batch, Bound, Change, Enqueued, QueueDeclared, Reset, Settled, Unbound
+from .core.changes import (
+    Batch,
+    Bound,
+    Change,
+    Enqueued,
+    PendingRun,
+    QueueDeclared,
+    Reset,
+    RunWritten,
+    Settled,
+    Unbound,
+)
 from .core.sync import Eligibility, Leader, Phase, SentRun
-from .store import PendingRun, RunWritten
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from .host import ReplicationHost
 
 log = logging.getLogger("amqha.replication")
 
@@ -127,7 +137,7 @@ class Feed:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: ReplicationHost,
         on_sync: Callable[[bool, str], None],
         on_unprotected: Callable[[int], None],
     ) -> None:
@@ -424,7 +434,7 @@ class Follower:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: ReplicationHost,
         url: str,
         on_sync: Callable[[bool, str], None],
         connect_options: dict[str, Any],

@@ -487,6 +487,29 @@ class Broker:
             log.warning("retrying the store: publishers unblocked")
             self._update_blocked()
 
+    # -- what connections and channels report (host.ChannelHost, host.ConnectionHost) -----
+
+    def count_input(self, delta: int) -> None:
+        self.input_bytes += delta
+
+    def output_paused(self, delta: int) -> None:
+        self.paused_outputs += delta
+
+    def wait_for_safe(self, channel: Any) -> None:
+        self.unsafe_channels.add(channel)
+
+    def done_waiting(self, channel: Any) -> None:
+        self.unsafe_channels.discard(channel)
+
+    def reply_consumer(self, address: str) -> Any:
+        return self.direct_replies.get(address)
+
+    def add_reply(self, address: str, consumer: Any) -> None:
+        self.direct_replies[address] = consumer
+
+    def forget_reply(self, address: str) -> None:
+        self.direct_replies.pop(address, None)
+
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
         """Call ``done(ok)`` once the store (and an in-sync PASSIVE) has up to ``lsn``."""
         if lsn <= self.safe_lsn or self.store is None:

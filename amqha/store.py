@@ -44,9 +44,11 @@ from amqha.core.changes import (
     Enqueued,
     ExchangeDeclared,
     ExchangeDeleted,
+    PendingRun,
     QueueDeclared,
     QueueDeleted,
     Reset,
+    RunWritten,
     Settled,
     Unbound,
 )
@@ -160,23 +162,6 @@ class StoreFailure(NamedTuple):
     first_lsn: int
     last_lsn: int
     error: str
-
-
-class PendingRun(NamedTuple):
-    """A run from the ACTIVE (``core.codec`` bytes) kept as received: durable once its
-    write commits, so the PASSIVE may ack it before decoding it. ``seq`` orders the runs
-    kept at once."""
-
-    seq: int
-    data: bytes
-
-
-class RunWritten(NamedTuple):
-    """Ends the write of a pending run's changes: the run is removed in the same
-    transaction. The run was on disk already, so that write commits without an fsync
-    (a crash before the next fsync loses it whole, and the run is written again at open)."""
-
-    seq: int
 
 
 Notify = Callable[[int, StoreFailure | None], None]

@@ -44,14 +44,18 @@ async def _until(predicate: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _started_with_queue(pair: Pair) -> None:
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    connection = await aiormq.connect(pair.primary.url)
+    channel = await connection.channel()
+    await channel.queue_declare("soak", durable=True)
+    await connection.close()
+
+
 async def soak(workdir: Path, kills: int) -> dict[str, Any]:
     pair = Pair(workdir).start()
     try:
-        await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-        connection = await aiormq.connect(pair.primary.url)
-        channel = await connection.channel()
-        await channel.queue_declare("soak", durable=True)
-        await connection.close()
+        await _started_with_queue(pair)
         ledger = Ledger()
         stop = asyncio.Event()
         urls = [pair.primary.url, pair.backup.url]
@@ -151,11 +155,7 @@ async def soak_backlog(workdir: Path, kills: int, backlog: int, seed: int) -> di
     rng = random.Random(seed)
     pair = Pair(workdir).start()
     try:
-        await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-        connection = await aiormq.connect(pair.primary.url)
-        channel = await connection.channel()
-        await channel.queue_declare("soak", durable=True)
-        await connection.close()
+        await _started_with_queue(pair)
         ledger = Ledger()
         await _fill(pair.primary.url, "soak", ledger, backlog)
         stop = asyncio.Event()

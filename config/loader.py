@@ -279,7 +279,8 @@ class _Section:
             raise ConfigError(
                 path, prefix or "(top level)", f"expected a mapping, got {type(data).__name__}"
             )
-        self.path, self.prefix, self.data, self.used = path, prefix, data, set()
+        self.path, self.prefix, self.data = path, prefix, data
+        self.used: set[str] = set()
 
     def key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
@@ -369,7 +370,7 @@ def _users(path: str, value: Any) -> tuple[User, ...]:
         )
     if not isinstance(value, list) or not value:
         raise ConfigError(path, "users", "expected a non-empty list of users")
-    users = []
+    users: list[User] = []
     for index, item in enumerate(value):
         section = _Section(path, f"users[{index}]", item)
         name = section.get("name", str, None)

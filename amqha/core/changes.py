@@ -128,6 +128,31 @@ Change = (
     | Batch
 )
 
+# Entries of the log that are not changes of state: a PASSIVE's records for its own
+# store (docs/durability.md, section 5). The store writes them; nothing applies them, and
+# the replication feed never carries them.
+
+
+class PendingRun(NamedTuple):
+    """A run from the ACTIVE (``core.codec`` bytes) kept as received: durable once its
+    write commits, so the PASSIVE may ack it before decoding it. ``seq`` orders the runs
+    kept at once."""
+
+    seq: int
+    data: bytes
+
+
+class RunWritten(NamedTuple):
+    """Ends the write of a pending run's changes: the run is removed in the same
+    transaction. The run was on disk already, so that write commits without an fsync
+    (a crash before the next fsync loses it whole, and the run is written again at open)."""
+
+    seq: int
+
+
+# What the change log carries: changes of state, and the store's own records.
+Entry = Change | PendingRun | RunWritten
+
 # The kinds a persistent store must have on disk before a confirm (Delivered and
 # Settled are made safe by the next write: losing them redelivers, never loses).
 WIRING = (ExchangeDeclared, ExchangeDeleted, QueueDeclared, QueueDeleted, Bound, Unbound, Reset)
@@ -145,14 +170,14 @@ class ChangeLog:
     __slots__ = ("pending", "lsn", "sync_lsn", "on_first", "_batch", "_batch_sync")
 
     def __init__(self, on_first: Callable[[], None] | None = None) -> None:
-        self.pending: list[Change] = []
+        self.pending: list[Entry] = []
         self.lsn = 0
         self.sync_lsn = 0
         self.on_first = on_first
-        self._batch: list[Change] | None = None
+        self._batch: list[Entry] | None = None
         self._batch_sync = False
 
-    def emit(self, change: Change, sync: bool = False) -> None:
+    def emit(self, change: Entry, sync: bool = False) -> None:
         batch = self._batch
         if batch is not None:
             batch.append(change)
@@ -166,7 +191,7 @@ class ChangeLog:
         if sync:
             self.sync_lsn = self.lsn
 
-    def extend(self, changes: list[Change], sync: bool = False) -> None:
+    def extend(self, changes: list[Entry], sync: bool = False) -> None:
         """``emit`` each of ``changes``, in one step."""
         if self._batch is not None or not changes:
             for change in changes:
@@ -190,7 +215,7 @@ class ChangeLog:
         if batch:
             self.emit(Batch(tuple(batch)), self._batch_sync)
 
-    def take(self) -> tuple[int, list[Change]]:
+    def take(self) -> tuple[int, list[Entry]]:
         """The pending changes and the LSN of the first; the log is empty afterwards."""
         pending = self.pending
         self.pending = []

@@ -14,6 +14,7 @@ from pamqp import commands
 from pamqp.header import ContentHeader
 
 from amqha.quarantine import keep, replayed_count
+from tests.integration.test_replication import run_replay
 from tests.pairs import ADMIN, url_of
 from tests.support import ROOT, ServerProcess
 
@@ -23,16 +24,6 @@ ROOM = 30  # the queue's x-max-length: the 31st replayed message is nacked
 
 def header(body: bytes, **properties: Any) -> bytes:
     return ContentHeader(0, len(body), commands.Basic.Properties(**properties)).marshal()
-
-
-def run_replay(path: Path, url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "amqha", "quarantine", "replay", str(path), "--url", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
 
 
 async def take_all(url: str, queue: str) -> list[tuple[bytes, str | None]]:

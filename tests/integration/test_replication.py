@@ -33,6 +33,7 @@ def run_replay(path: Any, url: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=ROOT,
     )
 
 
@@ -83,9 +84,7 @@ async def test_confirmed_messages_survive_a_kill_9_of_the_active(make_pair: Any)
                     for k in range(n, n + 100)
                 )
             )
-    pair.kill(pair.primary)
-    await client_vote([pair.backup], retry_for=20)
-    await pair.wait_states(None, "ACTIVE", timeout=20)
+    await kill_the_primary_and_vote(pair)
     found = [body for body, _ in await drain(pair.backup.url, "orders")]
     assert found == [f"o-{k}".encode() for k in range(2000)]
 
@@ -134,18 +133,60 @@ async def test_twenty_kill_9s_of_the_active_lose_no_confirmed_message(make_pair:
     assert len(ledger.acked) > len(ledger.confirmed) // 2
 
 
-async def fill(url: str, queue: str, ledger: Ledger, count: int, size: int) -> None:
+async def fill_confirmed(url: str, queue: str, ledger: Ledger, count: int, size: int) -> None:
+    """``count`` persistent messages of about ``size`` bytes, 500 confirms in flight."""
     connection = await aiormq.connect(url)
-    channel = await connection.channel()
+    channel = await connection.channel(publisher_confirms=True)
     filler = b"x" * size
     for start in range(0, count, 500):
-        bodies = [b"%d-" % n + filler for n in range(start, min(count, start + 500))]
+        bodies = [b"fill-%d-" % n + filler for n in range(start, min(count, start + 500))]
         ledger.sent.update(bodies)
-        await asyncio.gather(
+        results = await asyncio.gather(
             *(channel.basic_publish(b, routing_key=queue, properties=PERSISTENT) for b in bodies)
         )
-        ledger.confirmed.update(bodies)
+        ledger.confirmed.update(b for b, r in zip(bodies, results, strict=True) if r)
     await connection.close()
+
+
+async def pair_with_a_backlog(make_pair: Any) -> tuple[Pair, Ledger]:
+    """A pair in sync whose queue 'big' holds 20,000 confirmed messages of 4 KB: enough
+    that a PASSIVE's catch-up can be seen."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "big")
+    ledger = Ledger()
+    await fill_confirmed(pair.primary.url, "big", ledger, 20_000, 4000)
+    await wait_in_sync(pair, pair.primary)
+    return pair, ledger
+
+
+async def kill_the_primary_and_vote(pair: Pair) -> None:
+    """kill -9 of the primary (ACTIVE), and a client's vote: the backup serves."""
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=20)
+    await pair.wait_states(None, "ACTIVE", timeout=20)
+
+
+async def assert_every_confirmed_message(url: str, queue: str, ledger: Ledger, count: int) -> None:
+    """``queue`` holds exactly the ``count`` confirmed messages: none lost, none invented."""
+    remaining = [body for body, _ in await drain(url, queue)]
+    lost, invented = ledger.check(remaining)
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+    assert not invented and len(remaining) == count
+
+
+async def refused_for_sync(server: Any) -> list[str]:
+    """Client votes at ``server`` until one is refused as not in sync (at most ~20 s,
+    until the peer counts as gone); the answers."""
+    answers: list[str] = []
+    for _ in range(200):
+        answer = await asyncio.to_thread(raw_open, server.port)
+        answers.append(str(getattr(answer, "reply_text", answer)))
+        if "not in sync" in answers[-1]:
+            break
+        await asyncio.sleep(0.1)
+    assert "not in sync" in answers[-1], answers[-3:]
+    return answers
 
 
 async def restart_into_catch_up(pair: Pair, server: Any, attempts: int = 5) -> bool:
@@ -172,33 +213,14 @@ async def test_a_passive_still_catching_up_does_not_take_over_and_loses_nothing(
     """kill -9 of the ACTIVE while its restarted PASSIVE catches up: the PASSIVE refuses
     the client vote (saying why) and stays PASSIVE; the ACTIVE restarted leads again from
     its own store, and every confirmed message is there."""
-    pair = make_pair().start()
-    await pair.wait_states("ACTIVE", "PASSIVE")
-    await declare(pair.primary.url, "big")
-    ledger = Ledger()
-    await fill(pair.primary.url, "big", ledger, 20_000, 4000)
-    await wait_in_sync(pair, pair.primary)
+    pair, ledger = await pair_with_a_backlog(make_pair)
     assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
     pair.kill(pair.primary)
-    answers: list[str] = []
-
-    async def refused_for_sync() -> bool:
-        answer = await asyncio.to_thread(raw_open, pair.backup.port)
-        answers.append(str(getattr(answer, "reply_text", answer)))
-        return "not in sync" in answers[-1]
-
-    for _ in range(200):  # the client vote, until the peer counts as gone: at most ~20 s
-        if await refused_for_sync():
-            break
-        await asyncio.sleep(0.1)
-    assert "not in sync" in answers[-1], answers[-3:]
+    await refused_for_sync(pair.backup)
     await hold(lambda: pair.state(pair.backup) == "PASSIVE", 1.5, "the backup stays PASSIVE")
     pair.primary.start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    remaining = [body for body, _ in await drain(pair.primary.url, "big")]
-    lost, invented = ledger.check(remaining)
-    assert not lost and not invented
-    assert len(remaining) == 20_000
+    await assert_every_confirmed_message(pair.primary.url, "big", ledger, 20_000)
 
 
 async def test_takeover_unsynced_lets_a_catching_up_passive_take_over_and_says_so(
@@ -207,12 +229,10 @@ async def test_takeover_unsynced_lets_a_catching_up_passive_take_over_and_says_s
     pair = make_pair(failover_extra={"takeover_unsynced": True}).start()
     await pair.wait_states("ACTIVE", "PASSIVE")
     await declare(pair.primary.url, "big")
-    await fill(pair.primary.url, "big", Ledger(), 20_000, 4000)
+    await fill_confirmed(pair.primary.url, "big", Ledger(), 20_000, 4000)
     await wait_in_sync(pair, pair.primary)
     assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
-    pair.kill(pair.primary)
-    await client_vote([pair.backup], retry_for=20)
-    await pair.wait_states(None, "ACTIVE", timeout=20)
+    await kill_the_primary_and_vote(pair)
     transitions = [e for e in pair.events(pair.backup) if e["event"] == "transition"]
     assert "NOT in sync (failover.takeover_unsynced)" in transitions[-1]["reason"]
 
@@ -228,7 +248,7 @@ async def test_a_split_brain_keeps_the_losers_confirmed_messages_in_quarantine(
     await declare(pair.primary.url, "split")
     await wait_in_sync(pair, pair.primary)
     before = Ledger()
-    await fill(pair.primary.url, "split", before, 300, 10)
+    await fill_confirmed(pair.primary.url, "split", before, 300, 10)
     pair.cut()
     await poll(lambda: pair.state(pair.primary) == "ACTIVE", 5, "primary still ACTIVE")
     alone = Ledger()
@@ -311,9 +331,7 @@ async def test_a_queue_left_out_of_replication_is_quarantined_when_its_server_re
     ledger = Ledger()
     await publish_confirmed(pair.primary.url, "local", ledger, "l", asyncio.Event(), limit=200)
     assert len(ledger.confirmed) == 200
-    pair.kill(pair.primary)
-    await client_vote([pair.backup], retry_for=20)
-    await pair.wait_states(None, "ACTIVE", timeout=20)
+    await kill_the_primary_and_vote(pair)
     pair.primary.start()
     await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
     found = await poll(
@@ -403,21 +421,6 @@ async def test_the_passives_own_disk_holds_every_confirmed_message(make_pair: An
     assert not set(remaining) - ledger.sent  # nothing invented
 
 
-async def fill_confirmed(url: str, queue: str, ledger: Ledger, count: int, size: int) -> None:
-    """``count`` persistent messages of about ``size`` bytes, 500 confirms in flight."""
-    connection = await aiormq.connect(url)
-    channel = await connection.channel(publisher_confirms=True)
-    filler = b"x" * size
-    for start in range(0, count, 500):
-        bodies = [b"fill-%d-" % n + filler for n in range(start, min(count, start + 500))]
-        ledger.sent.update(bodies)
-        results = await asyncio.gather(
-            *(channel.basic_publish(b, routing_key=queue, properties=PERSISTENT) for b in bodies)
-        )
-        ledger.confirmed.update(b for b, r in zip(bodies, results, strict=True) if r)
-    await connection.close()
-
-
 def passive_syncs(pair: Pair, server: Any) -> list[dict[str, Any]]:
     return [e for e in pair.events(server) if e["event"] == "sync" and e.get("side") == "passive"]
 
@@ -484,33 +487,17 @@ async def test_a_server_killed_while_catching_up_never_leads_on_part_of_a_snapsh
     serve it, losing confirmed messages. Its data dir says it is incomplete now: the
     vote is refused with the reason; the backup, started again, leads (the primary is
     not in sync), the primary follows it, and every confirmed message is there."""
-    pair = make_pair().start()
-    await pair.wait_states("ACTIVE", "PASSIVE")
-    await declare(pair.primary.url, "big")
-    ledger = Ledger()
-    await fill_confirmed(pair.primary.url, "big", ledger, 20_000, 4000)
-    await wait_in_sync(pair, pair.primary)
-    pair.kill(pair.primary)
-    await client_vote([pair.backup], retry_for=20)
-    await pair.wait_states(None, "ACTIVE", timeout=20)
+    pair, ledger = await pair_with_a_backlog(make_pair)
+    await kill_the_primary_and_vote(pair)
     assert await restart_into_catch_up(pair, pair.primary), "the catch-up was never seen"
     pair.kill(pair.primary)
     assert (pair.primary.data_dir / "incomplete").exists()
     pair.kill(pair.backup)
     pair.primary.start()
-    answers: list[str] = []
-    for _ in range(200):  # until the peer counts as gone: at most ~20 s
-        answer = await asyncio.to_thread(raw_open, pair.primary.port)
-        answers.append(str(getattr(answer, "reply_text", answer)))
-        if "not in sync" in answers[-1]:
-            break
-        await asyncio.sleep(0.1)
-    assert "not in sync" in answers[-1], answers[-3:]
+    await refused_for_sync(pair.primary)
     await hold(lambda: pair.state(pair.primary) != "ACTIVE", 1.0, "the primary does not lead")
     pair.backup.start()
     await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
-    remaining = [body for body, _ in await drain(pair.backup.url, "big")]
-    lost, invented = ledger.check(remaining)
-    assert not lost and not invented and len(remaining) == 20_000
+    await assert_every_confirmed_message(pair.backup.url, "big", ledger, 20_000)
     await pair.wait_in_sync(pair.primary, timeout=60)
     assert not (pair.primary.data_dir / "incomplete").exists()

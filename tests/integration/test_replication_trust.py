@@ -17,10 +17,16 @@ from pamqp import commands
 from amqha.core import codec, feedauth
 from amqha.core.changes import ExchangeDeclared, Reset
 from amqha.replication import SNAPSHOT_END
-from tests.durability import Ledger, drain, publish_confirmed
+from tests.durability import Ledger, publish_confirmed
 from tests.fake_active import FakeActive
-from tests.integration.test_replication import declare, replication, wait_in_sync
-from tests.pairs import PAIR_SECRET, PEERING, Pair, client_vote, poll, url_of
+from tests.integration.test_replication import (
+    assert_every_confirmed_message,
+    declare,
+    kill_the_primary_and_vote,
+    replication,
+    wait_in_sync,
+)
+from tests.pairs import PAIR_SECRET, PEERING, Pair, poll, url_of
 
 
 async def try_to_subscribe(url: str, arguments: dict[str, Any] | None) -> Exception | None:
@@ -109,12 +115,8 @@ async def test_a_login_with_the_peering_password_cannot_take_the_feed(make_pair:
     ledger = Ledger()
     await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=2000)
     assert len(ledger.confirmed) == 2000
-    pair.kill(pair.primary)
-    await client_vote([pair.backup], retry_for=20)
-    await pair.wait_states(None, "ACTIVE", timeout=20)
-    remaining = [body for body, _ in await drain(pair.backup.url, "orders")]
-    lost, invented = ledger.check(remaining)
-    assert not lost and not invented and len(remaining) == 2000
+    await kill_the_primary_and_vote(pair)
+    await assert_every_confirmed_message(pair.backup.url, "orders", ledger, 2000)
 
 
 async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_pair: Any) -> None:
@@ -159,9 +161,5 @@ async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_p
     pair.primary.start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     await wait_in_sync(pair, pair.primary)
-    pair.kill(pair.primary)
-    await client_vote([pair.backup], retry_for=20)
-    await pair.wait_states(None, "ACTIVE", timeout=20)
-    remaining = [body for body, _ in await drain(pair.backup.url, "orders")]
-    lost, invented = ledger.check(remaining)
-    assert not lost and not invented and len(remaining) == 500
+    await kill_the_primary_and_vote(pair)
+    await assert_every_confirmed_message(pair.backup.url, "orders", ledger, 500)

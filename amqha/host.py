@@ -1,0 +1,190 @@
+"""What the broker's parts ask of the broker, and what a channel asks of its connection.
+
+Owns only interfaces, so that the dependencies between the broker's modules point one
+way (docs/architecture.md, "Layout"):
+
+- ``ChannelOwner``: a channel's connection (``connection.Connection`` implements it);
+- ``ChannelHost``: what a channel asks of the broker;
+- ``ConnectionHost``: what a connection asks of the broker (``BrokerHost``: that and
+  what its channels ask);
+- ``ReplicationHost``: what the replication feed and follower ask of the broker;
+- ``FeedPort``: the replication feed as the channel that carries it sees it
+  (``replication.Feed``).
+
+``server.Broker`` implements the hosts. ``server`` imports ``connection``, ``replication``
+and ``metrics``; ``connection`` imports ``channel``; none of them imports ``server``, and
+``channel`` does not import ``connection``: each of them imports this module instead. The
+broker's counters and registries are changed through its methods, never written into.
+
+Must not know: any implementation (this module imports only pure ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pamqp import exceptions
+
+    from config import ServerConfig
+
+    from .auth import Refused, User
+    from .core.changes import ChangeLog
+    from .core.queue import Queue
+    from .core.vhost import MessageIds, VHost
+    from .gate import Pair
+
+
+class FeedPort(Protocol):
+    """The replication feed, as the channel that takes its subscription sees it."""
+
+    @property
+    def live_subscriber(self) -> bool: ...
+
+    def refused(self, peer: str, user: str) -> None: ...
+
+    def subscribe(self, outlet: Any, key: bytes) -> None: ...
+
+    def acked(self, outlet: Any, tag: int, multiple: bool) -> None: ...
+
+    def unsubscribed(self, outlet: Any) -> None: ...
+
+
+class ChannelHost(Protocol):
+    """What a channel asks of the broker."""
+
+    config: ServerConfig
+    pair: Pair
+    feed: FeedPort
+    log: ChangeLog | None
+    leading: bool
+    blocked: bool
+    message_budget: int
+
+    def now(self) -> float: ...
+
+    def check_memory(self) -> None: ...
+
+    def count_input(self, delta: int) -> None:
+        """Bytes of partial frames and bodies being assembled, counted against the
+        memory watermark (negative: released)."""
+        ...
+
+    def watch_queue(self, queue: Queue) -> None: ...
+
+    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...
+
+    def wait_for_safe(self, channel: Any) -> None:
+        """``channel`` has confirms waiting for the watermark (``store_progress``)."""
+        ...
+
+    def done_waiting(self, channel: Any) -> None: ...
+
+    def reply_consumer(self, address: str) -> Any:
+        """The direct reply-to consumer behind ``address``, or None."""
+        ...
+
+    def add_reply(self, address: str, consumer: Any) -> None: ...
+
+    def forget_reply(self, address: str) -> None: ...
+
+
+class ChannelOwner(Protocol):
+    """A channel's connection, as the channel sees it."""
+
+    broker: ChannelHost
+    loop: asyncio.AbstractEventLoop
+    user: User
+    vhost: VHost
+    peer: str
+    nonce: bytes
+    frame_max: int
+    bypasses_gate: bool
+    published: bool
+    write_paused: bool
+    channels: dict[int, Any]
+    confirm_channels: set[Any]
+    exclusive_queues: dict[str, Queue]
+
+    def send(self, data: bytes) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def confirms_due(self, channel: Any) -> None: ...
+
+    def capability(self, name: str) -> bool: ...
+
+    def mark_publisher(self) -> None: ...
+
+    def hold_reading(self, reason: int, hold: bool) -> None: ...
+
+    def fail(self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0) -> None: ...
+
+    def forget_channel(self, number: int) -> None: ...
+
+
+class ConnectionHost(Protocol):
+    """What a client connection asks of the broker."""
+
+    config: ServerConfig
+    pair: Pair
+
+    def now(self) -> float: ...
+
+    def admit(self, connection: Any) -> bool: ...
+
+    async def authenticate(
+        self, username: str, password: str, address: str, mechanism: str
+    ) -> User | Refused: ...
+
+    def user_known(self, username: str) -> bool: ...
+
+    def server_properties(self) -> dict[str, Any]: ...
+
+    def vhost(self, name: str) -> VHost: ...
+
+    def connection_refusal(self, user: User, vhost: str) -> str | None: ...
+
+    def connection_opened(self, connection: Any) -> None: ...
+
+    def connection_closed(self, connection: Any) -> None: ...
+
+    def channel_opened(self, connection: Any) -> None: ...
+
+    def channel_closed(self, connection: Any) -> None: ...
+
+    def count_input(self, delta: int) -> None: ...
+
+    def output_paused(self, delta: int) -> None:
+        """One more (+1) or one fewer (-1) connection whose socket stopped draining."""
+        ...
+
+    def hold(self, connection: Any) -> None: ...
+
+    def throttle(self, connection: Any) -> None: ...
+
+    def watch_unread(self, connection: Any, watch: bool) -> None: ...
+
+
+class BrokerHost(ChannelHost, ConnectionHost, Protocol):
+    """The broker as a connection holds it: for itself and for its channels."""
+
+
+class ReplicationHost(Protocol):
+    """What the replication feed (ACTIVE) and follower (PASSIVE) ask of the broker."""
+
+    config: ServerConfig
+    ids: MessageIds
+    log: ChangeLog | None
+    vhosts: dict[str, VHost]
+    safe_lsn: int
+
+    def now(self) -> float: ...
+
+    def replicated(self, changes: list[Any]) -> int: ...
+
+    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...
+
+    def before_reset(self) -> None: ...
