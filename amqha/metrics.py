@@ -1,17 +1,20 @@
 """The Prometheus endpoint: the broker's counters and the pair's state, as of a snapshot.
 
-Owns: the ``metrics.listen`` HTTP listener (a small HTTP/1.1 responder on the broker's
+Owns: the ``metrics.listen`` HTTP listener (aiohttp's low-level server on the broker's
 loop: ``GET /metrics`` and nothing else), its bounds and basic auth, the snapshot cache,
 and the metric names, which follow RabbitMQ's prometheus plugin where the meaning is the
 same (``rabbitmq_queue_messages_ready``...) and are ``amqha_`` where it is not.
 
 Bounds: a snapshot of the broker (one pass over the queues, on the loop) is taken at
 most once per SNAPSHOT_PERIOD however many scrapes come, and turned into text on one
-worker thread; every scrape in between is answered with those bytes. At most
-MAX_CONNECTIONS sockets are open; past that the oldest one still sending its request is
-dropped for the newcomer. A request must be in within REQUEST_TIMEOUT and at most
-MAX_REQUEST bytes; from then on the answer is made, written as the socket drains and
-taken within RESPONSE_TIMEOUT. A stop closes every socket at once.
+worker thread; every scrape in between is answered with those bytes. aiohttp parses the
+requests with its size limits (HANDLER_OPTIONS); on top of it, ScrapeHandler keeps the
+count and the time: at most MAX_CONNECTIONS sockets are open, past that the oldest one
+still sending its request is dropped for the newcomer; a request must be in within
+REQUEST_TIMEOUT; from then on the answer is made, written as the socket drains and
+taken within RESPONSE_TIMEOUT. One request per connection. A stop gives answers under
+way SHUTDOWN_TIMEOUT (twice at most: aiohttp waits that long for the answer, then that
+long again for it to be cancelled), then closes every socket.
 
 Must not know: how the counters are kept (queues and channels count; nothing here runs on
 the publish path). The loop's objects are read on the loop only; the worker thread sees
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import concurrent.futures
 import hmac
 import logging
@@ -32,9 +34,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from .logtext import escaped
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -46,11 +52,30 @@ SNAPSHOT_PERIOD = 1.0
 MAX_CONNECTIONS = 256
 REQUEST_TIMEOUT = 10.0
 RESPONSE_TIMEOUT = 60.0
-MAX_REQUEST = 8192
+# aiohttp's shutdown_timeout: how long a stop lets answers under way finish.
+SHUTDOWN_TIMEOUT = 0.5
 # The answer goes out this much at a time, as the socket drains: a scraper that does not
 # read holds at most this (and the kernel's buffer), not its own copy of the page.
 CHUNK = 64 * 1024
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+BASE_HEADERS = {"Content-Type": CONTENT_TYPE, "Server": "amqha"}
+# aiohttp's RequestHandler options. A request's head is at most MAX_HEADERS lines of at
+# most MAX_FIELD bytes after a request line of at most MAX_LINE (past it: 431): about
+# 72 KiB held per connection while it arrives. One request per connection (every answer
+# closes it); lingering_time 0: a body sent with a refused request is not read. The
+# releases of aiohttp that time a connection's first request with keepalive_timeout do
+# what ScrapeHandler's own timer does, at the same time.
+MAX_LINE = 8192
+MAX_FIELD = 4096
+MAX_HEADERS = 16
+HANDLER_OPTIONS: dict[str, Any] = {
+    "max_line_size": MAX_LINE,
+    "max_field_size": MAX_FIELD,
+    "max_headers": MAX_HEADERS,
+    "keepalive_timeout": REQUEST_TIMEOUT,
+    "lingering_time": 0,
+    "access_log": None,
+}
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -326,95 +351,81 @@ class Pages:
         self.worker.shutdown(wait=False, cancel_futures=True)
 
 
-class ScrapeConnection(asyncio.Protocol):
-    """One HTTP connection: one request read (bounded in size and time), one answer
-    written as the socket drains, then closed."""
+class ScrapeHandler(web.RequestHandler):
+    """aiohttp's HTTP/1.1 protocol for one scrape connection, with the endpoint's bounds
+    on top: the request must be in within REQUEST_TIMEOUT of the connection (aiohttp has
+    no timer for a request's head on every version it supports), its answer taken within
+    RESPONSE_TIMEOUT of that; past either the socket is aborted."""
 
-    def __init__(self, endpoint: MetricsEndpoint) -> None:
+    __slots__ = ("endpoint", "answering", "timer")
+
+    def __init__(self, manager: web.Server, endpoint: MetricsEndpoint, **options: Any) -> None:
+        super().__init__(manager, **options)
         self.endpoint = endpoint
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.request = bytearray()
         self.answering = False
-        self.answer: memoryview | None = None
-        self.sent = 0
-        self.paused = False
-        self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.transport.set_write_buffer_limits(high=CHUNK)
+        super().connection_made(transport)
+        self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.drop)
         self.endpoint.opened(self)
-        self.timer = self.loop.call_later(REQUEST_TIMEOUT, self.abort)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.endpoint.closed(self)
+    def connection_lost(self, exc: BaseException | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        if self.task is not None:
-            self.task.cancel()
-
-    def abort(self) -> None:
         self.endpoint.closed(self)
+        super().connection_lost(exc)
+
+    def request_in(self) -> None:
+        """The request is parsed: from here its answer has RESPONSE_TIMEOUT, the page's
+        making included."""
+        self.answering = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(RESPONSE_TIMEOUT, self.drop)
+
+    def drop(self) -> None:
+        # abort, not close: close would wait for a scraper that does not read.
         if self.transport is not None:
             self.transport.abort()
 
-    def eof_received(self) -> bool:
-        # A client that sent its request and shut its side still gets the answer.
-        return self.answering
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        # A request that cannot be parsed is the client's doing: no traceback in the log
+        # for it, and no echo of what it sent.
+        log.debug("metrics: bad request from %s: %s", request.remote, escaped(exc))
+        if isinstance(exc, LineTooLong):
+            return reply(431, b"request too large\n")
+        return reply(400, b"bad request\n")
 
-    def data_received(self, data: bytes) -> None:
-        if self.answering:
-            return
-        self.request += data
-        end = self.request.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.request) > MAX_REQUEST:
-                self.answering = True
-                self.respond("431 Request Header Fields Too Large", b"request too large\n")
-            return
-        self.answering = True
-        head = bytes(self.request[:end])
-        self.request = bytearray()
-        # The request is in: from here the answer has RESPONSE_TIMEOUT, page making included.
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(RESPONSE_TIMEOUT, self.abort)
-        self.task = self.loop.create_task(self.endpoint.answer(self, head))
 
-    def respond(
-        self, status: str, body: bytes, headers: dict[str, str] | None = None, head: bool = False
-    ) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        lines = [
-            f"HTTP/1.1 {status}",
-            f"Content-Type: {CONTENT_TYPE}",
-            f"Content-Length: {len(body)}",
-            "Connection: close",
-            *(f"{name}: {value}" for name, value in (headers or {}).items()),
-        ]
-        self.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode())
-        self.answer = memoryview(b"" if head else body)
-        self._write_more()
+class ScrapeServer(web.Server):
+    """aiohttp's low-level server, making ScrapeHandler connections."""
 
-    def _write_more(self) -> None:
-        if self.answer is None or self.transport is None:
-            return
-        while not self.paused and self.sent < len(self.answer):
-            self.transport.write(self.answer[self.sent : self.sent + CHUNK])
-            self.sent += CHUNK
-        if self.sent >= len(self.answer):
-            self.answer = None
-            self.transport.close()
+    def __init__(self, endpoint: MetricsEndpoint) -> None:
+        # handler_cancellation: a scraper that leaves stops its own answer (the page others
+        # wait for is shielded in Pages.get).
+        super().__init__(endpoint.answer, handler_cancellation=True)
+        self.endpoint = endpoint
 
-    def pause_writing(self) -> None:
-        self.paused = True
+    def __call__(self) -> ScrapeHandler:
+        return ScrapeHandler(
+            self, self.endpoint, loop=asyncio.get_running_loop(), **HANDLER_OPTIONS
+        )
 
-    def resume_writing(self) -> None:
-        self.paused = False
-        self._write_more()
+
+def reply(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
+    """A short answer, then the connection is closed."""
+    response = web.Response(status=status, body=body, headers={**BASE_HEADERS, **(headers or {})})
+    response.force_close()
+    return response
 
 
 class MetricsEndpoint:
@@ -422,10 +433,10 @@ class MetricsEndpoint:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.server: asyncio.base_events.Server | None = None
+        self.runner: web.ServerRunner | None = None
         self.pages = Pages(broker)
         # Open connections, oldest first.
-        self.connections: dict[ScrapeConnection, None] = {}
+        self.connections: dict[ScrapeHandler, None] = {}
         auth = broker.config.metrics_auth
         self.credentials = None if auth is None else f"{auth[0]}:{auth[1]}".encode()
 
@@ -434,79 +445,85 @@ class MetricsEndpoint:
         if address is None:
             return
         host, port = address
-        self.server = await asyncio.get_running_loop().create_server(
-            lambda: ScrapeConnection(self), host, port, reuse_address=True
-        )
+        self.runner = web.ServerRunner(ScrapeServer(self), shutdown_timeout=SHUTDOWN_TIMEOUT)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port, reuse_address=True).start()
         log.info("metrics on http://%s:%d/metrics", host, self.port)
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
+        assert self.runner is not None
+        return int(self.runner.addresses[0][1])
 
-    def opened(self, connection: ScrapeConnection) -> None:
+    def opened(self, connection: ScrapeHandler) -> None:
         if len(self.connections) >= MAX_CONNECTIONS:
             # A slow or half-sent request gives way to the newcomer: holding sockets open
             # cannot keep a scraper out.
             waiting = next((c for c in self.connections if not c.answering), None)
             if waiting is None:
-                connection.abort()
+                connection.drop()
                 return
-            waiting.abort()
+            self.connections.pop(waiting)
+            waiting.drop()
         self.connections[connection] = None
 
-    def closed(self, connection: ScrapeConnection) -> None:
+    def closed(self, connection: ScrapeHandler) -> None:
         self.connections.pop(connection, None)
 
-    async def answer(self, connection: ScrapeConnection, head: bytes) -> None:
-        request_line, *header_lines = head.split(b"\r\n")
-        parts = request_line.split(b" ")
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-            connection.respond("400 Bad Request", b"bad request\n")
-            return
-        method, target, _version = parts
-        if method not in (b"GET", b"HEAD"):
-            connection.respond("405 Method Not Allowed", b"GET only\n", {"Allow": "GET, HEAD"})
-            return
-        if target.partition(b"?")[0] != b"/metrics":
-            connection.respond("404 Not Found", b"see /metrics\n")
-            return
-        if not self._authorized(header_lines):
-            connection.respond(
-                "401 Unauthorized",
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        if isinstance(connection, ScrapeHandler):
+            connection.request_in()
+        if request.method not in ("GET", "HEAD"):
+            return reply(405, b"GET only\n", {"Allow": "GET, HEAD"})
+        if request.path != "/metrics":
+            return reply(404, b"see /metrics\n")
+        if not self._authorized(request.headers.get("Authorization")):
+            return reply(
+                401,
                 b"credentials needed\n",
                 {"WWW-Authenticate": 'Basic realm="amqha metrics", charset="UTF-8"'},
             )
-            return
         try:
             page = await self.pages.get()
         except Exception:
             log.exception("metrics: the page could not be made")
-            connection.respond("500 Internal Server Error", b"the page could not be made\n")
-            return
-        connection.respond("200 OK", page, head=method == b"HEAD")
+            return reply(500, b"the page could not be made\n")
+        response = web.StreamResponse(headers=BASE_HEADERS)
+        response.content_length = len(page)
+        response.force_close()
+        try:
+            await response.prepare(request)
+            if request.method == "GET":
+                # As the socket drains: a scraper that does not read holds at most CHUNK
+                # (and the kernel's buffer), not its own copy of the page.
+                view = memoryview(page)
+                for offset in range(0, len(page), CHUNK):
+                    await response.write(view[offset : offset + CHUNK])
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the scraper left, or was dropped
+        return response
 
-    def _authorized(self, header_lines: list[bytes]) -> bool:
+    def _authorized(self, header: str | None) -> bool:
         if self.credentials is None:
             return True
-        for line in header_lines:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() != b"authorization":
-                continue
-            scheme, _, token = value.strip().partition(b" ")
-            if scheme.lower() != b"basic":
-                return False
-            try:
-                given = base64.b64decode(token.strip(), validate=True)
-            except (binascii.Error, ValueError):
-                return False
-            return hmac.compare_digest(given, self.credentials)
-        return False
+        if header is None:
+            return False
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            given = base64.b64decode(token.strip(), validate=True)
+        except ValueError:  # binascii.Error, or a token that is not ASCII
+            return False
+        return hmac.compare_digest(given, self.credentials)
 
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
+    async def stop(self) -> None:
+        """Answers under way get SHUTDOWN_TIMEOUT to finish; then every socket is closed."""
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
         for connection in list(self.connections):
-            connection.abort()
+            connection.drop()
         self.pages.close()

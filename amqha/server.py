@@ -999,5 +999,5 @@ async def serve(
     print(f"amqha {config.name}: shutting down", file=sys.stderr, flush=True)
     for service in reversed(services):
         await service.stop()
-    metrics.stop()
+    await metrics.stop()
     await broker.stop()
