@@ -9,9 +9,10 @@ way (docs/architecture.md, "Layout"):
   what its channels ask);
 - ``ReplicationHost``: what the replication feed and follower ask of the broker;
 - ``FeedPort``: the replication feed as the channel that carries it sees it
-  (``replication.Feed``).
+  (``replication.Feed``);
+- ``MetricsSource``: what the metrics endpoint reads of the broker.
 
-``server.Broker`` implements the hosts. ``server`` imports ``connection``, ``replication``
+``server.Broker`` implements the hosts and the source. ``server`` imports ``connection``, ``replication``
 and ``metrics``; ``connection`` imports ``channel``; none of them imports ``server``, and
 ``channel`` does not import ``connection``: each of them imports this module instead. The
 broker's counters and registries are changed through its methods, never written into.
@@ -170,6 +171,24 @@ class ConnectionHost(Protocol):
 
 class BrokerHost(ChannelHost, ConnectionHost, Protocol):
     """The broker as a connection holds it: for itself and for its channels."""
+
+
+class MetricsSource(Protocol):
+    """What the metrics endpoint reads of the broker, once per snapshot."""
+
+    config: ServerConfig
+    pair: Pair
+    vhosts: dict[str, VHost]
+    blocked: bool
+    memory_over: bool
+
+    def open_connections(self) -> list[Any]: ...
+
+    def memory_in_use(self) -> int: ...
+
+    def store_status(self) -> dict[str, Any]: ...
+
+    def replication_status(self) -> dict[str, Any]: ...
 
 
 class ReplicationHost(Protocol):

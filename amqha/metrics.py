@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 from .logtext import escaped
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from .host import MetricsSource
 
 log = logging.getLogger("amqha.metrics")
 
@@ -109,7 +109,7 @@ class Snapshot:
     number: int = 0  # how many snapshots this endpoint has taken, this one included
 
 
-def take_snapshot(broker: Broker) -> Snapshot:
+def take_snapshot(broker: MetricsSource) -> Snapshot:
     """Runs on the broker's loop."""
     connections = broker.open_connections()
     snapshot = Snapshot(
@@ -316,7 +316,7 @@ class Pages:
     """The rendered page, refreshed at most once per SNAPSHOT_PERIOD; scrapes that come
     while it is being made wait for that one."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: MetricsSource) -> None:
         self.broker = broker
         self.page = b""
         self.fresh_until = float("-inf")
@@ -431,7 +431,7 @@ def reply(status: int, body: bytes, headers: dict[str, str] | None = None) -> we
 class MetricsEndpoint:
     """The HTTP listener; started with the broker when ``metrics.listen`` is set."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: MetricsSource) -> None:
         self.broker = broker
         self.runner: web.ServerRunner | None = None
         self.pages = Pages(broker)

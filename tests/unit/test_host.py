@@ -1,0 +1,80 @@
+"""The broker's parts name what they need of each other as protocols (amqha/host.py):
+the broker and the connection really provide every member of the ones they implement."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from pathlib import Path
+
+import yaml
+
+from amqha import host
+from amqha.connection import Connection
+from amqha.gate import Member
+from amqha.replication import Feed
+from amqha.server import Broker
+from config import load_config
+
+
+def members(protocol: type) -> set[str]:
+    names = set()
+    for klass in protocol.__mro__:
+        if klass in (object,) or klass.__name__ in ("Protocol", "Generic"):
+            continue
+        names |= set(getattr(klass, "__annotations__", {}))
+        names |= {
+            name
+            for name, value in vars(klass).items()
+            if not name.startswith("_") and (callable(value) or isinstance(value, property))
+        }
+    return names
+
+
+def missing(instance: object, protocol: type) -> set[str]:
+    return {name for name in members(protocol) if not hasattr(instance, name)}
+
+
+def test_the_broker_and_a_connection_provide_every_member_they_promise(tmp_path: Path) -> None:
+    path = tmp_path / "solo.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"name": "solo", "listen": "127.0.0.1:0", "data_dir": str(tmp_path)},
+                "users": [{"name": "guest", "password": "guest"}],
+            }
+        )
+    )
+    config = load_config(path)
+
+    async def check() -> None:
+        broker = Broker(config)
+        for protocol in (
+            host.ChannelHost,
+            host.ConnectionHost,
+            host.BrokerHost,
+            host.ReplicationHost,
+            host.MetricsSource,
+            Member,
+        ):
+            assert not missing(broker, protocol), (protocol.__name__, missing(broker, protocol))
+        connection = Connection(broker)
+        assert not missing(connection, host.ChannelOwner), missing(connection, host.ChannelOwner)
+        assert not missing(broker.feed, host.FeedPort)
+        assert isinstance(broker.feed, Feed)
+
+    asyncio.run(check())
+
+
+def test_no_module_of_the_broker_imports_the_server_or_a_channel_its_connection() -> None:
+    """server -> connection -> channel, server -> replication, server -> metrics: none of
+    them imports back (docs/architecture.md)."""
+    import amqha.channel
+    import amqha.connection
+    import amqha.metrics
+    import amqha.replication
+
+    for module in (amqha.channel, amqha.connection, amqha.replication, amqha.metrics):
+        source = inspect.getsource(module)
+        assert "from .server import" not in source, module.__name__
+    assert "from .connection import" not in inspect.getsource(amqha.channel)
