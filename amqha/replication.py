@@ -167,8 +167,9 @@ class Feed:
     def replicated_lsn(self) -> int:
         return self.leader.replicated_lsn
 
-    def watermark(self, store_lsn: int) -> int:
-        return self.leader.watermark(store_lsn)
+    def holds(self) -> int | None:
+        """As a sink (``core.sync.Sink``): what the PASSIVE holds, while it counts."""
+        return self.leader.holds()
 
     # -- subscribing --------------------------------------------------------------------
 
@@ -240,8 +241,9 @@ class Feed:
 
     # -- the stream ---------------------------------------------------------------------
 
-    def live(self, first_lsn: int, changes: list[Change]) -> None:
-        """Changes the broker just took from its log (every turn of the loop)."""
+    def submit(self, first_lsn: int, changes: Sequence[Change]) -> None:
+        """As a sink: changes the broker just took from its log (every turn of the
+        loop), sent as live runs to the subscriber, if any."""
         if self.subscriber is None:
             return
         last = first_lsn + len(changes) - 1

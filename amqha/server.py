@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands, exceptions
@@ -53,6 +53,7 @@ from .core.changes import ChangeLog
 from .core.message import Message
 from .core.queue import Lane, Queue
 from .core.routing import ArgumentBytes
+from .core.sync import Sink, watermark
 from .core.vhost import MessageIds, VHost
 from .gate import Pair, Standalone
 from .logtext import escaped
@@ -123,6 +124,22 @@ CAPABILITIES = {
 }
 
 
+class _StoreSink:
+    """The store as a sink: it holds what its writer reported written (``_stored``)."""
+
+    __slots__ = ("store", "broker")
+
+    def __init__(self, store: Store, broker: Broker) -> None:
+        self.store = store
+        self.broker = broker
+
+    def submit(self, first_lsn: int, changes: Sequence[Any]) -> None:
+        self.store.submit(first_lsn, changes)
+
+    def holds(self) -> int | None:
+        return self.broker.store_lsn
+
+
 class Broker:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -135,6 +152,9 @@ class Broker:
         self.store: Store | None = None
         self.safe_lsn = 0  # confirms may go out for everything up to this LSN
         self.store_lsn = 0  # the store has everything up to this LSN on disk
+        # Where each turn's changes go, and whose progress releases confirms (with a
+        # store: the replication feed and the store; ``core.sync.Sink``).
+        self.sinks: list[Sink] = []
         self.unsafe_channels: set[Any] = set()  # channels with confirms waiting for it
         self.waiting_safe: collections.deque[tuple[int, Callable[[bool], None]]] = (
             collections.deque()
@@ -275,6 +295,8 @@ class Broker:
                 self.watch_queue(queue)
         store.start(self._store_notified)
         self.store = store
+        # The feed first: the PASSIVE's store is the longer way to the watermark.
+        self.sinks = [self.feed, _StoreSink(store, self)]
 
     def _changes_pending(self) -> None:
         """The first change of this turn: they all go to the store when the turn ends."""
@@ -285,9 +307,8 @@ class Broker:
             return
         first, changes = self.log.take()
         if changes:
-            # To the PASSIVE first: its store is the longer way to the watermark.
-            self.feed.live(first, changes)
-            self.store.submit(first, changes)
+            for sink in self.sinks:
+                sink.submit(first, changes)
 
     def _store_notified(self, last_lsn: int, failed: StoreFailure | None) -> None:
         """Called on the store's writer thread: hand the news to the loop."""
@@ -331,7 +352,7 @@ class Broker:
     def _release_confirms(self) -> None:
         """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
         what the PASSIVE has too (the watermark of docs/durability.md)."""
-        safe = self.feed.watermark(self.store_lsn)
+        safe = watermark([sink.holds() for sink in self.sinks])
         if safe <= self.safe_lsn:
             return
         self.safe_lsn = safe

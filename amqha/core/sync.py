@@ -27,7 +27,28 @@ from __future__ import annotations
 
 import collections
 import enum
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+
+class Sink(Protocol):
+    """Where the change stream goes, each turn: the store and the replication feed
+    (``Broker.sinks``). A confirm goes out once every sink that holds changes for it has
+    the publish's LSN."""
+
+    def submit(self, first_lsn: int, changes: Sequence[Any]) -> None:
+        """This turn's changes, the first with LSN ``first_lsn``."""
+        ...
+
+    def holds(self) -> int | None:
+        """Every change up to this LSN is held; None: confirms do not wait for this
+        sink now (a feed with no PASSIVE past its snapshot)."""
+        ...
+
+
+def watermark(held: Iterable[int | None]) -> int:
+    """The confirm watermark: the lowest LSN the sinks that count hold."""
+    return min((lsn for lsn in held if lsn is not None), default=0)
 
 
 class Phase(enum.Enum):
@@ -73,12 +94,14 @@ class Leader:
         """Whether confirms wait for the PASSIVE."""
         return self.phase is Phase.CLOSING or self.phase is Phase.IN_SYNC
 
+    def holds(self) -> int | None:
+        """As a sink: the PASSIVE's LSN while confirms wait for it, else None."""
+        return self.replicated_lsn if self.gating else None
+
     def watermark(self, store_lsn: int) -> int:
         """Confirms may go out up to this LSN: the store's, and while gating the
         PASSIVE's too."""
-        if self.gating and self.replicated_lsn < store_lsn:
-            return self.replicated_lsn
-        return store_lsn
+        return watermark((store_lsn, self.holds()))
 
     def subscribe(self) -> None:
         """A new subscriber: it starts from a snapshot, so nothing it held counts."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amqha.core.sync import Eligibility, Leader, Phase, SentRun
+from amqha.core.sync import Eligibility, Leader, Phase, SentRun, watermark
 
 
 def run(last: int, end: bool = False, first_id: int | None = None) -> SentRun:
@@ -111,3 +111,18 @@ def test_eligibility_comes_only_from_the_marker_and_goes_on_any_end() -> None:
     assert passive.subscribed() is True  # a new subscription: a new snapshot follows
     assert not passive.in_sync
     assert passive.subscribed() is False
+
+
+def test_the_watermark_is_the_lowest_lsn_the_counting_sinks_hold() -> None:
+    """Broker.sinks: the store always counts; the feed counts once its PASSIVE has
+    acked the snapshot (closing, in sync), and not before."""
+    leader = Leader()
+    assert leader.holds() is None
+    assert watermark([leader.holds(), 50]) == 50
+    leader.subscribe()
+    leader.sent(1, run(40, end=True))
+    assert leader.holds() is None  # the snapshot: the ACTIVE confirms alone
+    leader.acked(1, False, confirmed_lsn=60)
+    assert leader.holds() == 40
+    assert watermark([leader.holds(), 70]) == 40 == leader.watermark(70)
+    assert watermark([]) == 0
