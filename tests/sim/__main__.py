@@ -15,6 +15,7 @@ from .model import simulate
 from .old import OldLeader
 
 FAILURES_SHOWN = 10
+PROGRESS_EVERY = 10.0  # seconds between progress lines on stderr
 
 
 def run_range(args: tuple[int, int, bool, bool, bool]) -> dict[str, Any]:
@@ -81,11 +82,23 @@ def main(argv: list[str] | None = None) -> int:
         )
         for first in range(options.seed, options.seed + options.schedules, chunk)
     ]
-    if jobs == 1:
-        parts = [run_range(each) for each in ranges]
-    else:
-        with multiprocessing.Pool(jobs) as pool:
-            parts = pool.map(run_range, ranges)
+    parts: list[dict[str, Any]] = []
+    done = 0
+    said = started
+    with multiprocessing.Pool(jobs) as pool:
+        for part, (_, count, *_) in zip(pool.imap(run_range, ranges), ranges, strict=True):
+            parts.append(part)
+            done += count
+            now = time.monotonic()
+            if now - said >= PROGRESS_EVERY or done == options.schedules:
+                said = now
+                failed = sum(each["failed"] for each in parts)
+                print(
+                    f"{done} of {options.schedules} schedules, "
+                    f"{done / (now - started):.0f}/s, {failed} failing",
+                    file=sys.stderr,
+                    flush=True,
+                )
     seconds = time.monotonic() - started
     totals: dict[str, int] = {}
     for part in parts:
