@@ -3,14 +3,18 @@
 Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
 
 - The feed has at most one subscriber: a ``peering`` login consuming the control queue
-  ``amq.replication``. It sends a snapshot of the replicated state (from a ``Reset``),
-  then every live change after it, in one ordered stream of deliveries: a change can
-  never overtake the snapshot. Each delivery is a run of changes (``core.codec``). The
-  subscriber's acks are the replication watermark ("the PASSIVE holds everything up to
-  LSN n"), its prefetch the flow control. Once it has acked the snapshot's end it is
-  *in sync*; confirms then wait for it as well as for the store.
+  ``amq.replication`` with proof of the pair's secret (``core.feedauth``). It sends a
+  snapshot of the replicated state (from a ``Reset``), then every live change after it,
+  in one ordered stream of deliveries through the subscriber's channel (an ``Outlet``):
+  a change can never overtake the snapshot. Each delivery is a run of changes
+  (``core.codec``) with its MAC. The subscriber's acks are the replication watermark
+  ("the PASSIVE holds everything up to LSN n"), its prefetch the flow control. The rules
+  (when confirms wait for the PASSIVE, when it is in sync, where the unprotected mark
+  starts) are ``core.sync.Leader``'s; in sync is declared with a marker in the stream.
 - The follower keeps a lean consuming link (``peering.ConsumerLink``) to the ACTIVE
-  subscribed to the feed. Each run is handled in the socket's read. While catching up:
+  subscribed to the feed. Each run is handled in the socket's read, its MAC checked
+  first; it is eligible to take over only from the ACTIVE's marker on
+  (``core.sync.Eligibility``). While catching up:
   decoded and handed to its own store; applied with ``core.apply`` (the same function as
   recovery) once the store's writer waits for the disk; acked on the socket once the
   store has it. In sync, a live run is kept in the store as received (a pending run),
