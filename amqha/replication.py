@@ -360,8 +360,8 @@ class Feed:
             self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: sync_lsn})
             self.on_sync(
                 True,
-                f"snapshot of {self.snapshot_changes} changes applied, and every change "
-                f"confirmed without the passive (through LSN {sync_lsn})",
+                f"the passive holds the snapshot ({self.snapshot_changes} changes) and every "
+                f"change confirmed without it (through LSN {sync_lsn})",
             )
         elif synced.moved:
             self.on_sync(True, "")

@@ -215,11 +215,9 @@ async def soak_backlog(workdir: Path, kills: int, backlog: int, seed: int) -> di
                 file=sys.stderr,
                 flush=True,
             )
-            if in_sync:
-                await pair.wait_states(
-                    *(("ACTIVE", "PASSIVE") if active is pair.primary else ("PASSIVE", "ACTIVE")),
-                    timeout=60,
-                )
+            # Whoever leads now: a restarted server voted ACTIVE before it heard its peer
+            # (a dual active) may have kept the service; its peer's work is quarantined.
+            active, passive = await _one_of_each(pair)
         stop.set()
         await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
         active, _ = await pair.settled(timeout=180)
@@ -242,6 +240,17 @@ async def soak_backlog(workdir: Path, kills: int, backlog: int, seed: int) -> di
         }
     finally:
         pair.stop()
+
+
+async def _one_of_each(pair: Pair) -> tuple[Any, Any]:
+    """(ACTIVE, PASSIVE) once the pair has one of each, whichever is which."""
+    await _until(
+        lambda: set(pair.states()) == {"ACTIVE", "PASSIVE"},
+        180,
+        "one ACTIVE and one PASSIVE",
+    )
+    primary_leads = pair.state(pair.primary) == "ACTIVE"
+    return (pair.primary, pair.backup) if primary_leads else (pair.backup, pair.primary)
 
 
 async def _catching_up_or_done(pair: Pair, server: Any) -> bool:
