@@ -38,6 +38,22 @@ def arguments_size(value: Any) -> int:
     return ARGUMENT_ITEM_OVERHEAD
 
 
+def _count_up(counts: dict[Hashable, int], destination: Hashable) -> None:
+    """One more binding to ``destination`` (an index counts them: equal bindings with
+    other arguments route once)."""
+    counts[destination] = counts.get(destination, 0) + 1
+
+
+def _count_down(counts: dict[Hashable, int], destination: Hashable) -> bool:
+    """One binding fewer to ``destination``; True if that was its last."""
+    left = counts[destination] - 1
+    if left:
+        counts[destination] = left
+        return False
+    del counts[destination]
+    return True
+
+
 class ArgumentBytes:
     """The argument bytes (``arguments_size``) held by every live binding, exchange and
     queue of this process: each adds its own when made and takes them back in its
@@ -184,19 +200,14 @@ class DirectExchange(Exchange):
     def _added(self, binding: Binding) -> None:
         key = binding.routing_key
         counts = self._counts.setdefault(key, {})
-        counts[binding.destination] = counts.get(binding.destination, 0) + 1
+        _count_up(counts, binding.destination)
         self._index.pop(key, None)
 
     def _removed(self, binding: Binding) -> None:
         key = binding.routing_key
         counts = self._counts[key]
-        left = counts[binding.destination] - 1
-        if left:
-            counts[binding.destination] = left
-        else:
-            del counts[binding.destination]
-            if not counts:
-                del self._counts[key]
+        if _count_down(counts, binding.destination) and not counts:
+            del self._counts[key]
         self._index.pop(key, None)
 
     def route(self, routing_key: str, headers: HeadersFn) -> tuple:
@@ -222,17 +233,11 @@ class FanoutExchange(Exchange):
         super().__init__(*args, **kwargs)
 
     def _added(self, binding: Binding) -> None:
-        destination = binding.destination
-        self._counts[destination] = self._counts.get(destination, 0) + 1
+        _count_up(self._counts, binding.destination)
         self._all = None
 
     def _removed(self, binding: Binding) -> None:
-        destination = binding.destination
-        left = self._counts[destination] - 1
-        if left:
-            self._counts[destination] = left
-        else:
-            del self._counts[destination]
+        _count_down(self._counts, binding.destination)
         self._all = None
 
     def route(self, routing_key: str, headers: HeadersFn) -> tuple:
@@ -301,8 +306,7 @@ class TopicExchange(Exchange):
             if child is None:
                 child = node.children[word] = _TopicNode()
             node = child
-        destination = binding.destination
-        node.destinations[destination] = node.destinations.get(destination, 0) + 1
+        _count_up(node.destinations, binding.destination)
         if self._cache:
             self._cache = {}
 
@@ -312,12 +316,7 @@ class TopicExchange(Exchange):
         for word in words:
             path.append(path[-1].children[word])
         node = path[-1]
-        destination = binding.destination
-        left = node.destinations[destination] - 1
-        if left:
-            node.destinations[destination] = left
-        else:
-            del node.destinations[destination]
+        _count_down(node.destinations, binding.destination)
         for depth in range(len(words), 0, -1):
             node = path[depth]
             if node.children or node.destinations:
