@@ -167,8 +167,12 @@ async def kill_the_primary_and_vote(pair: Pair) -> None:
     await pair.wait_states(None, "ACTIVE", timeout=20)
 
 
-async def assert_every_confirmed_message(url: str, queue: str, ledger: Ledger, count: int) -> None:
-    """``queue`` holds exactly the ``count`` confirmed messages: none lost, none invented."""
+async def assert_every_confirmed_message(
+    pair: Pair, url: str, queue: str, ledger: Ledger, count: int
+) -> None:
+    """``queue`` holds exactly the ``count`` confirmed messages: none lost, none invented,
+    and none set aside in a quarantine file either (one failure at a time needs none)."""
+    assert pair.quarantine_files() == []
     remaining = [body for body, _ in await drain(url, queue)]
     lost, invented = ledger.check(remaining)
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
@@ -220,7 +224,7 @@ async def test_a_passive_still_catching_up_does_not_take_over_and_loses_nothing(
     await hold(lambda: pair.state(pair.backup) == "PASSIVE", 1.5, "the backup stays PASSIVE")
     pair.primary.start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    await assert_every_confirmed_message(pair.primary.url, "big", ledger, 20_000)
+    await assert_every_confirmed_message(pair, pair.primary.url, "big", ledger, 20_000)
 
 
 async def test_takeover_unsynced_lets_a_catching_up_passive_take_over_and_says_so(
@@ -498,6 +502,6 @@ async def test_a_server_killed_while_catching_up_never_leads_on_part_of_a_snapsh
     await hold(lambda: pair.state(pair.primary) != "ACTIVE", 1.0, "the primary does not lead")
     pair.backup.start()
     await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
-    await assert_every_confirmed_message(pair.backup.url, "big", ledger, 20_000)
+    await assert_every_confirmed_message(pair, pair.backup.url, "big", ledger, 20_000)
     await pair.wait_in_sync(pair.primary, timeout=60)
     assert not (pair.primary.data_dir / "incomplete").exists()

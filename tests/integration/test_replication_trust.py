@@ -116,7 +116,7 @@ async def test_a_login_with_the_peering_password_cannot_take_the_feed(make_pair:
     await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=2000)
     assert len(ledger.confirmed) == 2000
     await kill_the_primary_and_vote(pair)
-    await assert_every_confirmed_message(pair.backup.url, "orders", ledger, 2000)
+    await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, 2000)
 
 
 async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_pair: Any) -> None:
@@ -162,4 +162,4 @@ async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_p
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     await wait_in_sync(pair, pair.primary)
     await kill_the_primary_and_vote(pair)
-    await assert_every_confirmed_message(pair.backup.url, "orders", ledger, 500)
+    await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, 500)
