@@ -155,6 +155,8 @@ class Feed:
         self.subscriber: _Subscriber | None = None
         self.sent_lsn = 0
         self._snapshot: Iterator[Change] | None = None
+        # Changes taken from the snapshot past the end of the run that took them.
+        self._carry: list[Change] = []
         self._snapshot_lsn = 0
         # Live changes not sent yet: (first LSN, changes, their size).
         self._pending: collections.deque[tuple[int, list[Change], int]] = collections.deque()
@@ -200,6 +202,7 @@ class Feed:
         # The state already holds every change up to the log's last LSN, taken or not.
         self._snapshot_lsn = log_.lsn if log_ is not None else 0
         self._snapshot = state_changes(self.broker.vhosts)
+        self._carry = []
         self._pending.clear()
         self.backlog_bytes = 0
         self.sent_lsn = self._snapshot_lsn
@@ -219,6 +222,7 @@ class Feed:
             mark = leader.unprotected_from(self._backlog_first_id(), self.broker.ids.next)
         was_in_sync = leader.drop()
         self._snapshot = None
+        self._carry = []
         self._pending.clear()
         self.backlog_bytes = 0
         if subscriber is None:
@@ -284,13 +288,25 @@ class Feed:
         changes: list[Change] = []
         size = 0
         while len(changes) < RUN_CHANGES and size < RUN_BYTES:
-            chunk = list(itertools.islice(self._snapshot, min(64, RUN_CHANGES - len(changes))))
+            want = min(64, RUN_CHANGES - len(changes))
+            if self._carry:
+                chunk, self._carry = self._carry[:want], self._carry[want:]
+            else:
+                chunk = list(itertools.islice(self._snapshot, want))
             if not chunk:
                 self._snapshot = None
                 self.snapshot_changes += len(changes)
                 return changes, True
+            chunk_size = _size(chunk)
+            if size + chunk_size > RUN_BYTES and len(chunk) > 1:
+                # A run passes RUN_BYTES by its last change only, as live runs do: a chunk
+                # of large messages would make a run larger than the follower reads.
+                cut = _cut(chunk, RUN_BYTES - size)
+                self._carry = chunk[cut:] + self._carry
+                chunk = chunk[:cut]
+                chunk_size = _size(chunk)
             changes += chunk
-            size += _size(chunk)
+            size += chunk_size
         self.snapshot_changes += len(changes)
         return changes, False
 
@@ -393,13 +409,13 @@ class Feed:
         }
 
 
-def _cut(changes: list[Change]) -> int:
-    """How many of ``changes`` make a run: at most RUN_CHANGES, and past RUN_BYTES
-    only by its last change (at least one)."""
+def _cut(changes: list[Change], budget: int = RUN_BYTES) -> int:
+    """How many of ``changes`` make a run: at most RUN_CHANGES, and past ``budget``
+    bytes only by its last change (at least one)."""
     size = 0
     for count, change in enumerate(changes[:RUN_CHANGES], 1):
         size += _size([change])
-        if size >= RUN_BYTES:
+        if size >= budget:
             return count
     return min(len(changes), RUN_CHANGES)
 
