@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pamqp import commands, frame
+from pamqp.body import ContentBody
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ContentHeader
 
@@ -32,10 +33,6 @@ def signed(key: bytes, tag: int, headers: dict[str, Any], body: bytes) -> Delive
     end = bool(headers.get("amqha-snapshot-end"))
     mac = feedauth.run_mac(key, tag, end, marker if isinstance(marker, int) else None, body)
     return commands.Basic.Properties(headers={**headers, feedauth.MAC_HEADER: mac}), len(body), body
-
-
-def body_frame(channel: int, body: bytes) -> bytes:
-    return b"\x03" + channel.to_bytes(2, "big") + len(body).to_bytes(4, "big") + body + b"\xce"
 
 
 class FakeActive:
@@ -137,7 +134,7 @@ class FakeActive:
                 )
                 writer.write(frame.marshal(ContentHeader(0, size, properties), channel))
                 if body:
-                    writer.write(body_frame(channel, body))
+                    writer.write(frame.marshal(ContentBody(body), channel))
         elif isinstance(method, commands.Basic.Ack):
             self.acked.append((subscription[0], method.delivery_tag))
         elif isinstance(method, commands.Connection.Close):
