@@ -193,6 +193,7 @@ class Broker:
         # What messages may hold before the watermark is reached, refreshed at each check:
         # a publish compares Message.held with it and checks at once when past it.
         self.message_budget = config.limits.memory_high_watermark
+        self.input_at_check = 0  # input_bytes when message_budget was last computed
         # Open connections per vhost and per user, and channels per user, for the limits.
         self.vhost_connections: dict[str, int] = {}
         self.user_connections: dict[str, int] = {}
@@ -511,7 +512,16 @@ class Broker:
     # -- what connections and channels report (host.ChannelHost, host.ConnectionHost) -----
 
     def count_input(self, delta: int) -> None:
+        """Bytes read and held in partial frames and bodies (``delta`` < 0 as they go).
+        Past the budget they are checked at once, as a publish is: a body read faster
+        than the timer ticks would otherwise run far past the watermark."""
         self.input_bytes += delta
+        if (
+            delta > 0
+            and not self.memory_over
+            and Message.held + self.input_bytes - self.input_at_check > self.message_budget
+        ):
+            self.check_memory()
 
     def output_paused(self, delta: int) -> None:
         self.paused_outputs += delta
@@ -622,6 +632,7 @@ class Broker:
         limit = self.config.limits.memory_high_watermark
         in_use = self.memory_in_use()
         self.message_budget = limit - (in_use - Message.held)
+        self.input_at_check = self.input_bytes
         over = in_use > limit
         if over == self.memory_over:
             return
