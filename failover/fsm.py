@@ -27,6 +27,12 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   takes `epoch = max(own, peer's)`, after the table has run, and persists it when it grows. So
   a server that restarts never serves in an epoch below one it has seen, as §3 requires, even
   one it only heard of. Dual active compares the raw epochs before adoption.
+- Disjoint epochs. The primary leads only in odd epochs, the backup only in even ones
+  (`next_epoch`). Adoption alone cannot keep them apart: with both servers down, a
+  restarted primary may lead by client vote before it hears its peer, and with consecutive
+  epochs it could take the very epoch the backup last served in (one above the last it
+  heard of). With disjoint epochs two servers never confirm in one epoch, whatever they
+  missed of each other. A pair that fails over back and forth still counts 1, 2, 3, ...
 - Misconfiguration. A message from a peer with our name, our role, or a start state that
   contradicts its role is reported (`LogMisconfigured`, once per distinct reason), never
   paired: it refreshes neither `peer` nor `peer_expiry` and changes no state or epoch. While
@@ -307,12 +313,20 @@ def _move(
     return Outcome(moved, Transition(machine.state, to, trigger, reason), decision, actions)
 
 
+def next_epoch(role: Role, above: int) -> int:
+    """The first epoch above ``above`` that ``role`` may lead in: odd for the primary, even
+    for the backup, so the two never serve in one epoch."""
+    epoch = above + 1
+    return epoch if (epoch % 2 == 1) == (role is Role.PRIMARY) else epoch + 1
+
+
 def _become_active(
     machine: Machine, trigger: Event, reason: str, decision: Decision | None = None
 ) -> Outcome:
-    # A new term: above every epoch this server has held or heard, durable before serving.
+    # A new term: above every epoch this server has held or heard, of its own role's parity
+    # (see "Disjoint epochs" above), durable before serving.
     known = machine.peer.epoch if machine.peer is not None else 0
-    epoch = max(machine.epoch, known) + 1
+    epoch = next_epoch(machine.role, max(machine.epoch, known))
     active = replace(machine, state=State.ACTIVE, epoch=epoch)
     return Outcome(
         active,

@@ -29,6 +29,7 @@ from typing import Any
 
 from amqha.core.confirms import Confirms
 from amqha.core.sync import Eligibility, Leader, Phase, SentRun
+from failover.fsm import Role, next_epoch
 
 # A change: (kind, message id). RESET starts a snapshot: what a store held is replaced.
 ENQ, SETTLE, RESET = 0, 1, 2
@@ -703,7 +704,8 @@ class World:
             self.become_passive(node, "dual active: the peer stays")
 
     def become_active(self, node: Node, why: str) -> None:
-        node.epoch += 1
+        role = Role.PRIMARY if node.index == PRIMARY else Role.BACKUP
+        node.epoch = next_epoch(role, node.epoch)  # failover/fsm.py's rule
         if node.state == PASSIVE:
             self.result.failovers += 1
         self.event(f"{node.name} ACTIVE in epoch {node.epoch} ({why})")

@@ -31,6 +31,7 @@ from failover.fsm import (
     SendHandover,
     State,
     Transition,
+    next_epoch,
     step,
 )
 
@@ -456,14 +457,14 @@ def test_passive_hears_active_peer_and_stays() -> None:
 def test_both_passive_the_primary_takes_active_and_the_backup_stays() -> None:
     primary = hear(ours(Role.PRIMARY, State.PASSIVE, epoch=3), peer(Role.BACKUP, State.PASSIVE, 3))
     assert primary.machine.state is State.ACTIVE
-    assert primary.machine.epoch == 4
+    assert primary.machine.epoch == 5  # the primary leads in odd epochs only
     assert primary.transition == Transition(
         State.PASSIVE,
         State.ACTIVE,
         Event.PEER_PASSIVE,
         "both servers PASSIVE: the primary leads",
     )
-    assert primary.actions == (PersistEpoch(4),)
+    assert primary.actions == (PersistEpoch(5),)
 
     backup = hear(ours(Role.BACKUP, State.PASSIVE, epoch=3), peer(Role.PRIMARY, State.PASSIVE, 3))
     assert backup.machine.state is State.PASSIVE
@@ -482,8 +483,8 @@ def test_passive_redirects_to_the_active_until_it_expires_then_the_client_vote()
     voted = step(machine, Event.CLIENT_REQUEST, EXPIRED)
     assert voted.decision == Accept()
     assert voted.machine.state is State.ACTIVE
-    assert voted.machine.epoch == 5
-    assert voted.actions == (PersistEpoch(5),)
+    assert voted.machine.epoch == 6  # the backup leads in even epochs only
+    assert voted.actions == (PersistEpoch(6),)
     assert voted.transition == Transition(
         State.PASSIVE,
         State.ACTIVE,
@@ -527,7 +528,7 @@ def test_a_server_restarted_with_an_incomplete_store_does_not_take_over() -> Non
     for backup_state in (State.BACKUP, State.PASSIVE):
         backup = ours(Role.BACKUP, backup_state, epoch=2)
         led = hear(backup, incomplete_primary)
-        assert led.machine.state is State.ACTIVE and led.machine.epoch == 3
+        assert led.machine.state is State.ACTIVE and led.machine.epoch == 4  # even: a backup
         # ... unless its own store is incomplete too: nobody leads without an operator.
         both = hear(replace(backup, in_sync=False), incomplete_primary)
         assert both.machine.state is backup_state
@@ -563,8 +564,8 @@ def test_passive_takes_the_handover_in_a_new_epoch() -> None:
     outcome = step(machine, Event.HANDOVER, NOW)
     assert outcome.decision == Accept()
     assert outcome.machine.state is State.ACTIVE
-    assert outcome.machine.epoch == 4
-    assert outcome.actions == (PersistEpoch(4),)
+    assert outcome.machine.epoch == 5  # above the peer's 3, odd: the primary's
+    assert outcome.actions == (PersistEpoch(5),)
     assert outcome.transition == Transition(
         State.PASSIVE, State.ACTIVE, Event.HANDOVER, "the peer handed the service over"
     )
@@ -592,8 +593,9 @@ def _promoted_backup_case(state: State) -> None:
     lost = step(machine, Event.PROMOTE, EXPIRED)
     assert lost.decision == Accept()
     assert lost.machine.state is State.ACTIVE
-    assert lost.machine.epoch == 6  # above the peer's last epoch
-    assert lost.actions == (PersistEpoch(6),)
+    # Above the peer's last epoch, of this server's parity (odd: the primary's).
+    assert lost.machine.epoch == (7 if role is Role.PRIMARY else 6)
+    assert lost.actions == (PersistEpoch(lost.machine.epoch),)
     assert lost.transition == Transition(
         state, State.ACTIVE, Event.PROMOTE, "promoted by an administrator: the peer is not heard"
     )
@@ -611,8 +613,9 @@ def _forced_case(state: State) -> None:
     forced = step(machine, Event.FORCE_PROMOTE, NOW)
     assert forced.decision == Accept()
     assert forced.machine.state is State.ACTIVE
-    assert forced.machine.epoch == 6  # the peer, ACTIVE in 5, yields by the dual-active rule
-    assert forced.actions == (PersistEpoch(6),)
+    # The peer, ACTIVE in 5, yields by the dual-active rule (odd epochs: the primary's).
+    assert forced.machine.epoch == (7 if role is Role.PRIMARY else 6)
+    assert forced.actions == (PersistEpoch(forced.machine.epoch),)
     assert forced.transition is not None
     assert forced.transition.trigger is Event.FORCE_PROMOTE
 
@@ -634,7 +637,7 @@ def test_promote_a_restarted_backup_whose_primary_is_down() -> None:
     fresh = Machine.start("beta", Role.BACKUP, 2, TIMEOUT, now=0.0)
     outcome = step(fresh, Event.PROMOTE, TIMEOUT)
     assert outcome.machine.state is State.ACTIVE
-    assert outcome.machine.epoch == 3
+    assert outcome.machine.epoch == 4  # even: a backup's
 
 
 @cell(State.PASSIVE, Event.PROMOTE)
@@ -1063,7 +1066,7 @@ def test_primary_restarted_before_failover_leads_again_without_dual_active() -> 
     link.start("alpha")
     link.tick()
     assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
-    assert link["alpha"].machine.epoch == 2
+    assert link["alpha"].machine.epoch == 3  # its own next (odd), not the backup's 2
     link.tick()
     assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
 
@@ -1264,3 +1267,20 @@ def test_of_two_passive_servers_the_one_in_sync_leads() -> None:
     assert hear(backup, unsynced_primary).machine.state is State.ACTIVE
     primary = replace(ours(Role.PRIMARY, State.PASSIVE, epoch=4), in_sync=False)
     assert hear(primary, peer(Role.BACKUP, State.PASSIVE, 4)).machine.state is State.PASSIVE
+
+
+def test_the_two_roles_lead_in_disjoint_epochs() -> None:
+    assert [next_epoch(Role.PRIMARY, n) for n in range(5)] == [1, 3, 3, 5, 5]
+    assert [next_epoch(Role.BACKUP, n) for n in range(5)] == [2, 2, 4, 4, 6]
+
+
+def test_a_primary_restarted_alone_never_leads_in_the_epoch_its_backup_may_have_taken() -> None:
+    """Both servers down: the primary led in 1 and the backup took over in 2 unheard; the
+    primary restarts alone (only its own 1 on disk) and leads by client vote after its
+    grace: in 3, not in the backup's 2."""
+    restarted = Machine.start("alpha", Role.PRIMARY, 1, TIMEOUT, now=0.0)
+    voted = step(restarted, Event.CLIENT_REQUEST, TIMEOUT + 0.001)
+    assert voted.decision == Accept()
+    assert voted.machine.state is State.ACTIVE
+    assert voted.machine.epoch == 3
+    assert voted.actions == (PersistEpoch(3),)
