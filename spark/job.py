@@ -53,6 +53,7 @@ from spark.model import (
     SCHEMA_VERSION,
     STATES,
     TABLES,
+    UNRECORDED_MAX,
     ReportError,
     UnknownVersionError,
     build_summary,
@@ -201,7 +202,7 @@ def _uri(path: str) -> str:
 
 def _good() -> Column:
     """Parsed, typed and complete: what ``spark.reference`` calls a good line."""
-    ts, last_seen = F.col("ts"), F.col("last_seen")
+    ts, last_seen, unrecorded = F.col("ts"), F.col("last_seen"), F.col("unrecorded")
     return F.coalesce(
         F.col(CORRUPT_COLUMN).isNull()
         & (F.col("v") == SCHEMA_VERSION)
@@ -209,7 +210,8 @@ def _good() -> Column:
         & (F.length("node") > 0)
         & (F.length("event") > 0)
         & F.col("state").isin(*STATES)
-        & (last_seen.isNull() | (F.abs(last_seen) < _INF)),
+        & (last_seen.isNull() | (F.abs(last_seen) < _INF))
+        & (unrecorded.isNull() | unrecorded.between(0, UNRECORDED_MAX)),
         F.lit(False),
     )
 
@@ -284,9 +286,16 @@ _SPECIAL_FIELDS = (
 _BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 
 
+def _stands_for(bulk: Column) -> Column:
+    """How many redirects or refusals a bulk record counts for: itself and the ones of its
+    kind its server left out before it (``unrecorded``, null for none)."""
+    return F.when(bulk, F.coalesce(F.col("unrecorded"), F.lit(0)) + 1)
+
+
 def _keyed(lines: DataFrame) -> DataFrame:
     """The fields the report uses, the order rank, and the bucket key of redirects and
-    refusals (``bulk``), on the node's own clock."""
+    refusals (``bulk``) with how many each counts for (``stands_for``), on the node's own
+    clock."""
     good = F.col("good")
     bulk = good & F.col("event").isin(*_BULK)
     fields = [F.col(f"`{f}`") for f in _SPECIAL_FIELDS if f != "rank"]
@@ -301,6 +310,7 @@ def _keyed(lines: DataFrame) -> DataFrame:
         F.when(good, F.floor(F.col("ts") / BUCKET_SECONDS)).alias("bucket"),
         F.when(bulk, F.floor(F.col("ts") / MINUTE) * MINUTE).alias("minute"),
         bulk.alias("bulk"),
+        _stands_for(bulk).alias("stands_for"),
     )
 
 
@@ -308,9 +318,11 @@ def _one_pass(events: DataFrame) -> DataFrame:
     """The only full pass over the parsed events: a row per file, pair, node, bucket, minute
     and state of redirects and refusals, and per distinct other record (``special``, with its
     count in ``events``), with bad-line counts, the version check and the bulk records' span
-    and counts. Every aggregate is fixed-width, so this is a plain hash aggregation: the
-    records with text go into the key."""
+    and counts (of what they stand for: ``events`` counts records, ``redirects`` and
+    ``refusals`` the ones left out too). Every aggregate is fixed-width, so this is a plain
+    hash aggregation: the records with text go into the key."""
     good, bulk, event = F.col("good"), F.col("bulk"), F.col("event")
+    stands_for = F.col("stands_for")
     version_error = F.col("v").isNotNull() & (F.col("v") != SCHEMA_VERSION)
     return events.groupBy(
         "file",
@@ -332,8 +344,8 @@ def _one_pass(events: DataFrame) -> DataFrame:
         # kept ends sort among other records exactly as the records they stand for.
         F.min(F.when(bulk & (event == "redirect"), F.col("ts"))).alias("first_redirect"),
         F.max(F.when(bulk & (event == "refuse"), F.col("ts"))).alias("last_refusal"),
-        F.sum((bulk & (event == "redirect")).cast("long")).alias("redirects"),
-        F.sum((bulk & (event == "refuse")).cast("long")).alias("refusals"),
+        F.sum(F.when(bulk & (event == "redirect"), stands_for).otherwise(0)).alias("redirects"),
+        F.sum(F.when(bulk & (event == "refuse"), stands_for).otherwise(0)).alias("refusals"),
     )
 
 
@@ -713,9 +725,11 @@ _WHOLE_FIELDS = [f for f in _SPECIAL_FIELDS if f not in ("ts", "rank", "event", 
 
 def _collect_whole(lines: DataFrame, files: Sequence[str]) -> Collected:
     """Every line in one job: bad lines as their file and version, good ones as their
-    point, with their other fields when they are not redirects or refusals."""
+    point, with their other fields when they are not redirects or refusals, and with what
+    they left out (``unrecorded``) when they are."""
     good = F.col("good")
-    whole = good & ~F.col("event").isin(*_BULK)
+    bulk = good & F.col("event").isin(*_BULK)
+    whole = good & ~bulk
     rows = lines.select(
         "file",
         "good",
@@ -723,6 +737,7 @@ def _collect_whole(lines: DataFrame, files: Sequence[str]) -> Collected:
         F.when(good, F.col("pair")).alias("pair"),
         *[F.when(good, F.col(c)).alias(c) for c in ("node", "ts", "event", "state")],
         *[F.when(whole, F.col(f"`{f}`")).alias(f) for f in _WHOLE_FIELDS],
+        F.when(bulk, F.col("unrecorded")).alias("unrecorded"),
     ).collect()
     collected = Collected(list(files))
     bad: dict[str, int] = defaultdict(int)
@@ -736,8 +751,10 @@ def _collect_whole(lines: DataFrame, files: Sequence[str]) -> Collected:
                 bad[row[0]] += 1
             continue
         record = {"node": row[4], "ts": row[5], "event": row[6], "state": row[7]}
-        if record["event"] not in _BULK:
-            record.update(zip(_WHOLE_FIELDS, row[8:], strict=True))
+        if record["event"] in _BULK:
+            record["unrecorded"] = row[-1]
+        else:
+            record.update(zip(_WHOLE_FIELDS, row[8:-1], strict=True))
         collected.add(row[3], row[4], record)
     if versions:
         raise UnknownVersionError(*min(versions))

@@ -826,7 +826,9 @@ class Collected:
     )
 
     def add(self, pair: str | None, node: str, record: Row) -> None:
-        """A good record (typed, ``ts`` finite, ``node``, ``event`` and ``state`` set)."""
+        """A good record (typed, ``ts`` finite, ``node``, ``event`` and ``state`` set,
+        ``unrecorded`` absent or a count). A redirect or refusal counts for itself and the
+        ones of its kind its server left out before it (``unrecorded``), in its minute."""
         event = sys.intern(record["event"])
         ts = record["ts"]
         key = (pair, node)
@@ -834,7 +836,8 @@ class Collected:
         self.points[key].append((ts, record_rank(event), event, sys.intern(record["state"])))
         if event in BULK:
             minute = math.floor(ts / MINUTE) * MINUTE
-            self.per_minute[(pair, node, minute)][event == "refuse"] += 1
+            counts = self.per_minute[(pair, node, minute)]
+            counts[event == "refuse"] += 1 + (record.get("unrecorded") or 0)
         else:
             self.records[key].append(record)
 

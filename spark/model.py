@@ -55,8 +55,17 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("sync", "string"),
     ("messages", "long"),
     ("path", "string"),
+    ("unrecorded", "long"),
 )
 CORRUPT_COLUMN = "_corrupt_record"
+
+# A throttled server writes at most one redirect and one refusal a second (one misconfigured
+# a minute); the next record of a kind carries ``unrecorded``, how many it left out since
+# the last, and stands for 1 + that many. A count is 0 .. UNRECORDED_MAX or absent (null:
+# none); any other value makes the line bad, as a wrong type or a time that is not one does:
+# a billion left out in a second is no server's count, and the bound keeps every sum of
+# counts far inside a long (Spark's ANSI arithmetic fails on overflow).
+UNRECORDED_MAX = 1_000_000_000
 
 # Order of a node's points at one instant: a start comes first and a stop last, so that a
 # record written in the same microsecond as its process's start or stop falls inside its life.

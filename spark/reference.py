@@ -23,6 +23,7 @@ from spark.model import (
     FIELDS,
     SCHEMA_VERSION,
     STATES,
+    UNRECORDED_MAX,
     UnknownVersionError,
     expand_paths,
     no_valid_record,
@@ -80,7 +81,7 @@ def _finite(value: float | None) -> bool:
 
 
 def _good(obj: dict) -> bool:
-    last_seen = obj.get("last_seen")
+    last_seen, unrecorded = obj.get("last_seen"), obj.get("unrecorded")
     return (
         obj.get("v") == SCHEMA_VERSION
         and _finite(obj.get("ts"))
@@ -88,6 +89,7 @@ def _good(obj: dict) -> bool:
         and bool(obj.get("event"))
         and obj.get("state") in STATES
         and (last_seen is None or math.isfinite(last_seen))
+        and (unrecorded is None or 0 <= unrecorded <= UNRECORDED_MAX)
     )
 
 

@@ -67,6 +67,30 @@ def restart_passive() -> tuple[Server, Server]:
     return primary, backup
 
 
+def _left_out(server: Server, at: float, event: str, count: int | None) -> None:
+    """Give ``server``'s ``event`` record at ``at`` an ``unrecorded`` count: a server writes
+    at most one redirect and one refusal a second, and the next one it writes says how many
+    of its kind it left out since the last."""
+    for i, line in enumerate(server.lines):
+        record = json.loads(line)
+        if record["event"] == event and record["ts"] == server.clock(at):
+            server.lines[i] = json.dumps({**record, "unrecorded": count})
+            return
+    raise AssertionError(f"{server.name} has no {event} record at {at}")
+
+
+def throttled() -> tuple[Server, Server]:
+    """restart_passive in a flood of clients, logged as the servers throttle it: the backup's
+    redirect at 6 s says 41 were left out since the one at 5 s, the primary's refusal at 50 s
+    says 9, its redirect at 41 s says null (none). Redirects: the backup 1 + 1 + 41 = 43 in
+    the first minute, the primary 2 in the second; refusals: the primary 1 + 9 = 10."""
+    primary, backup = restart_passive()
+    _left_out(backup, 6.0, "redirect", 41)
+    _left_out(primary, 41.0, "redirect", None)
+    _left_out(primary, 50.0, "refuse", 9)
+    return primary, backup
+
+
 def console_recovery() -> tuple[Server, Server]:
     """_restart_passive, then failback from the console: a refused attempt at 35 s,
     ``recover`` at 45 s: the backup hands over (PASSIVE at 45.01 s), the primary takes

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from spark import job, reference
-from spark.model import REPORT_STATES, ReportError, UnknownVersionError
+from spark.model import REPORT_STATES, ReportError, UnknownVersionError, render_text
 from tests.spark import scenarios
-from tests.spark.compare import assert_same_report, same
+from tests.spark.compare import assert_same_report, same, spark_tables
 from tests.spark.logs import T0
 
 MINUTE_0 = 1_699_999_980  # the minute holding T0 .. T0 + 40 s
@@ -96,6 +96,20 @@ CASES = {
             (45.05, "primary", "transition", "HANDOVER"),
         ],
         events=24,
+    ),
+    # restart_passive logged under a throttle: a record stands for itself and the ones of its
+    # kind it says were left out (``unrecorded``).
+    "throttled": Known(
+        window=60.0,
+        availability=1 - (1.01 + 4.5) / 60,
+        outages=[(0.0, 1.01), (9.5, 14.0)],
+        state_seconds={
+            "primary": {"PRIMARY": 2.02, "ACTIVE": 8.49, "DOWN": 20.5 + 2.0, "PASSIVE": 26.99},
+            "backup": {"DOWN": 0.5, "BACKUP": 0.6, "PASSIVE": 12.9, "ACTIVE": 46.0},
+        },
+        incidents=[("backup", "primary", 3.0, "takeover", 1.5, "CLIENT_REQUEST")],
+        per_minute=[("backup", MINUTE_0, 43, 0), ("primary", MINUTE_1, 2, 10)],
+        events=19,
     ),
     # Both sides lose each other; the primary stays ACTIVE, the backup goes ACTIVE at 15 s:
     # dual active until the primary steps down at 20.02 s. Nobody is DOWN in between.
@@ -229,6 +243,49 @@ def test_link_cut_misconfiguration(tmp_path: Path) -> None:
         "primary-2",
         0,
     )
+
+
+# ---------------------------------------------------------------- throttled records
+
+
+def counted(report) -> tuple[list[tuple], list[tuple], tuple]:
+    """Redirects and refusals per minute, per day and in the pair's summary."""
+    tables = spark_tables(report) if isinstance(report, job.SparkReport) else report.tables
+    summary = report.summary["pairs"][PAIR]
+    return (
+        [
+            (r["node"], r["minute_start"], r["redirects"], r["refusals"])
+            for r in tables["redirects_per_minute"]
+        ],
+        [(r["day"], r["redirects"], r["refusals"]) for r in tables["daily"]],
+        (summary["redirects"], summary["refusals"]),
+    )
+
+
+# The throttled scenario's day: 2023-11-14 (UTC), T0 - 20 s .. T0 + 100 s.
+THROTTLED = (
+    [("backup", MINUTE_0, 43, 0), ("primary", MINUTE_1, 2, 10)],
+    [("2023-11-14", 45, 10)],
+    (45, 10),
+)
+
+
+def test_throttled_records_count_the_ones_left_out(tmp_path: Path) -> None:
+    report = reference.compute(build("throttled", tmp_path), estimate_skew=False)
+    assert counted(report) == THROTTLED
+    assert report.summary["events"] == 19  # records, not what they stand for
+    assert "redirects   45, refusals 10" in render_text(report.summary, report.tables)
+
+
+@pytest.mark.spark
+def test_throttled_records_count_the_ones_left_out_in_spark(
+    tmp_path: Path, spark_session, whole
+) -> None:
+    paths = build("throttled", tmp_path)
+    report = job.compute(spark_session, paths, estimate_skew=False, whole=whole)
+    assert counted(report) == THROTTLED
+    # The timeline's bars add the same minutes up.
+    assert sum(b["redirects"] + b["refusals"] for b in report.activity[PAIR]) == 55
 
 
 # ---------------------------------------------------------------- torn and garbage lines
