@@ -316,7 +316,10 @@ class Feed:
             cut = _cut(changes)
             head, tail = changes[:cut], changes[cut:]
             head_size = _size(head)
-            self._pending[0] = (first + RUN_CHANGES, tail, size - head_size)
+            # The rest starts right after the head: a run cut by bytes holds fewer than
+            # RUN_CHANGES, and a rest numbered from RUN_CHANGES on would, once acked, carry
+            # the PASSIVE's LSN past changes it was never sent (their confirms went out).
+            self._pending[0] = (first + cut, tail, size - head_size)
             changes, size = head, head_size
         else:
             self._pending.popleft()
