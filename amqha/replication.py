@@ -17,9 +17,10 @@ Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
   (``core.sync.Eligibility``). While catching up:
   decoded and handed to its own store; applied with ``core.apply`` (the same function as
   recovery) once the store's writer waits for the disk; acked on the socket once the
-  store has it. In sync, a live run is kept in the store as received (a pending run),
-  acked once that is on disk, then decoded, applied and written (no fsync: the run was
-  on disk first): the decode and the rows are off the confirm's way.
+  store has it. In sync, a live run is decoded (every run is validated before anything
+  of it is stored or acked), kept in the store as received (a pending run), acked once
+  that is on disk, then applied and written as rows (no fsync: the run was on disk
+  first): the rows are off the confirm's way.
 
 Must not know: the failover state machine (the pair tells the broker to lead or to
 follow: see ``Broker.lead``/``Broker.follow``), the store's files. See
@@ -476,7 +477,9 @@ class Follower:
         self.snapshot_started = 0.0
         self.last_snapshot_seconds: float | None = None
         # Runs received and not applied yet, in order: (None, changes, now, link) for a
-        # run handed to the store decoded, (seq, bytes, now, link) for one kept pending.
+        # run handed to the store as rows, (seq, changes, now, link) for one kept pending
+        # (its bytes on disk, its rows still to write). Every run is decoded, so
+        # validated, before anything of it is stored or acked.
         self._unapplied: collections.deque[tuple[int | None, Any, float, Link]] = (
             collections.deque()
         )
@@ -532,21 +535,11 @@ class Follower:
             if seq is None:
                 apply_run(broker, run, now)
             else:
-                self._write_pending(seq, run, now, link)
+                self._write_pending(seq, run, now)
 
-    def _write_pending(self, seq: int, data: bytes, now: float, link: Link) -> None:
+    def _write_pending(self, seq: int, changes: list[Change], now: float) -> None:
         self.pending_runs -= 1
         broker = self.broker
-        try:
-            _, changes = codec.decode(data)
-        except ValueError as error:
-            # Its head was read on arrival: only a corrupt run gets here. The ACTIVE
-            # counts it held, so this server stops counting as in sync.
-            log.error("replication: pending run %d does not decode (%s): resubscribing", seq, error)
-            broker.replicated([RunWritten(seq)])
-            self._ended("a run from the ACTIVE that does not decode")
-            link.close("a run that does not decode")
-            return
         self.applied += len(changes)
         broker.replicated([*changes, RunWritten(seq)])
         apply_run(broker, changes, now)
@@ -635,16 +628,15 @@ class Follower:
             self._declared(link, tag, marker)
             return
         try:
-            live = codec.first_lsn(body) > 0
-            if self.in_sync and live:
-                self._keep(link, tag, body)
-                return
-            _, changes = codec.decode(body)
+            first, changes = codec.decode(body)
         except ValueError as error:
             self.refused_runs += 1
             log.error("replication: a run that does not decode (%s): resubscribing", error)
             self._ended("a run from the ACTIVE that does not decode")
             link.close("a run that does not decode")
+            return
+        if self.in_sync and first > 0:  # a live run (a snapshot's runs start at LSN 0)
+            self._keep(link, tag, body, changes)
             return
         self.settle()  # the runs before this one are applied first
         if changes and type(changes[0]) is Reset:  # a snapshot starts
@@ -676,13 +668,14 @@ class Follower:
 
         broker.when_safe(lsn, stored)
 
-    def _keep(self, link: Link, tag: int, body: bytes) -> None:
-        """A live run while in sync: kept as received, acked once on disk, then decoded."""
+    def _keep(self, link: Link, tag: int, body: bytes, changes: list[Change]) -> None:
+        """A live run while in sync, decoded (so valid): kept as received, one row and
+        one fsync, acked once on disk; its changes are written as rows and applied after."""
         broker = self.broker
         seq = self._next_seq
         self._next_seq = seq + 1
         lsn = broker.replicated([PendingRun(seq, body)])
-        self._unapplied.append((seq, body, broker.now(), link))
+        self._unapplied.append((seq, changes, broker.now(), link))
         self.pending_runs += 1
         self.runs += 1
 

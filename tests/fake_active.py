@@ -25,6 +25,9 @@ from amqha.core import feedauth
 Delivery = tuple[commands.Basic.Properties, int, bytes]
 # Given the session key (None without the secret), the deliveries of one subscription.
 Script = Callable[[bytes | None], list[Delivery]]
+# Given the session key, a tag the PASSIVE acked and the next free tag, what to send next
+# on that subscription (as the real ACTIVE sends its marker once the snapshot is acked).
+FollowUp = Callable[[bytes | None, int, int], list[Delivery]]
 
 
 def signed(key: bytes, tag: int, headers: dict[str, Any], body: bytes) -> Delivery:
@@ -36,9 +39,16 @@ def signed(key: bytes, tag: int, headers: dict[str, Any], body: bytes) -> Delive
 
 
 class FakeActive:
-    def __init__(self, port: int, script: Script, secret: bytes | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        script: Script,
+        secret: bytes | None = None,
+        follow_up: FollowUp | None = None,
+    ) -> None:
         self.port = port
         self.script = script
+        self.follow_up = follow_up
         self.secret = secret
         self.received: list[str] = []
         # (subscription, delivery tag) -> the body sent, and the ones the PASSIVE acked.
@@ -61,7 +71,9 @@ class FakeActive:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         nonce = secrets.token_bytes(feedauth.NONCE_BYTES)
-        subscription = [0]  # this connection's subscription number, once it consumes
+        # This connection's subscription: its number, once it consumes; its session key;
+        # the next delivery tag.
+        subscription: list[Any] = [0, None, 1]
         buffer = b""
         try:
             await asyncio.wait_for(reader.readexactly(8), 10)  # the protocol header
@@ -103,10 +115,23 @@ class FakeActive:
         channel: int,
         nonce: bytes,
         writer: asyncio.StreamWriter,
-        subscription: list[int],
+        subscription: list[Any],
     ) -> None:
         def send(reply: Any, number: int = 0) -> None:
             writer.write(frame.marshal(reply, number))
+
+        def deliver(deliveries: list[Delivery]) -> None:
+            for properties, size, body in deliveries:
+                tag = subscription[2]
+                subscription[2] = tag + 1
+                self.sent[(subscription[0], tag)] = body
+                send(
+                    commands.Basic.Deliver("amq.ctag-fake", tag, False, "", "amq.replication"),
+                    channel,
+                )
+                writer.write(frame.marshal(ContentHeader(0, size, properties), channel))
+                if body:
+                    writer.write(frame.marshal(ContentBody(body), channel))
 
         if isinstance(method, commands.Connection.StartOk):
             send(commands.Connection.Tune(channel_max=2, frame_max=131072, heartbeat=0))
@@ -125,17 +150,12 @@ class FakeActive:
             )
             if self.secret is not None and client_nonce is not None:
                 key = feedauth.session_key(self.secret, nonce, client_nonce)
+            subscription[1] = key
             send(commands.Basic.ConsumeOk("amq.ctag-fake"), channel)
-            for tag, (properties, size, body) in enumerate(self.script(key), 1):
-                self.sent[(subscription[0], tag)] = body
-                send(
-                    commands.Basic.Deliver("amq.ctag-fake", tag, False, "", "amq.replication"),
-                    channel,
-                )
-                writer.write(frame.marshal(ContentHeader(0, size, properties), channel))
-                if body:
-                    writer.write(frame.marshal(ContentBody(body), channel))
+            deliver(self.script(key))
         elif isinstance(method, commands.Basic.Ack):
             self.acked.append((subscription[0], method.delivery_tag))
+            if self.follow_up is not None:
+                deliver(self.follow_up(subscription[1], method.delivery_tag, subscription[2]))
         elif isinstance(method, commands.Connection.Close):
             send(commands.Connection.CloseOk())

@@ -15,10 +15,10 @@ import pytest
 from pamqp import commands
 
 from amqha.core import codec, feedauth
-from amqha.core.changes import ExchangeDeclared, Reset
-from amqha.replication import SNAPSHOT_END
+from amqha.core.changes import ExchangeDeclared, QueueDeclared, Reset
+from amqha.replication import IN_SYNC, SNAPSHOT_END
 from tests.durability import Ledger, publish_confirmed
-from tests.fake_active import FakeActive
+from tests.fake_active import Delivery, FakeActive, signed
 from tests.integration.test_replication import (
     assert_every_confirmed_message,
     declare,
@@ -163,3 +163,50 @@ async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_p
     await wait_in_sync(pair, pair.primary)
     await kill_the_primary_and_vote(pair)
     await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, 500)
+
+
+async def test_an_in_sync_passive_acks_no_live_run_that_does_not_validate(make_pair: Any) -> None:
+    """In sync, a live run went to the PASSIVE's store as received and was acked before it
+    was decoded: a run that authenticated (the pair's secret) and held a change the
+    PASSIVE cannot apply (an exchange of an unknown type) was acked, so the ACTIVE counted
+    it held. Every run is decoded before anything of it is stored or acked now: the
+    snapshot and the in-sync marker are acked, the bad live run never is, the PASSIVE
+    leaves in sync, and when the real primary returns every confirmed message is there."""
+    pair: Pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "orders")
+    await wait_in_sync(pair, pair.primary)
+    ledger = Ledger()
+    await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=300)
+    pair.kill(pair.primary)
+    snapshot = codec.encode(0, [Reset(), QueueDeclared("/", "other", False, {})])
+    marker = codec.encode(0, [])
+    bad = codec.encode(7, [ExchangeDeclared("/", "evil", "bogus", False, False, {})])
+
+    def script(key: bytes | None) -> list[Delivery]:
+        assert key is not None, "the PASSIVE subscribed without a nonce"
+        return [signed(key, 1, {SNAPSHOT_END: True}, snapshot)]
+
+    def follow_up(key: bytes | None, acked: int, tag: int) -> list[Delivery]:
+        # As the real ACTIVE: the marker once the snapshot's end is acked, then a live run.
+        assert key is not None
+        return [signed(key, 2, {IN_SYNC: 0}, marker), signed(key, 3, {}, bad)] if acked == 1 else []
+
+    async with FakeActive(pair.primary.port, script, PAIR_SECRET.encode(), follow_up) as fake:
+        await poll(
+            lambda: fake.subscriptions >= 3 and any(tag == 2 for _, tag in fake.acked),
+            30,
+            "the backup in sync with the fake, refusing the bad run and subscribing again",
+        )
+    assert not [each for each in fake.acked if each[1] == 3], fake.acked[:20]
+    follower = (await replication(pair, pair.backup))["follower"]
+    assert follower["refused_runs"] >= 1
+    assert not follower["in_sync"]
+    assert "does not decode" in pair.backup.log()
+    assert "Traceback" not in pair.backup.log()
+
+    pair.primary.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    await wait_in_sync(pair, pair.primary)
+    await kill_the_primary_and_vote(pair)
+    await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, 300)
