@@ -388,9 +388,10 @@ def clock_constraints(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> lis
     - ``peer_up``/``peer_lost``: the peer sent its state (``last_seen``, its clock) before the
       observer logged it (``ts``).
     - A transition to ACTIVE caused by the peer being PASSIVE (``HANDOVER``, ``PEER_PASSIVE``)
-      in epoch E comes after the peer's transition to PASSIVE in epoch E - 1 (a new term is
-      one above the peer's); the earliest such record is taken, so the bound holds whichever
-      one caused it.
+      in epoch E comes after the peer's transition to PASSIVE in epoch E - 1, when there is
+      one (a new term is the first of the role's parity above the peer's: E - 1 or E - 2;
+      the peer cannot have been in E - 1 unless it was just before); the earliest such
+      record is taken, so the bound holds whichever one caused it.
     - A transition to PASSIVE because the peer is ACTIVE (``PEER_ACTIVE``) in epoch E comes
       after the peer's transition to ACTIVE in E (the follower adopts the term).
     - A ``dual_active`` record about a peer in epoch E comes after that peer's transition to
