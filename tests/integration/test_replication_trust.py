@@ -61,6 +61,29 @@ def proof(secret: bytes, server_nonce: bytes) -> dict[str, str]:
     }
 
 
+async def in_sync_then_primary_killed(make_pair: Any, count: int) -> tuple[Pair, Ledger]:
+    """A pair in sync with ``count`` confirmed messages on 'orders'; then kill -9 of the
+    primary, whose address a fake ACTIVE may take."""
+    pair: Pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "orders")
+    await wait_in_sync(pair, pair.primary)
+    ledger = Ledger()
+    await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=count)
+    pair.kill(pair.primary)
+    return pair, ledger
+
+
+async def primary_back_with_every_message(pair: Pair, ledger: Ledger, count: int) -> None:
+    """The real primary returns and leads, the backup catches up, and after a kill -9 of
+    the primary the backup serves every confirmed message."""
+    pair.primary.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    await wait_in_sync(pair, pair.primary)
+    await kill_the_primary_and_vote(pair)
+    await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, count)
+
+
 async def test_a_login_with_the_peering_password_cannot_take_the_feed(make_pair: Any) -> None:
     """The audit's spy: a second subscriber with the peering password used to replace the
     PASSIVE, receive every message body, and let the ACTIVE confirm on its acks; kill -9
@@ -126,13 +149,7 @@ async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_p
     a run without the pair's MAC is refused (never acked, stored or applied), a delivery
     larger than a run can be is refused at its header, the backup stays out of sync, and
     when the real primary returns the pair resumes with every confirmed message."""
-    pair: Pair = make_pair(proxied=False).start()
-    await pair.wait_states("ACTIVE", "PASSIVE")
-    await declare(pair.primary.url, "orders")
-    await wait_in_sync(pair, pair.primary)
-    ledger = Ledger()
-    await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=500)
-    pair.kill(pair.primary)
+    pair, ledger = await in_sync_then_primary_killed(make_pair, 500)
     forged = codec.encode(0, [Reset(), ExchangeDeclared("/", "evil", "bogus", True, False, {})])
     deliveries = [
         (
@@ -158,11 +175,7 @@ async def test_the_passive_follows_no_server_that_cannot_prove_the_secret(make_p
         await poll(lambda: "over the" in pair.backup.log(), 30, "the backup refusing the 1 TiB run")
     assert "Ack" not in fake.received
 
-    pair.primary.start()
-    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    await wait_in_sync(pair, pair.primary)
-    await kill_the_primary_and_vote(pair)
-    await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, 500)
+    await primary_back_with_every_message(pair, ledger, 500)
 
 
 async def test_an_in_sync_passive_acks_no_live_run_that_does_not_validate(make_pair: Any) -> None:
@@ -172,13 +185,7 @@ async def test_an_in_sync_passive_acks_no_live_run_that_does_not_validate(make_p
     it held. Every run is decoded before anything of it is stored or acked now: the
     snapshot and the in-sync marker are acked, the bad live run never is, the PASSIVE
     leaves in sync, and when the real primary returns every confirmed message is there."""
-    pair: Pair = make_pair(proxied=False).start()
-    await pair.wait_states("ACTIVE", "PASSIVE")
-    await declare(pair.primary.url, "orders")
-    await wait_in_sync(pair, pair.primary)
-    ledger = Ledger()
-    await publish_confirmed(pair.primary.url, "orders", ledger, "o", asyncio.Event(), limit=300)
-    pair.kill(pair.primary)
+    pair, ledger = await in_sync_then_primary_killed(make_pair, 300)
     snapshot = codec.encode(0, [Reset(), QueueDeclared("/", "other", False, {})])
     marker = codec.encode(0, [])
     bad = codec.encode(7, [ExchangeDeclared("/", "evil", "bogus", False, False, {})])
@@ -205,8 +212,4 @@ async def test_an_in_sync_passive_acks_no_live_run_that_does_not_validate(make_p
     assert "does not decode" in pair.backup.log()
     assert "Traceback" not in pair.backup.log()
 
-    pair.primary.start()
-    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    await wait_in_sync(pair, pair.primary)
-    await kill_the_primary_and_vote(pair)
-    await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, 300)
+    await primary_back_with_every_message(pair, ledger, 300)
