@@ -476,11 +476,11 @@ class Follower:
         self.runs = 0
         self.snapshot_started = 0.0
         self.last_snapshot_seconds: float | None = None
-        # Runs received and not applied yet, in order: (None, changes, now, link) for a
-        # run handed to the store as rows, (seq, changes, now, link) for one kept pending
+        # Runs received and not applied yet, in order: (None, changes, now) for a run
+        # handed to the store as rows, (seq, changes, now) for one kept pending
         # (its bytes on disk, its rows still to write). Every run is decoded, so
         # validated, before anything of it is stored or acked.
-        self._unapplied: collections.deque[tuple[int | None, Any, float, Link]] = (
+        self._unapplied: collections.deque[tuple[int | None, list[Change], float]] = (
             collections.deque()
         )
         self._next_seq = 1
@@ -528,7 +528,7 @@ class Follower:
         unapplied = self._unapplied
         broker = self.broker
         while unapplied:
-            seq, run, now, link = unapplied[0]
+            seq, run, now = unapplied[0]
             if seq is not None and decoded_only:
                 return
             unapplied.popleft()
@@ -646,7 +646,7 @@ class Follower:
         # the one the ack waits for. Applied in any case before the ack, before the next
         # run, and before this server leads (``settle``).
         lsn = broker.replicated(changes)
-        self._unapplied.append((None, changes, broker.now(), link))
+        self._unapplied.append((None, changes, broker.now()))
         self.applied += len(changes)
         self.runs += 1
 
@@ -675,7 +675,7 @@ class Follower:
         seq = self._next_seq
         self._next_seq = seq + 1
         lsn = broker.replicated([PendingRun(seq, body)])
-        self._unapplied.append((seq, changes, broker.now(), link))
+        self._unapplied.append((seq, changes, broker.now()))
         self.pending_runs += 1
         self.runs += 1
 

@@ -320,12 +320,6 @@ def _decode_messages(
 _new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
 
 
-def first_lsn(data: bytes) -> int:
-    """The LSN of a run's first change, read from its head alone (0: a snapshot's run);
-    ValueError if the head is cut short or of a version this server does not read."""
-    return _head(data)[0]
-
-
 def _head(data: bytes) -> tuple[int, int]:
     if len(data) < _HEAD.size:
         raise ValueError("truncated change run")
