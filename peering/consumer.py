@@ -29,7 +29,7 @@ from pamqp.heartbeat import Heartbeat
 
 from amqha import wire
 
-from .agent import Reconnecting, _censor
+from .agent import Reconnecting, _censor, bounded
 
 log = logging.getLogger("amqha.peering")
 
@@ -359,7 +359,7 @@ class ConsumerLink(Reconnecting):
 
     async def _open(self) -> None:
         try:
-            self.link = await asyncio.wait_for(self._connect(), self.connect_timeout)
+            self.link = await bounded(self._connect(), self.connect_timeout)
         except TimeoutError:
             raise TimeoutError(f"no subscription within {self.connect_timeout} s") from None
 
