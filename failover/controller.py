@@ -122,6 +122,7 @@ class FailoverController:
             self._on_pause,
             self._fence,
             PEER_EXCHANGE,
+            self._on_peer_gone,
         )
         self._peer_url = (
             f"{'amqp' if config.failover.peer_tls is None else 'amqps'}://"
@@ -262,20 +263,34 @@ class FailoverController:
             self._unfence("the peer stayed silent for a timeout after the pause")
 
     def _notice_peer_lost(self, now: float) -> None:
-        """Record the loss once, when first noticed: at a tick or at a client vote,
-        whichever comes first, so the log shows the loss before any takeover it allows."""
+        """Record the loss once, when first noticed: at a tick, at a client vote or on
+        evidence, whichever comes first, so the log shows the loss before any takeover it
+        allows."""
         if not self.peer_heard or self.machine.peer_alive(now):
             return
         self.peer_heard = False
         peer = self.machine.peer
         name = escaped(peer.name) if peer else None
-        log.warning("peer %s silent for %.2f s: lost", name, self.machine.timeout)
+        if self.machine.peer_gone:
+            log.warning("peer %s lost: its link dropped and its port refuses connections", name)
+        else:
+            log.warning("peer %s silent for %.2f s: lost", name, self.machine.timeout)
         self._write(
             "peer_lost",
             peer=peer.name if peer else None,
             peer_state=peer.state.value if peer else None,
             last_seen=self.peer_last_seen,
+            evidence="refused" if self.machine.peer_gone else "silence",
         )
+
+    def _on_peer_gone(self) -> None:
+        """From the peering link: it dropped and the peer's port refuses connections, so no
+        process serves there (docs/failover.md, "Evidence")."""
+        if not self.running:
+            return
+        now = self.loop.time()
+        self.apply(fsm.step(self.machine, fsm.Event.PEER_GONE, now))
+        self._notice_peer_lost(now)
 
     # -- the fence after a freeze --------------------------------------------------------
 

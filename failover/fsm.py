@@ -59,6 +59,11 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   PASSIVE primary not in sync stays PASSIVE when its backup comes back (the backup's own
   store has what was confirmed) and the backup, told so by the primary's state message,
   takes ACTIVE; of two PASSIVE servers, the one in sync leads.
+- Evidence of death (PEER_GONE). A peer whose link has just dropped and whose port now
+  refuses connections has no process serving there: the kernel answers for it. That counts
+  the peer lost at once instead of after a timeout; the client vote and the takeover rule
+  then decide as for a silent peer. A silent peer (host down, link cut, process frozen)
+  gives no such evidence and still needs the timeout. Hearing the peer clears it.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -93,6 +98,7 @@ class Event(StrEnum):
     HANDOVER = "HANDOVER"
     PROMOTE = "PROMOTE"
     FORCE_PROMOTE = "FORCE_PROMOTE"
+    PEER_GONE = "PEER_GONE"
 
 
 # The event a peer's state message raises: named here, not by coincidence of enum values.
@@ -141,6 +147,9 @@ class Machine:
     # sends a few state messages before it hears us and yields, and that is one episode.
     # Epochs only grow, so a later split brain brings a new peer epoch and is logged again.
     dual_active_logged: int | None = None
+    # The peer's process is known to be gone (PEER_GONE: its link dropped and its port
+    # refuses connections), not merely silent; cleared when it is heard again.
+    peer_gone: bool = False
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
@@ -265,7 +274,9 @@ def step(machine: Machine, event: Event, now: float, peer: PeerInfo | None = Non
     reason = _misconfiguration(machine, peer)
     if reason is not None:
         return _report_misconfiguration(machine, peer, reason)
-    heard = replace(machine, peer=peer, peer_expiry=now + machine.timeout, misconfigured=None)
+    heard = replace(
+        machine, peer=peer, peer_expiry=now + machine.timeout, misconfigured=None, peer_gone=False
+    )
     outcome = TRANSITIONS[(machine.state, event)](heard, event, now)
     return _adopt_epoch(outcome, peer.epoch)
 
@@ -412,20 +423,31 @@ def _primary_starts(why: str) -> Handler:
 
 
 def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
-    """No peer heard for a timeout: the client's request makes us ACTIVE (failover),
-    unless this PASSIVE is not in sync and the configuration does not allow it."""
+    """No peer heard for a timeout, or its process known gone: the client's request makes
+    us ACTIVE (failover), unless this PASSIVE is not in sync and the configuration does not
+    allow it."""
     if now < machine.peer_expiry or machine.misconfigured is not None:
         return Outcome(machine, decision=_not_serving(machine, now))
+    why = _PEER_GONE_VOTE if machine.peer_gone else "no peer heard for a timeout: client vote"
     if _unsynced(machine):
         if not machine.takeover_unsynced:
             return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
         return _become_active(
-            machine,
-            event,
-            "no peer heard for a timeout: client vote, NOT in sync (failover.takeover_unsynced)",
-            _ACCEPT,
+            machine, event, why + ", NOT in sync (failover.takeover_unsynced)", _ACCEPT
         )
-    return _become_active(machine, event, "no peer heard for a timeout: client vote", _ACCEPT)
+    return _become_active(machine, event, why, _ACCEPT)
+
+
+_PEER_GONE_VOTE = "the peer's process is gone (its link dropped, its port refuses): client vote"
+
+
+def _peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
+    """The peer's process is gone: its link dropped and its port refuses connections, so
+    nothing serves there. The peer counts as lost now rather than after a timeout; what
+    that allows (a client vote, in sync) is decided as for a silent peer."""
+    if machine.peer_gone and machine.peer_expiry <= now:
+        return Outcome(machine)
+    return Outcome(replace(machine, peer_expiry=min(machine.peer_expiry, now), peer_gone=True))
 
 
 def _backup_never_serves_first(machine: Machine, event: Event, now: float) -> Outcome:
@@ -589,6 +611,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PRIMARY, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PRIMARY"),
     (State.PRIMARY, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),
     (State.PRIMARY, Event.PROMOTE): _promote,
+    (State.PRIMARY, Event.PEER_GONE): _peer_gone,
     (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
     (State.BACKUP, Event.PEER_PRIMARY): _backup_waits_for_primary,
@@ -599,6 +622,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.BACKUP, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "BACKUP"),
     (State.BACKUP, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "BACKUP"),
     (State.BACKUP, Event.PROMOTE): _promote,
+    (State.BACKUP, Event.PEER_GONE): _peer_gone,
     (State.BACKUP, Event.FORCE_PROMOTE): _promote,
     # ACTIVE: this server serves clients.
     (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
@@ -609,6 +633,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.ACTIVE, Event.MANUAL_RECOVER): _manual_recover,
     (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
     (State.ACTIVE, Event.PROMOTE): _refuse(_ALREADY_ACTIVE),
+    (State.ACTIVE, Event.PEER_GONE): _peer_gone,
     (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _passive_sees_primary_start,
@@ -619,5 +644,6 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PASSIVE"),
     (State.PASSIVE, Event.HANDOVER): _take_handover,
     (State.PASSIVE, Event.PROMOTE): _promote,
+    (State.PASSIVE, Event.PEER_GONE): _peer_gone,
     (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
 }

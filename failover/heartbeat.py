@@ -15,7 +15,8 @@ Must not know: the state machine or the broker. It calls back with values only: 
 message to send comes from ``make_message`` (``None``: the periodic state; else a type
 such as a handover) and a pause is first reported to ``fence`` (both
 called on this thread: they must only read immutable values and assign attributes), and
-``on_link_up`` / ``on_pause`` are run on the broker's loop.
+``on_link_up`` / ``on_pause`` / ``on_peer_gone`` (the peer's link dropped and its port
+refuses: its process is gone) are run on the broker's loop.
 See docs/architecture.md ("The heartbeat thread").
 """
 
@@ -48,6 +49,7 @@ class Heartbeat:
         on_pause: Callable[[float], None],
         fence: Callable[[float], None],
         exchange: str,
+        on_peer_gone: Callable[[], None] | None = None,
     ) -> None:
         self._peering_factory = peering_factory
         self._make_message = make_message
@@ -58,6 +60,7 @@ class Heartbeat:
         self._on_pause = on_pause
         self._fence = fence
         self._exchange = exchange
+        self._on_peer_gone = on_peer_gone
         self.last_tick = time.monotonic()
         self.running = True  # console "controller stop" clears it: no state goes out
         self.peering: Peering | None = None
@@ -123,6 +126,9 @@ class Heartbeat:
     async def _main_task(self) -> None:
         self._stop = asyncio.Event()
         self.peering = self._peering_factory(self._link_up)
+        if self._on_peer_gone is not None:
+            on_peer_gone = self._on_peer_gone
+            self.peering.on_gone = lambda: self._to_main(on_peer_gone)
         await self.peering.start()
         self._started.set()
         self.last_tick = time.monotonic()

@@ -4,7 +4,9 @@ Owns: connecting (aiormq) as the peering user, over TLS when given a context,
 reconnecting with capped exponential backoff after any failure (refused, reset, cut,
 remote restart, a connect that hangs, a certificate not trusted), one channel for
 publishing, and up/down notifications. A TLS failure is logged as an error, once per
-distinct reason until the link comes up: it will not heal by retrying.
+distinct reason until the link comes up: it will not heal by retrying. Evidence that the
+remote's process is gone: once a link that was up drops, its port refusing connections on
+every address is reported to ``on_gone`` (docs/failover.md, "Evidence").
 
 Must not know: what is published (failover state, later replication), the failover
 state machine, the local broker.
@@ -15,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiormq
 from pamqp.commands import Basic
@@ -67,6 +71,10 @@ class Reconnecting:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._tls_error_logged: str | None = None
+        # Called when the link has dropped and the remote's port refuses connections on
+        # every address: nothing serves there (docs/failover.md, "Evidence").
+        self.on_gone: Callable[[], None] | None = None
+        self._lost = False  # the link was up and dropped, and no evidence was given since
 
     async def _open(self) -> None:
         """Connect, within ``connect_timeout``; raise if it cannot."""
@@ -109,11 +117,13 @@ class Reconnecting:
                 if tls_error is not None and tls_error != self._tls_error_logged:
                     self._tls_error_logged = tls_error
                     log.error("%s: TLS to %s refused: %s", self.name, _censor(self.url), tls_error)
+                await self._look_for_evidence()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff_max)
                 continue
             delay = self.backoff_initial
             self._tls_error_logged = None
+            self._lost = False
             self.status.connected = True
             self.status.connects += 1
             self.status.last_error = None
@@ -129,7 +139,25 @@ class Reconnecting:
             log.info("%s: link down (%s), reconnecting", self.name, reason)
             if self.on_down is not None:
                 self.on_down(reason)
+            self._lost = True
+            await self._look_for_evidence()
             await asyncio.sleep(delay)
+
+    async def _look_for_evidence(self) -> None:
+        """After the link dropped (and until it is up again), tell ``on_gone`` once if the
+        remote's port refuses connections: its process is gone, not merely silent."""
+        if not self._lost or self.on_gone is None:
+            return
+        parts = urlsplit(self.url)
+        port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+        if await refused_everywhere(parts.hostname or "localhost", port, self.connect_timeout):
+            self._lost = False
+            log.info(
+                "%s: %s refuses connections since the link dropped: nothing serves there",
+                self.name,
+                _censor(self.url),
+            )
+            self.on_gone()
 
 
 class Peering(Reconnecting):
@@ -239,6 +267,32 @@ class Peering(Reconnecting):
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 1.0)
+
+
+async def refused_everywhere(host: str, port: int, timeout: float) -> bool:
+    """Whether ``host:port`` refuses a TCP connection on every address it resolves to: the
+    kernel's answer that no process listens there. A connection that opens (it is closed at
+    once), a timeout or any other error is no such answer: False."""
+    loop = asyncio.get_running_loop()
+    try:
+        found = await asyncio.wait_for(
+            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout
+        )
+    except (OSError, TimeoutError):
+        return False
+    for family, kind, proto, _, address in found:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
+        except ConnectionRefusedError:
+            continue
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            sock.close()
+        return False
+    return bool(found)
 
 
 async def bounded(step: Awaitable[Any], timeout: float) -> Any:

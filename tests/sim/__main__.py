@@ -1,4 +1,4 @@
-"""``python -m tests.sim --schedules N [--seed S] [--old-protocol] [--jobs J]``: run N
+"""``python -m tests.sim --schedules N [--seed S] [--old-protocol] [--evidence] [--jobs J]``: run N
 schedules from seed S on, print JSON (schedules run, the first failing seeds,
 schedules/s, wall seconds). ``--replay SEED`` prints one schedule's trace instead."""
 
@@ -18,8 +18,8 @@ FAILURES_SHOWN = 10
 PROGRESS_EVERY = 10.0  # seconds between progress lines on stderr
 
 
-def run_range(args: tuple[int, int, bool, bool, bool]) -> dict[str, Any]:
-    first, count, old, double, active_writes = args
+def run_range(args: tuple[int, int, bool, bool, bool, bool]) -> dict[str, Any]:
+    first, count, old, double, active_writes, evidence = args
     leader = OldLeader if old else None
     failing: list[dict[str, Any]] = []
     totals: dict[str, int] = {}
@@ -30,6 +30,7 @@ def run_range(args: tuple[int, int, bool, bool, bool]) -> dict[str, Any]:
             *(() if leader is None else (leader,)),
             double_failures=double,
             active_write_failures=active_writes,
+            evidence=evidence,
         )
         for key in ("confirmed", "lost", "quarantined", "returned_in_flight", "kills"):
             totals[key] = totals.get(key, 0) + getattr(result, key)
@@ -56,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--active-write-failures", action="store_true", help="fail writes on the ACTIVE's disk too"
     )
+    parser.add_argument(
+        "--evidence",
+        action="store_true",
+        help="a killed server is lost at once (its port refuses), not after the timeout",
+    )
     parser.add_argument("--replay", type=int, help="print this seed's schedule, event by event")
     options = parser.parse_args(argv)
     if options.replay is not None:
@@ -65,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             log=True,
             double_failures=options.double_failures,
             active_write_failures=options.active_write_failures,
+            evidence=options.evidence,
         )
         print("\n".join(result.log))
         print(json.dumps({"seed": result.seed, "trace": result.trace, "failures": result.failures}))
@@ -79,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             options.old_protocol,
             options.double_failures,
             options.active_write_failures,
+            options.evidence,
         )
         for first in range(options.seed, options.seed + options.schedules, chunk)
     ]

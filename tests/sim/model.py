@@ -482,8 +482,12 @@ class World:
         leader_class: type[Leader],
         double_failures: bool = False,
         active_write_failures: bool = False,
+        evidence: bool = False,
     ) -> None:
         self.seed = seed
+        # A killed server's port refuses at once (docs/failover.md, "Evidence"): its peer
+        # counts it lost on the next tick instead of after TIMEOUT ticks.
+        self.lost_after = 1 if evidence else TIMEOUT
         # Kill a server while its peer is down too; fail writes on the ACTIVE's disk
         # (docs/durability.md, "The simulator": what each of these finds).
         self.double_failures = double_failures
@@ -655,7 +659,7 @@ class World:
     # -- the pair (failover/fsm.py's table, for these events) ----------------------------
 
     def silent(self, node: Node, peer: Node) -> bool:
-        return not peer.up and self.tick - max(peer.down_since, node.up_since) >= TIMEOUT
+        return not peer.up and self.tick - max(peer.down_since, node.up_since) >= self.lost_after
 
     def pair_tick(self) -> None:
         for node in self.nodes:
@@ -870,8 +874,9 @@ def simulate(
     log: bool = False,
     double_failures: bool = False,
     active_write_failures: bool = False,
+    evidence: bool = False,
 ) -> Result:
     """Run one schedule: ``seed`` decides everything."""
-    world = World(seed, leader_class, double_failures, active_write_failures)
+    world = World(seed, leader_class, double_failures, active_write_failures, evidence)
     world.keep_log = log
     return world.run()

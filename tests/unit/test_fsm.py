@@ -1284,3 +1284,68 @@ def test_a_primary_restarted_alone_never_leads_in_the_epoch_its_backup_may_have_
     assert voted.machine.state is State.ACTIVE
     assert voted.machine.epoch == 3
     assert voted.actions == (PersistEpoch(3),)
+
+
+# --- PEER_GONE: the peer's link dropped and its port refuses (evidence, not silence) --------
+
+
+@cell(State.PASSIVE, Event.PEER_GONE)
+def test_passive_in_sync_takes_over_on_the_first_vote_once_its_peer_is_gone() -> None:
+    active = peer(Role.PRIMARY, State.ACTIVE, epoch=3)
+    machine = ours(Role.BACKUP, State.PASSIVE, epoch=3, peer=active)
+    assert step(machine, Event.CLIENT_REQUEST, NOW).decision == Redirect("alpha.example:5672")
+
+    gone = step(machine, Event.PEER_GONE, NOW)
+    assert gone.transition is None and gone.actions == () and gone.decision is None
+    assert gone.machine.peer_gone and not gone.machine.peer_alive(NOW)
+    assert step(gone.machine, Event.PEER_GONE, NOW + 0.1).machine is gone.machine
+
+    voted = step(gone.machine, Event.CLIENT_REQUEST, NOW)  # well before EXPIRED
+    assert voted.decision == Accept()
+    assert voted.machine.state is State.ACTIVE and voted.machine.epoch == 4
+    assert voted.transition == Transition(
+        State.PASSIVE,
+        State.ACTIVE,
+        Event.CLIENT_REQUEST,
+        "the peer's process is gone (its link dropped, its port refuses): client vote",
+    )
+
+    # The evidence changes when, never whether: a PASSIVE not in sync still refuses.
+    unsynced = step(replace(machine, in_sync=False), Event.PEER_GONE, NOW).machine
+    refused = step(unsynced, Event.CLIENT_REQUEST, NOW)
+    assert isinstance(refused.decision, Refuse) and refused.machine.state is State.PASSIVE
+
+    # Nor over a misconfiguration.
+    odd = step(replace(machine, misconfigured="same name"), Event.PEER_GONE, NOW).machine
+    assert step(odd, Event.CLIENT_REQUEST, NOW).machine.state is State.PASSIVE
+
+    # The peer heard again (it was restarted): the evidence is gone with it.
+    back = hear(gone.machine, peer(Role.PRIMARY, State.PRIMARY, epoch=3), NOW + 0.2)
+    assert not back.machine.peer_gone and back.machine.peer_alive(NOW + 0.2)
+
+
+@cell(State.PRIMARY, Event.PEER_GONE)
+def test_started_primary_whose_peer_is_gone_serves_on_the_first_vote() -> None:
+    machine = Machine.start("alpha", Role.PRIMARY, 1, TIMEOUT, now=NOW)
+    gone = step(machine, Event.PEER_GONE, NOW + 0.1)
+    assert gone.transition is None and gone.machine.state is State.PRIMARY
+    voted = step(gone.machine, Event.CLIENT_REQUEST, NOW + 0.1)
+    assert voted.machine.state is State.ACTIVE and voted.machine.epoch == 3
+
+
+@cell(State.BACKUP, Event.PEER_GONE)
+def test_started_backup_whose_peer_is_gone_still_never_serves_first() -> None:
+    machine = Machine.start("beta", Role.BACKUP, 0, TIMEOUT, now=NOW)
+    gone = step(machine, Event.PEER_GONE, NOW)
+    assert gone.transition is None and gone.machine.peer_gone
+    refused = step(gone.machine, Event.CLIENT_REQUEST, NOW + 10 * TIMEOUT)
+    assert refused.machine.state is State.BACKUP and refused.decision == Redirect(None)
+
+
+@cell(State.ACTIVE, Event.PEER_GONE)
+def test_active_whose_passive_is_gone_keeps_serving() -> None:
+    machine = ours(Role.PRIMARY, State.ACTIVE, epoch=3, peer=peer(Role.BACKUP, State.PASSIVE, 3))
+    gone = step(machine, Event.PEER_GONE, NOW)
+    assert gone.transition is None and gone.actions == ()
+    assert gone.machine.state is State.ACTIVE and not gone.machine.peer_alive(NOW)
+    assert step(gone.machine, Event.CLIENT_REQUEST, NOW).decision == Accept()

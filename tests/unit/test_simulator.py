@@ -69,3 +69,16 @@ def test_a_double_failure_never_gives_one_epoch_to_both_servers() -> None:
     own disk, unheard of its peer, in the epoch the backup had served in. Each role has
     its own epochs now (failover/fsm.py, ``next_epoch``)."""
     assert simulate(68, double_failures=True).ok
+
+
+def test_takeover_on_evidence_loses_nothing() -> None:
+    """A killed server's peer counts it lost on the next tick (its port refuses) instead of
+    after the timeout, single and double failures alike: no schedule loses a confirm or
+    has two servers confirm in one epoch."""
+    failing = [
+        seed
+        for seed in range(300)
+        for double in (False, True)
+        if not simulate(seed, double_failures=double, evidence=True).ok
+    ]
+    assert not failing, f"failing seeds: {failing[:10]}"
