@@ -486,6 +486,8 @@ class Follower:
         self._next_seq = 1
         self.pending_runs = 0  # runs kept as received, their changes not written yet
         self.refused_runs = 0  # runs that did not authenticate or validate
+        # This server leads now (``detach``): nothing more from the feed is applied or acked.
+        self.detached = False
         self.link = ConsumerLink(
             url,
             FEED_QUEUE,
@@ -508,6 +510,17 @@ class Follower:
 
     async def start(self) -> None:
         await self.link.start()
+
+    def detach(self) -> None:
+        """This server leads now: from this instant no run is applied, no marker taken and
+        nothing acked, even a run whose write completes later (its changes are in the
+        state already, ``settle`` having run), and the link is closed. An ack sent after
+        leading would let the old ACTIVE, still serving in a split, confirm a change on
+        the word of a server that no longer follows it. ``stop`` ends the reconnecting."""
+        self.detached = True
+        current = self.link.link
+        if current is not None:
+            current.close("this server is ACTIVE now")
 
     async def stop(self) -> None:
         await self.link.stop()
@@ -551,6 +564,8 @@ class Follower:
     def _subscribed(self) -> None:
         """A new subscription: the ACTIVE sends a new snapshot, so whatever this server
         held is not known to be complete until the ACTIVE says so again."""
+        if self.detached:
+            return
         self.state = "catching_up"
         if self.eligibility.subscribed():
             self.on_sync(False, "subscribed again to the ACTIVE's feed: catching up")
@@ -600,6 +615,8 @@ class Follower:
 
     def _cancelled(self) -> None:
         """The ACTIVE ended the subscription while serving on: it confirms alone now."""
+        if self.detached:
+            return
         self._ended("the ACTIVE cancelled the replication subscription")
 
     def _declared(self, link: Link, tag: int, sync_lsn: int) -> None:
@@ -618,6 +635,8 @@ class Follower:
         self, link: Link, tag: int, properties: commands.Basic.Properties, body: bytes
     ) -> None:
         """One run from the feed, in the socket's read (see the module docstring)."""
+        if self.detached:
+            return
         broker = self.broker
         headers = properties.headers or {}
         marker = headers.get(IN_SYNC)
@@ -651,6 +670,8 @@ class Follower:
         self.runs += 1
 
         def stored(ok: bool) -> None:
+            if self.detached:
+                return
             self.settle()
             if not ok:
                 self._store_failed(link)
@@ -680,6 +701,8 @@ class Follower:
         self.runs += 1
 
         def kept(ok: bool) -> None:
+            if self.detached:
+                return
             if not ok:
                 self._store_failed(link)
                 return

@@ -399,6 +399,7 @@ class Broker:
         follower, self.follower = self.follower, None
         if follower is not None:
             follower.settle()  # every run received is in the state this server leads with
+            follower.detach()  # and nothing that arrives or completes later is acked
             self.loop.create_task(follower.stop())
         if self.store is not None:
             self.store.on_commit = None

@@ -41,7 +41,10 @@ PEERING = ("peering", "peering")
 
 
 def url_of(server: ServerProcess, user: tuple[str, str] = ("guest", "guest")) -> str:
-    return f"amqp://{user[0]}:{user[1]}@127.0.0.1:{server.port}/"
+    """``user`` (name, the password tests use) at ``server``; a server configured with
+    another password for that name (off loopback, say) gets its own."""
+    name = user[0]
+    return f"amqp://{name}:{server.password(name, user[1])}@{server.address}/"
 
 
 # The shared secret every test pair signs its state messages with.
@@ -55,15 +58,17 @@ def failover_section(
     timeout: float,
     peer_listen: int | None = None,
     peer_name: str | None = None,
+    peer_host: str = "127.0.0.1",
+    proxy_host: str = "127.0.0.1",
 ) -> dict[str, Any]:
     """``peer_listen``: the port the peer serves clients on, when the peering goes elsewhere
-    (through a proxy)."""
+    (through a proxy at ``proxy_host``)."""
     named = {} if peer_name is None else {"peer_name": peer_name}
     return {
         **named,
         "role": role,
-        "peer": f"127.0.0.1:{peer_port}",
-        "peer_listen": [f"127.0.0.1:{peer_listen or peer_port}"],
+        "peer": f"{proxy_host}:{peer_port}",
+        "peer_listen": [f"{peer_host}:{peer_listen or peer_port}"],
         "heartbeat": heartbeat,
         "timeout": timeout,
         "peer_user": "peering",
@@ -93,9 +98,15 @@ class Pair:
         names: tuple[str, str] | None = None,
         peering_tls: tuple[tuple[dict[str, Any], dict[str, Any]], ...] | None = None,
         failover_extra: dict[str, Any] | None = None,
+        hosts: tuple[str, str] = ("127.0.0.1", "127.0.0.1"),
+        prefixes: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
+        client: str = "guest",
         **overrides: Any,
     ) -> None:
         """``overrides``: further config sections for both servers (as ServerProcess takes).
+
+        ``hosts``, ``prefixes``, ``client``: as ServerProcess takes them, per server (test
+        hosts in network namespaces: tests/netns.py); such a pair is not proxied.
 
         ``peering_tls``: for each server, its ``tls`` section (without ``listen``) and its
         ``failover.peer_tls``; the peers then reach each other's amqps listener.
@@ -124,6 +135,9 @@ class Pair:
                 dirs[i],
                 names[i],
                 port=ports[i],
+                host=hosts[i],
+                prefix=prefixes[i],
+                client=client,
                 failover={
                     **failover_section(
                         roles[i],
@@ -133,6 +147,8 @@ class Pair:
                         peer_listen=ports[1 - i],
                         # Equal names are how misconfigured pairs are built: leave them unpinned.
                         peer_name=names[1 - i] if names[0] != names[1] else None,
+                        peer_host=hosts[1 - i],
+                        proxy_host="127.0.0.1" if proxied else hosts[1 - i],
                     ),
                     **(failover_extra or {}),
                 },

@@ -100,11 +100,27 @@ def start_to_exit(
 
 
 class ServerProcess:
-    """One ``amqha start`` process with its own config file, data dir and log."""
+    """One ``amqha start`` process with its own config file, data dir and log.
 
-    def __init__(self, workdir: Path, name: str, port: int | None = None, **overrides: Any) -> None:
+    ``host``: the address it listens on (loopback unless a test host in a network
+    namespace); ``prefix``: what its command runs under (``ip netns exec NAME``, which
+    execs it, so the pid is still the server's); ``client``: the user of ``url``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        name: str,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        prefix: tuple[str, ...] = (),
+        client: str = "guest",
+        **overrides: Any,
+    ) -> None:
         self.workdir = Path(workdir)
         self.name = name
+        self.host = host
+        self.prefix = prefix
+        self.client = client
         self.port = port or free_port()
         self.data_dir = self.workdir / name
         self.config_path = self.workdir / f"{name}.yaml"
@@ -112,7 +128,7 @@ class ServerProcess:
         self.config: dict[str, Any] = {
             "server": {
                 "name": name,
-                "listen": f"127.0.0.1:{self.port}",
+                "listen": f"{host}:{self.port}",
                 "data_dir": str(self.data_dir),
             },
             "users": USERS,
@@ -126,11 +142,18 @@ class ServerProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    def password(self, user: str, default: str) -> str:
+        """``user``'s password in this server's config (``default`` if it has none)."""
+        for entry in self.config.get("users", ()):
+            if entry.get("name") == user and "password" in entry:
+                return str(entry["password"])
+        return default
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        return f"amqp://{self.client}:{self.password(self.client, self.client)}@{self.address}/"
 
     @property
     def events_path(self) -> Path:
@@ -143,6 +166,7 @@ class ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
             [
+                *self.prefix,
                 sys.executable,
                 "-m",
                 "amqha",
@@ -164,7 +188,7 @@ class ServerProcess:
     def wait_ready(self, timeout: float = 15.0) -> None:
         """Until this process says it listens (a connect alone could reach another listener)."""
         deadline = time.monotonic() + timeout
-        banner = f"listening on 127.0.0.1:{self.port}"
+        banner = f"listening on {self.address}"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
@@ -173,7 +197,7 @@ class ServerProcess:
             if banner in self.log():
                 with (
                     contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
+                    socket.create_connection((self.host, self.port), timeout=0.5),
                 ):
                     return
             time.sleep(0.02)

@@ -1,0 +1,185 @@
+"""Test hosts in Linux network namespaces, and faults made by the kernel.
+
+Owns: a private bridge in the test's own namespace (the clients' side, the bridge holding
+the first address of the subnet), one namespace per test host joined to it by a veth pair,
+and faults inside a host's namespace: its link down, nftables rules that drop traffic to or
+from another host (all of it, one direction of one port, or a random share of packets),
+and a token-bucket bandwidth limit (``tc tbf``). Everything is made by the test and
+removed by ``close()``, namespaces, bridge and rules; names carry a tag of this process so
+two runs never meet. Loopback cannot partition; these can (docs/failover.md, "Partitions").
+
+Needs root, ``ip`` (iproute2) and ``nft`` (nftables); ``unavailable()`` says what is
+missing, for the tests to skip with that reason. The kernel here has no ``netem``: delay,
+where a test needs it, comes from tests/proxy.py run inside a namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+COMMAND_TIMEOUT = 20.0
+TABLE = "amqha_test"
+
+
+def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        list(args), input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done
+
+
+def unavailable() -> str | None:
+    """Why network namespaces cannot be made here, or None if they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CI runs as root)"
+    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("tc", "iproute2")):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is missing (Debian's {package}; `make test` installs it)"
+    probe = f"amqhaprobe{os.getpid()}"
+    try:
+        _run("ip", "netns", "add", probe)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+        return f"`ip netns add` fails here: {error}"
+    with contextlib.suppress(Exception):
+        _run("ip", "netns", "del", probe)
+    return None
+
+
+@dataclass
+class Host:
+    name: str
+    namespace: str
+    address: str
+    inside: str  # the veth end in the namespace
+    outside: str  # the veth end on the bridge
+
+    @property
+    def prefix(self) -> tuple[str, ...]:
+        """What a command runs under to run on this host."""
+        return ("ip", "netns", "exec", self.namespace)
+
+
+class Network:
+    """A bridge and the hosts on it. Use as a context manager, or call ``close()``."""
+
+    def __init__(self) -> None:
+        self.tag = f"aq{os.getpid() % 100000:05d}{random.randrange(16**2):02x}"
+        # A /24 in 10.0.0.0/8 picked at random: a private range no real network here uses.
+        self.subnet = ipaddress.ip_network(
+            f"10.{random.randrange(200, 250)}.{random.randrange(256)}.0/24"
+        )
+        self.bridge = f"{self.tag}br"
+        self.gateway = str(self.subnet.network_address + 1)
+        self.hosts: dict[str, Host] = {}
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        try:
+            _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            _run("ip", "link", "set", self.bridge, "up")
+        except Exception:
+            self.close()
+            raise
+
+    def __enter__(self) -> Network:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def add(self, name: str) -> Host:
+        """A new host on the bridge, with its own namespace and the next address."""
+        number = len(self.hosts) + 2
+        host = Host(
+            name,
+            f"{self.tag}-{name}",
+            str(self.subnet.network_address + number),
+            f"{self.tag}p{number}",
+            f"{self.tag}v{number}",
+        )
+        self.hosts[name] = host
+        _run("ip", "netns", "add", host.namespace)
+        _run("ip", "link", "add", host.outside, "type", "veth", "peer", "name", host.inside)
+        _run("ip", "link", "set", host.inside, "netns", host.namespace)
+        _run("ip", "link", "set", host.outside, "master", self.bridge, "up")
+        self.inside(host, "ip", "addr", "add", f"{host.address}/24", "dev", host.inside)
+        self.inside(host, "ip", "link", "set", host.inside, "up")
+        self.inside(host, "ip", "link", "set", "lo", "up")
+        self.inside(host, "nft", "add", "table", "inet", TABLE)
+        for hook in ("input", "output"):
+            self.inside(
+                host,
+                "nft",
+                "add",
+                "chain",
+                "inet",
+                TABLE,
+                hook,
+                f"{{ type filter hook {hook} priority 0; policy accept; }}",
+            )
+        return host
+
+    def inside(self, host: Host, *command: str) -> subprocess.CompletedProcess[str]:
+        return _run(*host.prefix, *command)
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def link(self, host: Host, up: bool) -> None:
+        """The host's only link down (nothing in or out, no reset sent) or up again."""
+        self.inside(host, "ip", "link", "set", host.inside, "up" if up else "down")
+
+    def drop(
+        self,
+        host: Host,
+        peer: Host,
+        direction: str = "both",
+        port: int | None = None,
+        percent: int = 100,
+    ) -> None:
+        """Drop, on ``host``, packets exchanged with ``peer``: ``direction`` "out" (to it),
+        "in" (from it) or "both"; only TCP to (out) or from (in) ``port`` if given; a random
+        ``percent`` of them (nftables ``numgen random``) if below 100. Silent drops: the
+        sender sees a timeout, never a reset."""
+        if not 0 < percent <= 100:
+            raise ValueError(f"percent is 1..100, not {percent}")
+        share = "" if percent == 100 else f" numgen random mod 100 < {percent}"
+        for hook, match in (("output", "daddr"), ("input", "saddr")):
+            if direction not in ("both", "out" if hook == "output" else "in"):
+                continue
+            ports = (
+                "" if port is None else f" tcp {'dport' if hook == 'output' else 'sport'} {port}"
+            )
+            rule = f"ip {match} {peer.address}{ports}{share} drop"
+            self.inside(host, "nft", "add", "rule", "inet", TABLE, hook, *rule.split())
+
+    def heal(self, host: Host) -> None:
+        """Every drop rule on ``host`` gone, its link up."""
+        for hook in ("input", "output"):
+            self.inside(host, "nft", "flush", "chain", "inet", TABLE, hook)
+        self.link(host, True)
+
+    def limit(self, host: Host, rate: str = "1mbit") -> None:
+        """Bandwidth of the host's link out, by a token bucket (``tc tbf``)."""
+        self.inside(
+            host, "tc", "qdisc", "replace", "dev", host.inside, "root",
+            "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms",
+        )  # fmt: skip
+
+    # -- teardown -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove every namespace and the bridge (a veth pair goes with its namespace)."""
+        for host in self.hosts.values():
+            with contextlib.suppress(Exception):
+                _run("ip", "netns", "del", host.namespace)
+            with contextlib.suppress(Exception):
+                _run("ip", "link", "del", host.outside)
+        self.hosts.clear()
+        with contextlib.suppress(Exception):
+            _run("ip", "link", "del", self.bridge)

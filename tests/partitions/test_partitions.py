@@ -1,0 +1,269 @@
+"""Real partitions: each server on a test host of its own (a network namespace), the
+clients on the bridge between them, and faults made by the kernel (tests/netns.py).
+
+Every scenario ends with the loss check: each message a publisher had confirmed is on the
+ACTIVE or in a quarantine file (counted), and nothing is there that nobody sent. What two
+servers do when they cannot tell a dead peer from a cut link is the Binary Star rule
+(docs/failover.md, "Partitions"): a client's vote can make a second ACTIVE, and the heal
+resolves it by epoch, the loser's writes kept in quarantine.
+
+Run by ``make partitions`` (root, iproute2 and nftables); skipped with the reason
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiormq
+import pytest
+
+from amqha.quarantine import read_quarantine
+from tests import netns
+from tests.durability import Ledger, drain, publish_confirmed
+from tests.pairs import Pair, poll
+from tests.support import ServerProcess
+
+REASON = netns.unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+HEARTBEAT, TIMEOUT = 0.2, 0.6  # the shipped timings
+QUEUE = "orders"
+STEP = 60.0  # bound on each wait for the pair to move
+
+
+def strong_users() -> list[dict[str, Any]]:
+    """Off loopback a server refuses shipped passwords: these are made per test."""
+    word = secrets.token_hex(8)
+    return [
+        {"name": "app", "password": f"app-{word}", "vhosts": ["/"]},
+        {"name": "admin", "password": f"admin-{word}", "vhosts": ["/"], "tags": ["administrator"]},
+        {"name": "peering", "password": f"peering-{word}", "vhosts": ["/"], "tags": ["peering"]},
+    ]
+
+
+class Site:
+    """The network, its two server hosts and the pair on them."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.net = netns.Network()
+        try:
+            self.a = self.net.add("primary")
+            self.b = self.net.add("backup")
+            self.pair = Pair(
+                workdir,
+                heartbeat=HEARTBEAT,
+                timeout=TIMEOUT,
+                proxied=False,
+                hosts=(self.a.address, self.b.address),
+                prefixes=(self.a.prefix, self.b.prefix),
+                client="app",
+                users=strong_users(),
+            )
+        except Exception:
+            self.net.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            self.pair.stop()
+            for server in self.pair.servers:
+                print(f"--- {server.name} log (tail) ---")
+                print("\n".join(server.log().splitlines()[-40:]))
+                print(f"--- {server.name} events ---")
+                for record in self.pair.events(server)[-60:]:
+                    print(record)
+        finally:
+            self.net.close()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    made = Site(tmp_path / "pair")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+async def started(site: Site) -> Pair:
+    pair = site.pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=STEP)
+    await pair.wait_in_sync(pair.backup, timeout=STEP)
+    connection = await aiormq.connect(pair.primary.url)
+    await (await connection.channel()).queue_declare(QUEUE, durable=True)
+    await connection.close()
+    return pair
+
+
+class Publishers:
+    """One confirming publisher per server, each using only its own server and trying
+    again until stopped (a PASSIVE refuses it; a server cut off stalls it)."""
+
+    def __init__(self, servers: list[ServerProcess]) -> None:
+        self.ledger = Ledger()
+        self.stop = asyncio.Event()
+        self.tasks = [
+            asyncio.ensure_future(self._keep(server.url, server.name[0])) for server in servers
+        ]
+
+    async def _keep(self, url: str, prefix: str) -> None:
+        for attempt in range(100_000):
+            if self.stop.is_set():
+                return
+            await publish_confirmed(
+                url, QUEUE, self.ledger, f"{prefix}{attempt}", self.stop, window=10
+            )
+            await asyncio.sleep(0.1)
+
+    def confirmed(self, prefix: str) -> int:
+        return sum(body.startswith(prefix.encode()) for body in self.ledger.confirmed)
+
+    async def grows(self, prefix: str, what: str) -> None:
+        """Until a publisher whose bodies start with ``prefix`` has more confirms."""
+        before = self.confirmed(prefix)
+        await poll(lambda: self.confirmed(prefix) > before, STEP, what)
+
+    async def close(self) -> None:
+        """Stop; a publisher stalled on a dead link is cancelled (its pending publishes
+        were never confirmed, so they are not counted)."""
+        self.stop.set()
+        _, pending = await asyncio.wait(self.tasks, timeout=15)
+        for task in pending:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def quarantined(pair: Pair) -> set[bytes]:
+    return {row[5] for path in pair.quarantine_files() for row in read_quarantine(path)}
+
+
+async def loss_check(pair: Pair, ledger: Ledger) -> dict[str, int]:
+    """Settled, the ACTIVE drained: no confirmed message lost (on the ACTIVE or kept in
+    quarantine), none invented, no error in either server's log. Returns the counts."""
+    active, _ = await pair.settled(timeout=STEP)
+    remaining = [body for body, _ in await drain(active.url, QUEUE)]
+    kept = quarantined(pair)
+    lost, invented = ledger.check(remaining)
+    lost -= kept
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+    assert not invented, f"{len(invented)} messages nobody sent, e.g. {sorted(invented)[:5]}"
+    for server in pair.servers:
+        assert "Traceback" not in server.log(), server.log()
+    return {
+        "confirmed": len(ledger.confirmed),
+        "on_active": len(remaining),
+        "quarantined": len(kept & ledger.confirmed),
+    }
+
+
+def records(pair: Pair, server: ServerProcess, event: str, since: float = 0.0) -> list[dict]:
+    return [e for e in pair.events(server) if e["event"] == event and e["ts"] >= since]
+
+
+async def test_the_peer_link_cut_with_clients_on_both_sides(site: Site) -> None:
+    """Binary Star's unsolvable case: both servers serve their own clients, and on heal
+    the higher epoch (the backup, voted in) stays; the primary's writes from the split
+    are quarantined and counted, nothing confirmed is lost."""
+    pair = await started(site)
+    publishers = Publishers(pair.servers)
+    try:
+        await publishers.grows("p", "confirms on the primary")
+        cut = time.time()
+        site.net.drop(site.a, site.b)  # everything between the two hosts, both ways
+        await pair.wait_states("ACTIVE", "ACTIVE", timeout=STEP)
+        lost = records(pair, pair.backup, "peer_lost", cut)
+        assert lost and lost[0]["evidence"] == "silence"  # a cut is no proof of death
+        await publishers.grows("b", "confirms on the backup during the split")
+        await publishers.grows("p", "confirms on the primary during the split")
+        site.net.heal(site.a)
+        await pair.wait_states("PASSIVE", "ACTIVE", timeout=STEP)
+        yielded = records(pair, pair.primary, "dual_active", cut)
+        assert yielded and "we yield" in yielded[0]["reason"]
+    finally:
+        await publishers.close()
+    counts = await loss_check(pair, publishers.ledger)
+    assert counts["quarantined"] > 0  # the primary's split-brain writes, kept
+    assert pair.epoch(pair.backup) == 2
+
+
+async def test_the_active_cut_from_everything(site: Site) -> None:
+    """The ACTIVE's link goes down (no reset, no refusal: silence). The backup takes
+    over on a client's vote after the timeout; when the link comes back the old ACTIVE
+    yields to the higher epoch, and nothing confirmed is lost."""
+    pair = await started(site)
+    publishers = Publishers(pair.servers)
+    try:
+        await publishers.grows("p", "confirms on the primary")
+        cut = time.time()
+        site.net.link(site.a, up=False)
+        await pair.wait_states(None, "ACTIVE", timeout=STEP)
+        assert records(pair, pair.backup, "peer_lost", cut)[0]["evidence"] == "silence"
+        await publishers.grows("b", "confirms on the backup")
+        site.net.link(site.a, up=True)
+        await pair.wait_states("PASSIVE", "ACTIVE", timeout=STEP)
+    finally:
+        await publishers.close()
+    await loss_check(pair, publishers.ledger)
+
+
+async def test_asymmetric_the_active_hears_the_backup_but_not_the_other_way(
+    site: Site,
+) -> None:
+    """The primary's connection to the backup is dropped one way (its packets to the
+    backup's port), the backup's connections to the primary work: the backup hears nothing,
+    a client votes it in, the primary hears it ACTIVE in a higher epoch and yields at once,
+    without waiting for a heal."""
+    pair = await started(site)
+    publishers = Publishers(pair.servers)
+    try:
+        await publishers.grows("p", "confirms on the primary")
+        cut = time.time()
+        site.net.drop(site.a, site.b, direction="out", port=pair.backup.port)
+        # The primary cannot follow yet (its connections to the backup are dropped): the
+        # states, not the sync, until the heal.
+        await poll(lambda: pair.states() == ("PASSIVE", "ACTIVE"), STEP, "the primary yields")
+        assert records(pair, pair.backup, "peer_lost", cut)[0]["evidence"] == "silence"
+        yielded = records(pair, pair.primary, "dual_active", cut)
+        assert yielded and "we yield" in yielded[0]["reason"]
+        await publishers.grows("b", "confirms on the backup")
+        site.net.heal(site.a)
+    finally:
+        await publishers.close()
+    await loss_check(pair, publishers.ledger)
+
+
+async def test_a_flapping_peer_link_makes_no_failover_storm(site: Site) -> None:
+    """For a minute: 30% of the packets between the two hosts lost both ways, and the
+    link between them cut and healed every few seconds, clients on the ACTIVE only. The
+    primary stays ACTIVE throughout (nobody votes at the backup), and nothing confirmed
+    is lost."""
+    pair = await started(site)
+    publishers = Publishers([pair.primary])
+    try:
+        await publishers.grows("p", "confirms on the primary")
+        began = time.monotonic()
+        for _ in range(20):  # bounded: about a minute
+            if time.monotonic() - began > 60:
+                break
+            site.net.drop(site.a, site.b, percent=30)
+            await asyncio.sleep(2.0)
+            site.net.drop(site.a, site.b)
+            await asyncio.sleep(1.0)
+            site.net.heal(site.a)
+        await publishers.grows("p", "confirms on the primary after the flapping")
+    finally:
+        await publishers.close()
+    for server in pair.servers:
+        assert not records(pair, server, "dual_active")
+    moves = [e for e in records(pair, pair.backup, "transition") if e["to"] == "ACTIVE"]
+    assert moves == []
+    await loss_check(pair, publishers.ledger)
