@@ -117,6 +117,49 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
 
 @main.command()
 @click.option(
+    "--listen",
+    required=True,
+    metavar="HOST:PORT",
+    help="UDP address to answer on (the servers' failover.witness names it).",
+)
+@click.option(
+    "--secret-file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="A file holding the pair's shared secret (the servers' failover.secret).",
+)
+def witness(listen: str, secret_file: str) -> None:
+    """Run a witness for a pair: the third party that tells a dead server from a cut link.
+
+    Each server of a pair whose failover.witness names this address pings it every
+    heartbeat; it answers how long ago it heard the other one. A PASSIVE takes over only if
+    a majority of its witnesses has not heard the ACTIVE for twice the timeout, and an
+    ACTIVE that loses both its peer and its witnesses stops confirming (docs/failover.md).
+    """
+    from config.loader import parse_host_port
+    from failover.witness_net import serve_witness
+
+    try:
+        host, port = parse_host_port("--listen", "--listen", listen)
+    except ConfigError as error:
+        raise click.BadParameter(error.problem, param_hint="--listen") from None
+    try:
+        secret = Path(secret_file).read_text().rstrip("\n").encode()
+    except OSError as error:
+        raise click.BadParameter(
+            f"{secret_file}: {error.strerror}", param_hint="--secret-file"
+        ) from None
+    if not secret:
+        raise click.BadParameter(f"{secret_file} is empty", param_hint="--secret-file")
+    logging.basicConfig(level="INFO", format="%(asctime)s witness %(levelname)s: %(message)s")
+    try:
+        asyncio.run(serve_witness(host, port, secret))
+    except OSError as error:
+        raise click.ClickException(f"cannot listen on {listen}: {error.strerror}") from None
+
+
+@main.command()
+@click.option(
     "--config-dir",
     type=click.Path(file_okay=False, exists=True),
     default="config",

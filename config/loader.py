@@ -101,6 +101,9 @@ class FailoverConfig:
     # A PASSIVE not in sync with the ACTIVE may still take over by client vote (losing
     # what it has not caught up): docs/durability.md.
     takeover_unsynced: bool = False
+    # Witnesses (host, port), UDP: a third party that tells a dead peer from a cut link
+    # (docs/failover.md, "The witness"); none: the pair decides alone.
+    witness: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -765,6 +768,15 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         parse_host_port(path, f"failover.peer_listen[{index}]", address)
     if peer is not None and not peer_listen:
         peer_listen = [peer]
+    witness_list = failover.get("witness", list, [])
+    witness = tuple(
+        parse_host_port(path, f"failover.witness[{index}]", address)
+        for index, address in enumerate(witness_list)
+    )
+    if witness and peer is None:
+        raise ConfigError(path, "failover.witness", "a witness serves a pair: set failover.peer")
+    if len(set(witness)) != len(witness):
+        raise ConfigError(path, "failover.witness", "a witness is named twice")
     failover.check_unknown()
 
     tls = _tls_listener(path, top.section("tls"))
@@ -873,6 +885,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
             peer_listen=tuple(peer_listen),
             peer_tls=peer_tls,
             takeover_unsynced=takeover_unsynced,
+            witness=witness,
         ),
         limits=limits,
         source=path,

@@ -42,6 +42,8 @@ from .epoch import load_epoch, store_epoch
 from .events import EventLog, RecordThrottle
 from .heartbeat import Heartbeat
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
+from .witness import Answer, WitnessView
+from .witness_net import WitnessClient
 
 log = logging.getLogger("amqha.failover")
 
@@ -53,6 +55,11 @@ MALFORMED_RECORD_INTERVAL = 60.0
 # guest looping on a PASSIVE's port wrote 19 MB in 15 s. Once a second keeps the report's
 # timeline of redirects; the counters in status have every attempt.
 CLIENT_RECORD_INTERVAL = 1.0
+# The witness (docs/failover.md, "The witness"): a vote counts answers this many heartbeats
+# old at most, and needs the peer unheard there for this many timeouts; an ACTIVE that has
+# lost its peer serves on only with a majority of witnesses answering within a timeout.
+WITNESS_VOTE_HEARTBEATS = 2.5
+WITNESS_SILENT_TIMEOUTS = 2.0
 
 
 class FailoverController:
@@ -72,6 +79,7 @@ class FailoverController:
                 self.loop.time(),
             ),
             takeover_unsynced=config.failover.takeover_unsynced,
+            witnessed=bool(config.failover.witness),
             # A store killed while it took its peer's snapshot may hold part of it: not in
             # sync until its ACTIVE says so again (docs/durability.md, section 5).
             in_sync=not is_incomplete(config.data_dir),
@@ -141,6 +149,21 @@ class FailoverController:
         broker.on_sync = self._on_sync
         broker.on_quarantine = self._on_quarantine
         self._following = False
+        self.witness_view: WitnessView | None = None
+        self.witness_client: WitnessClient | None = None
+        self.witness_fenced = False
+        self._witness_fence_logged = False
+        self._witness_fence_seq = 0
+        self._peer_echoed_fence = False
+        if config.failover.witness:
+            self.witness_view = WitnessView(len(config.failover.witness))
+            self.witness_client = WitnessClient(
+                config.failover.witness,
+                config.failover.secret,
+                config.pair or "",
+                config.name,
+                self._on_witness_answer,
+            )
         self._commands: dict[str, Callable[[dict[str, Any], str], Any]] = {
             "recover": self._command_recover,
             "promote": self._command_promote,
@@ -188,6 +211,8 @@ class FailoverController:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         await self.loop.run_in_executor(None, self.heartbeat.stop)
+        if self.witness_client is not None:
+            self.witness_client.close()
         # The broker stops after us, closing the replication link as it goes: nothing it
         # reports from then on belongs in the event log, whose last record is `stopped`.
         self.broker.on_sync = None
@@ -254,6 +279,15 @@ class FailoverController:
         # peer now would call a busy link a dead one.
         if self.running and late < self.config.failover.heartbeat:
             self._notice_peer_lost(self.loop.time())
+        if self.witness_client is not None and self.running:
+            asking = self.machine.state is not fsm.State.ACTIVE
+            self.witness_client.ping(
+                self.machine.state.value,
+                self.machine.epoch,
+                WITNESS_SILENT_TIMEOUTS * self.timeout if asking else 0.0,
+            )
+            self._witness_verdict(self.loop.time())
+            self._notice_witness_fence(self.loop.time())
         woke = self._fence_deadline - self.timeout
         if (
             self.fenced is not None
@@ -291,6 +325,68 @@ class FailoverController:
         now = self.loop.time()
         self.apply(fsm.step(self.machine, fsm.Event.PEER_GONE, now))
         self._notice_peer_lost(now)
+
+    # -- the witness ----------------------------------------------------------------------
+
+    def _on_witness_answer(self, index: int, answer: Answer) -> None:
+        assert self.witness_view is not None
+        now = self.loop.time()
+        self.witness_view.heard(index, now, answer, self.config.failover.peer_name)
+        self._witness_verdict(now)
+
+    def _witness_verdict(self, now: float) -> None:
+        """Feed the machine the witnesses' verdict on the peer, from fresh answers only."""
+        view = self.witness_view
+        if view is None or not self.running:
+            return
+        agrees = view.peer_gone(
+            now,
+            WITNESS_VOTE_HEARTBEATS * self.config.failover.heartbeat,
+            WITNESS_SILENT_TIMEOUTS * self.timeout,
+        )
+        event = fsm.Event.WITNESS_AGREES if agrees else fsm.Event.WITNESS_DISAGREES
+        self.apply(fsm.step(self.machine, event, now))
+
+    def _lost_peer_and_witness(self, now: float) -> str | None:
+        """Why an ACTIVE with a witness must not serve now, or None. Once it has stopped,
+        only a peer message that echoes one sent since counts as hearing the peer (one
+        delayed in a healed link says nothing of now)."""
+        view = self.witness_view
+        machine = self.machine
+        if view is None or machine.state is not fsm.State.ACTIVE:
+            self.witness_fenced = False
+            return None
+        peer_heard = machine.peer_alive(now) and (
+            not self.witness_fenced or self._peer_echoed_fence
+        )
+        reason = None
+        if peer_heard:
+            pass
+        elif view.overtaken(now, self.timeout):
+            reason = "the witness called this server silent to its peer, which may have taken over"
+        elif view.peer_leads_above(machine.epoch, now, self.timeout):
+            reason = "the witness heard the peer ACTIVE in a higher epoch: it took over"
+        elif not view.reachable(now, self.timeout):
+            reason = "lost both the peer and the witness: not serving alone"
+        if reason is not None and not self.witness_fenced:
+            self.witness_fenced = True
+            self._witness_fence_seq = self.last_seq + 1
+            self._peer_echoed_fence = False
+        elif reason is None:
+            self.witness_fenced = False
+        return reason
+
+    def _notice_witness_fence(self, now: float) -> None:
+        reason = self._lost_peer_and_witness(now)
+        fenced = reason is not None
+        if fenced == self._witness_fence_logged:
+            return
+        self._witness_fence_logged = fenced
+        if fenced:
+            log.warning("not serving: %s", reason)
+        else:
+            log.warning("serving again: the peer or the witness answers")
+        self._write("witness_fence", fenced=fenced, reason=reason)
 
     # -- the fence after a freeze --------------------------------------------------------
 
@@ -359,6 +455,13 @@ class FailoverController:
             self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
         heard = parsed.heard
         if (
+            self.witness_fenced
+            and heard is not None
+            and heard[0] == self.boot
+            and heard[1] >= self._witness_fence_seq
+        ):
+            self._peer_echoed_fence = True
+        if (
             self.fenced is not None
             and heard is not None
             and heard[0] == self.boot
@@ -416,11 +519,16 @@ class FailoverController:
         now = self.loop.time()
         if self.running:
             self._notice_peer_lost(now)
+            self._witness_verdict(now)
         decision = self.apply(fsm.step(self.machine, fsm.Event.CLIENT_REQUEST, now))
         if isinstance(decision, fsm.Accept):
             if self.serving():
                 return ACCEPT
-            reason = self.fenced or "this server's heartbeat is late: it may have been frozen"
+            reason = (
+                self.fenced
+                or self._lost_peer_and_witness(now)
+                or "this server's heartbeat is late: it may have been frozen"
+            )
             self.refusals += 1
             self._write_client("refuse", now, client=client, to=None, reason=reason)
             return Redirect(None, self.known_hosts(), reason)
@@ -447,7 +555,9 @@ class FailoverController:
         # the two threads lets a confirm through between them.
         if time.monotonic() - self.heartbeat.last_tick > self.timeout:
             return False
-        return self.machine.state is fsm.State.ACTIVE and self.fenced is None
+        if self.machine.state is not fsm.State.ACTIVE or self.fenced is not None:
+            return False
+        return self.witness_view is None or self._lost_peer_and_witness(self.loop.time()) is None
 
     def info(self) -> dict[str, Any]:
         machine = self.machine
@@ -701,6 +811,15 @@ class FailoverController:
             "takeovers": self.takeovers,
             "redirects": self.redirects,
             "refusals": self.refusals,
+            "witness": None
+            if self.witness_client is None or self.witness_view is None
+            else {
+                "addresses": [f"{h}:{p}" for h, p in self.config.failover.witness],
+                "answers": list(self.witness_client.answers),
+                "reachable": self.witness_view.reachable(now, self.timeout),
+                "agrees_peer_gone": machine.witness_agrees,
+                "fenced": self.witness_fenced,
+            },
         }
 
     def _write(self, event: str, **fields: Any) -> None:

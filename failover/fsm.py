@@ -64,6 +64,12 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   the peer lost at once instead of after a timeout; the client vote and the takeover rule
   then decide as for a silent peer. A silent peer (host down, link cut, process frozen)
   gives no such evidence and still needs the timeout. Hearing the peer clears it.
+- The witness (failover.witness). With one, the client vote also needs the witness's
+  agreement (a majority of witnesses has not heard the peer for twice the timeout): a
+  peer silent here but heard there is cut off from us, not dead. Evidence of death needs
+  no witness: the peer's own host has answered. The controller feeds the verdict in
+  (WITNESS_AGREES / WITNESS_DISAGREES) from fresh answers only, and fences an ACTIVE that
+  has lost both its peer and its witnesses (failover/witness.py).
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -99,6 +105,8 @@ class Event(StrEnum):
     PROMOTE = "PROMOTE"
     FORCE_PROMOTE = "FORCE_PROMOTE"
     PEER_GONE = "PEER_GONE"
+    WITNESS_AGREES = "WITNESS_AGREES"
+    WITNESS_DISAGREES = "WITNESS_DISAGREES"
 
 
 # The event a peer's state message raises: named here, not by coincidence of enum values.
@@ -150,6 +158,10 @@ class Machine:
     # The peer's process is known to be gone (PEER_GONE: its link dropped and its port
     # refuses connections), not merely silent; cleared when it is heard again.
     peer_gone: bool = False
+    # A witness is configured (failover.witness), and whether, by its latest answers, a
+    # majority of the witnesses has not heard the peer for twice the timeout.
+    witnessed: bool = False
+    witness_agrees: bool = False
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
@@ -429,6 +441,10 @@ def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
     if now < machine.peer_expiry or machine.misconfigured is not None:
         return Outcome(machine, decision=_not_serving(machine, now))
     why = _PEER_GONE_VOTE if machine.peer_gone else "no peer heard for a timeout: client vote"
+    if machine.witnessed and not machine.peer_gone:
+        if not machine.witness_agrees:
+            return Outcome(machine, decision=Refuse(_WITNESS_DISAGREES))
+        why += ", the witness agrees"
     if _unsynced(machine):
         if not machine.takeover_unsynced:
             return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
@@ -439,6 +455,24 @@ def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
 
 
 _PEER_GONE_VOTE = "the peer's process is gone (its link dropped, its port refuses): client vote"
+_WITNESS_DISAGREES = (
+    "the peer is silent here, but the witness still hears it or cannot be reached: the link "
+    "between the two servers may be cut, and taking over would make a second ACTIVE"
+)
+
+
+def _witness_says(agrees: bool) -> Handler:
+    def witness_says(machine: Machine, event: Event, now: float) -> Outcome:
+        if machine.witness_agrees == agrees:
+            return Outcome(machine)
+        return Outcome(replace(machine, witness_agrees=agrees))
+
+    witness_says.__doc__ = (
+        "the witness's latest answers: a majority has not heard the peer for twice the timeout"
+        if agrees
+        else "the witness's latest answers: the peer is heard, or no majority answered"
+    )
+    return witness_says
 
 
 def _peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
@@ -612,6 +646,8 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PRIMARY, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),
     (State.PRIMARY, Event.PROMOTE): _promote,
     (State.PRIMARY, Event.PEER_GONE): _peer_gone,
+    (State.PRIMARY, Event.WITNESS_AGREES): _witness_says(True),
+    (State.PRIMARY, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
     (State.BACKUP, Event.PEER_PRIMARY): _backup_waits_for_primary,
@@ -623,6 +659,8 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.BACKUP, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "BACKUP"),
     (State.BACKUP, Event.PROMOTE): _promote,
     (State.BACKUP, Event.PEER_GONE): _peer_gone,
+    (State.BACKUP, Event.WITNESS_AGREES): _witness_says(True),
+    (State.BACKUP, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.BACKUP, Event.FORCE_PROMOTE): _promote,
     # ACTIVE: this server serves clients.
     (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
@@ -634,6 +672,8 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
     (State.ACTIVE, Event.PROMOTE): _refuse(_ALREADY_ACTIVE),
     (State.ACTIVE, Event.PEER_GONE): _peer_gone,
+    (State.ACTIVE, Event.WITNESS_AGREES): _witness_says(True),
+    (State.ACTIVE, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _passive_sees_primary_start,
@@ -645,5 +685,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.HANDOVER): _take_handover,
     (State.PASSIVE, Event.PROMOTE): _promote,
     (State.PASSIVE, Event.PEER_GONE): _peer_gone,
+    (State.PASSIVE, Event.WITNESS_AGREES): _witness_says(True),
+    (State.PASSIVE, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
 }

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +31,8 @@ import pytest
 from amqha.quarantine import read_quarantine
 from tests import netns
 from tests.durability import Ledger, drain, publish_confirmed
-from tests.pairs import Pair, poll
-from tests.support import ServerProcess
+from tests.pairs import PAIR_SECRET, Pair, poll
+from tests.support import ROOT, ServerProcess, free_port
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -49,13 +53,19 @@ def strong_users() -> list[dict[str, Any]]:
 
 
 class Site:
-    """The network, its two server hosts and the pair on them."""
+    """The network, its two server hosts and the pair on them; with ``witness``, a third
+    host running ``amqha witness`` that both servers name."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, witness: bool = False) -> None:
         self.net = netns.Network()
+        self.witness: subprocess.Popen[bytes] | None = None
         try:
             self.a = self.net.add("primary")
             self.b = self.net.add("backup")
+            extra: dict[str, Any] = {}
+            if witness:
+                self.w = self.net.add("witness")
+                extra["witness"] = [self._start_witness(workdir)]
             self.pair = Pair(
                 workdir,
                 heartbeat=HEARTBEAT,
@@ -65,13 +75,46 @@ class Site:
                 prefixes=(self.a.prefix, self.b.prefix),
                 client="app",
                 users=strong_users(),
+                failover_extra=extra,
             )
         except Exception:
+            self.close_witness()
             self.net.close()
             raise
 
+    def _start_witness(self, workdir: Path) -> str:
+        workdir.mkdir(parents=True, exist_ok=True)
+        secret = workdir / "witness-secret"
+        secret.write_text(PAIR_SECRET)
+        address = f"{self.w.address}:{free_port()}"
+        self.witness_log = workdir / "witness.log"
+        with open(self.witness_log, "ab") as log:
+            self.witness = subprocess.Popen(
+                [*self.w.prefix, sys.executable, "-m", "amqha", "witness", "--listen", address]
+                + ["--secret-file", str(secret)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        deadline = time.monotonic() + 30
+        while "listening on" not in self.witness_log.read_text(errors="replace"):
+            if self.witness.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the witness did not start: {self.witness_log.read_text()}")
+            time.sleep(0.05)
+        return address
+
+    def close_witness(self) -> None:
+        if self.witness is not None and self.witness.poll() is None:
+            os.kill(self.witness.pid, signal.SIGTERM)
+            try:
+                self.witness.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.witness.pid, signal.SIGKILL)
+                self.witness.wait(10)
+
     def close(self) -> None:
         try:
+            self.close_witness()
             self.pair.stop()
             for server in self.pair.servers:
                 print(f"--- {server.name} log (tail) ---")
@@ -86,6 +129,15 @@ class Site:
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[Site]:
     made = Site(tmp_path / "pair")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def witnessed(tmp_path: Path) -> Iterator[Site]:
+    made = Site(tmp_path / "pair", witness=True)
     try:
         yield made
     finally:
@@ -268,3 +320,83 @@ async def test_a_flapping_peer_link_makes_no_failover_storm(site: Site) -> None:
     moves = [e for e in records(pair, pair.backup, "transition") if e["to"] == "ACTIVE"]
     assert moves == []
     await loss_check(pair, publishers.ledger)
+
+
+# --- with a witness: never two servers confirming in one period ----------------------------
+
+
+async def test_with_a_witness_a_cut_peer_link_makes_no_second_active(witnessed: Site) -> None:
+    """The peer link cut, clients on both sides: the backup's vote is refused (the witness
+    still hears the primary), the primary serves on alone, nothing is quarantined."""
+    site = witnessed
+    pair = await started(site)
+    publishers = Publishers(pair.servers)
+    try:
+        await publishers.grows("p", "confirms on the primary")
+        cut = time.time()
+        site.net.drop(site.a, site.b)
+        await poll(lambda: records(pair, pair.backup, "peer_lost", cut), STEP, "the loss")
+        await publishers.grows("p", "confirms on the primary, alone")
+        await publishers.grows("p", "more confirms on the primary, alone")
+        status = await pair.status(pair.backup)
+        assert status["state"] == "PASSIVE" and not status["witness"]["agrees_peer_gone"]
+        assert publishers.confirmed("b") == 0
+        site.net.heal(site.a)
+        await publishers.grows("p", "confirms on the primary after the heal")
+    finally:
+        await publishers.close()
+    for server in pair.servers:
+        assert not records(pair, server, "dual_active", cut)
+    counts = await loss_check(pair, publishers.ledger)
+    assert counts["quarantined"] == 0 and pair.states() == ("ACTIVE", "PASSIVE")
+
+
+async def test_with_a_witness_the_active_cut_off_stops_before_the_backup_starts(
+    witnessed: Site,
+) -> None:
+    """The ACTIVE's link down: it loses its peer and the witness, fences itself (confirms
+    nothing), and only then may the backup take over, the witness having not heard the
+    primary for twice the timeout. Back on the network it serves nobody and yields: every
+    message it ever confirmed is on the new ACTIVE, none in quarantine."""
+    site = witnessed
+    pair = await started(site)
+    publishers = Publishers(pair.servers)
+    try:
+        await publishers.grows("p", "confirms on the primary")
+        cut = time.time()
+        site.net.link(site.a, up=False)
+        await pair.wait_states(None, "ACTIVE", timeout=STEP)
+        vote = records(pair, pair.backup, "transition", cut)[-1]
+        assert vote["reason"].endswith("the witness agrees")
+        await publishers.grows("b", "confirms on the backup")
+        site.net.link(site.a, up=True)
+        await poll(lambda: pair.states() == ("PASSIVE", "ACTIVE"), STEP, "the primary yields")
+        fence = records(pair, pair.primary, "witness_fence", cut)
+        assert fence and fence[0]["fenced"] and fence[0]["ts"] < vote["ts"]
+    finally:
+        await publishers.close()
+    counts = await loss_check(pair, publishers.ledger)
+    assert counts["quarantined"] == 0
+
+
+async def test_with_a_witness_a_one_way_partition_changes_nothing(witnessed: Site) -> None:
+    """The backup cannot hear the primary, the witness hears both: the backup's vote is
+    refused, the primary serves on, no second ACTIVE, nothing quarantined."""
+    site = witnessed
+    pair = await started(site)
+    publishers = Publishers(pair.servers)
+    try:
+        await publishers.grows("p", "confirms on the primary")
+        cut = time.time()
+        site.net.drop(site.a, site.b, direction="out", port=pair.backup.port)
+        await poll(lambda: records(pair, pair.backup, "peer_lost", cut), STEP, "the loss")
+        await publishers.grows("p", "confirms on the primary")
+        await publishers.grows("p", "more confirms on the primary")
+        assert pair.states() == ("ACTIVE", "PASSIVE") and publishers.confirmed("b") == 0
+        site.net.heal(site.a)
+    finally:
+        await publishers.close()
+    for server in pair.servers:
+        assert not records(pair, server, "dual_active", cut)
+    counts = await loss_check(pair, publishers.ledger)
+    assert counts["quarantined"] == 0

@@ -917,3 +917,25 @@ def test_server_pair_is_checked_and_defaults_to_the_two_names(tmp_path: Path) ->
         with pytest.raises(ConfigError) as error:
             load_config(write(tmp_path, with_change("server", "pair", bad)))
         assert error.value.key == "server.pair" and str(tmp_path) in str(error.value)
+
+
+def test_witnesses_load_as_host_port_pairs(tmp_path: Path) -> None:
+    data = with_change("failover", "witness", ["10.0.0.9:7000", "[::1]:7001"])
+    config = load_config(write(tmp_path, data))
+    assert config.failover.witness == (("10.0.0.9", 7000), ("::1", 7001))
+    assert load_config(write(tmp_path, VALID)).failover.witness == ()
+
+
+@pytest.mark.parametrize(
+    ("witness", "key", "problem"),
+    [
+        (["nowhere"], "failover.witness[0]", "expected 'host:port'"),
+        (["10.0.0.9:7000", "10.0.0.9:99999"], "failover.witness[1]", "out of range"),
+        (["10.0.0.9:7000", "10.0.0.9:7000"], "failover.witness", "named twice"),
+        ("10.0.0.9:7000", "failover.witness", "list"),
+    ],
+)
+def test_a_bad_witness_is_named_with_its_key(
+    tmp_path: Path, witness: Any, key: str, problem: str
+) -> None:
+    assert_error(tmp_path, with_change("failover", "witness", witness), key, problem)

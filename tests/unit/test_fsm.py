@@ -1349,3 +1349,73 @@ def test_active_whose_passive_is_gone_keeps_serving() -> None:
     assert gone.transition is None and gone.actions == ()
     assert gone.machine.state is State.ACTIVE and not gone.machine.peer_alive(NOW)
     assert step(gone.machine, Event.CLIENT_REQUEST, NOW).decision == Accept()
+
+
+# --- the witness: its verdict on the peer, fed in by the controller ------------------------
+
+
+@cell(State.PASSIVE, Event.WITNESS_AGREES)
+@cell(State.PASSIVE, Event.WITNESS_DISAGREES)
+def test_passive_with_a_witness_takes_over_only_when_the_witness_agrees() -> None:
+    active = peer(Role.PRIMARY, State.ACTIVE, epoch=3)
+    machine = replace(ours(Role.BACKUP, State.PASSIVE, epoch=3, peer=active), witnessed=True)
+
+    # Silent here for a timeout, but the witness still hears it: a cut link, not a death.
+    refused = step(machine, Event.CLIENT_REQUEST, EXPIRED)
+    assert isinstance(refused.decision, Refuse) and "witness" in refused.decision.reason
+    assert refused.machine.state is State.PASSIVE
+
+    agrees = step(machine, Event.WITNESS_AGREES, EXPIRED)
+    assert agrees.transition is None and agrees.machine.witness_agrees
+    assert step(agrees.machine, Event.WITNESS_AGREES, EXPIRED).machine is agrees.machine
+    voted = step(agrees.machine, Event.CLIENT_REQUEST, EXPIRED)
+    assert voted.machine.state is State.ACTIVE and voted.decision == Accept()
+    assert voted.transition is not None
+    assert voted.transition.reason == "no peer heard for a timeout: client vote, the witness agrees"
+
+    # The witness hears the peer again: no vote.
+    disagrees = step(agrees.machine, Event.WITNESS_DISAGREES, EXPIRED)
+    assert not disagrees.machine.witness_agrees
+    assert step(disagrees.machine, Event.CLIENT_REQUEST, EXPIRED).machine.state is State.PASSIVE
+
+    # Evidence of death needs no witness: the peer's own host answered.
+    gone = step(machine, Event.PEER_GONE, NOW).machine
+    assert step(gone, Event.CLIENT_REQUEST, NOW).machine.state is State.ACTIVE
+
+    # Still within the timeout, the witness's word alone changes nothing.
+    early = step(agrees.machine, Event.CLIENT_REQUEST, NOW)
+    assert early.machine.state is State.PASSIVE and early.decision == Redirect("alpha.example:5672")
+
+
+@cell(State.PRIMARY, Event.WITNESS_AGREES)
+@cell(State.PRIMARY, Event.WITNESS_DISAGREES)
+def test_started_primary_with_a_witness_leads_alone_only_when_it_agrees() -> None:
+    machine = replace(Machine.start("alpha", Role.PRIMARY, 1, TIMEOUT, now=NOW), witnessed=True)
+    later = NOW + TIMEOUT
+    assert step(machine, Event.CLIENT_REQUEST, later).machine.state is State.PRIMARY
+    agrees = step(machine, Event.WITNESS_AGREES, later).machine
+    assert step(agrees, Event.CLIENT_REQUEST, later).machine.state is State.ACTIVE
+    disagrees = step(agrees, Event.WITNESS_DISAGREES, later).machine
+    assert step(disagrees, Event.CLIENT_REQUEST, later).machine.state is State.PRIMARY
+
+
+@cell(State.BACKUP, Event.WITNESS_AGREES)
+@cell(State.BACKUP, Event.WITNESS_DISAGREES)
+def test_started_backup_never_serves_first_whatever_the_witness_says() -> None:
+    machine = replace(Machine.start("beta", Role.BACKUP, 0, TIMEOUT, now=NOW), witnessed=True)
+    for event in (Event.WITNESS_AGREES, Event.WITNESS_DISAGREES):
+        said = step(machine, event, NOW).machine
+        assert step(said, Event.CLIENT_REQUEST, NOW + 10 * TIMEOUT).machine.state is State.BACKUP
+
+
+@cell(State.ACTIVE, Event.WITNESS_AGREES)
+@cell(State.ACTIVE, Event.WITNESS_DISAGREES)
+def test_active_keeps_serving_its_clients_whatever_the_witness_says() -> None:
+    machine = replace(
+        ours(Role.PRIMARY, State.ACTIVE, epoch=3, peer=peer(Role.BACKUP, State.PASSIVE, 3)),
+        witnessed=True,
+    )
+    for event in (Event.WITNESS_AGREES, Event.WITNESS_DISAGREES):
+        said = step(machine, event, NOW)
+        assert said.transition is None and said.actions == ()
+        assert step(said.machine, Event.CLIENT_REQUEST, NOW).decision == Accept()

@@ -1,0 +1,144 @@
+"""The witness protocol's datagrams and what a server makes of its witnesses' answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from failover.witness import (
+    Answer,
+    BadDatagram,
+    PeerSeen,
+    Ping,
+    WitnessView,
+    encode_answer,
+    encode_ping,
+    parse_answer,
+    parse_ping,
+)
+from failover.witness_net import WitnessServer
+
+SECRET = b"witness-test-secret"
+
+
+def test_a_ping_and_an_answer_go_through_signed() -> None:
+    ping = Ping("a+b", "a", "ACTIVE", 3, "n1")
+    assert parse_ping(SECRET, encode_ping(SECRET, ping)) == ping
+    answer = Answer("a+b", "a", "n1", 12.5, {"b": PeerSeen(0.25, "PASSIVE", 3)})
+    assert parse_answer(SECRET, encode_answer(SECRET, answer)) == answer
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda d: d[:-1] + bytes([d[-1] ^ 1]),  # a body changed
+        lambda d: d[:5] + bytes([d[5] ^ 1]) + d[6:],  # the MAC changed
+        lambda d: b"XX1" + d[3:],  # not ours
+        lambda d: d + b" " * 5000,  # too long
+    ],
+)
+def test_a_datagram_changed_or_foreign_is_refused(mangle) -> None:
+    data = encode_ping(SECRET, Ping("a+b", "a", "ACTIVE", 3, "n1"))
+    with pytest.raises(BadDatagram):
+        parse_ping(SECRET, mangle(data))
+    with pytest.raises(BadDatagram):
+        parse_ping(b"another secret", data)
+    with pytest.raises(BadDatagram):
+        parse_answer(SECRET, data)  # a ping is no answer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.datagrams: list[bytes] = []
+
+    def sendto(self, data: bytes, addr: object) -> None:
+        self.datagrams.append(data)
+
+
+def ask(
+    witness: WitnessServer, sent: Sent, name: str, state: str, epoch: int, silent_for: float = 0.0
+) -> Answer:
+    ping = Ping("a+b", name, state, epoch, "n", silent_for)
+    witness.datagram_received(encode_ping(SECRET, ping), None)
+    return parse_answer(SECRET, sent.datagrams[-1])
+
+
+def test_the_witness_answers_how_long_ago_it_heard_the_other_server() -> None:
+    clock, sent = Clock(), Sent()
+    witness = WitnessServer(SECRET, clock)
+    witness.transport = sent  # type: ignore[assignment]
+    first = ask(witness, sent, "a", "ACTIVE", 1)
+    assert first.peers == {} and first.to == "a"  # b never heard: the server counts uptime
+    clock.now += 0.5
+    assert ask(witness, sent, "b", "PASSIVE", 1).peers == {"a": PeerSeen(0.5, "ACTIVE", 1)}
+    clock.now += 2.0
+    assert ask(witness, sent, "a", "ACTIVE", 1).peers["b"].age == pytest.approx(2.0)
+    witness.datagram_received(b"junk", None)
+    assert witness.refused == 1 and len(sent.datagrams) == 3  # junk is never answered
+
+
+def answer(age: float | None, uptime: float = 100.0, state: str = "ACTIVE", epoch: int = 1):
+    peers = {} if age is None else {"b": PeerSeen(age, state, epoch)}
+    return Answer("a+b", "a", "n", uptime, peers)
+
+
+def test_the_view_needs_a_majority_of_fresh_answers() -> None:
+    view = WitnessView(3)
+    assert view.majority == 2 and not view.reachable(10.0, 1.0)
+    view.heard(0, 10.0, answer(5.0), "b")
+    assert not view.reachable(10.0, 1.0) and not view.peer_gone(10.0, 1.0, 1.2)
+    view.heard(1, 10.0, answer(0.1), "b")  # this one still hears the peer
+    assert view.reachable(10.0, 1.0) and not view.peer_gone(10.0, 1.0, 1.2)
+    view.heard(2, 10.0, answer(None, uptime=3.0), "b")  # never heard it in 3 s up
+    assert view.peer_gone(10.0, 1.0, 1.2)
+    # Ages count on from each answer; answers older than the window do not count.
+    assert not view.reachable(11.5, 1.0) and not view.peer_gone(11.5, 1.0, 1.2)
+
+
+def test_the_view_sees_a_peer_that_took_over() -> None:
+    view = WitnessView(1)
+    view.heard(0, 10.0, answer(0.1, state="ACTIVE", epoch=4), "b")
+    assert view.peer_leads_above(3, 10.0, 1.0) and not view.peer_leads_above(4, 10.0, 1.0)
+    view.heard(0, 11.0, answer(0.1, state="PASSIVE", epoch=4), "b")
+    assert not view.peer_leads_above(3, 11.0, 1.0)
+
+
+def test_with_one_witness_the_peer_is_the_only_other_server_it_knows() -> None:
+    view = WitnessView(1)
+    view.heard(0, 10.0, answer(2.0), None)
+    assert view.peer_gone(10.0, 1.0, 1.2)
+    with pytest.raises(ValueError):
+        WitnessView(0)
+
+
+def test_a_server_the_witness_called_silent_is_overtaken_until_it_steps_down() -> None:
+    clock, sent = Clock(), Sent()
+    witness = WitnessServer(SECRET, clock)
+    witness.transport = sent  # type: ignore[assignment]
+    ask(witness, sent, "a", "ACTIVE", 1)
+    ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2)
+    assert not ask(witness, sent, "a", "ACTIVE", 1).overtaken  # b was told a is heard
+    clock.now += 1.0
+    assert not ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2).peers["a"].age >= 1.2
+    clock.now += 0.5  # a silent 1.5 s at the witness: b is told so, and the witness recalls
+    assert ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2).peers["a"].age >= 1.2
+    assert ask(witness, sent, "a", "ACTIVE", 1).overtaken  # a must not serve on its word
+    assert ask(witness, sent, "a", "ACTIVE", 1).overtaken
+    assert not ask(witness, sent, "a", "PASSIVE", 2).overtaken  # a stepped down: cleared
+    assert not ask(witness, sent, "a", "ACTIVE", 3).overtaken
+
+
+def test_a_server_called_silent_before_the_witness_ever_heard_it_is_overtaken() -> None:
+    clock, sent = Clock(), Sent()
+    witness = WitnessServer(SECRET, clock)
+    witness.transport = sent  # type: ignore[assignment]
+    clock.now += 5.0
+    assert ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2).uptime >= 1.2
+    assert ask(witness, sent, "a", "ACTIVE", 1).overtaken
