@@ -46,6 +46,7 @@ def main() -> None:
     Start the loopback pair:   make run   (or: amqha pair --config-dir config)
     One server:                amqha start --config config/primary.yaml
     A password hash:           amqha passwd
+    A witness for a pair:      amqha witness --listen HOST:PORT --secret-file FILE
     """
 
 
