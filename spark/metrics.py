@@ -571,12 +571,19 @@ def pair_report(
             )
 
     dual_events: dict[str, int] = defaultdict(int)
+    # The witness (docs/failover.md): takeovers it agreed to, and the times an ACTIVE stopped
+    # serving because it had lost both its peer and its witnesses (or was overtaken).
+    witness = {"agreed_takeovers": 0, "fences": 0}
     for node in nodes:
         for r in pair.records[node]:
             ts = at(node, r["ts"])
             if not since <= ts <= until:
                 continue
             event = r["event"]
+            if event == "transition" and (r.get("reason") or "").endswith(WITNESS_AGREES):
+                witness["agreed_takeovers"] += 1
+            elif event == "witness_fence" and r.get("reason") is not None:
+                witness["fences"] += 1
             place = {"pair": name, "day": day_of(ts)}
             if (event == "console" and _RECOVER.search(r.get("command") or "")) or (
                 event == "transition" and r.get("trigger") in RECOVERY_TRIGGERS
@@ -740,6 +747,7 @@ def pair_report(
             "handovers": sum(1 for r in recoveries if r["trigger"] == "HANDOVER"),
         },
         "misconfigurations": len(tables["misconfigurations"]),
+        "witness": witness,
         "warnings": list(clocks.warnings),
     }
     return PairReport(summary, tables)
@@ -804,6 +812,8 @@ def minute_row(
 # ---------------------------------------------------------------- every record in memory
 
 BULK = frozenset({"redirect", "refuse"})
+# How a takeover the witness agreed to ends its reason (failover/fsm.py).
+WITNESS_AGREES = "the witness agrees"
 
 
 @dataclass

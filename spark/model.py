@@ -763,6 +763,12 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
             f"    quarantine  {quarantines['count']} record(s),"
             f" {quarantines['messages']} message(s) kept for replay"
         )
+    witness = p.get("witness") or {}
+    if witness.get("agreed_takeovers") or witness.get("fences"):
+        lines.append(
+            f"    witness     {witness['agreed_takeovers']} takeover(s) it agreed to,"
+            f" {witness['fences']} time(s) an ACTIVE stopped serving without it"
+        )
     inc = p["incidents"]
     lines.append(
         f"    incidents   {inc['count']} peer lost: "

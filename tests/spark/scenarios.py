@@ -325,3 +325,27 @@ def split_quarantine() -> tuple[Server, Server]:
     )
     backup.sync(22.0, "ACTIVE", 2, "in_sync", "snapshot of 90 changes applied")
     return _in_order(primary, backup)
+
+
+def witnessed_cut() -> tuple[Server, Server]:
+    """A pair with a witness: the primary's link goes down at ~10 s (its last state message
+    left at 9.5 s). It stops serving at 12.6 s, having lost its peer and the witness; the
+    witness agrees the primary is gone and a client's vote makes the backup ACTIVE at 14 s.
+    Both stop at 20 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    primary.record(
+        12.6, "witness_fence", "ACTIVE", 1, fenced=True, reason="lost both the peer and the witness"
+    )
+    backup.heard(12.5, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.5)
+    backup.transition(
+        14.0,
+        "PASSIVE",
+        "ACTIVE",
+        2,
+        "CLIENT_REQUEST",
+        "no peer heard for a timeout: client vote, the witness agrees",
+    )
+    primary.record(20.0, "stopped", "ACTIVE", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(20.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
