@@ -1,4 +1,4 @@
-"""A small TCP proxy on 127.0.0.1 for cutting, healing and delaying a link in tests.
+"""A small TCP proxy (on 127.0.0.1 unless told) for cutting, healing and delaying a link.
 
 Owns: one listening socket that pipes every accepted connection to a fixed target,
 and the link faults a test injects: ``cut()`` (close every piped connection, then
@@ -6,7 +6,9 @@ refuse or blackhole new ones), ``heal()`` and ``delay(seconds)``.
 
 It runs its own asyncio loop in a daemon thread, so synchronous tests and tests on
 another event loop use it alike: every control method blocks its caller (briefly,
-bounded) until the proxy loop has carried it out.
+bounded) until the proxy loop has carried it out. ``python -m tests.proxy`` runs one as a
+process of its own (a test host in a network namespace uses it to delay a link: the kernel
+there has no netem), until SIGTERM.
 
 Must not know: AMQP, the pair, which process listens behind it.
 """
@@ -30,8 +32,15 @@ class TcpProxy:
     client's connect hangs until its own timeout), closing those sockets on heal.
     """
 
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        target_host: str = "127.0.0.1",
+        port: int = 0,
+        listen_host: str = "127.0.0.1",
+    ) -> None:
         self.target = (target_host, target_port)
+        self.listen_host = listen_host
         self.requested_port = port
         self.port = 0
         self.loop = asyncio.new_event_loop()
@@ -102,7 +111,7 @@ class TcpProxy:
 
     async def _listen(self) -> None:
         self._server = await asyncio.start_server(
-            self._accept, "127.0.0.1", self.requested_port, reuse_address=True
+            self._accept, self.listen_host, self.requested_port, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -220,3 +229,29 @@ def _abort(writer: asyncio.StreamWriter) -> None:
     transport = writer.transport
     if transport is not None and not transport.is_closing():
         transport.abort()
+
+
+def main() -> None:
+    """``python -m tests.proxy LISTEN_HOST:PORT TARGET_HOST:PORT [--delay S]``."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="python -m tests.proxy", description=main.__doc__)
+    parser.add_argument("listen")
+    parser.add_argument("target")
+    parser.add_argument("--delay", type=float, default=0.0)
+    options = parser.parse_args()
+    listen_host, _, listen_port = options.listen.rpartition(":")
+    target_host, _, target_port = options.target.rpartition(":")
+    proxy = TcpProxy(int(target_port), target_host, int(listen_port), listen_host).start()
+    proxy.delay(options.delay)
+    print(f"proxy listening on {listen_host}:{proxy.port}", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    stopped.wait()
+    proxy.stop()
+
+
+if __name__ == "__main__":
+    main()
