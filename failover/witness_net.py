@@ -74,6 +74,7 @@ class WitnessClient:
         self.answers = [0] * len(addresses)
         self.refused = 0  # datagrams that were not a valid answer to one of our pings
         self._opening: set[int] = set()
+        self._logged: list[str | None] = [None] * len(addresses)  # the last error said
 
     async def _open(self, index: int) -> None:
         host, port = self.addresses[index]
@@ -82,10 +83,13 @@ class WitnessClient:
                 lambda: _Endpoint(self, index), remote_addr=(host, port)
             )
         except OSError as error:
-            log.warning("witness %s:%d: cannot reach it (%s)", host, port, error)
+            if str(error) != self._logged[index]:  # once per distinct error, not per heartbeat
+                self._logged[index] = str(error)
+                log.warning("witness %s:%d: cannot reach it (%s)", host, port, error)
             return
         finally:
             self._opening.discard(index)
+        self._logged[index] = None
         self.endpoints[index] = endpoint
 
     def ping(self, state: str, epoch: int, silent_for: float) -> None:

@@ -142,3 +142,24 @@ def test_a_server_called_silent_before_the_witness_ever_heard_it_is_overtaken() 
     clock.now += 5.0
     assert ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2).uptime >= 1.2
     assert ask(witness, sent, "a", "ACTIVE", 1).overtaken
+
+
+async def test_a_witness_that_cannot_be_reached_is_logged_once_not_every_heartbeat(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    from failover.witness_net import WitnessClient
+
+    client = WitnessClient((("no-such-host.invalid", 7000),), SECRET, "a+b", "a", print)
+    with caplog.at_level("WARNING", logger="amqha.witness"):
+        for _ in range(10):  # ten heartbeats, each trying to open the endpoint again
+            client.ping("ACTIVE", 1, 0.0)
+            for _ in range(200):  # bounded: until this heartbeat's attempt has ended
+                await asyncio.sleep(0.01)
+                if not client._opening:
+                    break
+    said = [r for r in caplog.records if "cannot reach it" in r.getMessage()]
+    assert len(said) == 1 and "no-such-host.invalid:7000" in said[0].getMessage()
+    assert client.endpoints == [None]
+    client.close()
