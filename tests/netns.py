@@ -60,6 +60,7 @@ class Host:
     address: str
     inside: str  # the veth end in the namespace
     outside: str  # the veth end on the bridge
+    limited: bool = False  # a tbf qdisc holds its way out
 
     @property
     def prefix(self) -> tuple[str, ...]:
@@ -159,17 +160,26 @@ class Network:
             self.inside(host, "nft", "add", "rule", "inet", TABLE, hook, *rule.split())
 
     def heal(self, host: Host) -> None:
-        """Every drop rule on ``host`` gone, its link up."""
+        """Every drop rule on ``host`` gone, its link up (a bandwidth limit stays)."""
         for hook in ("input", "output"):
             self.inside(host, "nft", "flush", "chain", "inet", TABLE, hook)
         self.link(host, True)
 
+    def unlimit(self, host: Host) -> None:
+        """The host's bandwidth limit gone, if it has one."""
+        if host.limited:
+            self.inside(host, "tc", "qdisc", "del", "dev", host.inside, "root")
+            host.limited = False
+
     def limit(self, host: Host, rate: str = "1mbit") -> None:
         """Bandwidth of the host's link out, by a token bucket (``tc tbf``)."""
+        # The burst must hold more than a kernel tick's worth of the rate, or the bucket
+        # empties between ticks and the link runs far below ``rate``.
         self.inside(
             host, "tc", "qdisc", "replace", "dev", host.inside, "root",
-            "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms",
+            "tbf", "rate", rate, "burst", "256kbit", "latency", "400ms",
         )  # fmt: skip
+        host.limited = True
 
     # -- teardown -------------------------------------------------------------------------
 
