@@ -31,7 +31,7 @@ import pytest
 from amqha.quarantine import read_quarantine
 from tests import netns
 from tests.durability import Ledger, drain, publish_confirmed
-from tests.pairs import PAIR_SECRET, Pair, poll
+from tests.pairs import PAIR_SECRET, Pair, hold, poll
 from tests.support import ROOT, ServerProcess, free_port
 
 REASON = netns.unavailable()
@@ -61,7 +61,7 @@ class Site:
     def __init__(self, workdir: Path, witness: bool = False, relay_delay: float = 0.0) -> None:
         self.net = netns.Network()
         self.witness: subprocess.Popen[bytes] | None = None
-        self.relays: list[subprocess.Popen[bytes]] = []
+        self.helpers: list[subprocess.Popen[bytes]] = []  # witness and relays
         try:
             self.a = self.net.add("primary")
             self.b = self.net.add("backup")
@@ -83,29 +83,37 @@ class Site:
             if relay_delay:
                 self._relay(workdir, relay_delay)
         except Exception:
-            self.close_witness()
+            self.stop_helpers()
             self.net.close()
             raise
+
+    def _spawn(self, host: netns.Host, log_path: Path, *command: str) -> subprocess.Popen[bytes]:
+        """A helper process on ``host``, once it says it listens (at most 30 s)."""
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [*host.prefix, sys.executable, "-m", *command],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        self.helpers.append(process)
+        deadline = time.monotonic() + 30
+        while "listening on" not in log_path.read_text(errors="replace"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} did not start: {log_path.read_text()}")
+            time.sleep(0.05)
+        return process
 
     def _start_witness(self, workdir: Path) -> str:
         workdir.mkdir(parents=True, exist_ok=True)
         secret = workdir / "witness-secret"
         secret.write_text(PAIR_SECRET)
         address = f"{self.w.address}:{free_port()}"
-        self.witness_log = workdir / "witness.log"
-        with open(self.witness_log, "ab") as log:
-            self.witness = subprocess.Popen(
-                [*self.w.prefix, sys.executable, "-m", "amqha", "witness", "--listen", address]
-                + ["--secret-file", str(secret)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        deadline = time.monotonic() + 30
-        while "listening on" not in self.witness_log.read_text(errors="replace"):
-            if self.witness.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the witness did not start: {self.witness_log.read_text()}")
-            time.sleep(0.05)
+        self.witness = self._spawn(
+            self.w,
+            workdir / "witness.log",
+            *("amqha", "witness", "--listen", address, "--secret-file", str(secret)),
+        )
         return address
 
     def _relay(self, workdir: Path, delay: float) -> None:
@@ -116,26 +124,17 @@ class Site:
         for server in self.pair.servers:
             other = self.pair.other(server)
             listen = f"{self.r.address}:{free_port()}"
-            log_path = workdir / f"relay-to-{other.name}.log"
-            with open(log_path, "ab") as log:
-                relay = subprocess.Popen(
-                    [*self.r.prefix, sys.executable, "-m", "tests.proxy", listen, other.address]
-                    + ["--delay", str(delay)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=ROOT,
-                )
-            self.relays.append(relay)
-            deadline = time.monotonic() + 30
-            while "listening on" not in log_path.read_text(errors="replace"):
-                if relay.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the relay did not start: {log_path.read_text()}")
-                time.sleep(0.05)
+            self._spawn(
+                self.r,
+                workdir / f"relay-to-{other.name}.log",
+                *("tests.proxy", listen, other.address, "--delay", str(delay)),
+            )
             server.config["failover"] = {**server.config["failover"], "peer": listen}
 
-    def close_witness(self) -> None:
-        for process in [*self.relays, self.witness]:
-            if process is None or process.poll() is not None:
+    def stop_helpers(self) -> None:
+        """The witness and relay processes, by their pids."""
+        for process in self.helpers:
+            if process.poll() is not None:
                 continue
             os.kill(process.pid, signal.SIGTERM)
             try:
@@ -146,7 +145,7 @@ class Site:
 
     def close(self) -> None:
         try:
-            self.close_witness()
+            self.stop_helpers()
             self.pair.stop()
             for server in self.pair.servers:
                 print(f"--- {server.name} log (tail) ---")
@@ -356,16 +355,21 @@ async def flapping(site: Site) -> None:
     pair = await started(site)
     publishers = Publishers([pair.primary])
     site.net.limit(site.a, "8mbit")
+
+    def serving() -> bool:
+        return pair.state(pair.primary) == "ACTIVE" and pair.state(pair.backup) == "PASSIVE"
+
     try:
         await publishers.grows("p", "confirms on the primary")
         began = time.monotonic()
         for _ in range(20):  # bounded: about a minute
             if time.monotonic() - began > 60:
                 break
+            # Each phase lasts its time while the primary is seen to serve on throughout.
             site.net.drop(site.a, site.r, percent=30)
-            await asyncio.sleep(2.0)
+            await hold(serving, 2.0, "the primary ACTIVE through 30% loss")
             site.net.drop(site.a, site.r)
-            await asyncio.sleep(1.0)
+            await hold(serving, 1.0, "the primary ACTIVE through a cut")
             site.net.heal(site.a)
         site.net.unlimit(site.a)  # the minute is over: the network is whole again
         await publishers.grows("p", "confirms on the primary after the flapping")
