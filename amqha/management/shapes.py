@@ -297,6 +297,9 @@ def nodes_shape(
             "alive": bool(peer and peer.get("alive")),
             "seen_seconds_ago": None if last_seen is None else round(max(0.0, now - last_seen), 3),
             "in_sync": peer_in_sync,
+            # As this server's feed sees it: in_sync, catching_up, or none (no PASSIVE
+            # subscribed); None where this server is not the ACTIVE.
+            "replication_state": sync.get("state") if sync["side"] == "active" else None,
             "listen": (peer or {}).get("listen") or own.get("peer_listen"),
             **lag,
         },
