@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from pyrabbit2.api import Client
 
+from tests.certs import Pki
 from tests.integration.protocol_support import unique
 from tests.pairs import client_vote
 from tests.support import USERS, free_port, wait_for_port
@@ -570,3 +571,35 @@ async def test_the_page_is_served_without_data(make_server) -> None:
         assert answer.content_type == "text/html"
         text = await answer.text()
     assert "<script" in text and "http://" not in text and "https://" not in text
+
+
+async def test_management_over_tls(make_server, tmp_path) -> None:
+    """management.tls: https with the amqps listener's certificate (client certificates
+    are not asked for there: logins are basic auth); plain HTTP gets no answer."""
+    pki = Pki(tmp_path / "pki")
+    port = free_port()
+    server = make_server(
+        "tlsed",
+        users=MGMT_USERS,
+        tls=pki.listener(free_port(), client_certs="required"),
+        management={"listen": f"127.0.0.1:{port}", "tls": True},
+    )
+    server.start()
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.get(
+            f"https://127.0.0.1:{port}/api/whoami", headers=_auth("admin"), ssl=pki.client_context()
+        ) as answer:
+            assert answer.status == 200
+            assert (await answer.json())["name"] == "admin"
+        async with session.get(
+            f"https://127.0.0.1:{port}/api/whoami", headers=_auth("guest"), ssl=pki.client_context()
+        ) as answer:
+            assert answer.status == 401
+        with pytest.raises(aiohttp.ClientError):
+            async with session.get(f"http://127.0.0.1:{port}/api/whoami", headers=_auth("admin")):
+                pass
+        # A client that does not trust the CA refuses the server.
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            async with session.get(f"https://127.0.0.1:{port}/api/whoami"):
+                pass
