@@ -206,6 +206,8 @@ class ManagementSource(MetricsSource, Protocol):
 
     def watch_queue(self, queue: Queue) -> None: ...
 
+    def enqueue(self, message: Any, queues: tuple[Queue, ...], vhost: str = "/") -> bool: ...
+
 
 class ReplicationHost(Protocol):
     """What the replication feed (ACTIVE) and follower (PASSIVE) ask of the broker."""

@@ -31,12 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from pamqp import commands
+from pamqp.header import ContentHeader
 
 from config.tls import server_context
 
 from .. import __version__
 from ..console import read_events
+from ..core.message import Message
 from ..logtext import escaped
+from ..wire import address_of
 from . import access, definitions, shapes
 
 if TYPE_CHECKING:
@@ -134,6 +138,10 @@ class ManagementEndpoint:
         get("/api/vhosts", self.vhosts)
         get("/api/vhosts/{vhost}", self.vhost)
         get("/api/users", self.users)
+        get("/api/permissions", self.permissions)
+        get("/api/policies", self.policies)
+        get("/api/policies/{vhost}", self.policies)
+        get("/api/aliveness-test/{vhost}", self.aliveness)
         get("/api/queues", self.queues)
         get("/api/queues/{vhost}", self.queues)
         get("/api/queues/{vhost}/{name}", self.queue)
@@ -384,6 +392,32 @@ class ManagementEndpoint:
                 if not access.is_internal_user(u)
             ]
         )
+
+    async def permissions(self, request: web.Request) -> web.StreamResponse:
+        """Each user's vhosts, with the full rights amqha gives on them."""
+        _need(access.is_admin(request["user"]))
+        return _json(definitions.export(self.broker.config.users, ())["permissions"])
+
+    async def policies(self, request: web.Request) -> web.StreamResponse:
+        """amqha has no policies (queue arguments only): always empty."""
+        if "vhost" in request.match_info:
+            self._vhost(request)
+        return _json([])
+
+    async def aliveness(self, request: web.Request) -> web.StreamResponse:
+        """RabbitMQ's aliveness test: a message through the queue ``aliveness-test`` of
+        the vhost (declared non-durable, as RabbitMQ does), on a server that serves."""
+        vhost = self._vhost(request)
+        _need(access.may_change_queue(request["user"], vhost.name))
+        if not self.broker.pair.serving():
+            return _json({"status": "failed", "reason": "this server is not serving"}, 503)
+        now = time.time()
+        queue = vhost.declare_queue(ALIVENESS_QUEUE, None, now)
+        self.broker.enqueue(aliveness_message(), (queue,), vhost.name)
+        got = queue.get(now, no_ack=True)
+        if got is None or got[0].body != ALIVENESS_BODY:
+            return _json({"status": "failed", "reason": "the test message did not come back"}, 503)
+        return _json({"status": "ok"})
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -671,6 +705,15 @@ class ManagementEndpoint:
             plan.summary(),
         )
         return web.Response(status=204)
+
+
+ALIVENESS_QUEUE = "aliveness-test"
+ALIVENESS_BODY = b"test_message"
+
+
+def aliveness_message() -> Message:
+    header = ContentHeader(body_size=len(ALIVENESS_BODY), properties=commands.Basic.Properties())
+    return Message(address_of("", ALIVENESS_QUEUE), header.marshal(), ALIVENESS_BODY)
 
 
 # -- connections, channels and consumers as RabbitMQ shows them ---------------------------

@@ -41,6 +41,8 @@ FULL = ".*"
 _OBJECT_KEYS = ("users", "vhosts", "permissions", "queues", "exchanges", "bindings")
 # Keys a RabbitMQ export has that amqha has nothing for: accepted when empty.
 _EMPTY_OK = ("topic_permissions", "parameters", "global_parameters", "policies")
+# Global parameters every RabbitMQ export has, meaningless here: left out of an import.
+_IGNORED = ("internal_cluster_id",)
 
 
 class Refused(Exception):
@@ -281,7 +283,11 @@ def plan_import(body: Any, config: Any) -> Plan:
     if not isinstance(body, dict):
         raise Refused("expected a JSON object (a definitions file)")
     for key in _EMPTY_OK:
-        if body.get(key):
+        items = body.get(key) or []
+        if key == "global_parameters" and isinstance(items, list):
+            # Every RabbitMQ export names its cluster: nothing to carry over.
+            items = [i for i in items if not (isinstance(i, dict) and i.get("name") in _IGNORED)]
+        if items:
             raise Refused(f"{key}: amqha has none; remove them from the file")
     plan = Plan(users_checked=_check_users(body, config))
     for index, item in enumerate(_list(body, "vhosts")):

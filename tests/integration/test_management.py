@@ -464,6 +464,18 @@ async def test_health_checks_standalone(make_server) -> None:
     assert (await api.get("/api/health/checks/amqha-active"))["status"] == "ok"
     status, body = await api.call("GET", "/api/health/checks/amqha-active-in-sync")
     assert status == 503 and "standalone" in body["reason"]
+    # RabbitMQ's aliveness test: a message through the vhost's aliveness-test queue.
+    assert await api.get("/api/aliveness-test/%2F") == {"status": "ok"}
+    assert (await api.get("/api/queues/%2F/aliveness-test"))["messages"] == 0
+    assert (await api.call("GET", "/api/aliveness-test/nowhere"))[0] == 404
+    assert (await api.call("GET", "/api/aliveness-test/other", "mgmt"))[0] == 404
+    assert await api.get("/api/policies") == []
+    permissions = await api.get("/api/permissions")
+    assert {"user": "mgmt", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"} in (
+        permissions
+    )
+    assert not any(p["user"] == "peering" for p in permissions)
+    assert (await api.call("GET", "/api/permissions", "watcher"))[0] == 401
     # A management user may ask; a user without the tag may not.
     assert (await api.call("GET", "/api/health/checks/alarms", "mgmt"))[0] == 200
     assert (await api.call("GET", "/api/health/checks/alarms", "guest"))[0] == 401

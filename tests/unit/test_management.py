@@ -185,6 +185,8 @@ def test_definitions_users_must_be_the_configs(tmp_path: Any) -> None:
         "permissions": [{"user": "app", "vhost": "v2", "configure": ".*", "write": ".*"}],
     }
     assert definitions.plan_import(same, config).users_checked == 2
+    cluster = [{"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-x"}]
+    assert definitions.plan_import({**same, "global_parameters": cluster}, config)
     for body, status, words in (
         ({"users": [{"name": "peer", "tags": []}]}, 403, "pair's own login"),
         ({"users": [{"name": "app", "password_hash": rabbit_hash("x"), "tags": []}]}, 400, "app"),
