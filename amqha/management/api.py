@@ -7,7 +7,10 @@ routes of docs/operations.md ("Management API"), the changes they make (purge, d
 close, definitions import) and the page at ``/``.
 
 Bounds: aiohttp parses requests with the limits of HANDLER_OPTIONS; a body is at most
-MAX_BODY (a definitions file); a successful login is remembered for LOGIN_CACHE_SECONDS
+MAX_BODY (a definitions file); at most MAX_CONNECTIONS sockets are open (past that the
+oldest one that has sent no request is dropped for the newcomer), and a socket's first
+request must be in within REQUEST_TIMEOUT (``BoundedConnection``, as the metrics
+endpoint's); a successful login is remembered for LOGIN_CACHE_SECONDS
 (at most LOGIN_CACHE_SIZE of them) so the page's polling does not cost an scrypt check
 every two seconds; a refused one costs its sender ``auth.failed_login_delay``.
 
@@ -17,6 +20,7 @@ the broker's ``gate.Pair``); what a user may see is ``access``, the JSON is ``sh
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -49,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqha.management")
 
 MAX_BODY = 16 * 1024 * 1024
+MAX_CONNECTIONS = 256
+REQUEST_TIMEOUT = 10.0
 LOGIN_CACHE_SECONDS = 60.0
 LOGIN_CACHE_SIZE = 1024
 SHUTDOWN_TIMEOUT = 0.5
@@ -77,6 +83,43 @@ def not_found(what: str = "Not Found") -> ApiError:
     return ApiError(404, "Object Not Found", what)
 
 
+class BoundedConnection(web.RequestHandler):
+    """aiohttp's HTTP/1.1 protocol for one socket of the listener, counted by the endpoint
+    (at most MAX_CONNECTIONS) and dropped if its first request is not in within
+    REQUEST_TIMEOUT; idle keep-alive connections are aiohttp's (keepalive_timeout)."""
+
+    __slots__ = ("endpoint", "asked", "timer")
+
+    def __init__(self, manager: web.Server, endpoint: ManagementEndpoint, **options: Any) -> None:
+        super().__init__(manager, **options)
+        self.endpoint = endpoint
+        self.asked = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.drop)
+        self.endpoint.opened(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.endpoint.closed(self)
+        super().connection_lost(exc)
+
+    def request_in(self) -> None:
+        if not self.asked:
+            self.asked = True
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+    def drop(self) -> None:
+        # abort, not close: close would wait for a client that does not read.
+        if self.transport is not None:
+            self.transport.abort()
+
+
 class ManagementEndpoint:
     """The listener; started with the broker when ``management.listen`` is set."""
 
@@ -88,6 +131,9 @@ class ManagementEndpoint:
         # sha256(authorization header) -> (user, expiry on the loop's clock)
         self.logins: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
         self.session: aiohttp.ClientSession | None = None
+        self.listener: asyncio.base_events.Server | None = None
+        # Open sockets, oldest first.
+        self.sockets: dict[BoundedConnection, None] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -106,25 +152,54 @@ class ManagementEndpoint:
             assert tls is not None  # the loader refuses management.tls without it
             context = server_context(tls, self.broker.config.source)
             context.verify_mode = ssl.CERT_NONE  # logins are HTTP basic auth
-        site = web.TCPSite(
-            self.runner, self.config.host, self.config.port, ssl_context=context, reuse_address=True
+        loop = asyncio.get_running_loop()
+        manager = self.runner.server
+        assert manager is not None
+        self.listener = await loop.create_server(
+            lambda: BoundedConnection(manager, self, loop=loop, **HANDLER_OPTIONS),
+            self.config.host,
+            self.config.port,
+            ssl=context,
+            ssl_handshake_timeout=REQUEST_TIMEOUT if context is not None else None,
+            reuse_address=True,
+            backlog=128,
         )
-        await site.start()
         scheme = "https" if context is not None else "http"
         log.info("management on %s://%s:%d/", scheme, self.config.host, self.port)
 
     @property
     def port(self) -> int:
-        assert self.runner is not None
-        return int(self.runner.addresses[0][1])
+        assert self.listener is not None
+        return int(self.listener.sockets[0].getsockname()[1])
+
+    def opened(self, connection: BoundedConnection) -> None:
+        if len(self.sockets) >= MAX_CONNECTIONS:
+            # A socket that has sent no request gives way to the newcomer: holding sockets
+            # open cannot keep an operator out.
+            silent = next((c for c in self.sockets if not c.asked), None)
+            if silent is None:
+                connection.drop()
+                return
+            self.sockets.pop(silent)
+            silent.drop()
+        self.sockets[connection] = None
+
+    def closed(self, connection: BoundedConnection) -> None:
+        self.sockets.pop(connection, None)
 
     async def stop(self) -> None:
+        """Answers under way get SHUTDOWN_TIMEOUT to finish; then every socket is closed."""
         if self.session is not None:
             await self.session.close()
             self.session = None
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()
+        for connection in list(self.sockets):
+            connection.drop()
 
     # -- routes ---------------------------------------------------------------------------
 
@@ -170,6 +245,8 @@ class ManagementEndpoint:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every API route needs a management login; errors are RabbitMQ's JSON."""
+        if isinstance(request.protocol, BoundedConnection):
+            request.protocol.request_in()
         try:
             if request.path.startswith("/api/"):
                 request["user"] = await self._login(request)
@@ -188,7 +265,10 @@ class ManagementEndpoint:
         header = request.headers.get("Authorization")
         if header is None:
             raise ApiError(401, "not_authorised", "Login failed")
-        key = hashlib.sha256(header.encode("utf-8", "surrogateescape")).digest()
+        # The address is part of the key: a login remembered from loopback says nothing of
+        # the same credentials from elsewhere (auth.loopback_users).
+        remote = request.remote or ""
+        key = hashlib.sha256(f"{remote}\n{header}".encode("utf-8", "surrogateescape")).digest()
         now = time.monotonic()
         cached = self.logins.get(key)
         if cached is not None and cached[1] > now:
@@ -196,9 +276,7 @@ class ManagementEndpoint:
             user = cached[0]
         else:
             username, password = _basic(header)
-            result = await self.broker.authenticate(
-                username, password, request.remote or "", "HTTP basic"
-            )
+            result = await self.broker.authenticate(username, password, remote, "HTTP basic")
             if not hasattr(result, "tags"):
                 raise ApiError(401, "not_authorised", "Login failed")
             user = result

@@ -615,3 +615,27 @@ async def test_management_over_tls(make_server, tmp_path) -> None:
         with pytest.raises(aiohttp.ClientConnectorCertificateError):
             async with session.get(f"https://127.0.0.1:{port}/api/whoami"):
                 pass
+
+
+async def test_silent_sockets_do_not_keep_an_operator_out(make_server) -> None:
+    """Past MAX_CONNECTIONS sockets that send nothing, the oldest silent one gives way to
+    the newcomer; a socket whose request never comes is dropped after REQUEST_TIMEOUT."""
+    from amqha.management.api import MAX_CONNECTIONS, REQUEST_TIMEOUT
+
+    _, api = managed(make_server)
+    port = int(api.base.rsplit(":", 1)[1])
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 20):
+            held.append(await asyncio.open_connection("127.0.0.1", port))
+        assert (await api.get("/api/whoami"))["name"] == "admin"
+        # The oldest silent sockets were dropped for the newcomers; every one of them is
+        # dropped by REQUEST_TIMEOUT.
+        reader, _ = held[0]
+        assert await asyncio.wait_for(reader.read(1), REQUEST_TIMEOUT + 20) == b""
+        reader, _ = held[-1]
+        assert await asyncio.wait_for(reader.read(1), REQUEST_TIMEOUT + 20) == b""
+        assert (await api.get("/api/whoami"))["name"] == "admin"
+    finally:
+        for _, writer in held:
+            writer.close()
