@@ -10,6 +10,8 @@ import asyncio
 import base64
 import hashlib
 import json
+import shutil
+import subprocess
 from typing import Any
 from urllib.parse import quote
 
@@ -639,3 +641,73 @@ async def test_silent_sockets_do_not_keep_an_operator_out(make_server) -> None:
     finally:
         for _, writer in held:
             writer.close()
+
+
+async def test_rabbitmqadmin_against_amqha(make_server, tmp_path) -> None:
+    """RabbitMQ's own command-line tool (Debian's rabbitmq-server package ships it): list,
+    export, import, purge, delete and close against amqha."""
+    if shutil.which("rabbitmqadmin") is None:
+        pytest.skip("rabbitmqadmin is not installed (Debian's rabbitmq-server package has it)")
+    server, api = managed(make_server)
+    port = api.base.rsplit(":", 1)[1]
+
+    def admin(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["rabbitmqadmin", "-H", "127.0.0.1", "-P", port, "-u", "admin", "-p", "admin", *words],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    name = unique("admin-tool")
+    connection = await aio_pika.connect(server.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue(name, durable=True)
+        for _ in range(3):
+            await channel.default_exchange.publish(aio_pika.Message(b"m"), routing_key=name)
+        listed = await asyncio.to_thread(admin, "-f", "tsv", "list", "queues", "name", "messages")
+        assert listed.returncode == 0, listed.stderr
+        assert f"{name}\t3" in listed.stdout.splitlines()
+        exported = tmp_path / "definitions.json"
+        done = await asyncio.to_thread(admin, "export", str(exported))
+        assert done.returncode == 0, done.stderr
+        assert any(q["name"] == name for q in json.loads(exported.read_text())["queues"])
+        done = await asyncio.to_thread(admin, "purge", "queue", f"name={name}")
+        assert done.returncode == 0, done.stderr
+        again = await channel.declare_queue(name, durable=True, passive=True)
+        assert again.declaration_result.message_count == 0
+        done = await asyncio.to_thread(admin, "delete", "queue", f"name={name}")
+        assert done.returncode == 0, done.stderr
+        assert (await api.call("GET", f"/api/queues/%2F/{name}"))[0] == 404
+        # The export imports back (its users are the config's): the queue is declared again.
+        done = await asyncio.to_thread(admin, "import", str(exported))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (await api.get(f"/api/queues/%2F/{name}"))["durable"] is True
+        [listed_connection] = await api.get("/api/connections")
+        done = await asyncio.to_thread(
+            admin, "close", "connection", f"name={listed_connection['name']}"
+        )
+        assert done.returncode == 0, done.stderr
+        await until_value(lambda: api.get("/api/connections"), lambda c: c == [], 10, "closed")
+    # A login without a management tag is refused by the tool as by the API.
+    refused = await asyncio.to_thread(
+        subprocess.run,
+        [
+            "rabbitmqadmin",
+            "-H",
+            "127.0.0.1",
+            "-P",
+            port,
+            "-u",
+            "guest",
+            "-p",
+            "guest",
+            "list",
+            "queues",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "Access refused" in refused.stderr
