@@ -648,14 +648,16 @@ class ManagementEndpoint:
         connection = self._connection(request)
         user = request["user"]
         _need(access.may_close_connection(user, connection.user.name))
-        reason = request.headers.get("X-Reason", "Closed via management plugin")
+        given = request.headers.get("X-Reason", "Closed via management plugin")
+        # The close text is a shortstr: at most 255 bytes with its prefix.
+        reason = given.encode("utf-8", "replace")[:200].decode("utf-8", "ignore")
         log.info(
             "connection %s closed by %s (management): %s",
             connection.peer,
             escaped(user.name),
-            escaped(reason[:200]),
+            escaped(reason),
         )
-        connection.close_forced(f"CONNECTION_FORCED - {reason[:200]}")
+        connection.close_forced(f"CONNECTION_FORCED - {reason}")
         return web.Response(status=204)
 
     async def channels(self, request: web.Request) -> web.StreamResponse:

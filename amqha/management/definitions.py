@@ -22,6 +22,7 @@ Must not know: HTTP, sockets, the clock (``now`` is given).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from pamqp import exceptions
 
 from config.passwords import BadHash, hash_password, parse_hash
 
+from ..wire import decode_field_table, field_table
 from . import access, shapes
 
 ALGORITHMS = {
@@ -38,6 +40,7 @@ ALGORITHMS = {
     "scrypt": "amqha_scrypt",
 }
 FULL = ".*"
+CONTROL = ("amq.peer", "amq.console")
 _OBJECT_KEYS = ("users", "vhosts", "permissions", "queues", "exchanges", "bindings")
 # Keys a RabbitMQ export has that amqha has nothing for: accepted when empty.
 _EMPTY_OK = ("topic_permissions", "parameters", "global_parameters", "policies")
@@ -188,9 +191,21 @@ def _flag(item: dict[str, Any], key: str, where: str, default: bool) -> bool:
 
 
 def _arguments(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """The arguments, if they make an AMQP field table that reads back the same (what
+    the store and the replication link write): no integer beyond 64 bits, no NaN, no
+    key over 255 bytes."""
     value = item.get("arguments") or {}
     if not isinstance(value, dict):
         raise Refused(f"{where}: 'arguments' must be an object")
+    try:
+        same = decode_field_table(field_table(value)) == value
+    except (ValueError, TypeError, OverflowError, struct.error) as error:
+        raise Refused(f"{where}: 'arguments' are not an AMQP field table: {error}") from None
+    if not same:
+        raise Refused(f"{where}: 'arguments' do not read back the same as an AMQP field table")
+    for key in ("alternate-exchange", "x-dead-letter-exchange"):
+        if key in value and not isinstance(value[key], str):
+            raise Refused(f"{where}: argument '{key}' must be an exchange name")
     return value
 
 
@@ -303,7 +318,7 @@ def plan_import(body: Any, config: Any) -> Plan:
             raise Refused(f"{where}: unknown exchange type '{kind}'")
         arguments = _arguments(item, where)
         alternate = arguments.get("alternate-exchange")
-        if isinstance(alternate, str) and alternate in ("amq.peer", "amq.console"):
+        if alternate in CONTROL:
             raise Refused(f"{where}: alternate-exchange '{alternate}' is the control plane", 403)
         plan.exchanges.append(
             {
@@ -324,7 +339,7 @@ def plan_import(body: Any, config: Any) -> Plan:
         _refuse_control(name, where)
         arguments = _arguments(item, where)
         dlx = arguments.get("x-dead-letter-exchange")
-        if isinstance(dlx, str) and dlx in ("amq.peer", "amq.console"):
+        if dlx in CONTROL:
             raise Refused(f"{where}: x-dead-letter-exchange '{dlx}' is the control plane", 403)
         plan.queues.append(
             {
@@ -342,9 +357,13 @@ def plan_import(body: Any, config: Any) -> Plan:
         kind = _text(item, "destination_type", where, "queue")
         if kind not in ("queue", "exchange"):
             raise Refused(f"{where}: destination_type must be 'queue' or 'exchange'")
+        # From amq.direct and the other standard exchanges, as RabbitMQ's exports have them;
+        # never to or from the control plane, never to an amq. queue (amq.replication).
         for name in (source, destination):
-            if name in ("amq.peer", "amq.console") or (kind == "queue" and name.startswith("amq.")):
+            if name in CONTROL:
                 raise Refused(f"{where}: '{name}' belongs to the control plane", 403)
+        if kind == "queue" and destination.startswith("amq."):
+            raise Refused(f"{where}: queue '{destination}' is a reserved name (amq.)", 403)
         if source == "":
             continue  # the default exchange's bindings are implicit
         plan.bindings.append(

@@ -187,6 +187,11 @@ def test_definitions_users_must_be_the_configs(tmp_path: Any) -> None:
     assert definitions.plan_import(same, config).users_checked == 2
     cluster = [{"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-x"}]
     assert definitions.plan_import({**same, "global_parameters": cluster}, config)
+    # Bindings from the standard exchanges, as RabbitMQ's exports have them.
+    standard = {"bindings": [{"source": "amq.topic", "destination": "q", "routing_key": "a.#"}]}
+    assert definitions.plan_import(standard, config).bindings[0]["source"] == "amq.topic"
+    nested = {"queues": [{"name": "q", "arguments": {"x-a": [1, {"b": None}], "x-f": 1.5}}]}
+    assert definitions.plan_import(nested, config).queues[0]["arguments"]["x-f"] == 1.5
     for body, status, words in (
         ({"users": [{"name": "peer", "tags": []}]}, 403, "pair's own login"),
         ({"users": [{"name": "app", "password_hash": rabbit_hash("x"), "tags": []}]}, 400, "app"),
@@ -198,6 +203,19 @@ def test_definitions_users_must_be_the_configs(tmp_path: Any) -> None:
         ({"queues": [{"name": "q", "durable": "yes"}]}, 400, "true or false"),
         ({"bindings": [{"source": "e", "destination": "amq.peer"}]}, 403, "control plane"),
         ({"parameters": [{"x": 1}]}, 400, "amqha has none"),
+        ({"queues": [{"name": "q", "arguments": {"x-n": 2**70}}]}, 400, "not an AMQP field"),
+        ({"queues": [{"name": "q", "arguments": {"x-n": float("nan")}}]}, 400, "read back"),
+        ({"queues": [{"name": "q", "arguments": {"k" * 300: 1}}]}, 400, "not an AMQP field"),
+        (
+            {
+                "exchanges": [
+                    {"name": "e", "type": "direct", "arguments": {"alternate-exchange": 1}}
+                ]
+            },
+            400,
+            "exchange name",
+        ),
+        ({"bindings": [{"source": "amq.direct", "destination": "amq.replication"}]}, 403, "amq."),
         ("[]", 400, "JSON object"),
     ):
         with pytest.raises(definitions.Refused) as refused:
