@@ -177,9 +177,12 @@ def _list(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 
 def _text(item: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    """A string of at most 255 bytes: every name and key here is an AMQP shortstr."""
     value = item.get(key, default)
     if not isinstance(value, str):
-        raise Refused(f"{where}: '{key}' must be a string, got {value!r}")
+        raise Refused(f"{where}: '{key}' must be a string, got {value!r}"[:300])
+    if len(value.encode("utf-8", "surrogateescape")) > 255:
+        raise Refused(f"{where}: '{key}' is longer than 255 bytes")
     return value
 
 

@@ -203,6 +203,7 @@ def test_definitions_users_must_be_the_configs(tmp_path: Any) -> None:
         ({"queues": [{"name": "q", "durable": "yes"}]}, 400, "true or false"),
         ({"bindings": [{"source": "e", "destination": "amq.peer"}]}, 403, "control plane"),
         ({"parameters": [{"x": 1}]}, 400, "amqha has none"),
+        ({"queues": [{"name": "q" * 256}]}, 400, "longer than 255 bytes"),
         ({"queues": [{"name": "q", "arguments": {"x-n": 2**70}}]}, 400, "not an AMQP field"),
         ({"queues": [{"name": "q", "arguments": {"x-n": float("nan")}}]}, 400, "read back"),
         ({"queues": [{"name": "q", "arguments": {"k" * 300: 1}}]}, 400, "not an AMQP field"),
