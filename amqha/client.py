@@ -951,6 +951,8 @@ class Consumer(_Link):
         self.handled = 0
         self.duplicates = 0  # deliveries dropped by dedupe
         self.stale = 0  # acks not sent: their delivery came from a server since lost
+        self._handling: set[asyncio.Task[None]] = set()
+        self._consuming: tuple[aio_pika.abc.AbstractQueue, str] | None = None
 
     async def start(self, timeout: float = 30.0) -> Consumer:
         """Connect (at most ``timeout`` s, else ConnectionError) and start consuming."""
@@ -963,15 +965,35 @@ class Consumer(_Link):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop consuming; callbacks still running get up to ``timeout`` s to finish
+        (their messages are acked if the channel is still open), then are cancelled."""
+        self.closing = True
+        if self._consuming is not None:
+            queue, tag = self._consuming
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(queue.cancel(tag), 2.0)
+        if self._handling:
+            await asyncio.wait(list(self._handling), timeout=timeout)
+        for task in list(self._handling):
+            task.cancel()
+        await asyncio.gather(*self._handling, return_exceptions=True)
         await self._stop()
 
     async def _on_channel(self, channel: aio_pika.abc.AbstractChannel) -> None:
         await channel.set_qos(prefetch_count=self.prefetch)
         queue = await channel.get_queue(self.queue, ensure=False)
-        await queue.consume(self._deliver)
+        self._consuming = (queue, await queue.consume(self._deliver))
 
     async def _deliver(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        # aiormq cancels the consumer's tasks when their channel closes: the callback runs
+        # in a task of its own, to its end (its ack is then dropped as stale).
+        task = asyncio.ensure_future(self._handle(message))
+        self._handling.add(task)
+        task.add_done_callback(self._handling.discard)
+        await asyncio.shield(task)
+
+    async def _handle(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         message_id = message.message_id
         if self.dedupe is not None and message_id is not None and message_id in self.dedupe:
             self.duplicates += 1

@@ -283,3 +283,42 @@ async def test_a_full_publisher_blocks_or_raises_as_told(make_server: Any, when_
         assert all(f.done() and f.exception() is None for f in held)
         assert publisher.pending == 0
         await publisher.publish(b"room again", routing_key="bound")
+
+
+@pytest.mark.timeout(120)
+async def test_a_delivery_from_the_lost_server_is_not_acked_on_the_new_one(
+    make_pair: MakePair, logged: pytest.LogCaptureFixture
+) -> None:
+    """The callback of a message from the primary is still running when the primary is
+    killed: when it returns, its ack (a delivery tag of the dead server's channel) is not
+    sent to the backup, whose channel would close on it (unknown delivery tag); the
+    backup delivers the message again and the consumer carries on."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    urls = [pair.primary.url, pair.backup.url]
+    release = asyncio.Event()
+    calls: list[tuple[str, str | None]] = []
+
+    async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        calls.append((message.body.decode(), message.message_id))
+        if len(calls) == 1:
+            await release.wait()
+
+    async with (
+        Publisher(urls, setup=declare("held")) as publisher,
+        Consumer(urls, "held", handle, prefetch=1, setup=declare("held")) as consumer,
+    ):
+        await publisher.publish(b"first", routing_key="held")
+        await poll(lambda: calls, 30, "the first delivery in the callback")
+        pair.kill(pair.primary)
+        await poll(lambda: consumer.failovers == 1, 60, "the consumer on the backup")
+        await poll(lambda: len(calls) == 2, 30, "the message delivered again by the backup")
+        release.set()  # the first callback returns: its ack belongs to the dead server
+        await poll(lambda: consumer.stale == 1, 30, "the stale ack dropped")
+        await publisher.publish(b"second", routing_key="held")
+        await poll(lambda: len(calls) == 3, 30, "the next message consumed")
+        assert consumer.failovers == 1 and consumer.server == pair.backup.address
+    assert [body for body, _ in calls] == ["first", "first", "second"]
+    assert calls[0][1] == calls[1][1], "the message came again with its message id"
+    assert not [r for r in logged.records if "closed the channel" in r.getMessage()]
+    assert not library_warnings(logged.records)
