@@ -133,6 +133,17 @@ class ServerList:
     def current(self) -> URL:
         return self.redirected or self.urls[self.position]
 
+    def lost(self, url: URL, error: BaseException | None = None) -> None:
+        """The server at ``url`` served and is gone: next, the server its closing named
+        (``NOT_ACTIVE - active server is …``, a handover), else the listed one after it."""
+        self.redirected = None
+        listed = [(u.host, u.port) for u in self.urls]
+        if (url.host, url.port) in listed:
+            self.position = (listed.index((url.host, url.port)) + 1) % len(self.urls)
+        target = redirect_target(error, [])
+        if target is not None:
+            self.redirected = _with_address(url, target)
+
     def failed(self, error: BaseException | None, redirects: list[str]) -> None:
         target = redirect_target(error, redirects)
         came_from = self.current()
@@ -152,8 +163,8 @@ def address_of(url: URL) -> str:
 def _describe(error: BaseException | None) -> str:
     if error is None:
         return "closed"
-    text = str(error) or repr(error)
-    return f"{type(error).__name__}: {text}"
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class FailoverLog:
@@ -337,7 +348,7 @@ def _recorded(made: list[aio_pika.Connection]) -> Any:
 
 
 async def connect(
-    urls: Sequence[str | URL] | str,
+    urls: Sequence[str | URL] | str | ServerList,
     *,
     retry_for: float = 15.0,
     retry_interval: float = 0.05,
@@ -350,8 +361,13 @@ async def connect(
 
     Each failed attempt is reported to ``failover`` (a log of its own when not given),
     which the caller tells when the server it reached serves (``FailoverLog.served``).
+    A ``ServerList`` given as ``urls`` carries on from the server it was at.
     """
-    servers = ServerList([urls] if isinstance(urls, str) else urls)
+    servers = (
+        urls
+        if isinstance(urls, ServerList)
+        else ServerList([urls] if isinstance(urls, str) else urls)
+    )
     properties = client_properties(client_properties_extra)
     own_log = failover is None
     attempts = failover or FailoverLog("connection")
@@ -428,13 +444,14 @@ class FailoverRobustConnection(aio_pika.RobustConnection):
         except asyncio.CancelledError:
             error = None
         if not self._close_called:
-            tried = address_of(self.servers.current())
+            current = self.servers.current()
             if self.connected.is_set():
-                self.failover.lost(tried, error)
+                self.failover.lost(address_of(current), error)
+                self.servers.lost(current, error)
             else:
                 target = redirect_target(error, self._attempt_redirects)
-                self.failover.attempt_failed(tried, error, target)
-            self.servers.failed(error, self._attempt_redirects)
+                self.failover.attempt_failed(address_of(current), error, target)
+                self.servers.failed(error, self._attempt_redirects)
             self._attempt_redirects.clear()
             self.url = self.servers.current()
         await super()._on_connection_close(closing)
@@ -521,8 +538,7 @@ class _Link:
         warn_after: float,
         connect_kwargs: dict[str, Any],
     ) -> None:
-        self.urls = [urls] if isinstance(urls, str) else list(urls)
-        ServerList(self.urls)  # an empty list is refused here, not in the task
+        self.servers = ServerList([urls] if isinstance(urls, str) else urls)
         self.setup = setup
         self.attempt_timeout = attempt_timeout
         self.connect_kwargs = connect_kwargs
@@ -570,7 +586,7 @@ class _Link:
         """One connection and channel to the ACTIVE; False when they failed (reported)."""
         try:
             connection = await connect(
-                self.urls,
+                self.servers,
                 retry_for=max(self.attempt_timeout, 1.0),
                 attempt_timeout=self.attempt_timeout,
                 failover=self.failover,
@@ -645,6 +661,7 @@ class _Link:
             await asyncio.sleep(1.0)
             return
         self.failover.lost(self.server or "?", error)
+        self.servers.lost(self.connection.url, error)  # type: ignore[attr-defined]
         await _drop(self.connection)
 
     def lost(self) -> None:
