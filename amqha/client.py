@@ -282,17 +282,20 @@ _current_failover: contextvars.ContextVar[FailoverLog | None] = contextvars.Cont
     "amqha_failover", default=None
 )
 _passed_on = logging.getLogger("amqha.client.during_failover")
-# Loggers of aio-pika and aiormq that speak of a connection failing over. Those of
-# aio_pika.robust_connection are dropped (each names the connection's URL, which is by
-# then the next server's, not the one the attempt tried); FailoverLog logs each attempt
-# with its own address instead.
-QUIETED_LOGGERS = (
-    "aio_pika.robust_connection",
-    "aio_pika.robust_channel",
-    "aio_pika.channel",
-    "aio_pika.tools",
-    "aiormq.connection",
-)
+# Loggers of aio-pika and aiormq that speak of a connection failing over, and the highest
+# level quieted on each. Those of aio_pika.robust_connection are dropped (each names the
+# connection's URL, which is by then the next server's, not the one the attempt tried);
+# FailoverLog logs each attempt with its own address instead. aiormq.channel's errors
+# (an application's consumer callback failing) always go through.
+QUIETED_LOGGERS = {
+    "aio_pika.robust_connection": logging.CRITICAL,
+    "aio_pika.robust_channel": logging.CRITICAL,
+    "aio_pika.channel": logging.CRITICAL,
+    "aio_pika.tools": logging.CRITICAL,
+    "aio_pika.message": logging.CRITICAL,
+    "aiormq.connection": logging.CRITICAL,
+    "aiormq.channel": logging.WARNING,
+}
 
 
 def _failover_in_args(record: logging.LogRecord) -> FailoverLog | None:
@@ -314,10 +317,17 @@ def _failover_in_args(record: logging.LogRecord) -> FailoverLog | None:
 
 
 class QuietDuringFailover(logging.Filter):
-    """Passes on at DEBUG what aio-pika and aiormq log about a connection while it fails
-    over; everything else, and everything outside a failover, goes through unchanged."""
+    """Passes on at DEBUG what aio-pika and aiormq log (up to ``highest``) about a
+    connection while it fails over; everything else, and everything outside a failover,
+    goes through unchanged."""
+
+    def __init__(self, highest: int = logging.CRITICAL) -> None:
+        super().__init__()
+        self.highest = highest
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > self.highest:
+            return True
         failover = _current_failover.get()
         if failover is None or not failover.quiet:
             failover = _failover_in_args(record)
@@ -331,9 +341,8 @@ class QuietDuringFailover(logging.Filter):
         return False
 
 
-_QUIET = QuietDuringFailover()
-for _name in QUIETED_LOGGERS:
-    logging.getLogger(_name).addFilter(_QUIET)
+for _name, _highest in QUIETED_LOGGERS.items():
+    logging.getLogger(_name).addFilter(QuietDuringFailover(_highest))
 
 
 def _recorded(made: list[aio_pika.Connection]) -> Any:
@@ -648,7 +657,7 @@ class _Link:
             (f.exception() for f in done if not f.cancelled() and f.exception() is not None),
             None,
         )
-        if _alive(self.connection) and underlay.is_closed:
+        if isinstance(error, aiormq.exceptions.ChannelClosed) and _alive(self.connection):
             # The server closed this channel only: an error of the application's (a
             # missing exchange, say), not a failover.
             log.warning(

@@ -142,6 +142,18 @@ def test_the_libraries_records_are_quieted_only_during_a_failover(
     assert quiet.filter(record("aio_pika.robust_connection"))  # no client in this context
 
 
+def test_a_consumer_callbacks_error_goes_through_even_during_a_failover() -> None:
+    channel_log = QuietDuringFailover(logging.WARNING)  # as on aiormq.channel
+    failover = FailoverLog("connection", clock=Clock())
+    failover.lost("h:1", None)
+    token = _current_failover.set(failover)
+    try:
+        assert not channel_log.filter(record("aiormq.channel", logging.WARNING))
+        assert channel_log.filter(record("aiormq.channel", logging.ERROR))
+    finally:
+        _current_failover.reset(token)
+
+
 def test_addresses_are_host_and_port_with_ipv6_in_brackets() -> None:
     assert address_of(URL("amqp://u:p@127.0.0.1:5672/")) == "127.0.0.1:5672"
     assert address_of(URL("amqp://u:p@[::1]:5673/")) == "[::1]:5673"
