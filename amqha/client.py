@@ -508,6 +508,11 @@ class PublishRefused(aio_pika.exceptions.DeliveryError):
     """The server refused the message (Basic.Nack or Basic.Reject): it was not sent again."""
 
 
+class PublishFailed(RuntimeError):
+    """The server closed the channel over this message alone (a missing exchange, a
+    refused permission): it was not sent again. The server's error is the cause."""
+
+
 @dataclass
 class _Held:
     """One message the publisher keeps until its confirm."""
@@ -520,6 +525,7 @@ class _Held:
     confirmed: asyncio.Future[None]
     generation: int = 0  # the connection it was last sent on (0: not sent yet)
     sends: int = 0
+    error: BaseException | None = None  # why its last send got no confirm
 
 
 def _as_message(message: aio_pika.abc.AbstractMessage | bytes, persistent: bool) -> Any:
@@ -559,6 +565,7 @@ class _Link:
         self.channel: aio_pika.abc.AbstractChannel | None = None
         self.underlay: aiormq.abc.AbstractChannel | None = None  # None while failing over
         self.server: str | None = None  # the address of the server in use
+        self.channel_refused = False  # the server closed the last channel over an error
         self._lost = asyncio.Event()
 
     @property
@@ -657,6 +664,10 @@ class _Link:
             (f.exception() for f in done if not f.cancelled() and f.exception() is not None),
             None,
         )
+        if error is None and underlay.is_closed:  # woken by lost(): why the channel closed
+            closing = underlay.closing
+            if closing.done() and not closing.cancelled():
+                error = closing.exception()
         if isinstance(error, aiormq.exceptions.ChannelClosed) and _alive(self.connection):
             # The server closed this channel only: an error of the application's (a
             # missing exchange, say), not a failover.
@@ -666,6 +677,7 @@ class _Link:
                 self.server,
                 _describe(error),
             )
+            self.channel_refused = True
             await _drop(self.connection)
             await asyncio.sleep(1.0)
             return
@@ -839,15 +851,36 @@ class Publisher(_Link):
         assert self.underlay is not None
         self._generation += 1
         generation, channel = self._generation, self.underlay
-        # What was held when the last server was lost goes first, in order.
-        for held in list(self._held.values()):
-            self._send(held, channel, generation)
-        sender = asyncio.ensure_future(self._send_new(channel, generation))
+        # What was held when the last server was lost goes first, in order; one at a
+        # time after the server closed a channel over one of them, to find which.
+        sender = asyncio.ensure_future(self._resend_then_send(channel, generation))
         try:
             await self._until_lost()
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
+
+    async def _resend_then_send(self, channel: aiormq.abc.AbstractChannel, generation: int) -> None:
+        if self.channel_refused:
+            for held in list(self._held.values()):
+                if held.seq not in self._held:
+                    continue
+                await asyncio.wait([self._send(held, channel, generation)])
+                if held.seq in self._held and isinstance(
+                    held.error, aiormq.exceptions.ChannelClosed
+                ):
+                    self.refused += 1
+                    failed = PublishFailed(f"the server refused it: {_describe(held.error)}")
+                    failed.__cause__ = held.error
+                    self._settle(held, failed)
+                    return  # the channel is closed: the next one goes on from here
+                if generation != self._generation or held.seq in self._held:
+                    return  # lost meanwhile
+            self.channel_refused = False
+        else:
+            for held in list(self._held.values()):
+                self._send(held, channel, generation)
+        await self._send_new(channel, generation)
 
     async def _send_new(self, channel: aiormq.abc.AbstractChannel, generation: int) -> None:
         while True:
@@ -855,7 +888,9 @@ class Publisher(_Link):
             if held.seq in self._held and held.generation != generation:
                 self._send(held, channel, generation)
 
-    def _send(self, held: _Held, channel: aiormq.abc.AbstractChannel, generation: int) -> None:
+    def _send(
+        self, held: _Held, channel: aiormq.abc.AbstractChannel, generation: int
+    ) -> asyncio.Task[None]:
         if held.sends:
             self.resent += 1
         held.generation = generation
@@ -863,6 +898,7 @@ class Publisher(_Link):
         task = asyncio.ensure_future(self._confirm(held, channel, generation))
         self._confirming.add(task)
         task.add_done_callback(self._confirming.discard)
+        return task
 
     async def _confirm(
         self, held: _Held, channel: aiormq.abc.AbstractChannel, generation: int
@@ -879,8 +915,9 @@ class Publisher(_Link):
             self._settle(held, PublishRefused(error.message, error.frame))
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as error:
             # No confirm from this connection: held, and sent again on the next one.
+            held.error = error
             if generation == self._generation:
                 self.lost()
         else:

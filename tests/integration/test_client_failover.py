@@ -16,7 +16,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqha.client import Consumer, Publisher, PublisherFull, connect_robust
+from amqha.client import Consumer, Publisher, PublisherFull, PublishFailed, connect_robust
 from tests.pairs import MakePair, pair_info, poll
 from tests.support import ServerProcess
 
@@ -322,3 +322,26 @@ async def test_a_delivery_from_the_lost_server_is_not_acked_on_the_new_one(
     assert calls[0][1] == calls[1][1], "the message came again with its message id"
     assert not [r for r in logged.records if "closed the channel" in r.getMessage()]
     assert not library_warnings(logged.records)
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_the_server_refuses_fails_alone_with_the_servers_error(
+    make_server: Any, logged: pytest.LogCaptureFixture
+) -> None:
+    """A publish to a missing exchange closes the channel, and the messages in flight with
+    it get no confirm: they are sent again one at a time, so only the culprit fails (with
+    the server's reply), the others are confirmed, and nothing is counted as a failover."""
+    server = make_server().start()
+    async with Publisher([server.url], setup=declare("refusals")) as publisher:
+        before = [await publisher.send(b"a%d" % n, routing_key="refusals") for n in range(5)]
+        bad = await publisher.send(b"bad", routing_key="refusals", exchange="missing")
+        after = [await publisher.send(b"b%d" % n, routing_key="refusals") for n in range(5)]
+        with pytest.raises(PublishFailed, match="NOT_FOUND - no exchange 'missing'"):
+            await asyncio.wait_for(asyncio.shield(bad), 60)
+        await publisher.flush(60)
+        assert all(f.exception() is None for f in before + after)
+        assert publisher.failovers == 0 and publisher.refused == 1
+        await publisher.publish(b"carries on", routing_key="refusals")
+    assert not failover_lines(logged.records, "publisher")
+    warned = [r.getMessage() for r in logged.records if r.levelno == logging.WARNING]
+    assert warned and all("closed the channel (ChannelNotFoundEntity" in w for w in warned)
