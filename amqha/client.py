@@ -566,6 +566,8 @@ class _Link:
         self.underlay: aiormq.abc.AbstractChannel | None = None  # None while failing over
         self.server: str | None = None  # the address of the server in use
         self.channel_refused = False  # the server closed the last channel over an error
+        self.setup_error: BaseException | None = None  # the server's answer to setup
+        self._setup_failed = asyncio.Event()
         self._lost = asyncio.Event()
 
     @property
@@ -575,17 +577,25 @@ class _Link:
 
     async def _start(self, timeout: float) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
-        serving = asyncio.ensure_future(self.serving.wait())
+        waits = [
+            asyncio.ensure_future(self.serving.wait()),
+            asyncio.ensure_future(self._setup_failed.wait()),
+        ]
         try:
             await asyncio.wait(
-                [serving, self.task], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                [*waits, self.task], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
-            serving.cancel()
+            for wait in waits:
+                wait.cancel()
         if self.task.done():
             self.task.result()  # its error, if it had one
         if not self.serving.is_set():
             await self._stop()
+            if self.setup_error is not None:
+                raise RuntimeError(
+                    f"{self.failover.name}: setup failed: {_describe(self.setup_error)}"
+                ) from self.setup_error
             raise ConnectionError(f"{self.failover.name}: no ACTIVE server after {timeout} s")
 
     async def _run(self) -> None:
@@ -624,6 +634,8 @@ class _Link:
                 log.error(
                     "%s: setup on %s failed: %s", self.failover.name, address, _describe(error)
                 )
+                self.setup_error = error
+                self._setup_failed.set()
                 await _drop(connection)
                 await asyncio.sleep(1.0)
             else:

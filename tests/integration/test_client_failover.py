@@ -345,3 +345,16 @@ async def test_a_message_the_server_refuses_fails_alone_with_the_servers_error(
     assert not failover_lines(logged.records, "publisher")
     warned = [r.getMessage() for r in logged.records if r.levelno == logging.WARNING]
     assert warned and all("closed the channel (ChannelNotFoundEntity" in w for w in warned)
+
+
+@pytest.mark.timeout(60)
+async def test_a_setup_the_server_refuses_fails_the_start_with_its_answer(
+    make_server: Any,
+) -> None:
+    server = make_server().start()
+
+    async def setup(channel: aio_pika.abc.AbstractChannel) -> None:
+        await channel.declare_queue("not-declared-anywhere", passive=True)
+
+    with pytest.raises(RuntimeError, match="setup failed: .*NOT_FOUND"):
+        await Consumer([server.url], "q", _ack, setup=setup).start(timeout=30)
