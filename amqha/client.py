@@ -528,7 +528,9 @@ class _Held:
     error: BaseException | None = None  # why its last send got no confirm
 
 
-def _as_message(message: aio_pika.abc.AbstractMessage | bytes, persistent: bool) -> Any:
+def _as_message(
+    message: aio_pika.abc.AbstractMessage | bytes, persistent: bool
+) -> aio_pika.abc.AbstractMessage:
     if isinstance(message, bytes | bytearray | memoryview):
         mode = (
             aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT
@@ -812,16 +814,16 @@ class Publisher(_Link):
         if self.closing:
             self._slots.release()
             raise PublisherClosed(f"{self.failover.name} is closed")
-        message = _as_message(message, self.persistent)
-        if message.message_id is None:
-            message.message_id = uuid.uuid4().hex
+        outgoing = _as_message(message, self.persistent)
+        if outgoing.message_id is None:
+            outgoing.message_id = uuid.uuid4().hex  # type: ignore[misc]  # shown to the application
         self._seq += 1
         held = _Held(
             self._seq,
             exchange,
             routing_key,
-            message.body,
-            message.properties,
+            outgoing.body,
+            outgoing.properties,
             asyncio.get_running_loop().create_future(),
         )
         self._held[held.seq] = held
