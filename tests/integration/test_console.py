@@ -61,14 +61,19 @@ async def test_commands_with_a_server_down_read_the_other_or_say_so(make_pair: M
     await pair.wait_states("ACTIVE", "PASSIVE")
     pair.kill(pair.primary)
     # A read goes to the first server that answers, and says which.
+    queues = console(pair, "queues")
+    assert queues.returncode == 0, queues.stderr
+    assert f"({pair.backup.address})" in queues.stderr
+    # The events of both servers: the survivor's, and a word that the other's are missing.
     events = console(pair, "events")
     assert events.returncode == 0, events.stderr
-    assert f"({pair.backup.address})" in events.stderr
     assert "backup [" in events.stdout
+    down = f"({pair.primary.address}: down: connection refused (nothing listens there);"
+    assert down in events.stderr
     # A command that acts is never moved to another server: the first one named, or an error.
     stopped = console(pair, "controller", "stop")
-    assert stopped.returncode == 1
-    assert f"{pair.primary.address}: down" in stopped.stderr
+    assert stopped.returncode == 3  # down
+    assert f"{pair.primary.address}: down: connection refused" in stopped.stderr
     assert "Traceback" not in stopped.stderr
 
 

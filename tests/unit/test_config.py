@@ -7,11 +7,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 import yaml
 
-from amqha.console import default_servers
+from amqha.console import ConsoleError, admin_password, default_servers, parse_server
 from config import ConfigError, load_config
 from config.loader import DEMO_SECRET, Limits, is_loopback
 from config.local import ADMIN_PASSWORD, FILES, LOCAL, SECRET, ensure_credentials, named_in
@@ -185,15 +184,19 @@ def test_credentials_are_made_once_private_random_and_kept_out_of_git(tmp_path: 
 def test_the_console_logs_in_to_the_loopback_pair_with_the_made_admin_password(
     tmp_path: Path,
 ) -> None:
-    with pytest.raises(click.UsageError) as missing:
-        default_servers(str(tmp_path))
+    password = admin_password(tmp_path)
+    with pytest.raises(ConsoleError) as missing:
+        parse_server("127.0.0.1:5672", password)
+    assert missing.value.exit_code == 2
     assert f"no {tmp_path / LOCAL / ADMIN_PASSWORD}" in missing.value.message
     ensure_credentials(tmp_path)
-    password = (tmp_path / LOCAL / ADMIN_PASSWORD).read_text().strip()
-    assert default_servers(str(tmp_path)) == (
-        f"amqp://admin:{password}@127.0.0.1:5672/",
-        f"amqp://admin:{password}@127.0.0.1:5673/",
-    )
+    secret = (tmp_path / LOCAL / ADMIN_PASSWORD).read_text().strip()
+    # No pair file (`amqha pair` writes one): the shipped ports.
+    addresses = default_servers(tmp_path / "no-pair.json")
+    assert [parse_server(a, password).url for a in addresses] == [
+        f"amqp://admin:{secret}@127.0.0.1:5672/",
+        f"amqp://admin:{secret}@127.0.0.1:5673/",
+    ]
 
 
 def test_password_file_relative_to_the_config_file(tmp_path: Path) -> None:
