@@ -690,12 +690,14 @@ def _sync_health(statuses: list[dict[str, Any]]) -> tuple[str, str]:
         if feed is not None and feed.get("state") != "in_sync":
             return (
                 "not_in_sync",
-                f"{status.get('name')} is ACTIVE, replication {_replication_text(status)}",
+                f"not in sync: {status.get('name')} is ACTIVE, {_replication_text(status)}",
             )
         if follower is not None and not follower.get("in_sync"):
-            return "not_in_sync", f"{status.get('name')} is PASSIVE, {_replication_text(status)}"
+            return "not_in_sync", (
+                f"not in sync: {status.get('name')} is PASSIVE, {_replication_text(status)}"
+            )
         if status.get("state") == "PASSIVE" and not status.get("in_sync", True):
-            return "not_in_sync", f"{status.get('name')} is PASSIVE and not in sync"
+            return "not_in_sync", f"not in sync: {status.get('name')} is PASSIVE and behind"
     return "healthy", "healthy: one ACTIVE, its PASSIVE in sync"
 
 
@@ -755,8 +757,7 @@ def _print_status(results: list[tuple[Server, Any]], verdict: tuple[str, str]) -
         )
         if status.get("takeover"):
             click.echo(f"{'':24} {status.get('name')}: {status['takeover']}")
-    code, text = verdict
-    click.echo(f"pair: {text}" if code == "healthy" else f"pair: {code.replace('_', ' ')}: {text}")
+    click.echo(f"pair: {verdict[1]}")
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -1170,10 +1171,11 @@ class _ConsoleCommand(click.Command):
     """With --json, even a bad option of the console itself is answered in JSON."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wanted = "--json" in args  # the parser consumes ``args``
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as error:
-            if "--json" not in args:
+            if not wanted:
                 raise
             _emit_error(ConsoleError("usage", error.format_message()), True)
             ctx.exit(EXIT_USAGE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 
@@ -97,3 +98,196 @@ async def test_malformed_requests_are_answered_and_the_service_goes_on(
         assert error in answer["error"]
         assert (await client.call("status"))["control_received"]
     assert broker.alive, broker.log()
+
+
+# -- bad input: a clear error, its exit status, never a traceback ------------------------
+
+
+def run_console(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "amqha", "console", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def bad_inputs(port: int, closed: int) -> list[tuple[list[str], int, str, str]]:
+    """(arguments, exit status, JSON code, what the message says) for one server on
+    ``port``; ``closed``: a port nothing listens on."""
+    at = f"127.0.0.1:{port}"
+    return [
+        (
+            ["--server", f"amqp://admin:wrong@{at}/", "status"],
+            6,
+            "auth_failed",
+            "auth failed: the login of 'admin' was refused (wrong user name or password)",
+        ),
+        (
+            ["--server", f"amqp://nobody:x@{at}/", "queues"],
+            6,
+            "auth_failed",
+            "the login of 'nobody' was refused",
+        ),
+        (
+            ["--server", f"amqp://guest:guest@{at}/", "queues"],
+            5,
+            "not_authorised",
+            "refused: ACCESS_REFUSED - publishing to 'amq.console' needs a user tagged"
+            " 'administrator'",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/novhost", "queues"],
+            5,
+            "access_refused",
+            "refused: 'admin' may not open vhost 'novhost' (there is no such vhost",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@127.0.0.1:{closed}/", "queues"],
+            3,
+            "connection_refused",
+            "down: connection refused (nothing listens there)",
+        ),
+        (
+            ["--server", "amqp://admin:admin@no-such-host.invalid:5672/", "queues"],
+            3,
+            "name_not_resolved",
+            "down: the name no-such-host.invalid does not resolve",
+        ),
+        (["--server", f"amqps://admin:admin@{at}/", "queues"], 3, "tls_error", "down: TLS error:"),
+        (
+            ["--server", f"http://{at}/", "status"],
+            2,
+            "usage",
+            "--server: scheme 'http' is not amqp or amqps",
+        ),
+        (
+            ["--server", "amqp://admin:admin@127.0.0.1:99999/", "status"],
+            2,
+            "usage",
+            "Port out of range 0-65535",
+        ),
+        (["--server", "amqp://admin:admin@:5672/", "status"], 2, "usage", "no host"),
+        (
+            ["--server", "127.0.0.1:http", "status"],
+            2,
+            "usage",
+            "the port must be a number from 1 to 65535",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "frobnicate"],
+            2,
+            "usage",
+            "unknown command 'frobnicate'; commands: status, recover",
+        ),
+        (["--server", f"amqp://admin:admin@{at}/", "purge"], 2, "usage", "usage: purge QUEUE"),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "delete", "q", "--bogus"],
+            2,
+            "usage",
+            "delete: unknown option '--bogus'; usage: delete QUEUE [--vhost VHOST]",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "events", "--limit", "x"],
+            2,
+            "usage",
+            "events: --limit takes a number from 1 to 1000",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "controller", "pause"],
+            2,
+            "usage",
+            "usage: controller stop|start",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "--timeout", "abc", "status"],
+            2,
+            "usage",
+            "'abc' is not a valid float",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "purge", "no-such-queue"],
+            1,
+            "not_found",
+            "NOT_FOUND - no queue 'no-such-queue' in vhost '/'",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "delete", "no-such-queue"],
+            1,
+            "not_found",
+            "NOT_FOUND - no queue 'no-such-queue' in vhost '/'",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "close-connection", "1.2.3.4:5"],
+            1,
+            "not_found",
+            "no connection '1.2.3.4:5'",
+        ),
+        (
+            ["--server", f"amqp://admin:admin@{at}/", "promote"],
+            1,
+            "refused",
+            "promote: this server runs standalone, it has no peer",
+        ),
+    ]
+
+
+def test_every_bad_input_is_a_clear_error_with_its_exit_status_text_and_json(
+    broker: ServerProcess,
+) -> None:
+    # A port held bound and not listening: connections to it are refused, and no other
+    # process can take it meanwhile.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        check_bad_inputs(broker, held.getsockname()[1])
+    assert broker.alive, broker.log()
+
+
+def check_bad_inputs(broker: ServerProcess, closed: int) -> None:
+    for args, status, code, text in bad_inputs(broker.port, closed):
+        plain = run_console(*args)
+        assert "Traceback" not in plain.stderr + plain.stdout, (args, plain.stderr)
+        assert plain.returncode == status, (args, plain.returncode, plain.stderr)
+        # status prints its table, the failure in it; other commands the error alone.
+        said = plain.stdout if args[-1] == "status" and status != 2 else plain.stderr
+        assert text in said, (args, plain.stdout, plain.stderr)
+        answer = run_console("--json", *args)
+        assert answer.returncode == status, (args, answer.stdout, answer.stderr)
+        error = json.loads(answer.stdout)
+        if "health" in error:  # status: the servers and the pair's health
+            error = {"ok": False, "error": error["health"]}
+        assert error["ok"] is False and error["error"]["code"] == code, (args, error)
+        assert text in error["error"]["message"], (args, error)
+
+
+def test_host_port_is_a_shorthand_for_admin_with_the_made_password(
+    broker: ServerProcess, tmp_path
+) -> None:
+    """HOST:PORT logs in as admin with the password under the pair's config folder (named
+    in the pair file `amqha pair` writes), as the console does by default."""
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "admin.password").write_text("admin\n")
+    pair_file = tmp_path / "pair.json"
+    pair_file.write_text(json.dumps({"servers": [broker.address], "config_dir": str(tmp_path)}))
+    shorthand = run_console("--pair-file", str(pair_file), "--server", broker.address, "queues")
+    assert shorthand.returncode == 0, shorthand.stderr
+    assert shorthand.stdout.splitlines()[0].split() == [
+        "vhost",
+        "name",
+        "messages",
+        "unacked",
+        "consumers",
+        "durable",
+        "exclusive",
+    ]
+    # No --server: the servers in the pair file.
+    default = run_console("--pair-file", str(pair_file), "status")
+    assert default.returncode == 0, default.stderr
+    assert f"{broker.address:24} solo       standalone ACTIVE" in default.stdout
+    assert "pair: healthy" in default.stdout
+    # The shorthand with no password to read says where it looked.
+    (tmp_path / "local" / "admin.password").unlink()
+    missing = run_console("--pair-file", str(pair_file), "--server", broker.address, "queues")
+    assert missing.returncode == 2
+    assert f"no {tmp_path / 'local' / 'admin.password'}" in missing.stderr
