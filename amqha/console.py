@@ -579,7 +579,7 @@ class ConsoleClient:
             with contextlib.suppress(Exception):  # the server may have closed it first
                 await self.connection.close()
 
-    def _on_channel_closed(self, *args: Any) -> None:
+    async def _on_channel_closed(self, *args: Any) -> None:
         error = next((a for a in args if isinstance(a, BaseException)), None)
         for future in self.pending.values():
             if not future.done():
