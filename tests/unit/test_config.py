@@ -942,3 +942,21 @@ def test_a_bad_witness_is_named_with_its_key(
     tmp_path: Path, witness: Any, key: str, problem: str
 ) -> None:
     assert_error(tmp_path, with_change("failover", "witness", witness), key, problem)
+
+
+def test_overrides_replace_keys_before_validation_and_are_named_as_the_files_keys(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, VALID)
+    config = load_config(
+        path, overrides={"server.listen": "127.0.0.1:6100", "failover.peer": "127.0.0.1:6101"}
+    )
+    assert (config.host, config.port, config.failover.peer) == ("127.0.0.1", 6100, "127.0.0.1:6101")
+    with pytest.raises(ConfigError) as bad:
+        load_config(path, overrides={"server.listen": "127.0.0.1:http"})
+    assert str(bad.value) == f"{path}: server.listen: port 'http' is not a number"
+    with pytest.raises(ConfigError) as not_a_section:
+        load_config(path, overrides={"server.name.first": "x"})
+    assert str(not_a_section.value) == (
+        f"{path}: server.name: is not a section, so server.name.first cannot be set"
+    )
