@@ -255,6 +255,13 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
             wanted = pair_ports.parse_ports(ports)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--ports") from None
+    running = _running_pair(pair_file)
+    if running is not None:
+        raise click.ClickException(
+            f"a pair started here runs already (amqha pair, pid {running}; its servers are in"
+            f" {pair_file}): stop it first (its servers use the same data dirs), or use"
+            " `amqha console` on it"
+        )
     paths = {role: Path(config_dir) / f"{role}.yaml" for role in ("primary", "backup")}
     made = ensure_credentials(config_dir, named_in(paths.values()))
     if made:
@@ -395,6 +402,23 @@ def _write_pair_file(path: str, config_dir: str, servers: dict[str, str]) -> boo
         _say(f"cannot write {path} ({error.strerror}): give the console --server HOST:PORT")
         return False
     return True
+
+
+def _running_pair(path: str) -> int | None:
+    """The pid of the `amqha pair` that wrote PATH, if that process still runs."""
+    from .console import read_pair_file
+
+    data = read_pair_file(path)
+    pid = data.get("pid") if data is not None else None
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a file left by a pair that did not stop cleanly
+    except PermissionError:
+        pass  # another user's process: it runs
+    return pid
 
 
 def _remove_pair_file(path: str) -> None:

@@ -242,14 +242,26 @@ def test_every_bad_input_is_a_clear_error_with_its_exit_status_text_and_json(
 ) -> None:
     # A port held bound and not listening: connections to it are refused, and no other
     # process can take it meanwhile.
-    with socket.socket() as held:
+    # And one that listens and never answers: the console's wait is bounded.
+    with socket.socket() as held, socket.socket() as silent:
         held.bind(("127.0.0.1", 0))
-        check_bad_inputs(broker, held.getsockname()[1])
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        mute = silent.getsockname()[1]
+        waits = [
+            (
+                ["--timeout", "1", "--server", f"amqp://admin:admin@127.0.0.1:{mute}/", "queues"],
+                3,
+                "timeout",
+                "down: no answer within 1 s (timeout)",
+            )
+        ]
+        check_bad_inputs(bad_inputs(broker.port, held.getsockname()[1]) + waits)
     assert broker.alive, broker.log()
 
 
-def check_bad_inputs(broker: ServerProcess, closed: int) -> None:
-    for args, status, code, text in bad_inputs(broker.port, closed):
+def check_bad_inputs(cases: list[tuple[list[str], int, str, str]]) -> None:
+    for args, status, code, text in cases:
         plain = run_console(*args)
         assert "Traceback" not in plain.stderr + plain.stdout, (args, plain.stderr)
         assert plain.returncode == status, (args, plain.returncode, plain.stderr)

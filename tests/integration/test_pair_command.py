@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -384,3 +385,34 @@ def test_bad_ports_are_a_usage_error(make_pair: MakePair) -> None:
         text = "".join(output.lines)
         assert f"Error: Invalid value for --ports: {problem}" in text, text
         assert "Traceback" not in text
+
+
+def test_a_second_pair_on_the_same_folders_is_refused_while_the_first_runs(
+    make_pair: MakePair,
+) -> None:
+    """The pair file names the command that wrote it: while that process lives, another
+    pair would share its data dirs, and is refused; a file left by one that is gone is not
+    in the way."""
+    pair = make_pair(proxied=False)
+    pair_file = pair.workdir / "pair.json"
+    pair.workdir.mkdir(parents=True, exist_ok=True)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        pair_file.write_text(json.dumps({"servers": [], "config_dir": "x", "pid": running.pid}))
+        process, output = start_command(pair)
+        assert process.wait(timeout=WAIT) == 1
+        output.thread.join(WAIT)
+        assert "".join(output.lines) == (
+            f"Error: a pair started here runs already (amqha pair, pid {running.pid}; its"
+            f" servers are in {pair_file}): stop it first (its servers use the same data"
+            " dirs), or use `amqha console` on it\n"
+        )
+    finally:
+        running.kill()
+        running.wait(WAIT)
+    process, output = start_command(pair)
+    try:
+        serving(pair, output)
+    finally:
+        stop_command(process)
+    assert process.returncode == 0
