@@ -12,7 +12,9 @@ oldest one that has sent no request is dropped for the newcomer), and a socket's
 request must be in within REQUEST_TIMEOUT (``BoundedConnection``, as the metrics
 endpoint's); a successful login is remembered for LOGIN_CACHE_SECONDS
 (at most LOGIN_CACHE_SIZE of them) so the page's polling does not cost an scrypt check
-every two seconds; a refused one costs its sender ``auth.failed_login_delay``.
+every two seconds; a refused one costs its sender ``auth.failed_login_delay``. The
+page's history reads at most HISTORY_BYTES of an event log, HISTORY_SECONDS back, and
+reads this server's again only when its log has changed (``timeline`` computes from it).
 
 Must not know: how the model routes or stores (``core``), how failover decides (it reads
 the broker's ``gate.Pair``); what a user may see is ``access``, the JSON is ``shapes``.

@@ -17,7 +17,17 @@ from tests.spark import scenarios
 from tests.spark.logs import T0
 
 PAIR = "backup+primary"
-STORIES = ("sync_caught_up", "unprotected_takeover", "crash_unprotected", "split_quarantine")
+STORIES = (
+    "sync_caught_up",
+    "unprotected_takeover",
+    "crash_unprotected",
+    "split_quarantine",
+    "crash_takeover",
+    "restart_passive",
+    "throttled",
+    "dense_bulk",
+    "link_cut",
+)
 
 
 def logs_of(name: str) -> dict[str, list[dict]]:
@@ -27,20 +37,34 @@ def logs_of(name: str) -> dict[str, list[dict]]:
     }
 
 
+@pytest.mark.parametrize("read", [False, True], ids=["records", "read"])
 @pytest.mark.parametrize("name", STORIES)
-def test_the_same_unprotected_time_as_the_report(name: str, tmp_path: Path) -> None:
+def test_the_same_figures_as_the_report(name: str, read: bool, tmp_path: Path) -> None:
+    """The report's reference on a story and the page's timeline on the same logs, given
+    as records or read as the API reads them (runs of redirects kept by their ends). The
+    page takes each server's clock as it is: the report too, told not to estimate offsets
+    (with estimates, ``dense_bulk``'s one-sided bound on the backup's offset adds an
+    uncertain outage row, 0 s at the offsets used, where the page draws none)."""
     servers = getattr(scenarios, name)()
-    report = reference.compute([str(s.write(tmp_path)) for s in servers])
+    report = reference.compute([str(s.write(tmp_path)) for s in servers], estimate_skew=False)
     summary = report.summary["pairs"][PAIR]
     window = summary["window"]
-    logs = {s.name: [json.loads(line) for line in s.lines] for s in servers}
+    if read:
+        logs = {s.name: timeline.history_from_lines(s.lines, -math.inf) for s in servers}
+        assert sum(map(len, logs.values())) <= sum(len(s.lines) for s in servers)
+    else:
+        logs = {s.name: [json.loads(line) for line in s.lines] for s in servers}
     found = timeline.pair_timeline(logs, window["since"], window["until"])
     # The stories lie within one UTC day, so "today" is the report's whole window.
     assert found["unprotected_today"]["since"] <= window["since"]
-    assert found["unprotected_today"]["recorded"] is True
-    assert math.isclose(
-        found["unprotected_today"]["seconds"], summary["unprotected"]["seconds"], abs_tol=1e-6
-    )
+    recorded = summary["unprotected"]["recorded"]
+    assert found["unprotected_today"]["recorded"] is recorded
+    if recorded:
+        assert math.isclose(
+            found["unprotected_today"]["seconds"], summary["unprotected"]["seconds"], abs_tol=1e-6
+        )
+    else:
+        assert found["unprotected_today"]["seconds"] is None
     spans = sorted((u["node"], u["start"], u["end"]) for u in found["unprotected"])
     expected = sorted((r["node"], r["start"], r["end"]) for r in report.tables["unprotected"])
     assert len(spans) == len(expected)
