@@ -76,7 +76,9 @@ def history_from_lines(lines: Iterable[bytes | str], since: float) -> list[Row]:
             continue
         if record["ts"] < since:
             before["last"] = record
-            if record["event"] in ("transition", "sync", "started"):
+            if record["event"] in ("transition", "started") or (
+                record["event"] == "sync" and record.get("side") == "active"
+            ):
                 before[record["event"]] = record
             continue
         if (
