@@ -774,12 +774,10 @@ class QuorumQueue(Queue):
         head = self._head_id()
         before = self.delivery_count(head)
         message, redelivered = super()._fetch(no_ack)
-        if before:
+        if before and not no_ack:
+            # (A no-ack delivery settles the message: there is no count left to keep.)
             count = before + 1
-            if no_ack:
-                self.deliveries.pop(head, None)
-            else:
-                self.deliveries[head] = count
+            self.deliveries[head] = count
             if self.log is not None:
                 self.log.emit(Redelivered(self.vhost, self.name, head, count))
         return message, redelivered, before
