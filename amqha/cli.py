@@ -74,6 +74,7 @@ def main() -> None:
 )
 def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: bool) -> None:
     """Start one broker and serve until SIGTERM or Ctrl-C."""
+    from .metrics import MetricsListenError
     from .server import install_uvloop, serve
     from .store import StoreError
 
@@ -111,6 +112,8 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
         raise click.ClickException(f"bad epoch file: {error}") from None
     except StoreError as error:
         raise click.ClickException(f"cannot open the message store: {error}") from None
+    except MetricsListenError as error:
+        raise click.ClickException(f"{config_path}: metrics.listen: {error}") from None
     except OSError as error:
         where = config.listen if config.tls is None else f"{config.listen} or {config.tls.listen}"
         raise click.ClickException(f"cannot listen on {where}: {error.strerror}") from None

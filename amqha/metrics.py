@@ -86,6 +86,16 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PATHS = ("/metrics", "/metrics/per-object")
 
 
+class MetricsListenError(Exception):
+    """``metrics.listen`` cannot be listened on (a port taken: another server's metrics)."""
+
+    def __init__(self, address: str, error: OSError) -> None:
+        # asyncio's bind error repeats the address in its text: the errno's own words.
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        super().__init__(f"cannot listen on {address}: {reason}")
+        self.address = address
+
+
 @dataclass(slots=True)
 class QueueFigures:
     vhost: str
@@ -480,7 +490,10 @@ class MetricsEndpoint:
         host, port = address
         self.runner = web.ServerRunner(ScrapeServer(self), shutdown_timeout=SHUTDOWN_TIMEOUT)
         await self.runner.setup()
-        await web.TCPSite(self.runner, host, port, reuse_address=True).start()
+        try:
+            await web.TCPSite(self.runner, host, port, reuse_address=True).start()
+        except OSError as error:
+            raise MetricsListenError(f"{host}:{port}", error) from None
         log.info("metrics on http://%s:%d/metrics", host, self.port)
 
     @property

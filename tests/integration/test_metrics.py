@@ -17,11 +17,12 @@ from pathlib import Path
 import aio_pika
 import pika
 import pytest
+import yaml
 from pamqp import commands
 
 from tests.integration.protocol_support import RawClient, fresh_scrape, scrape, unique
 from tests.pairs import MakePair, raw_open
-from tests.support import ServerProcess, free_port, wait_until
+from tests.support import ServerProcess, free_port, start_to_exit, wait_until
 
 
 def queue_labels(name: str) -> tuple[tuple[str, str], ...]:
@@ -316,3 +317,26 @@ async def test_one_client_on_a_pair_is_one_connection_and_one_channel(
     )
     assert after[("rabbitmq_channels", ())] == 0
     assert after[("amqha_peer_links", ())] >= 1
+
+
+def test_a_metrics_port_already_taken_is_one_line_naming_the_file_and_key(make_server) -> None:
+    """Two servers given one metrics port (two configs copied from one): the second says
+    which file and key, and which address, without a traceback."""
+    metrics_port = free_port()
+    first = make_server("first", metrics={"listen": f"127.0.0.1:{metrics_port}"}).start()
+    second = make_server("second", metrics={"listen": f"127.0.0.1:{metrics_port}"})
+    second.config_path.parent.mkdir(parents=True, exist_ok=True)
+    second.config_path.write_text(yaml.safe_dump(second.config))
+    result = start_to_exit(second.config_path)
+    assert result.returncode == 1
+    lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.strip() and not line.startswith("amqha: WARNING: ")
+    ]
+    assert lines == [
+        f"Error: {second.config_path}: metrics.listen: cannot listen on "
+        f"127.0.0.1:{metrics_port}: Address already in use"
+    ], result.stderr
+    assert scrape(metrics_port)[("rabbitmq_connections", ())] == 0, "the first one still serves"
+    assert first.alive
