@@ -48,6 +48,9 @@ from .message import Message
 from .routing import ArgumentBytes, arguments_size
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+# A quorum queue's x-dead-letter-strategy values (RabbitMQ 3.10); amqha dead-letters as
+# with at-most-once whichever is named.
+DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 # The highest x-max-priority RabbitMQ accepts.
 MAX_PRIORITY = 255
 
@@ -151,6 +154,16 @@ class QueueLimits:
         self.single_active_consumer = single
         # A quorum queue's x-delivery-limit (None: none); QuorumQueue applies it.
         self.delivery_limit = _int_argument(arguments, "x-delivery-limit", 0)
+        # Quorum arguments that have no effect here, checked as RabbitMQ checks them.
+        _int_argument(arguments, "x-max-in-memory-length", 0)
+        _int_argument(arguments, "x-max-in-memory-bytes", 0)
+        _int_argument(arguments, "x-quorum-initial-group-size", 1)
+        strategy = _str_argument(arguments, "x-dead-letter-strategy")
+        if strategy is not None and strategy not in DEAD_LETTER_STRATEGIES:
+            raise QueueArgumentError(
+                f"invalid arg 'x-dead-letter-strategy' for queue: '{strategy}' "
+                f"(one of {', '.join(DEAD_LETTER_STRATEGIES)})"
+            )
         if arguments.get("x-queue-type") == "quorum" and self.overflow == "reject-publish-dlx":
             # RabbitMQ 3.10 takes it, logs it as invalid for a quorum queue and drops the
             # head instead (rabbit_quorum_queue:overflow/3).

@@ -210,6 +210,9 @@ def test_expiry_and_purge_forget_the_counts_of_what_leaves() -> None:
         ({"x-max-age": "1D"}, "invalid arg 'x-max-age'"),
         ({"x-delivery-limit": -1}, "invalid arg 'x-delivery-limit'"),
         ({"x-delivery-limit": "3"}, "invalid arg 'x-delivery-limit'"),
+        ({"x-dead-letter-strategy": "twice"}, "invalid arg 'x-dead-letter-strategy'"),
+        ({"x-quorum-initial-group-size": 0}, "invalid arg 'x-quorum-initial-group-size'"),
+        ({"x-max-in-memory-length": -1}, "invalid arg 'x-max-in-memory-length'"),
     ],
 )
 def test_arguments_a_quorum_queue_does_not_take_are_a_406(
@@ -243,6 +246,20 @@ def test_quorum_only_arguments_on_a_classic_queue_are_a_406(argument: str) -> No
     h = Logged()
     with pytest.raises(exceptions.AMQPPreconditionFailed, match="rabbit_classic_queue"):
         h.vhost.declare_queue("q", OWNER, h.now, durable=True, arguments={argument: 3})
+
+
+def test_quorum_arguments_without_an_effect_here_are_taken() -> None:
+    h = Logged()
+    declare(
+        h,
+        **{
+            "x-dead-letter-strategy": "at-least-once",
+            "x-quorum-initial-group-size": 3,
+            "x-max-in-memory-length": 10,
+            "x-max-in-memory-bytes": 0,
+            "x-queue-leader-locator": "balanced",
+        },
+    )
 
 
 def test_reject_publish_dlx_on_a_quorum_queue_drops_the_head_as_in_rabbitmq() -> None:
