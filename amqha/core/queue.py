@@ -784,16 +784,27 @@ class QuorumQueue(Queue):
 
     def _take(self, no_ack: bool) -> tuple[Message, bool, int]:
         """``Queue._fetch`` and the count of deliveries before this one."""
-        head = self._head_id()
-        before = self.delivery_count(head)
-        message, redelivered = super()._fetch(no_ack)
+        deliveries = self.deliveries
+        mark = self.delivered_mark
+        recorded = deliveries.get(self._head_id()) if deliveries else None
+        message, redelivered = Queue._fetch(self, no_ack)
+        msg_id = message.msg_id
+        before = recorded or (1 if msg_id <= mark else 0)
         if before and not no_ack:
             # (A no-ack delivery settles the message: there is no count left to keep.)
             count = before + 1
-            self.deliveries[head] = count
+            deliveries[msg_id] = count
             if self.log is not None:
-                self.log.emit(Redelivered(self.vhost, self.name, head, count))
+                self.log.emit(Redelivered(self.vhost, self.name, msg_id, count))
         return message, redelivered, before
+
+    def _may_be_exhausted(self) -> bool:
+        """Whether the head may be over the limit: only a message delivered before can."""
+        return (
+            self.limits.delivery_limit is not None
+            and bool(self.ready or self.returned)
+            and self._head_id() <= self.delivered_mark
+        )
 
     def get(self, now: float, no_ack: bool = True) -> tuple[Message, bool] | None:
         self.last_used = now
@@ -810,14 +821,18 @@ class QuorumQueue(Queue):
             return
         self.expire(now)
         self._drop_exhausted_heads()
-        while self.message_count:
+        while self.ready or self.returned:
             consumer = self._next_consumer()
             if consumer is None:
                 return
-            message, redelivered = self._fetch(consumer.no_ack)
+            message, redelivered, count = self._take(consumer.no_ack)
+            if count:
+                message = with_delivery_count(message, count)
             consumer.deliver(self, message, redelivered)
-            self.expire(now)
-            self._drop_exhausted_heads()
+            if self.expiries is not None or self.returned:
+                self.expire(now)
+            if self._may_be_exhausted():
+                self._drop_exhausted_heads()
 
     def requeue(self, msg_ids: Iterable[int]) -> None:
         """Back to their positions, but those returned more times than the limit, which
@@ -829,7 +844,7 @@ class QuorumQueue(Queue):
         if over:
             self.reject(over, "delivery_limit")
         if back:
-            super().requeue(back)
+            Queue.requeue(self, back)
 
     def count_delivery(self, msg_id: int, count: int) -> None:
         """A ``Redelivered`` from the change stream (a store, a peer)."""
@@ -838,26 +853,26 @@ class QuorumQueue(Queue):
             self.deliveries[msg_id] = count
 
     def ack(self, msg_ids: list[int]) -> None:
-        super().ack(msg_ids)
+        Queue.ack(self, msg_ids)
         if self.deliveries:
             for msg_id in msg_ids:
                 self.deliveries.pop(msg_id, None)
 
     def ack_one(self, msg_id: int) -> None:
-        super().ack_one(msg_id)
+        Queue.ack_one(self, msg_id)
         if self.deliveries:
             self.deliveries.pop(msg_id, None)
 
     def reject(self, msg_ids: Iterable[int], reason: str = "rejected") -> None:
         msg_ids = list(msg_ids)
-        super().reject(msg_ids, reason)
+        Queue.reject(self, msg_ids, reason)
         if self.deliveries:
             for msg_id in msg_ids:
                 self.deliveries.pop(msg_id, None)
 
     def discard(self, msg_ids: Iterable[int]) -> None:
         msg_ids = list(msg_ids)
-        super().discard(msg_ids)
+        Queue.discard(self, msg_ids)
         if self.deliveries:
             for msg_id in msg_ids:
                 self.deliveries.pop(msg_id, None)
@@ -865,7 +880,7 @@ class QuorumQueue(Queue):
     def _pop_head(self) -> tuple[Message, float, bool]:
         # The head leaves the ready side: to a consumer (``_take`` keeps its new count),
         # or for good (expired, dropped by a length limit or the delivery limit).
-        popped = super()._pop_head()
+        popped = Queue._pop_head(self)
         if self.deliveries:
             self.deliveries.pop(popped[0].msg_id, None)
         return popped
@@ -873,11 +888,11 @@ class QuorumQueue(Queue):
     def purge(self) -> int:
         held = self.outstanding
         self.deliveries = {i: c for i, c in self.deliveries.items() if i in held}
-        return super().purge()
+        return Queue.purge(self)
 
     def close(self) -> int:
         self.deliveries = {}
-        return super().close()
+        return Queue.close(self)
 
 
 def with_delivery_count(message: Message, count: int) -> Message:
