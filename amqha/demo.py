@@ -146,6 +146,11 @@ def pair_configs(workdir: Path) -> list[dict[str, Any]]:
     if not all(port_free(port) for port in ports):
         ports = [free_port(), free_port()]
         say(f"   (5672/5673 are taken here: using {ports[0]} and {ports[1]} instead)")
+    scrape_ports = [int(c["metrics"]["listen"].rsplit(":", 1)[1]) for c in configs]
+    if not all(port_free(port) for port in scrape_ports):
+        scrape_ports = [free_port(), free_port()]
+    for config, scrape_port in zip(configs, scrape_ports, strict=True):
+        config["metrics"] = {"listen": f"127.0.0.1:{scrape_port}"}
     for config, port, peer_port in zip(configs, ports, reversed(ports), strict=True):
         name = config["server"]["name"]
         config["server"]["listen"] = f"127.0.0.1:{port}"
