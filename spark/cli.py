@@ -67,8 +67,9 @@ Examples:
     required=True,
     type=click.Path(file_okay=False, writable=True),
     help="Directory for the tables (<table>/parquet/pair=P/day=D/ and <table>/<table>.csv), "
-    "summary.json, fleet.png, timeline.png and spark.log. Re-running a window replaces its "
-    "partitions.",
+    "summary.json, summary.md, report.html (one file, pictures inside), fleet.png, "
+    "timeline.png (one pair) or timeline-PAIR.png (each pair) and spark.log. Re-running a "
+    "window replaces its partitions.",
 )
 @click.option(
     "--master",
@@ -104,7 +105,8 @@ Examples:
     "--pair",
     default=None,
     metavar="NAME",
-    help="The pair drawn in timeline.png (default: the only pair, if there is one).",
+    help="Draw only this pair, as timeline.png (default: every pair, up to the 20 worst, as "
+    "timeline-PAIR.png; one pair read: timeline.png).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 def report(
@@ -142,7 +144,7 @@ def report(
             click.echo(f"report: {message}", err=True)
 
     try:
-        run_report(
+        summary = run_report(
             paths,
             out,
             master=master,
@@ -158,3 +160,5 @@ def report(
         )
     except ReportError as error:
         raise click.ClickException(str(error)) from None
+    for warning in summary["warnings"]:  # also at the end of the summary; never quieted
+        click.echo(f"report: warning: {warning}", err=True)
