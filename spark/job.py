@@ -886,7 +886,9 @@ def write_report(
     else:
         progress(f"drew {', '.join(drawn)}")
     pages.write(out, report.summary, report.tables, pictures)
-    progress("wrote summary.md and report.html")
+    with open(os.path.join(out, "summary.txt"), "w", encoding="utf-8") as stream:
+        stream.write(render_text(report.summary, report.tables))
+    progress("wrote summary.txt, summary.md and report.html")
 
 
 def _end(spark: SparkSession, archive: jvm.ClassArchive | None) -> None:

@@ -426,6 +426,39 @@ def _spread(o: Offset, known: bool) -> tuple[float, float]:
     return o.seconds - o.lower, o.upper - o.seconds
 
 
+@dataclass
+class _Marks:
+    """The records the failover rules read, indexed once per pair: on each node's own clock
+    the transitions and stops by time; on the reference clock the losses (``peer_lost``),
+    the witness fences and the starts, in time order."""
+
+    ends: dict[tuple[str, float], Row]
+    losses: list[tuple[float, str, Row]]
+    fences: dict[str, list[float]]
+    starts: dict[str, list[float]]
+
+    @classmethod
+    def of(cls, records: Mapping[str, Sequence[Row]], offsets: Mapping[str, Offset]) -> _Marks:
+        marks = cls({}, [], defaultdict(list), defaultdict(list))
+        for node, rows in records.items():
+            d = offsets[node].seconds
+            for r in rows:
+                event = r["event"]
+                if event in ("transition", "stopped"):
+                    marks.ends.setdefault((node, r["ts"]), r)
+                elif event == "peer_lost":
+                    marks.losses.append((r["ts"] - d, node, r))
+                elif event == "witness_fence" and r.get("reason") is not None:
+                    marks.fences[node].append(r["ts"] - d)
+                elif event == "started":
+                    marks.starts[node].append(r["ts"] - d)
+        marks.losses.sort(key=lambda x: (x[0], x[1]))
+        return marks
+
+    def between(self, times: Sequence[float], lo: float, hi: float) -> list[float]:
+        return list(times[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)])
+
+
 def _failovers(
     name: str,
     nodes: Sequence[str],
@@ -441,6 +474,7 @@ def _failovers(
     the logs bound it; its cause is read from how the old run ended and from the loss the
     new ACTIVE logged (docs/report.md, "Failovers")."""
     since, until = window
+    marks = _Marks.of(records, offsets)
     active: list[_Run] = []
     for node in nodes:
         d = offsets[node].seconds
@@ -452,17 +486,10 @@ def _failovers(
     for old, new in zip(active, active[1:], strict=False):
         if old.node == new.node or not since <= new.start <= until:
             continue
-        opened = next(
-            (
-                r
-                for r in records[new.node]
-                if r["ts"] == new.raw_start and r["event"] == "transition"
-            ),
-            None,
-        )
-        if opened is None:
+        opened = marks.ends.get((new.node, new.raw_start))
+        if opened is None or opened["event"] != "transition":
             continue
-        rows.append(_failover(name, old, new, opened, records, offsets, window, known))
+        rows.append(_failover(name, old, new, opened, marks, offsets, window, known))
     for number, row in enumerate(rows, 1):
         row["incident"] = number
     return rows
@@ -473,52 +500,33 @@ def _failover(
     old: _Run,
     new: _Run,
     opened: Row,
-    records: Mapping[str, Sequence[Row]],
+    marks: _Marks,
     offsets: Mapping[str, Offset],
     window: Span,
     known: bool,
 ) -> Row:
     since, until = window
     mine, theirs = offsets[new.node], offsets[old.node]
-
-    def at(node: str, ts: float) -> float:
-        return ts - offsets[node].seconds
-
     taken = new.start
     # How the old run ended: a transition or a stop it wrote (exact), or its last sign of
     # life (a crash, a freeze or a cut: it may have served a while after).
-    ended = next(
-        (
-            r
-            for r in records[old.node]
-            if r["ts"] == old.raw_end and r["event"] in ("transition", "stopped")
-        ),
-        None,
-    )
+    ended = marks.ends.get((old.node, old.raw_end))
     last_alive = min(old.end, until)
     # The loss that led to it: the new ACTIVE's last peer_lost about the old in its run
     # (another server's if it logged none).
+    i = bisect.bisect_left(marks.losses, old.start, key=lambda x: x[0])
+    j = bisect.bisect_right(marks.losses, taken, key=lambda x: x[0])
     losses = [
-        (at(node, r["ts"]), node == new.node, node, r)
-        for node, rows in records.items()
-        if node != old.node
-        for r in rows
-        if r["event"] == "peer_lost"
-        and r.get("peer") == old.node
-        and old.start <= at(node, r["ts"]) <= taken
+        (ts, node == new.node, node, r)
+        for ts, node, r in marks.losses[i:j]
+        if node != old.node and r.get("peer") == old.node
     ]
     own = [loss for loss in losses if loss[1]]
     loss = max(own or losses, default=None, key=lambda x: x[0])
     lost_ts = loss[0] if loss else None
     evidence = loss[3].get("evidence") if loss else None
     # A witness fence stops the old ACTIVE confirming before its run ends.
-    fenced = [
-        at(old.node, r["ts"])
-        for r in records[old.node]
-        if r["event"] == "witness_fence"
-        and r.get("reason") is not None
-        and old.start <= at(old.node, r["ts"]) <= min(last_alive, taken)
-    ]
+    fenced = marks.between(marks.fences.get(old.node, []), old.start, min(last_alive, taken))
     served_to = min([last_alive, *fenced])
     # The latest it can have confirmed: exact when it said so (a transition, a stop, a fence),
     # else until it was known gone: the loss, or its own restart.
@@ -526,11 +534,10 @@ def _failover(
         latest, latest_on = served_to, old.node
     else:
         bounds = [(lost_ts, loss[2])] if loss and lost_ts > served_to else []
-        bounds += [
-            (at(old.node, r["ts"]), old.node)
-            for r in records[old.node]
-            if r["event"] == "started" and at(old.node, r["ts"]) > served_to
-        ][:1]
+        starts = marks.starts.get(old.node, [])
+        k = bisect.bisect_right(starts, served_to)
+        if k < len(starts):
+            bounds.append((starts[k], old.node))
         latest, latest_on = min(bounds, default=(taken, new.node))
         latest = min(latest, taken)
     trigger = opened.get("trigger")

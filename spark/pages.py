@@ -249,7 +249,9 @@ def page(sections: Sequence[Section], folder: str) -> str:
             kind = ' class="warning"' if line.startswith("**Warning**") else ""
             out.append(f"<p{kind}>{_inline(line)}</p>")
         for header, rows in section.tables:
-            out.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header))
+            out.append(
+                "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
+            )
             for row in rows:
                 out.append(
                     "<tr>"

@@ -154,13 +154,14 @@ def render(
             )
     for start, width in _spans(tables["outages"], minimum):
         top.axvspan(start, start + width, color=OUTAGE, alpha=0.12, lw=0)
-    labelled = len(tables["outages"]) <= LABELLED
-    for i, outage in enumerate(tables["outages"] if labelled else ()):
-        key = "" if outage.get("incident") is None else f"#{outage['incident']} "
+    # An outage a failover explains is labelled with the failover (below); the others (the
+    # pair's first start, an outage nobody ended) with their length, in the band on top.
+    alone = [o for o in tables["outages"] if o.get("incident") is None]
+    for outage in alone if len(alone) <= LABELLED else ():
         top.annotate(
-            f"{key}{_short(outage['duration_s'])}",
+            _short(outage["duration_s"]),
             (_x(outage["start"]), service + 0.35),
-            xytext=(1, 2 + 8 * (i % 2)),
+            xytext=(1, 30),
             textcoords="offset points",
             fontsize=7,
             color=OUTAGE,
@@ -176,8 +177,11 @@ def render(
             color="#7a3e00",
         )
 
-    # Failovers, numbered as in the failovers table: the loss, then the new ACTIVE.
+    # Failovers, numbered as in the failovers table: the loss and the new ACTIVE on its lane,
+    # the number (with the cause and the client outage when there are few) in the band above
+    # the service row, staggered over three lines.
     failovers = tables.get("failovers", ())
+    few = len(failovers) <= LABELLED
     for i, f in enumerate(failovers):
         row = y.get(f["to_node"])
         if row is None:
@@ -187,15 +191,16 @@ def render(
         top.plot(_x(f["end"]), row + 0.45, "k^", ms=6)
         top.axvline(_x(f["end"]), color="k", lw=0.6, ls=":", alpha=0.5)
         text = f"#{f['incident']}"
-        if len(failovers) <= LABELLED:
+        if few:
             text += f" {f['cause']} {_short(f['outage_s'])}"
         top.annotate(
             text,
-            (_x(f["end"]), row + 0.45),
-            xytext=(3, 3 + 9 * (i % 3)),
+            (_x(f["end"]), service + 0.35),
+            xytext=(0, 2 + 9 * (i % 3)),
             textcoords="offset points",
-            fontsize=7,
-            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+            ha="left" if few else "center",
+            fontsize=7 if few else 6,
+            color="#b00000" if f["outage_s"] else "black",
         )
     # Console recovers: a star on the server it was typed on (hollow when refused).
     for r in tables.get("recoveries", ()):
@@ -213,7 +218,7 @@ def render(
         )
 
     top.set_yticks(range(len(rows)), rows)
-    top.set_ylim(-0.6, len(rows) + 0.2)
+    top.set_ylim(-0.6, len(rows) + 0.6)
     top.set_xlim(_x(lo), _x(lo) + span / DAY)
     availability = summary["availability"]
     top.set_title(

@@ -230,3 +230,4 @@ def test_cli_warns_on_stderr_of_a_window_without_records(tmp_path: Path, spark_s
     assert "warning" in result.stderr and "no data" in result.stderr
     assert "0.0000%" not in result.stdout and "NO DATA" in result.stdout
     assert "no data" in (out / "summary.md").read_text()
+    assert "NO DATA" in (out / "summary.txt").read_text()
