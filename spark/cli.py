@@ -127,10 +127,13 @@ def report(
     Reads the JSON Lines event logs (schema v1) with Spark and writes, per pair and per day:
     availability, client-visible outages (no server ACTIVE), dual-active intervals, unprotected
     time (an ACTIVE with no in-sync PASSIVE; "not recorded" for logs without sync records),
-    failover incidents with detection and takeover delays, time in each state per server,
+    each failover with its cause (crash, silence, cut link, manual, stopped, dual active) and
+    the outage a client saw, failover incidents with detection and takeover delays, time in
+    each state per server,
     redirects and refusals per minute, manual recoveries, misconfigurations and quarantines;
     a fleet summary (worst pairs,
-    takeover delay percentiles, SLO breaches) and pictures. Figures that depend on a clock
+    takeover delay percentiles, SLO breaches), pictures, summary.md and a self-contained
+    report.html. A pair with no record in the window has no figure. Figures that depend on a clock
     offset the logs do not pin down are given with their range and marked uncertain. Bad lines
     are counted, never fatal; an unknown schema version, or no valid record, is an error.
     """
