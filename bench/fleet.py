@@ -94,10 +94,14 @@ class _Server:
             self.epoch = epoch
         self.write(at, "transition", f',"from":"{old}","to":"{new}","trigger":"{trigger}"')
 
-    def heard(self, at: float, event: str, peer: _Server, sent: float) -> None:
+    def heard(
+        self, at: float, event: str, peer: _Server, sent: float, evidence: str | None = None
+    ) -> None:
         extra = (
             f',"peer":"{peer.node}","peer_state":"{peer.state}","last_seen":{peer.clock(sent):.6f}'
         )
+        if evidence is not None:  # peer_lost: a refused port (process gone) or a timeout
+            extra += f',"evidence":"{evidence}"'
         self.write(at, event, extra)
 
     def redirects(
@@ -157,7 +161,7 @@ def _pair(folder: Path, name: str, days: int, events: int, rng: random.Random) -
         epoch = max(primary.epoch, backup.epoch)
         if kind < 0.5:  # kill -9 of the ACTIVE, takeover by client vote, restart as PASSIVE
             seen = at - rng.uniform(0, 0.2)
-            passive.heard(at + TIMEOUT, "peer_lost", active, seen)
+            passive.heard(at + TIMEOUT, "peer_lost", active, seen, "refused")
             dead, survivor = active, passive
             dead.state = "DOWN"
             took = at + TIMEOUT + rng.uniform(0.05, 3.0)
@@ -183,9 +187,9 @@ def _pair(folder: Path, name: str, days: int, events: int, rng: random.Random) -
             active, passive = primary, backup
             at += 1.0
         else:  # peer link cut: both lose each other, the passive goes ACTIVE too, then heals
-            active.heard(at + TIMEOUT, "peer_lost", passive, at)
+            active.heard(at + TIMEOUT, "peer_lost", passive, at, "silence")
             sync.lost(active, at + TIMEOUT + 0.001, "the in-sync PASSIVE left")
-            passive.heard(at + TIMEOUT + 0.05, "peer_lost", active, at)
+            passive.heard(at + TIMEOUT + 0.05, "peer_lost", active, at, "silence")
             took = at + TIMEOUT + rng.uniform(0.5, 5.0)
             passive.transition(took, "ACTIVE", "CLIENT_REQUEST", epoch + 1)
             sync.lost(passive, took + 0.001, alone)

@@ -67,8 +67,9 @@ Examples:
     required=True,
     type=click.Path(file_okay=False, writable=True),
     help="Directory for the tables (<table>/parquet/pair=P/day=D/ and <table>/<table>.csv), "
-    "summary.json, fleet.png, timeline.png and spark.log. Re-running a window replaces its "
-    "partitions.",
+    "summary.json, summary.md, report.html (one file, pictures inside), fleet.png, "
+    "timeline.png (one pair) or timeline-PAIR.png (each pair) and spark.log. Re-running a "
+    "window replaces its partitions.",
 )
 @click.option(
     "--master",
@@ -104,7 +105,8 @@ Examples:
     "--pair",
     default=None,
     metavar="NAME",
-    help="The pair drawn in timeline.png (default: the only pair, if there is one).",
+    help="Draw only this pair, as timeline.png (default: every pair, up to the 20 worst, as "
+    "timeline-PAIR.png; one pair read: timeline.png).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 def report(
@@ -125,10 +127,13 @@ def report(
     Reads the JSON Lines event logs (schema v1) with Spark and writes, per pair and per day:
     availability, client-visible outages (no server ACTIVE), dual-active intervals, unprotected
     time (an ACTIVE with no in-sync PASSIVE; "not recorded" for logs without sync records),
-    failover incidents with detection and takeover delays, time in each state per server,
+    each failover with its cause (crash, silence, cut link, manual, stopped, dual active) and
+    the outage a client saw, failover incidents with detection and takeover delays, time in
+    each state per server,
     redirects and refusals per minute, manual recoveries, misconfigurations and quarantines;
     a fleet summary (worst pairs,
-    takeover delay percentiles, SLO breaches) and pictures. Figures that depend on a clock
+    takeover delay percentiles, SLO breaches), pictures, summary.md and a self-contained
+    report.html. A pair with no record in the window has no figure. Figures that depend on a clock
     offset the logs do not pin down are given with their range and marked uncertain. Bad lines
     are counted, never fatal; an unknown schema version, or no valid record, is an error.
     """
@@ -142,7 +147,7 @@ def report(
             click.echo(f"report: {message}", err=True)
 
     try:
-        run_report(
+        summary = run_report(
             paths,
             out,
             master=master,
@@ -158,3 +163,5 @@ def report(
         )
     except ReportError as error:
         raise click.ClickException(str(error)) from None
+    for warning in summary["warnings"]:  # also at the end of the summary; never quieted
+        click.echo(f"report: warning: {warning}", err=True)

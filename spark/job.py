@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -38,7 +39,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark import jvm, parquet, timeline
+from spark import jvm, pages, parquet, timeline
 from spark.metrics import Collected, PairInput, pair_clocks, pair_report, record_key, report_of
 from spark.model import (
     CORRUPT_COLUMN,
@@ -282,6 +283,7 @@ _SPECIAL_FIELDS = (
     "sync",
     "messages",
     "path",
+    "evidence",
 )
 _BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 
@@ -426,7 +428,8 @@ class SparkReport:
     # redirects_per_minute when it stays in Spark (large inputs), typed as spark.model.TABLES
     # says; None when it is in ``tables``
     per_minute: DataFrame | None
-    activity: dict[str, list[dict[str, Any]]]  # the drawn pair's redirects, few bars
+    activity: dict[str, list[dict[str, Any]]]  # the drawn pairs' redirects, few bars each
+    single: bool = True  # one pair drawn as timeline.png (one pair read, or --pair)
 
     def release(self) -> None:
         if self.per_minute is not None:
@@ -483,13 +486,16 @@ def compute(
         collected = _collect_whole(lines, files)
         step(f"{collected.count} events, {sum(collected.bad_by_file.values())} bad")
         summary, tables, clocks = report_of(collected, since, until, skew or {}, estimate_skew, slo)
-        drawn = _drawn(chosen, clocks)
-        activity = {}
-        if drawn is not None:
-            rows = [r for r in tables["redirects_per_minute"] if r["pair"] == drawn]
-            activity[drawn] = _bars(rows, clocks[drawn].window)
+        drawn = _drawn(chosen, summary)
+        activity = {
+            name: _bars(
+                [r for r in tables["redirects_per_minute"] if r["pair"] == name],
+                clocks[name].window,
+            )
+            for name in drawn
+        }
         step("computed")
-        return SparkReport(summary, tables, None, activity)
+        return SparkReport(summary, tables, None, activity, chosen is not None or len(clocks) == 1)
     step(f"reading {len(files)} file(s), {partitions} shuffle partition(s)")
     groups = _one_pass(_keyed(lines)).cache()
     specials_df = groups.filter(F.col("special").isNotNull()).select(
@@ -621,33 +627,15 @@ def compute(
         )
         .cache()
     )
-    drawn = _drawn(chosen, clocks)
-    wanted = {
-        "days": per_minute.groupBy("pair", "day").agg(
-            F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
-        )
-    }
-    if drawn is not None:
-        lo, hi = clocks[drawn].window
-        width = _bar_width(lo, hi)
-        wanted["activity"] = (
-            per_minute.filter(F.col("pair") == drawn)
-            .groupBy("node", F.floor((F.col("at") - lo) / width).alias("bar"))
-            .agg(
-                F.min("at").alias("at"),  # the true start of its first minute
-                F.sum("redirects").alias("redirects"),
-                F.sum("refusals").alias("refusals"),
+    if chosen is not None and chosen not in clocks:
+        raise ReportError(f"--pair {chosen}: no such pair (pairs: {', '.join(sorted(clocks))})")
+    by_day_rows = _collect_json(
+        {
+            "days": per_minute.groupBy("pair", "day").agg(
+                F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
             )
-            .drop("bar")
-            .withColumn("width", F.lit(width))
-        )
-    collected = _collect_json(wanted)  # one job for both
-    by_day_rows = collected["days"]
-    activity = (
-        {drawn: sorted(collected.get("activity", []), key=lambda r: (r["node"], r["at"]))}
-        if drawn is not None
-        else {}
-    )
+        }
+    )["days"]
     by_day: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
     for row in by_day_rows:
         by_day[row["pair"]][row["day"]] = (row["redirects"], row["refusals"])
@@ -674,16 +662,53 @@ def compute(
         ],
         slo=slo,
     )
+    drawn = _drawn(chosen, summary)
+    activity: dict[str, list[dict[str, Any]]] = {name: [] for name in drawn}
+    if drawn:
+        # The drawn pairs' redirects grouped into bars, each pair's from its window's start.
+        starts = {name: clocks[name].window[0] for name in drawn}
+        widths = {name: _bar_width(*clocks[name].window) for name in drawn}
+        lo = _lookup(starts, F.col("pair"))
+        width = _lookup(widths, F.col("pair"))
+        bars = (
+            per_minute.filter(F.col("pair").isin(list(drawn)))
+            .groupBy("pair", "node", F.floor((F.col("at") - lo) / width).alias("bar"))
+            .agg(
+                F.min("at").alias("at"),  # the true start of its first minute
+                F.sum("redirects").alias("redirects"),
+                F.sum("refusals").alias("refusals"),
+            )
+            .withColumn("width", width.cast("long"))
+            .drop("bar")
+        )
+        for row in sorted(
+            _collect_json({"bars": bars})["bars"], key=lambda r: (r["pair"], r["node"], r["at"])
+        ):
+            activity[row.pop("pair")].append(row)
     step("computed")
-    return SparkReport(summary, small, per_minute, activity)
+    return SparkReport(summary, small, per_minute, activity, chosen is not None or len(inputs) == 1)
 
 
-def _drawn(chosen: str | None, clocks: Mapping[str, Any]) -> str | None:
-    """The pair whose timeline is drawn: the one asked for, else the only one."""
-    drawn = chosen if chosen is not None else (next(iter(clocks)) if len(clocks) == 1 else None)
-    if drawn is not None and drawn not in clocks:
-        raise ReportError(f"--pair {drawn}: no such pair (pairs: {', '.join(sorted(clocks))})")
-    return drawn
+TIMELINE_PAIRS = 20  # timelines drawn at most without --pair: the worst pairs'
+
+
+def _drawn(chosen: str | None, summary: Mapping[str, Any]) -> list[str]:
+    """The pairs whose timelines are drawn: the one asked for, else every pair up to
+    ``TIMELINE_PAIRS``, the worst first (pairs without data last)."""
+    pairs = summary["pairs"]
+    if chosen is not None:
+        if chosen not in pairs:
+            raise ReportError(f"--pair {chosen}: no such pair (pairs: {', '.join(sorted(pairs))})")
+        return [chosen]
+    ranked = sorted(
+        pairs, key=lambda n: (pairs[n]["availability"] is None, pairs[n]["availability"] or 0, n)
+    )
+    return ranked[:TIMELINE_PAIRS]
+
+
+def timeline_name(pair: str) -> str:
+    """``timeline-PAIR.png``, the pair's name made safe for a file name."""
+    return "timeline-" + re.sub(r"[^A-Za-z0-9._+=-]", "_", pair) + ".png"
 
 
 def _bar_width(lo: float, hi: float) -> int:
@@ -839,14 +864,31 @@ def write_report(
         stream.write("\n")
     progress("drawing fleet.png")
     timeline.render_fleet(os.path.join(out, "fleet.png"), report.summary, report.tables["daily"])
+    pictures = [("availability per pair per day", "fleet.png")]
+    by_pair: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for table, rows in report.tables.items():
+        if table != "redirects_per_minute":
+            for row in rows:
+                by_pair[row["pair"]][table].append(row)
     for pair, activity in report.activity.items():
-        progress(f"drawing timeline.png of {pair}")
+        name = "timeline.png" if report.single else timeline_name(pair)
         timeline.render(
-            os.path.join(out, "timeline.png"),
-            report.summary["pairs"][pair],
-            {t: [r for r in rows if r["pair"] == pair] for t, rows in report.tables.items()},
-            activity,
+            os.path.join(out, name), report.summary["pairs"][pair], by_pair[pair], activity
         )
+        pictures.append((f"timeline of {pair}", name))
+    pairs = len(report.summary["pairs"])
+    drawn = [name for _, name in pictures[1:]]
+    if len(drawn) < pairs:
+        progress(
+            f"drew {', '.join(drawn)}: the {len(drawn)} worst of {pairs} pairs"
+            " (--pair NAME draws another)"
+        )
+    else:
+        progress(f"drew {', '.join(drawn)}")
+    pages.write(out, report.summary, report.tables, pictures)
+    with open(os.path.join(out, "summary.txt"), "w", encoding="utf-8") as stream:
+        stream.write(render_text(report.summary, report.tables))
+    progress("wrote summary.txt, summary.md and report.html")
 
 
 def _end(spark: SparkSession, archive: jvm.ClassArchive | None) -> None:

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark.model import (
+    CAUSES,
     CLOCK_RESOLUTION_S,
     DOWN,
     IN_SYNC,
+    MANUAL_TRIGGERS,
     MINUTE,
     OUT_OF_SYNC,
     OUTCOMES,
@@ -44,6 +46,7 @@ from spark.model import (
     day_spans,
     estimate_offsets,
     given_for,
+    iso,
     minute_label,
     record_rank,
     reference_node,
@@ -401,6 +404,199 @@ def _unprotected(
     return rows, by_day
 
 
+# ---------------------------------------------------------------- failovers
+
+
+@dataclass
+class _Run:
+    """An ACTIVE run of one node: on the reference clock (``start``, ``end``) and on the
+    node's own (``raw_end``)."""
+
+    node: str
+    start: float
+    end: float
+    raw_start: float
+    raw_end: float
+
+
+def _spread(o: Offset, known: bool) -> tuple[float, float]:
+    """How far below and above the point used the node's offset may lie."""
+    if known or o.known:
+        return 0.0, 0.0
+    return o.seconds - o.lower, o.upper - o.seconds
+
+
+@dataclass
+class _Marks:
+    """The records the failover rules read, indexed once per pair: on each node's own clock
+    the transitions and stops by time; on the reference clock the losses (``peer_lost``),
+    the witness fences and the starts, in time order."""
+
+    ends: dict[tuple[str, float], Row]
+    losses: list[tuple[float, str, Row]]
+    fences: dict[str, list[float]]
+    starts: dict[str, list[float]]
+
+    @classmethod
+    def of(cls, records: Mapping[str, Sequence[Row]], offsets: Mapping[str, Offset]) -> _Marks:
+        marks = cls({}, [], defaultdict(list), defaultdict(list))
+        for node, rows in records.items():
+            d = offsets[node].seconds
+            for r in rows:
+                event = r["event"]
+                if event in ("transition", "stopped"):
+                    marks.ends.setdefault((node, r["ts"]), r)
+                elif event == "peer_lost":
+                    marks.losses.append((r["ts"] - d, node, r))
+                elif event == "witness_fence" and r.get("reason") is not None:
+                    marks.fences[node].append(r["ts"] - d)
+                elif event == "started":
+                    marks.starts[node].append(r["ts"] - d)
+        marks.losses.sort(key=lambda x: (x[0], x[1]))
+        return marks
+
+    def between(self, times: Sequence[float], lo: float, hi: float) -> list[float]:
+        return list(times[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)])
+
+
+def _failovers(
+    name: str,
+    nodes: Sequence[str],
+    runs: Mapping[str, Sequence[tuple[str, float, float]]],
+    records: Mapping[str, Sequence[Row]],
+    offsets: Mapping[str, Offset],
+    window: Span,
+    known: bool,
+) -> list[Row]:
+    """One row per failover: a server becoming ACTIVE by a transition when the ACTIVE before
+    it (the ACTIVE run that started last) was another server's. Its client-visible outage
+    runs from the last moment the old ACTIVE could confirm to the new one's transition, as
+    the logs bound it; its cause is read from how the old run ended and from the loss the
+    new ACTIVE logged (docs/report.md, "Failovers")."""
+    since, until = window
+    marks = _Marks.of(records, offsets)
+    active: list[_Run] = []
+    for node in nodes:
+        d = offsets[node].seconds
+        for state, s, e in runs[node]:
+            if state == "ACTIVE":
+                active.append(_Run(node, _shift(s, d), _shift(e, d), s, e))
+    active.sort(key=lambda r: (r.start, r.node))
+    rows: list[Row] = []
+    for old, new in zip(active, active[1:], strict=False):
+        if old.node == new.node or not since <= new.start <= until:
+            continue
+        opened = marks.ends.get((new.node, new.raw_start))
+        if opened is None or opened["event"] != "transition":
+            continue
+        rows.append(_failover(name, old, new, opened, marks, offsets, window, known))
+    for number, row in enumerate(rows, 1):
+        row["incident"] = number
+    return rows
+
+
+def _failover(
+    name: str,
+    old: _Run,
+    new: _Run,
+    opened: Row,
+    marks: _Marks,
+    offsets: Mapping[str, Offset],
+    window: Span,
+    known: bool,
+) -> Row:
+    since, until = window
+    mine, theirs = offsets[new.node], offsets[old.node]
+    taken = new.start
+    # How the old run ended: a transition or a stop it wrote (exact), or its last sign of
+    # life (a crash, a freeze or a cut: it may have served a while after).
+    ended = marks.ends.get((old.node, old.raw_end))
+    last_alive = min(old.end, until)
+    # The loss that led to it: the new ACTIVE's last peer_lost about the old in its run
+    # (another server's if it logged none).
+    i = bisect.bisect_left(marks.losses, old.start, key=lambda x: x[0])
+    j = bisect.bisect_right(marks.losses, taken, key=lambda x: x[0])
+    losses = [
+        (ts, node == new.node, node, r)
+        for ts, node, r in marks.losses[i:j]
+        if node != old.node and r.get("peer") == old.node
+    ]
+    own = [loss for loss in losses if loss[1]]
+    loss = max(own or losses, default=None, key=lambda x: x[0])
+    lost_ts = loss[0] if loss else None
+    evidence = loss[3].get("evidence") if loss else None
+    # A witness fence stops the old ACTIVE confirming before its run ends.
+    fenced = marks.between(marks.fences.get(old.node, []), old.start, min(last_alive, taken))
+    served_to = min([last_alive, *fenced])
+    # The latest it can have confirmed: exact when it said so (a transition, a stop, a fence),
+    # else until it was known gone: the loss, or its own restart.
+    if ended is not None or fenced or old.end > taken:
+        latest, latest_on = served_to, old.node
+    else:
+        bounds = [(lost_ts, loss[2])] if loss and lost_ts > served_to else []
+        starts = marks.starts.get(old.node, [])
+        k = bisect.bisect_right(starts, served_to)
+        if k < len(starts):
+            bounds.append((starts[k], old.node))
+        latest, latest_on = min(bounds, default=(taken, new.node))
+        latest = min(latest, taken)
+    trigger = opened.get("trigger")
+    if trigger in MANUAL_TRIGGERS or (ended and ended.get("trigger") == "MANUAL_RECOVER"):
+        cause = "manual"
+    elif ended is not None and ended["event"] == "stopped" and old.end <= taken:
+        cause = "stopped"
+    elif loss is not None and old.end > lost_ts:
+        cause = "cut link"  # it logged on after the loss: alive, not restarted
+    elif loss is not None:
+        cause = "crash" if evidence == "refused" else "silence"
+    elif old.end > taken:
+        cause = "dual active"
+    else:
+        cause = "unknown"
+    outage = max(0.0, taken - served_to)
+    below_new, above_new = _spread(mine, known)
+    below_old, above_old = _spread(theirs, known)
+    most = outage + below_new + above_old
+    least = max(0.0, taken - latest)
+    if latest_on != new.node:  # two clocks: the least moves with both offsets
+        least = max(0.0, least - above_new - below_old)
+    least = min(least, outage)
+    start = min(served_to, taken, lost_ts if lost_ts is not None else math.inf)
+    detection = None
+    if lost_ts is not None and not fenced and ended is None and old.end <= lost_ts:
+        detection = lost_ts - served_to
+    return {
+        "pair": name,
+        "day": day_of(max(start, since)),
+        "incident": 0,  # numbered once all are found
+        "start": start,
+        "end": taken,
+        "from_node": old.node,
+        "to_node": new.node,
+        "epoch": opened.get("epoch"),
+        "trigger": trigger,
+        "cause": cause,
+        "evidence": evidence,
+        "lost_ts": lost_ts,
+        "detection_delay_s": detection,
+        "takeover_delay_s": None if lost_ts is None else taken - lost_ts,
+        "outage_s": outage,
+        "min_outage_s": least,
+        "max_outage_s": most if math.isfinite(most) else None,
+        "dual_active_s": max(0.0, min(old.end, until) - taken),
+        "uncertain": not math.isfinite(most) or most - least > CLOCK_RESOLUTION_S,
+    }
+
+
+def _keyed(rows: list[Row], failovers: Sequence[Row], start: str, end: str) -> None:
+    """Give each row the key of the failover whose span (its start to its new ACTIVE) it
+    meets; None for none (the pair's start, an outage nobody ended)."""
+    spans = sorted((f["start"], f["end"], f["incident"]) for f in failovers)
+    for row in rows:
+        found = [k for s, e, k in spans if row[start] <= e and s <= row[end]]
+        row["incident"] = found[0] if found else None
+
+
 # ---------------------------------------------------------------- the pair
 
 
@@ -570,6 +766,14 @@ def pair_report(
                 }
             )
 
+    tables["failovers"] = _failovers(name, nodes, runs, pair.records, offsets, clocks.window, known)
+    for table, start, end in (
+        ("outages", "start", "end"),
+        ("dual_active", "start", "end"),
+        ("incidents", "lost_ts", "lost_ts"),
+    ):
+        _keyed(tables[table], tables["failovers"], start, end)
+
     dual_events: dict[str, int] = defaultdict(int)
     # The witness (docs/failover.md): takeovers it agreed to, and the times an ACTIVE stopped
     # serving because it had lost both its peer and its witnesses (or was overtaken).
@@ -665,7 +869,18 @@ def pair_report(
                 "max_takeover_delay_s": max(takeovers, default=None),
                 "redirects": redirects,
                 "refusals": refusals,
-                "recoveries": sum(1 for r in tables["recoveries"] if r["day"] == day),
+                "recoveries": sum(
+                    1
+                    for r in tables["recoveries"]
+                    if r["day"] == day and r["trigger"] == "MANUAL_RECOVER"
+                ),
+                "recover_commands": sum(
+                    1 for r in tables["recoveries"] if r["day"] == day and r["event"] == "console"
+                ),
+                "failovers": sum(1 for f in tables["failovers"] if f["day"] == day),
+                "client_outage_s": sum(
+                    f["outage_s"] for f in tables["failovers"] if f["day"] == day
+                ),
                 "uncertain": any(
                     row["uncertain"]
                     for t in ("outages", "dual_active", "unprotected", "incidents")
@@ -675,7 +890,37 @@ def pair_report(
             }
         )
 
+    # A window that misses the logs altogether has no figure: its time is not an outage
+    # (nothing says the servers were down), only unobserved.
+    first = min(pts[0][0] - offsets[n].seconds for n, pts in pair.points.items())
+    last = max(pts[-1][0] - offsets[n].seconds for n, pts in pair.points.items())
+    no_data = until < first or since > last
+    warnings = list(clocks.warnings)
+    if no_data:
+        warnings.append(
+            f"no data: no record of this pair in the window {iso(since)} .. {iso(until)}"
+            f" (its logs run {iso(first)} .. {iso(last)}); no figure is given"
+        )
+        for table in tables:
+            tables[table] = []
+        outage = outage_possible = outage_certain = dual = dual_possible = dual_certain = []
+        dual_events.clear()
+        bulk_by_day = {}
+        recorded = False
+        witness = {"agreed_takeovers": 0, "fences": 0}
+    else:
+        if since < first - 1.0:
+            warnings.append(
+                f"the window starts {first - since:.0f}s before this pair's first record"
+                f" ({iso(first)}): no server was running then, which counts as an outage"
+            )
+        if until > last + 1.0:
+            warnings.append(
+                f"the window ends {until - last:.0f}s after this pair's last record"
+                f" ({iso(last)}): what the servers last logged is taken to hold until then"
+            )
     incidents = tables["incidents"]
+    failovers = tables["failovers"]
     outages, duals = tables["outages"], tables["dual_active"]
     recoveries = tables["recoveries"]
     out_total = _measure(outage)
@@ -748,8 +993,17 @@ def pair_report(
         },
         "misconfigurations": len(tables["misconfigurations"]),
         "witness": witness,
-        "warnings": list(clocks.warnings),
+        "failovers": {
+            "count": len(failovers),
+            "by_cause": {c: sum(1 for f in failovers if f["cause"] == c) for c in CAUSES},
+            "outage_seconds": sum(f["outage_s"] for f in failovers),
+            "longest_outage_s": max((f["outage_s"] for f in failovers), default=None),
+        },
+        "no_data": no_data,
+        "warnings": warnings,
     }
+    if no_data:
+        summary["availability"] = summary["min_availability"] = summary["max_availability"] = None
     return PairReport(summary, tables)
 
 

@@ -56,6 +56,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("messages", "long"),
     ("path", "string"),
     ("unrecorded", "long"),
+    ("evidence", "string"),
 )
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -130,14 +131,42 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("max_takeover_delay_s", "double"),
             ("redirects", "long"),
             ("refusals", "long"),
+            # failbacks done (accepted ``recover``: one each, not one per record of it)
             ("recoveries", "long"),
+            ("recover_commands", "long"),  # ``recover`` typed at the console, accepted or not
+            ("failovers", "long"),
+            ("client_outage_s", "double"),  # the failovers' client-visible outages
             ("uncertain", "boolean"),
         ),
         ("pair", "day"),
     ),
+    "failovers": (
+        (
+            *_PLACE,
+            ("incident", "long"),
+            ("start", "double"),
+            ("end", "double"),
+            ("from_node", "string"),
+            ("to_node", "string"),
+            ("epoch", "long"),
+            ("trigger", "string"),
+            ("cause", "string"),
+            ("evidence", "string"),
+            ("lost_ts", "double"),
+            ("detection_delay_s", "double"),
+            ("takeover_delay_s", "double"),
+            ("outage_s", "double"),
+            ("min_outage_s", "double"),
+            ("max_outage_s", "double"),
+            ("dual_active_s", "double"),
+            ("uncertain", "boolean"),
+        ),
+        ("pair", "incident"),
+    ),
     "incidents": (
         (
             *_PLACE,
+            ("incident", "long"),
             ("node", "string"),
             ("peer", "string"),
             ("peer_state", "string"),
@@ -155,8 +184,8 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         ),
         ("pair", "lost_ts", "node"),
     ),
-    "outages": ((*_PLACE, *_SPELL), ("pair", "start")),
-    "dual_active": ((*_PLACE, *_SPELL), ("pair", "start")),
+    "outages": ((*_PLACE, ("incident", "long"), *_SPELL), ("pair", "start")),
+    "dual_active": ((*_PLACE, ("incident", "long"), *_SPELL), ("pair", "start")),
     "unprotected": ((*_PLACE, ("node", "string"), *_SPELL), ("pair", "start", "node")),
     "state_intervals": (
         (
@@ -230,6 +259,9 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
 }
 
 OUTCOMES = ("takeover", "already_active", "survivor_down", "unresolved")
+# Why a failover happened (docs/report.md, "Failovers"), in the order the rules are tried.
+CAUSES = ("manual", "stopped", "cut link", "crash", "silence", "dual active", "unknown")
+MANUAL_TRIGGERS = ("HANDOVER", "PROMOTE", "FORCE_PROMOTE")
 
 
 class ReportError(Exception):
@@ -569,7 +601,9 @@ def fleet_summary(
     slo: float | None,
 ) -> dict[str, Any]:
     """Totals over the pairs, the worst ones, takeover delay percentiles and SLO breaches."""
-    seconds = sum(p["window"]["seconds"] for p in pairs.values() if p["window"])
+    seconds = sum(
+        p["window"]["seconds"] for p in pairs.values() if p["window"] and not p.get("no_data")
+    )
     outage = sum(p["outages"]["seconds"] for p in pairs.values())
     ranked = sorted(
         (p for p in pairs.values() if p["availability"] is not None),
@@ -582,6 +616,14 @@ def fleet_summary(
         "outage_seconds": outage,
         "dual_active_seconds": sum(p["dual_active"]["seconds"] for p in pairs.values()),
         "incidents": sum(p["incidents"]["count"] for p in pairs.values()),
+        "failovers": {
+            "count": sum(p["failovers"]["count"] for p in pairs.values()),
+            "by_cause": {
+                c: sum(p["failovers"]["by_cause"][c] for p in pairs.values()) for c in CAUSES
+            },
+            "outage_seconds": sum(p["failovers"]["outage_seconds"] for p in pairs.values()),
+        },
+        "no_data_pairs": sorted(n for n, p in pairs.items() if p.get("no_data")),
         "unprotected": fleet_unprotected(pairs),
         "quarantines": {
             "count": sum(p["quarantines"]["count"] for p in pairs.values()),
@@ -687,19 +729,49 @@ def _bound(value: float | None) -> str:
     return "unbounded" if value is None else f"{value:+.3f}s"
 
 
-LISTED_ROWS = 10  # per table in the text summary; the CSV files have them all
+LISTED_ROWS = 20  # a table of a pair with more rows is counted in the text, not listed
 DETAILED_PAIRS = 3  # beyond this, the text gives the fleet view only
 
 
 def _listed(rows: Sequence[Mapping], table: str, line) -> list[str]:
-    shown = [line(row) for row in rows[:LISTED_ROWS]]
+    """Every row, or none and where they all are: never some of them."""
     if len(rows) > LISTED_ROWS:
-        shown.append(f"      ... {len(rows) - LISTED_ROWS} more in {table}/{table}.csv")
-    return shown
+        return [f"      {len(rows)} {table} rows: every one in {table}/{table}.csv"]
+    return [line(row) for row in rows]
+
+
+def _key(row: Mapping) -> str:
+    return "" if row.get("incident") is None else f" [#{row['incident']}]"
+
+
+def failover_text(row: Mapping) -> str:
+    """One failover on one line: its key, when, who, why, and what clients saw."""
+    text = (
+        f"#{row['incident']} {iso(row['start'])} .. {iso(row['end'])}"
+        f" {row['from_node']} -> {row['to_node']} {row['cause']}"
+        + (f" ({row['evidence']})" if row["evidence"] else "")
+        + f", client outage {_seconds(row['outage_s'])}"
+    )
+    if row["uncertain"]:
+        most = row["max_outage_s"]
+        text += (
+            f" (the logs bound it to {_seconds(row['min_outage_s'])} .."
+            f" {'unbounded' if most is None else _seconds(most)})"
+        )
+    if row["dual_active_s"]:
+        text += f", dual active {_seconds(row['dual_active_s'])}"
+    if row["detection_delay_s"] is not None:
+        text += f", detection {_seconds(row['detection_delay_s'])}"
+    if row["takeover_delay_s"] is not None:
+        text += f", takeover {_seconds(row['takeover_delay_s'])}"
+    return text + (f" ({row['trigger']})" if row["trigger"] else "")
 
 
 def _spell_text(kind: str, row: Mapping) -> str:
-    text = f"      {kind} {iso(row['start'])} .. {iso(row['end'])} {_seconds(row['duration_s'])}"
+    text = (
+        f"      {kind}{_key(row)} {iso(row['start'])} .. {iso(row['end'])}"
+        f" {_seconds(row['duration_s'])}"
+    )
     if row["uncertain"]:
         text += (
             f" UNCERTAIN ({_seconds(row['min_duration_s'])} .. {_seconds(row['max_duration_s'])}"
@@ -729,6 +801,9 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
     lines = [f"  pair {name}: {', '.join(p['nodes'])}; {p['events']} events"]
     w = p["window"]
     lines.append(f"    window      {iso(w['since'])} .. {iso(w['until'])} ({w['seconds']:.3f}s)")
+    if p.get("no_data"):
+        lines.append("    NO DATA     no record of this pair in the window: no figure")
+        return lines
     for node, o in p["clock_offsets"].items():
         seconds = round(o["seconds"], 6) + 0.0  # no "-0.000000"
         text = f"    clock       {node}: {seconds:+.6f}s ({o['source']})"
@@ -769,6 +844,13 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
             f"    witness     {witness['agreed_takeovers']} takeover(s) it agreed to,"
             f" {witness['fences']} time(s) an ACTIVE stopped serving without it"
         )
+    fo = p["failovers"]
+    lines.append(
+        f"    failovers   {fo['count']}: "
+        + ", ".join(f"{c} {n}" for c, n in fo["by_cause"].items() if n)
+        + (f"; client outage {fo['outage_seconds']:.3f}s in all" if fo["count"] else "")
+    )
+    lines.extend(_listed(mine["failovers"], "failovers", lambda row: "      " + failover_text(row)))
     inc = p["incidents"]
     lines.append(
         f"    incidents   {inc['count']} peer lost: "
@@ -785,7 +867,7 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
             mine["incidents"],
             "incidents",
             lambda row: (
-                f"      {iso(row['lost_ts'])} {row['node']} lost {row['peer']}:"
+                f"     {_key(row)} {iso(row['lost_ts'])} {row['node']} lost {row['peer']}:"
                 f" detection {_seconds(row['detection_delay_s'])}"
                 + (
                     f" UNCERTAIN ({_seconds(row['min_detection_delay_s'])} .."
@@ -828,8 +910,9 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
     rec = p["manual_recoveries"]
     lines.append(f"    redirects   {p['redirects']}, refusals {p['refusals']}")
     lines.append(
-        f"    recoveries  {rec['recover_commands']} recover command(s),"
-        f" {rec['handovers']} handover(s); misconfigurations {p['misconfigurations']}"
+        f"    recoveries  {rec['manual_recover_transitions']} failback(s) done,"
+        f" {rec['recover_commands']} recover command(s), {rec['handovers']} handover(s);"
+        f" misconfigurations {p['misconfigurations']}"
     )
     return lines
 
@@ -842,16 +925,29 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
         f"  input       {len(summary['files'])} file(s), {summary['events']} events,"
         f" {summary['bad_lines']} bad line(s)"
     )
-    lines.extend(f"    {f}" for f in summary["files"][:LISTED_ROWS])
     if len(summary["files"]) > LISTED_ROWS:
-        lines.append(f"    ... {len(summary['files']) - LISTED_ROWS} more (summary.json)")
+        lines.append("    (every file read is listed in summary.json)")
+    else:
+        lines.extend(f"    {f}" for f in summary["files"])
     pairs = summary["pairs"]
     if len(pairs) <= DETAILED_PAIRS:
         for p in pairs.values():
             lines.extend(_pair_text(p, tables))
     fleet = summary["fleet"]
+    failovers = fleet["failovers"]
+    if len(pairs) > 1:
+        lines.append(
+            f"  failovers   {failovers['count']}: "
+            + ", ".join(f"{c} {n}" for c, n in failovers["by_cause"].items() if n)
+            + f"; client outage {failovers['outage_seconds']:.3f}s (failovers/failovers.csv)"
+        )
+    if fleet["no_data_pairs"]:
+        lines.append(
+            "  NO DATA     no record in the window, no figure: " + ", ".join(fleet["no_data_pairs"])
+        )
     lines.append(
-        f"  fleet       {fleet['pairs']} pair(s), availability {_percent(fleet['availability'])},"
+        f"  fleet       {fleet['pairs']} pair(s), availability"
+        f" {'no data' if fleet['availability'] is None else _percent(fleet['availability'])},"
         f" outages {fleet['outage_seconds']:.3f}s, dual active"
         f" {fleet['dual_active_seconds']:.3f}s, {fleet['incidents']} incident(s)"
     )
@@ -862,12 +958,9 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
             f" over {unprotected['pairs_recorded']} pair(s) with sync records"
         )
     if unprotected["not_recorded"]:
-        shown = unprotected["not_recorded"][:LISTED_ROWS]
-        more = len(unprotected["not_recorded"]) - len(shown)
         lines.append(
             "  unprotected not recorded for "
-            + ", ".join(shown)
-            + (f" and {more} more" if more else "")
+            + ", ".join(unprotected["not_recorded"])
             + " (no sync records)"
         )
     if fleet["quarantines"]["count"]:
@@ -903,8 +996,11 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
             f"  slo {slo['target_percent']}%  {len(slo['breaches'])} pair-day(s) broke it,"
             f" {len(slo['possible_breaches'])} may have"
         )
-        for b in slo["breaches"][:LISTED_ROWS]:
-            lines.append(f"    {b['pair']} {b['day']} {_percent(b['availability'])}")
+        if len(slo["breaches"]) > LISTED_ROWS:
+            lines.append("    (every one is listed in summary.md and summary.json)")
+        else:
+            for b in slo["breaches"]:
+                lines.append(f"    {b['pair']} {b['day']} {_percent(b['availability'])}")
     for warning in summary["warnings"]:
         lines.append(f"  warning: {warning}")
     return "\n".join(lines) + "\n"
@@ -921,9 +1017,30 @@ def _cell(value: object) -> object:
     return value
 
 
+# Times on the reference clock, as epoch seconds in the tables; each CSV has beside each one
+# the same time in ISO 8601 UTC (``<column>_iso``), for people and spreadsheets.
+TIME_COLUMNS = frozenset({"start", "end", "ts", "last_seen", "lost_ts", "active_ts", "at"})
+
+
+def csv_header(columns: Sequence[str]) -> list[str]:
+    header = []
+    for column in columns:
+        header.append(column)
+        if column in TIME_COLUMNS:
+            header.append(f"{column}_iso")
+    return header
+
+
 def write_csv(path: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    """A table's rows in ``columns`` order, each time column followed by its ISO form."""
+    times = [c in TIME_COLUMNS for c in columns]
     with open(path, "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
-        writer.writerow(columns)
+        writer.writerow(csv_header(columns))
         for row in rows:
-            writer.writerow([_cell(v) for v in row])
+            cells: list[object] = []
+            for value, is_time in zip(row, times, strict=True):
+                cells.append(_cell(value))
+                if is_time:
+                    cells.append("" if value is None else iso(value))  # type: ignore[arg-type]
+            writer.writerow(cells)

@@ -32,6 +32,8 @@ SERVING = "#b9e3c0"
 UNPROTECTED = "#e67e22"
 NODE_GREYS = ("#555555", "#a0a0a0", "#d0d0d0")
 CLUSTERS = 60  # incidents closer than 1/CLUSTERS of the window share one marker
+MIN_WIDTH = 1 / 200  # of the window: the narrowest an outage or unprotected span is drawn
+LABELLED = 40  # up to this many spells or failovers in a picture, each gets its label
 DAY = 86400.0
 
 
@@ -78,9 +80,16 @@ def render(
     plt = _pyplot()
     window = summary["window"]
     nodes = list(summary["nodes"])
-    if window is None:
+    if window is None or summary.get("no_data"):
         fig, ax = plt.subplots(figsize=(8, 2))
-        ax.text(0.5, 0.5, "no events", ha="center", va="center", fontsize=14)
+        ax.text(
+            0.5,
+            0.5,
+            f"{summary['pair']}: no data (no record in the window)",
+            ha="center",
+            va="center",
+            fontsize=14,
+        )
         ax.set_axis_off()
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -88,7 +97,9 @@ def render(
 
     lo, hi = window["since"], window["until"]
     span = max(hi - lo, 1e-3)
-    minimum = span / DAY / 600
+    # A spell is drawn at least this wide (about 5 px at the picture's width), so that a
+    # 4 s outage or a 50 s unprotected span shows on a day; its label gives its true length.
+    minimum = span / DAY * MIN_WIDTH
     rows = [*reversed(nodes), "service"]
     y = {name: i for i, name in enumerate(rows)}
     fig, (top, bottom) = plt.subplots(
@@ -122,11 +133,11 @@ def render(
             if mine:
                 top.broken_barh(
                     _spans(mine, minimum),
-                    (y[node] - 0.35, 0.3),
+                    (y[node] - 0.35, 0.35),
                     facecolors=UNPROTECTED,
                     edgecolor="#7a3e00",
                     linewidth=0,
-                    alpha=0.45 if uncertain else 0.9,
+                    alpha=0.5 if uncertain else 1.0,
                     hatch="xx" if uncertain else "\\\\",
                 )
     service = y["service"]
@@ -141,38 +152,80 @@ def render(
                 alpha=0.45 if uncertain else 1.0,
                 hatch="xx" if uncertain else None,
             )
-    for outage in tables["outages"]:
-        top.axvspan(_x(outage["start"]), _x(outage["end"]), color=OUTAGE, alpha=0.08, lw=0)
+    for start, width in _spans(tables["outages"], minimum):
+        top.axvspan(start, start + width, color=OUTAGE, alpha=0.12, lw=0)
+    # An outage a failover explains is labelled with the failover (below); the others (the
+    # pair's first start, an outage nobody ended) with their length, in the band on top.
+    alone = [o for o in tables["outages"] if o.get("incident") is None]
+    for outage in alone if len(alone) <= LABELLED else ():
+        top.annotate(
+            _short(outage["duration_s"]),
+            (_x(outage["start"]), service + 0.35),
+            xytext=(1, 30),
+            textcoords="offset points",
+            fontsize=7,
+            color=OUTAGE,
+        )
+    spans = tables.get("unprotected", ())
+    for i, row in enumerate(spans if len(spans) <= LABELLED else ()):
+        top.annotate(
+            _short(row["duration_s"]),
+            (_x(row["start"]), y[row["node"]] - 0.35),
+            xytext=(2, -9 - 8 * (i % 2)),
+            textcoords="offset points",
+            fontsize=6,
+            color="#7a3e00",
+        )
 
-    for cluster in _clusters(tables["incidents"], span / CLUSTERS):
-        first = cluster[0]
-        row = y.get(first["node"])
+    # Failovers, numbered as in the failovers table: the loss and the new ACTIVE on its lane,
+    # the number (with the cause and the client outage when there are few) in the band above
+    # the service row, staggered over three lines.
+    failovers = tables.get("failovers", ())
+    few = len(failovers) <= LABELLED
+    for i, f in enumerate(failovers):
+        row = y.get(f["to_node"])
         if row is None:
             continue
-        if first["last_seen"] is not None and first["peer"] in y:
-            top.plot(_x(first["last_seen"]), y[first["peer"]] + 0.45, "kv", ms=6)
-        top.plot(_x(first["lost_ts"]), row + 0.45, "kx", ms=7, mew=2)
-        if first["active_ts"] is not None:
-            top.plot(_x(first["active_ts"]), row + 0.45, "k^", ms=6)
-        if len(cluster) > 1:
-            top.annotate(
-                f"x{len(cluster)}",
-                (_x(first["lost_ts"]), row + 0.45),
-                xytext=(5, 3),
-                textcoords="offset points",
-                fontsize=8,
-            )
-        top.axvline(_x(first["lost_ts"]), color="k", lw=0.6, ls=":", alpha=0.6)
+        if f["lost_ts"] is not None:
+            top.plot(_x(f["lost_ts"]), row + 0.45, "kx", ms=6, mew=1.5)
+        top.plot(_x(f["end"]), row + 0.45, "k^", ms=6)
+        top.axvline(_x(f["end"]), color="k", lw=0.6, ls=":", alpha=0.5)
+        text = f"#{f['incident']}"
+        if few:
+            text += f" {f['cause']} {_short(f['outage_s'])}"
+        top.annotate(
+            text,
+            (_x(f["end"]), service + 0.35),
+            xytext=(0, 2 + 9 * (i % 3)),
+            textcoords="offset points",
+            ha="left" if few else "center",
+            fontsize=7 if few else 6,
+            color="#b00000" if f["outage_s"] else "black",
+        )
+    # Console recovers: a star on the server it was typed on (hollow when refused).
+    for r in tables.get("recoveries", ()):
+        if r["event"] != "console" or r["node"] not in y:
+            continue
+        refused = not _accepted(r, tables.get("recoveries", ()))
+        top.plot(
+            _x(r["ts"]),
+            y[r["node"]] + 0.45,
+            "*",
+            ms=11,
+            mec="k",
+            mfc="white" if refused else "#ffd700",
+            mew=0.8,
+        )
 
     top.set_yticks(range(len(rows)), rows)
-    top.set_ylim(-0.6, len(rows) - 0.1)
+    top.set_ylim(-0.6, len(rows) + 0.6)
     top.set_xlim(_x(lo), _x(lo) + span / DAY)
     availability = summary["availability"]
     top.set_title(
         f"amqha failover timeline of {summary['pair']}, "
         f"{iso(lo)} .. {iso(hi)} (UTC)\n"
         + ("availability -" if availability is None else f"availability {availability:.4%}")
-        + f", {summary['incidents']['count']} incident(s),"
+        + f", {summary['failovers']['count']} failover(s),"
         f" {summary['outages']['count']} outage(s) {summary['outages']['seconds']:.3f}s,"
         f" dual active {summary['dual_active']['seconds']:.3f}s,"
         + _unprotected_title(summary.get("unprotected")),
@@ -188,9 +241,9 @@ def render(
         Patch(facecolor=DUAL, label="dual active"),
         Patch(facecolor=UNPROTECTED, hatch="\\\\", label="ACTIVE, no in-sync PASSIVE"),
         Patch(facecolor="#dddddd", hatch="xx", label="uncertain (clock offset)"),
-        Line2D([], [], color="k", marker="v", ls="", label="peer last seen"),
-        Line2D([], [], color="k", marker="x", ls="", mew=2, label="peer lost"),
-        Line2D([], [], color="k", marker="^", ls="", label="survivor ACTIVE"),
+        Line2D([], [], color="k", marker="x", ls="", mew=1.5, label="peer lost"),
+        Line2D([], [], color="k", marker="^", ls="", label="#n failover: new ACTIVE"),
+        Line2D([], [], color="k", marker="*", ls="", mfc="#ffd700", ms=10, label="console recover"),
     ]
     # Stacked bars, each at the true start of its bucket (minutes on the server's clock were
     # moved by its offset before grouping), so nothing is dropped or shifted; one collection
@@ -221,9 +274,32 @@ def render(
     locator = mdates.AutoDateLocator()
     bottom.xaxis.set_major_locator(locator)
     bottom.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    fig.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=11, fontsize=8)
+    fig.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=7, fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def _short(seconds: float | None) -> str:
+    """A duration as a label: 0.04s, 4.5s, 12m30s, 3h05m."""
+    if seconds is None:
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.2g}s" if seconds < 1 else f"{seconds:.1f}s"
+    if seconds < 600:
+        return f"{seconds:.0f}s"
+    if seconds < 3 * 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def _accepted(console: Mapping[str, Any], recoveries: Sequence[Mapping[str, Any]]) -> bool:
+    """A ``recover`` was accepted when its server handed over (MANUAL_RECOVER) right after."""
+    return any(
+        r["node"] == console["node"]
+        and r["trigger"] == "MANUAL_RECOVER"
+        and 0 <= r["ts"] - console["ts"] <= 5.0
+        for r in recoveries
+    )
 
 
 def _unprotected_title(unprotected: Mapping[str, Any] | None) -> str:
@@ -277,9 +353,36 @@ def fleet_title(summary: Mapping[str, Any]) -> str:
     return title
 
 
+# The fleet map's scale: from 90% (1 nine) in steps of half a nine to the top step, 99.999%
+# and above (100% is drawn there, at NINES_CAP).
+NINES_FLOOR, NINES_TOP, NINES_CAP = 1.0, 5.5, 5.25
+
+
+def nines(availability: float) -> float:
+    """Availability as a count of nines: 0.99 is 2, 0.999 is 3; 100% is ``NINES_CAP``."""
+    if availability >= 1.0:
+        return NINES_CAP
+    return min(NINES_CAP, max(0.0, -math.log10(1.0 - availability)))
+
+
+def cell_figure(availability: float) -> str:
+    """The figure written in a fleet map cell: as many decimals as it has nines, less one,
+    cut (never rounded) so that 99.9996% does not read 100."""
+    if availability >= 1.0:
+        return "100"
+    percent = availability * 100
+    digits = min(4, max(0, math.floor(nines(availability)) - 1))
+    scale = 10**digits
+    return f"{math.floor(percent * scale) / scale:.{digits}f}"
+
+
 def render_fleet(path: str, summary: Mapping[str, Any], daily: Sequence[Mapping[str, Any]]) -> None:
-    """Availability per pair (rows, worst first) per day (columns) as a heat map; a cell
-    says ``u`` if the pair was unprotected that day (see ``fleet_marks``)."""
+    """Availability per pair (rows, worst first) per day (columns) as a heat map whose colour
+    is the count of nines (99%, 99.9%, 99.99%, ...), each cell with its figure; ``u`` if the
+    pair was unprotected that day and ``?`` if a figure depends on clock offsets (see
+    ``fleet_marks``). Grey: no data."""
+    from matplotlib.colors import ListedColormap
+
     plt = _pyplot()
     pairs = summary["pairs"]
     order = sorted(
@@ -287,35 +390,68 @@ def render_fleet(path: str, summary: Mapping[str, Any], daily: Sequence[Mapping[
     )
     days = sorted({d["day"] for d in daily})
     cells = {(d["pair"], d["day"]): d for d in daily}
+    if not days:
+        fig, ax = plt.subplots(figsize=(8, 2))
+        ax.text(0.5, 0.5, "no data: no record in the window", ha="center", va="center")
+        ax.set_axis_off()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return
     grid = [
         [
             math.nan
             if cells.get((p, day)) is None or cells[(p, day)]["availability"] is None
-            else cells[(p, day)]["availability"] * 100
+            else nines(cells[(p, day)]["availability"])
             for day in days
         ]
         for p in order
     ]
-    height = min(2.0 + 0.28 * len(order), 60)
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 0.45 * len(days)), height))
-    floor = min((v for row in grid for v in row if not math.isnan(v)), default=99.0)
+    width = max(6.0, 2.8 + 0.62 * len(days))
+    height = min(1.6 + 0.3 * len(order), 60)
+    fig, ax = plt.subplots(figsize=(width, height))
+    # One colour per step of half a nine, red below 99% to dark green at 99.999% and above.
+    steps = round((NINES_TOP - NINES_FLOOR) * 2)
+    colours = plt.get_cmap("RdYlGn")([i / (steps - 1) for i in range(steps)])
+    cmap = ListedColormap(colours).with_extremes(bad="#d9d9d9")
     image = ax.imshow(
         grid,
         aspect="auto",
-        cmap="RdYlGn",
-        vmin=min(floor, 99.0),
-        vmax=100.0,
+        cmap=cmap,
+        vmin=NINES_FLOOR,
+        vmax=NINES_TOP,
         interpolation="nearest",
     )
-    for (i, j), text in fleet_marks(order, days, cells).items():
-        ax.text(j, i, text, ha="center", va="center", fontsize=7)
+    marks = fleet_marks(order, days, cells)
+    size = 6 if len(days) > 14 else 7
+    for i, p in enumerate(order):
+        for j, day in enumerate(days):
+            cell = cells.get((p, day))
+            if cell is None or cell["availability"] is None:
+                ax.text(j, i, "no data", ha="center", va="center", fontsize=size - 1)
+                continue
+            text = cell_figure(cell["availability"])
+            if (i, j) in marks:
+                text += f" {marks[(i, j)]}"
+            dark = not 2.0 <= grid[i][j] < 4.5  # the scale's dark ends: white text
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=size,
+                color="white" if dark else "black",
+            )
     ax.set_yticks(range(len(order)), order, fontsize=7 if len(order) > 30 else 9)
     ax.set_xticks(range(len(days)), days, rotation=90, fontsize=7)
     ax.set_title(fleet_title(summary), fontsize=10)
-    fig.colorbar(
+    ax.set_xlabel("u: unprotected that day   ?: depends on clock offsets", fontsize=8)
+    bar = fig.colorbar(
         image,
         ax=ax,
-        label="availability %  (u = unprotected that day, ? = depends on clock offsets)",
+        ticks=[1, 2, 3, 4, 5],
+        label="availability that day",
     )
+    bar.ax.set_yticklabels(["90%", "99%", "99.9%", "99.99%", "99.999%+"])
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -50,9 +50,13 @@ class Server:
         peer: Server,
         peer_state: str,
         sent: float,
+        evidence: str | None = None,
     ) -> Server:
-        """peer_up / peer_lost about ``peer``, whose last state message left at ``sent``."""
+        """peer_up / peer_lost about ``peer``, whose last state message left at ``sent``;
+        a peer_lost's ``evidence``: "refused" (its port refuses) or "silence" (a timeout)."""
         fields = {"peer": peer.name, "peer_state": peer_state, "last_seen": peer.clock(sent)}
+        if evidence is not None:
+            fields["evidence"] = evidence
         return self.record(at, event, state, epoch, **fields)
 
     def sync(

@@ -28,10 +28,10 @@ def _start(primary: Server, backup: Server) -> None:
         backup.record(at, "redirect", "PASSIVE", 1, client="127.0.0.1:40001", to=PRIMARY_LISTEN)
 
 
-def _takeover(primary: Server, backup: Server) -> None:
+def _takeover(primary: Server, backup: Server, evidence: str | None = None) -> None:
     """kill -9 of the ACTIVE primary at ~10 s (its last state message left at 9.5 s); the
     backup loses it at 12.5 s and a client's vote makes it ACTIVE at 14 s."""
-    backup.heard(12.5, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.5)
+    backup.heard(12.5, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.5, evidence=evidence)
     backup.transition(14.0, "PASSIVE", "ACTIVE", 2, "CLIENT_REQUEST", "client vote")
 
 
@@ -348,4 +348,126 @@ def witnessed_cut() -> tuple[Server, Server]:
     )
     primary.record(20.0, "stopped", "ACTIVE", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
     backup.record(20.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
+
+
+# ---------------------------------------------------------------- failover causes
+# Each story has one failover of one cause (docs/report.md, "Failovers").
+
+
+def killed_refused() -> tuple[Server, Server]:
+    """kill -9 of the ACTIVE primary on a live host: its last state message left at 9.5 s;
+    the link drops and its port refuses, so the backup logs the loss with ``evidence:
+    refused`` at 10.2 s and a client's vote makes it ACTIVE at 10.5 s. The primary restarts
+    at 30 s and follows. Client outage 9.5 .. 10.5 (1.0 s); the process was gone by the
+    loss, so at least 0.3 s. Both stop at 40 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    backup.heard(10.2, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.5, evidence="refused")
+    backup.transition(10.5, "PASSIVE", "ACTIVE", 2, "CLIENT_REQUEST", "client vote")
+    primary.record(30.0, "started", "PRIMARY", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.heard(30.5, "peer_up", "ACTIVE", 2, primary, "PRIMARY", sent=30.4)
+    primary.heard(31.0, "peer_up", "PRIMARY", 1, backup, "ACTIVE", sent=30.9)
+    primary.transition(31.01, "PRIMARY", "PASSIVE", 2, "PEER_ACTIVE", "backup took over")
+    primary.record(40.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(40.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return primary, backup
+
+
+def host_silent() -> tuple[Server, Server]:
+    """The ACTIVE primary's host goes dark at ~10 s (last message 9.5 s): no refusal, only
+    silence, lost at 12.5 s (``evidence: silence``), the backup ACTIVE at 14 s; the primary
+    comes back (restarted) at 30 s. Client outage 9.5 .. 14 (4.5 s), at least 1.5 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    _takeover(primary, backup, evidence="silence")
+    primary.record(30.0, "started", "PRIMARY", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.heard(30.5, "peer_up", "ACTIVE", 2, primary, "PRIMARY", sent=30.4)
+    primary.heard(31.0, "peer_up", "PRIMARY", 1, backup, "ACTIVE", sent=30.9)
+    primary.transition(31.01, "PRIMARY", "PASSIVE", 2, "PEER_ACTIVE", "backup took over")
+    primary.record(40.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(40.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
+
+
+def link_cut_silence() -> tuple[Server, Server]:
+    """link_cut with its losses logged as ``silence``: both servers alive, the primary serves
+    on (no client outage) and is dual active with the backup 15 .. 20.02 (5.02 s)."""
+    primary, backup = link_cut()
+    for server in (primary, backup):
+        server.lines = [
+            json.dumps({**r, "evidence": "silence"} if r["event"] == "peer_lost" else r)
+            for r in map(json.loads, server.lines)
+        ]
+    return primary, backup
+
+
+def clean_stop() -> tuple[Server, Server]:
+    """The ACTIVE primary is stopped cleanly at 10 s (``stopped``); its port refuses at once,
+    the backup logs the loss at 10.1 s and a client's vote makes it ACTIVE at 10.3 s: a
+    client outage of 0.3 s, exact. The backup stops at 20 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    primary.record(10.0, "stopped", "ACTIVE", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.heard(10.1, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.9, evidence="refused")
+    backup.transition(10.3, "PASSIVE", "ACTIVE", 2, "CLIENT_REQUEST", "client vote")
+    backup.record(20.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return primary, backup
+
+
+def forced_dual() -> tuple[Server, Server]:
+    """Both ACTIVE with no loss logged: a PASSIVE backup that hears nothing wrong is made
+    ACTIVE by a client's vote at 10 s (as after a state message refused), the primary yields
+    to its higher epoch at 12 s. Dual active 10 .. 12, no client outage. Stops at 20 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    backup.transition(10.0, "PASSIVE", "ACTIVE", 2, "CLIENT_REQUEST", "client vote")
+    primary.record(
+        11.99, "dual_active", "ACTIVE", 1, peer="backup", peer_epoch=2, reason="higher epoch 2"
+    )
+    primary.transition(12.0, "ACTIVE", "PASSIVE", 2, "DUAL_ACTIVE", "lower epoch")
+    primary.record(20.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(20.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return primary, backup
+
+
+def three_recovers() -> tuple[Server, Server]:
+    """Three rounds of kill -9 of the ACTIVE primary (refused port) and a console failback,
+    every 100 s: at 100 k + 10 the primary dies (last message 100 k + 9.5), the backup loses
+    it at + 10.2 and is ACTIVE at + 10.5; the primary is back and PASSIVE at + 31.01; at
+    + 45 ``recover`` hands back (backup PASSIVE + 45.01, primary ACTIVE + 45.05). Six
+    failovers (three crashes, three manual), three failbacks. Both stop at 300 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    for k in range(3):
+        t = 100.0 * k
+        epoch = 1 + 2 * k
+        backup.heard(
+            t + 10.2,
+            "peer_lost",
+            "PASSIVE",
+            epoch,
+            primary,
+            "ACTIVE",
+            sent=t + 9.5,
+            evidence="refused",
+        )
+        backup.transition(t + 10.5, "PASSIVE", "ACTIVE", epoch + 1, "CLIENT_REQUEST")
+        primary.record(t + 30.0, "started", "PRIMARY", epoch, listen=PRIMARY_LISTEN)
+        backup.heard(t + 30.5, "peer_up", "ACTIVE", epoch + 1, primary, "PRIMARY", sent=t + 30.4)
+        primary.heard(t + 31.0, "peer_up", "PRIMARY", epoch, backup, "ACTIVE", sent=t + 30.9)
+        primary.transition(t + 31.01, "PRIMARY", "PASSIVE", epoch + 1, "PEER_ACTIVE")
+        backup.record(
+            t + 45.0,
+            "console",
+            "ACTIVE",
+            epoch + 1,
+            user="admin",
+            command="recover",
+            result="handed over to the primary",
+        )
+        backup.transition(t + 45.01, "ACTIVE", "PASSIVE", epoch + 1, "MANUAL_RECOVER")
+        primary.transition(t + 45.05, "PASSIVE", "ACTIVE", epoch + 2, "HANDOVER")
+    primary.record(300.0, "stopped", "ACTIVE", 7, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(300.0, "stopped", "PASSIVE", 7, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
     return _in_order(primary, backup)

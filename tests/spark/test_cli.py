@@ -13,7 +13,7 @@ from spark import reference
 from spark.cli import report
 from spark.job import run_report
 from spark.job import table_schema as job_schema
-from spark.model import TABLES
+from spark.model import TABLES, TIME_COLUMNS, csv_header, iso
 from tests.spark import scenarios
 from tests.spark.compare import same
 from tests.spark.logs import T0
@@ -74,9 +74,15 @@ def test_cli_writes_the_report(tmp_path: Path, spark_session, read_as) -> None:
     for name, (columns, _) in TABLES.items():
         with open(out / name / f"{name}.csv", newline="") as stream:
             rows = list(csv.reader(stream))
-        assert rows[0] == [c for c, _ in columns]
+        assert rows[0] == csv_header([c for c, _ in columns])
+        # Each time column is followed by the same time in ISO 8601 UTC.
+        for row in rows[1:]:
+            cells = dict(zip(rows[0], row, strict=True))
+            for c in TIME_COLUMNS & cells.keys():
+                assert cells[f"{c}_iso"] == (iso(float(cells[c])) if cells[c] else "")
+        plain = [i for i, h in enumerate(rows[0]) if not h.endswith("_iso")]
         typed = [
-            {c: _csv_value(v, k) for (c, k), v in zip(columns, row, strict=True)}
+            {c: _csv_value(row[i], k) for (c, k), i in zip(columns, plain, strict=True)}
             for row in rows[1:]
         ]
         same(typed, expected.tables[name], f"{name}.csv")
@@ -86,6 +92,8 @@ def test_cli_writes_the_report(tmp_path: Path, spark_session, read_as) -> None:
             assert (out / name / "parquet" / "pair=backup+primary" / "day=2023-11-14").is_dir()
     for picture in ("timeline.png", "fleet.png"):
         assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "availability 90.7500%" in (out / "summary.md").read_text()
+    assert 'src="data:image/png;base64,' in (out / "report.html").read_text()
     assert "amqha-report: " in (out / "spark.log").read_text()
 
 

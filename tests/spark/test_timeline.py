@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from spark import reference, timeline
 from spark.metrics import minute_row
 from tests.spark import scenarios
@@ -73,3 +75,29 @@ def test_the_fleet_heat_map_marks_the_days_a_pair_was_unprotected(tmp_path: Path
             assert "unprotected" not in timeline.fleet_title(report.summary)
         timeline.render_fleet(str(tmp_path / "fleet.png"), report.summary, daily)
         assert (tmp_path / "fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_fleet_map_counts_nines_and_writes_each_figure() -> None:
+    """The colour is the count of nines, so 99.98% and 100% differ; the figure in a cell is
+    cut, never rounded up to 100."""
+    assert timeline.nines(0.99) == pytest.approx(2.0)
+    assert timeline.nines(0.9998) == pytest.approx(3.699, abs=1e-3)
+    assert timeline.nines(1.0) == timeline.NINES_CAP > 5 > timeline.nines(0.99998)
+    assert [timeline.cell_figure(a) for a in (1.0, 0.9998, 0.99996, 0.995, 0.93)] == [
+        "100",
+        "99.98",
+        "99.996",
+        "99.5",
+        "93",
+    ]
+    assert timeline.cell_figure(0.999999) != "100"
+
+
+def test_a_picture_of_a_pair_without_data_says_so(tmp_path: Path) -> None:
+    paths = [str(s.write(tmp_path)) for s in scenarios.console_recovery()]
+    report = reference.compute(paths, since=1.0, until=2.0)
+    (pair,) = report.summary["pairs"].values()
+    timeline.render(str(tmp_path / "timeline.png"), pair, report.tables, [])
+    timeline.render_fleet(str(tmp_path / "fleet.png"), report.summary, report.tables["daily"])
+    for name in ("timeline.png", "fleet.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,286 @@
+"""The report as pages for people: ``summary.md`` and a self-contained ``report.html``.
+
+Owns: the summary and the small tables laid out as one document (warnings first, the fleet,
+each pair, every failover, the pictures), rendered as Markdown and as HTML whose pictures are
+embedded as base64 ``data:`` URIs, so the one file can be mailed or attached to a ticket.
+Computes nothing (the figures are ``spark.metrics``'), reads no file but the pictures it is
+given; must not know Spark.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark.model import iso
+
+Table = tuple[list[str], list[list[str]]]  # header, rows of cells
+
+
+@dataclass
+class Section:
+    title: str
+    lines: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    pictures: list[tuple[str, str]] = field(default_factory=list)  # (caption, file name)
+
+
+def _s(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "no data" if value is None else f"{value * 100:.4f}%"
+
+
+def _range(least: float | None, most: float | None) -> str:
+    if least is None and most is None:
+        return ""
+    return f"{_s(least)} .. {'unbounded' if most is None else _s(most)}"
+
+
+def document(
+    summary: Mapping[str, Any],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+    pictures: Sequence[tuple[str, str]],
+) -> list[Section]:
+    """The report's sections, in reading order."""
+    pairs = summary["pairs"]
+    fleet = summary["fleet"]
+    head = Section("amqha failover report")
+    window = summary["window"]
+    head.lines.append(
+        f"Window {iso(window['since'])} .. {iso(window['until'])} (UTC);"
+        f" {len(summary['files'])} file(s), {summary['events']} event(s),"
+        f" {summary['bad_lines']} bad line(s)."
+    )
+    for warning in summary["warnings"]:
+        head.lines.append(f"**Warning**: {warning}")
+    sections = [head]
+
+    by_cause = ", ".join(f"{c} {n}" for c, n in fleet["failovers"]["by_cause"].items() if n)
+    delays = fleet["takeover_delay_s"]
+    top = Section("Fleet")
+    top.lines.append(
+        f"{fleet['pairs']} pair(s); availability {_pct(fleet['availability'])};"
+        f" outages {fleet['outage_seconds']:.3f} s; dual active"
+        f" {fleet['dual_active_seconds']:.3f} s; {fleet['failovers']['count']} failover(s)"
+        + (f" ({by_cause})" if by_cause else "")
+        + f", client outage {fleet['failovers']['outage_seconds']:.3f} s in all."
+    )
+    top.lines.append(
+        f"Takeover delay p50 {_s(delays['p50'])} s, p90 {_s(delays['p90'])} s,"
+        f" p99 {_s(delays['p99'])} s, max {_s(delays['max'])} s"
+        f" ({delays['count']} takeover(s))."
+    )
+    if fleet["no_data_pairs"]:
+        top.lines.append(
+            "**No data** (no record in the window, so no figure): "
+            + ", ".join(fleet["no_data_pairs"])
+        )
+    slo = fleet["slo"]
+    if slo is not None:
+        top.lines.append(
+            f"Objective {slo['target_percent']}%: {len(slo['breaches'])} pair-day(s) below it,"
+            f" {len(slo['possible_breaches'])} possibly below."
+        )
+        if slo["breaches"]:
+            top.tables.append(
+                (
+                    ["pair", "day", "availability"],
+                    [[b["pair"], b["day"], _pct(b["availability"])] for b in slo["breaches"]],
+                )
+            )
+    sections.append(top)
+
+    rows = []
+    for name, p in pairs.items():
+        u = p["unprotected"]
+        rows.append(
+            [
+                name,
+                "no data" if p.get("no_data") else _pct(p["availability"]),
+                ""
+                if p["min_availability"] == p["max_availability"]
+                else f"{_pct(p['min_availability'])} .. {_pct(p['max_availability'])}",
+                str(p["outages"]["count"]),
+                _s(p["outages"]["seconds"]),
+                str(p["failovers"]["count"]),
+                _s(p["failovers"]["outage_seconds"]),
+                _s(p["dual_active"]["seconds"]),
+                "not recorded" if not u["recorded"] else _s(u["seconds"]),
+                str(p["manual_recoveries"]["manual_recover_transitions"]),
+            ]
+        )
+    section = Section("Pairs")
+    section.tables.append(
+        (
+            [
+                "pair",
+                "availability",
+                "range",
+                "outages",
+                "outage s",
+                "failovers",
+                "client outage s",
+                "dual active s",
+                "unprotected s",
+                "failbacks",
+            ],
+            rows,
+        )
+    )
+    sections.append(section)
+
+    failovers = Section("Failovers")
+    failovers.lines.append(
+        "One row per failover, numbered per pair as on the timelines (# is the `incident` key"
+        " of failovers.csv, outages.csv and incidents.csv). Client outage: from the last"
+        " moment the old ACTIVE could confirm to the new ACTIVE's takeover; the range is what"
+        " the logs allow."
+    )
+    failovers.tables.append(
+        (
+            [
+                "pair",
+                "#",
+                "start (UTC)",
+                "end (UTC)",
+                "from",
+                "to",
+                "cause",
+                "client outage s",
+                "range s",
+                "dual active s",
+                "detection s",
+                "takeover s",
+            ],
+            [
+                [
+                    f["pair"],
+                    str(f["incident"]),
+                    iso(f["start"]),
+                    iso(f["end"]),
+                    f["from_node"],
+                    f["to_node"],
+                    f["cause"] + (f" ({f['evidence']})" if f["evidence"] else ""),
+                    _s(f["outage_s"]),
+                    _range(f["min_outage_s"], f["max_outage_s"]) if f["uncertain"] else "",
+                    _s(f["dual_active_s"]) if f["dual_active_s"] else "",
+                    _s(f["detection_delay_s"]),
+                    _s(f["takeover_delay_s"]),
+                ]
+                for f in tables.get("failovers", ())
+            ],
+        )
+    )
+    sections.append(failovers)
+    if pictures:
+        sections.append(Section("Pictures", pictures=list(pictures)))
+    return sections
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown(sections: Sequence[Section]) -> str:
+    out: list[str] = []
+    for i, section in enumerate(sections):
+        out.append(("# " if i == 0 else "## ") + section.title)
+        out.append("")
+        for line in section.lines:
+            out.extend([line, ""])
+        for header, rows in section.tables:
+            out.append("| " + " | ".join(header) + " |")
+            out.append("|" + "---|" * len(header))
+            out.extend("| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows)
+            if not rows:
+                out.append("| " + " | ".join(["none"] + [""] * (len(header) - 1)) + " |")
+            out.append("")
+        for caption, name in section.pictures:
+            out.extend([f"![{caption}]({name})", ""])
+    return "\n".join(out)
+
+
+_STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; }
+th { background: #eee; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0 1.5em; }
+p.warning { color: #a00; }
+"""
+
+
+def _inline(text: str) -> str:
+    escaped = html.escape(text)
+    while escaped.count("**") >= 2:
+        escaped = escaped.replace("**", "<strong>", 1).replace("**", "</strong>", 1)
+    while escaped.count("`") >= 2:
+        escaped = escaped.replace("`", "<code>", 1).replace("`", "</code>", 1)
+    return escaped
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.rstrip("%"))
+    except ValueError:
+        return False
+    return True
+
+
+def page(sections: Sequence[Section], folder: str) -> str:
+    """The report as one HTML page; its pictures (files in ``folder``) embedded."""
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(sections[0].title)}</title><style>{_STYLE}</style></head><body>",
+    ]
+    for i, section in enumerate(sections):
+        tag = "h1" if i == 0 else "h2"
+        out.append(f"<{tag}>{html.escape(section.title)}</{tag}>")
+        for line in section.lines:
+            kind = ' class="warning"' if line.startswith("**Warning**") else ""
+            out.append(f"<p{kind}>{_inline(line)}</p>")
+        for header, rows in section.tables:
+            out.append(
+                "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
+            )
+            for row in rows:
+                out.append(
+                    "<tr>"
+                    + "".join(
+                        f"<td{' class=n' if _numeric(c) else ''}>{html.escape(c)}</td>" for c in row
+                    )
+                    + "</tr>"
+                )
+            if not rows:
+                out.append(f'<tr><td colspan="{len(header)}">none</td></tr>')
+            out.append("</table>")
+        for caption, name in section.pictures:
+            with open(os.path.join(folder, name), "rb") as stream:
+                data = base64.b64encode(stream.read()).decode("ascii")
+            out.append(f"<h3>{html.escape(caption)}</h3>")
+            out.append(f'<img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">')
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write(
+    folder: str,
+    summary: Mapping[str, Any],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+    pictures: Sequence[tuple[str, str]],
+) -> None:
+    """``summary.md`` and ``report.html`` in ``folder``, beside the pictures."""
+    sections = document(summary, tables, pictures)
+    with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as stream:
+        stream.write(markdown(sections))
+    with open(os.path.join(folder, "report.html"), "w", encoding="utf-8") as stream:
+        stream.write(page(sections, folder))
