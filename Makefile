@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 		apt-get install -y -qq nftables >/dev/null 2>&1 || \
 		{ apt-get update -qq && apt-get install -y -qq nftables; } || \
 		echo "nftables not installed: make partitions will skip, saying why"; }
+	@command -v chromium >/dev/null || { echo "installing chromium for the web page's browser test"; \
+		apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq chromium; } || \
+		echo "chromium not installed: the web page's browser test will skip, saying why"; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'

@@ -479,3 +479,43 @@ main.add_command(console)
 
 if __name__ == "__main__":
     main()
+
+
+@main.group()
+def definitions() -> None:
+    """RabbitMQ definitions files (definitions.json) and amqha (docs/operations.md,
+    "Management API").
+
+    \b
+    Users come from the config file of both servers, so a definitions import (POST
+    /api/definitions, rabbitmqadmin import) does not create them. Carry a RabbitMQ
+    broker's users over first: print them as config lines, add them to both files'
+    `users`, restart the pair, then import the file:
+      amqha definitions users rabbit.json
+    """
+
+
+@definitions.command("users")
+@click.argument("path", type=click.Path(dir_okay=False))
+def definitions_users(path: str) -> None:
+    """Print the users of definitions file PATH as config `users` entries (YAML)."""
+    import json
+
+    import yaml
+
+    from .management.definitions import Refused, users_as_config
+
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise click.ClickException(f"{path}: cannot read: {error.strerror}") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise click.ClickException(f"{path}: not a JSON file: {error}") from None
+    try:
+        entries = users_as_config(body)
+    except Refused as error:
+        raise click.ClickException(f"{path}: {error}") from None
+    click.echo("users:")
+    for entry in entries:
+        flow = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=1000)
+        click.echo(f"  - {flow.strip()}")

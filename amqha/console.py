@@ -138,34 +138,42 @@ class ConsoleService:
 
     def on_events(self, args: dict[str, Any], user: str) -> dict[str, Any]:
         """Whole event-log lines from byte ``offset`` (the tail if negative) and the next offset."""
-        path = self.broker.config.event_log_path
-        offset = int(args.get("offset", -1))
-        limit = min(int(args.get("limit", 50)), 1000)
+        return read_events(
+            self.broker.config.event_log_path,
+            int(args.get("offset", -1)),
+            min(int(args.get("limit", 50)), 1000),
+        )
+
+
+def read_events(path: str, offset: int, limit: int) -> dict[str, Any]:
+    """Whole event-log lines of ``path`` from byte ``offset`` (the last ``limit`` if
+    negative), at most ``limit`` of them, and the offset after them (the console's
+    ``events``, the management API's ``/api/amqha/events``)."""
+    try:
+        with open(path, "rb") as log:
+            size = log.seek(0, 2)
+            tail = offset < 0 or offset > size
+            start = max(0, size - 64 * 1024) if tail else offset
+            log.seek(start)
+            data = log.read(1024 * 1024)
+    except FileNotFoundError:
+        return {"events": [], "offset": 0}
+    end = data.rfind(b"\n") + 1  # only whole lines; a line being written waits
+    lines = data[:end].splitlines()
+    if tail:
+        if start > 0:
+            lines = lines[1:]  # the tail window may begin mid-line
+        lines = lines[-limit:]
+    else:
+        lines = lines[:limit]
+        end = sum(len(line) + 1 for line in lines)
+    events = []
+    for line in lines:
         try:
-            with open(path, "rb") as log:
-                size = log.seek(0, 2)
-                tail = offset < 0 or offset > size
-                start = max(0, size - 64 * 1024) if tail else offset
-                log.seek(start)
-                data = log.read(1024 * 1024)
-        except FileNotFoundError:
-            return {"events": [], "offset": 0}
-        end = data.rfind(b"\n") + 1  # only whole lines; a line being written waits
-        lines = data[:end].splitlines()
-        if tail:
-            if start > 0:
-                lines = lines[1:]  # the tail window may begin mid-line
-            lines = lines[-limit:]
-        else:
-            lines = lines[:limit]
-            end = sum(len(line) + 1 for line in lines)
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-        return {"events": events, "offset": start + end}
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return {"events": events, "offset": start + end}
 
 
 # -- client side --------------------------------------------------------------------------

@@ -10,7 +10,8 @@ way (docs/architecture.md, "Layout"):
 - ``ReplicationHost``: what the replication feed and follower ask of the broker;
 - ``FeedPort``: the replication feed as the channel that carries it sees it
   (``replication.Feed``);
-- ``MetricsSource``: what the metrics endpoint reads of the broker.
+- ``MetricsSource``: what the metrics endpoint reads of the broker;
+- ``ManagementSource``: what the management API reads of the broker and asks of it.
 
 ``server.Broker`` implements the hosts and the source. ``server`` imports ``connection``, ``replication``
 and ``metrics``; ``connection`` imports ``channel``; none of them imports ``server``, and
@@ -189,6 +190,23 @@ class MetricsSource(Protocol):
     def store_status(self) -> dict[str, Any]: ...
 
     def replication_status(self) -> dict[str, Any]: ...
+
+
+class ManagementSource(MetricsSource, Protocol):
+    """What the management API reads of the broker and asks of it: logins checked as
+    AMQP's, its start time, a vhost made on demand and a queue's timers (definitions)."""
+
+    started: float
+
+    async def authenticate(
+        self, username: str, password: str, address: str, mechanism: str
+    ) -> User | Refused: ...
+
+    def vhost(self, name: str) -> VHost: ...
+
+    def watch_queue(self, queue: Queue) -> None: ...
+
+    def enqueue(self, message: Any, queues: tuple[Queue, ...], vhost: str = "/") -> bool: ...
 
 
 class ReplicationHost(Protocol):

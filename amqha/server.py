@@ -57,6 +57,7 @@ from .core.sync import Sink, watermark
 from .core.vhost import MessageIds, VHost
 from .gate import Pair, Standalone
 from .logtext import escaped
+from .management.api import ManagementEndpoint
 from .metrics import MetricsEndpoint
 from .quarantine import (
     clear_incomplete,
@@ -1016,9 +1017,14 @@ async def serve(
     await broker.start()
     metrics = MetricsEndpoint(broker)
     await metrics.start()
+    management = ManagementEndpoint(broker)
+    await management.start()
     for service in services:
         await service.start()
     amqps = "" if config.tls is None else f", amqps on {config.tls.listen}"
+    if config.management is not None:
+        scheme = "https" if config.management.tls else "http"
+        amqps += f", management on {scheme}://{config.management.listen}/"
     print(
         f"amqha {config.name} ({config.failover.role or 'standalone'}) listening on "
         + ", ".join(format_host_port(host, port) for host, port in config.addresses)
@@ -1032,5 +1038,6 @@ async def serve(
     print(f"amqha {config.name}: shutting down", file=sys.stderr, flush=True)
     for service in reversed(services):
         await service.stop()
+    await management.stop()
     await metrics.stop()
     await broker.stop()

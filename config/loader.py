@@ -25,7 +25,9 @@ from . import tls as tls_check
 from .passwords import BadHash, Verifier, parse_hash, plain
 
 ROLES = ("primary", "backup")
-USER_TAGS = ("administrator", "peering", "monitoring")
+# RabbitMQ's management tags (management, policymaker, monitoring, administrator) and the
+# pair's own (peering): docs/operations.md, "Management API".
+USER_TAGS = ("administrator", "peering", "monitoring", "management", "policymaker")
 CLIENT_CERTS = ("none", "optional", "required")
 MIN_SECRET_LENGTH = 16
 # What the config files used to ship (and the tests still use): refused with a listener
@@ -148,6 +150,23 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ManagementConfig:
+    """The management HTTP API and web page (docs/operations.md, "Management API")."""
+
+    host: str
+    port: int
+    # Served over TLS with the amqps listener's certificate and key (the ``tls`` section).
+    tls: bool = False
+    # The peer's management listener (host, port), asked for its event log by the page's
+    # merged log; None: the page shows this server's log only.
+    peer: tuple[str, int] | None = None
+
+    @property
+    def listen(self) -> str:
+        return format_host_port(self.host, self.port)
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     """The message store (docs/durability.md): durable wiring and persistent messages on
     durable queues, on disk before their confirm."""
@@ -188,6 +207,8 @@ class ServerConfig:
     metrics_listen: tuple[str, int] | None = None
     # (username, password) a scrape must give with HTTP basic auth; None: none asked.
     metrics_auth: tuple[str, str] | None = field(default=None, repr=False)
+    # The management API and web page (management.listen); None: off.
+    management: ManagementConfig | None = None
     tls: TlsListener | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -575,6 +596,28 @@ def _metrics(path: str, metrics: _Section) -> tuple[tuple[str, int] | None, tupl
     return listen, auth
 
 
+def _management(path: str, section: _Section, tls: TlsListener | None) -> ManagementConfig | None:
+    """management.listen (off when absent), management.tls (the amqps listener's
+    certificate and key), management.peer (the peer's management listener)."""
+    listen_value = section.get("listen", str, None)
+    use_tls = section.get("tls", bool, False)
+    peer_value = section.get("peer", str, None)
+    section.check_unknown()
+    if listen_value is None:
+        if use_tls or peer_value is not None:
+            raise ConfigError(path, "management.listen", "missing: where the API listens")
+        return None
+    host, port = parse_host_port(path, "management.listen", listen_value)
+    if use_tls and tls is None:
+        raise ConfigError(
+            path,
+            "management.tls",
+            "true needs the tls section: the API is served with its cert and key",
+        )
+    peer = None if peer_value is None else parse_host_port(path, "management.peer", peer_value)
+    return ManagementConfig(host, port, use_tls, peer)
+
+
 def _secret(path: str, failover: _Section) -> bytes:
     secret = failover.get("secret", str, None)
     secret_file = failover.get("secret_file", str, None)
@@ -829,6 +872,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     metrics = top.section("metrics")
     metrics_listen, metrics_auth = _metrics(path, metrics)
     metrics.check_unknown()
+    management = _management(path, top.section("management"), tls)
     store_section = top.section("store")
     store = StoreConfig(
         enabled=store_section.get("enabled", bool, True),
@@ -855,6 +899,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         *listen_addresses,
         *([] if tls is None else [(tls.host, tls.port)]),
         *([] if metrics_listen is None else [metrics_listen]),
+        *([] if management is None else [(management.host, management.port)]),
     ]
     exposed = [format_host_port(*address) for address in listeners if not is_loopback(address[0])]
     if weak and exposed:
@@ -892,6 +937,7 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
         listen_addresses=listen_addresses,
         metrics_listen=metrics_listen,
         metrics_auth=metrics_auth,
+        management=management,
         tls=tls,
         auth=auth,
         store=store,

@@ -939,3 +939,46 @@ def test_a_bad_witness_is_named_with_its_key(
     tmp_path: Path, witness: Any, key: str, problem: str
 ) -> None:
     assert_error(tmp_path, with_change("failover", "witness", witness), key, problem)
+
+
+def test_management_listener(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, with_change("management", "listen", "127.0.0.1:15672")))
+    assert config.management is not None
+    assert (config.management.host, config.management.port) == ("127.0.0.1", 15672)
+    assert config.management.tls is False and config.management.peer is None
+    assert load_config(write(tmp_path, VALID)).management is None  # off when absent
+
+
+@pytest.mark.parametrize(
+    ("management", "key", "problem"),
+    [
+        ({"listen": "localhost"}, "management.listen", "expected 'host:port'"),
+        ({"listen": "127.0.0.1:99999"}, "management.listen", "out of range"),
+        ({"listen": 15672}, "management.listen", "expected a string"),
+        ({"tls": True}, "management.listen", "missing"),
+        ({"listen": "127.0.0.1:1", "tls": True}, "management.tls", "needs the tls section"),
+        ({"listen": "127.0.0.1:1", "tls": "yes"}, "management.tls", "expected true or false"),
+        ({"listen": "127.0.0.1:1", "peer": "x"}, "management.peer", "expected 'host:port'"),
+        ({"listen": "127.0.0.1:1", "port": 1}, "management.port", "unknown key"),
+    ],
+)
+def test_bad_management_section(tmp_path: Path, management: Any, key: str, problem: str) -> None:
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    data["management"] = management
+    assert_error(tmp_path, data, key, problem)
+
+
+def test_management_beyond_loopback_refuses_shipped_credentials(tmp_path: Path) -> None:
+    data = with_change("management", "listen", "0.0.0.0:15672")
+    data["users"][0]["name"] = "app"
+    data["users"][0]["password"] = "app"
+    assert_error(tmp_path, data, "users[0].password", "0.0.0.0:15672, which is not a loopback")
+
+
+def test_the_shipped_configs_serve_the_management_api_on_loopback() -> None:
+    for name, port, peer in (("primary", 15672, 15673), ("backup", 15673, 15672)):
+        data = yaml.safe_load((ROOT / "config" / f"{name}.yaml").read_text())
+        assert data["management"] == {
+            "listen": f"127.0.0.1:{port}",
+            "peer": f"127.0.0.1:{peer}",
+        }

@@ -55,6 +55,7 @@ def test_the_broker_and_a_connection_provide_every_member_they_promise(tmp_path:
             host.BrokerHost,
             host.ReplicationHost,
             host.MetricsSource,
+            host.ManagementSource,
             Member,
         ):
             assert not missing(broker, protocol), (protocol.__name__, missing(broker, protocol))

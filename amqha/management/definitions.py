@@ -1,0 +1,466 @@
+"""Definitions: RabbitMQ's definitions.json, exported from and imported into amqha.
+
+Owns: the export (users with RabbitMQ password hashes, vhosts, permissions, exchanges,
+queues, bindings) and the import: a file is checked whole before anything of it is
+applied, then its vhosts, exchanges, queues and bindings are declared through the model
+(durable ones reach the store and the PASSIVE as any declare does).
+
+Users are the config file's (both servers of a pair read the same list; a user made on
+one server alone would not log in after a failover). So an import does not create or
+change users: each user of the file must be configured with the same tags and a password
+that matches the file's hash, else the import is refused naming them, and
+``amqha definitions users FILE`` prints them as config lines to add to both files
+(docs/operations.md, "Management API"). Permissions are the config's ``vhosts`` of each
+user, with full rights: a file that gives narrower ones is refused rather than widened.
+
+Never importable, whatever the file says (docs/security.md): the pair's own users (tagged
+``peering``, or ``failover.peer_user``), the control plane (``amq.peer``,
+``amq.console``, any ``amq.`` name, bindings to or from them): 403.
+
+Must not know: HTTP, sockets, the clock (``now`` is given).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pamqp import exceptions
+
+from config.passwords import BadHash, hash_password, parse_hash
+
+from ..wire import decode_field_table, field_table
+from . import access, shapes
+
+ALGORITHMS = {
+    "rabbitmq-sha256": "rabbit_password_hashing_sha256",
+    "rabbitmq-sha512": "rabbit_password_hashing_sha512",
+    "scrypt": "amqha_scrypt",
+}
+FULL = ".*"
+CONTROL = ("amq.peer", "amq.console")
+_OBJECT_KEYS = ("users", "vhosts", "permissions", "queues", "exchanges", "bindings")
+# Keys a RabbitMQ export has that amqha has nothing for: accepted when empty.
+_EMPTY_OK = ("topic_permissions", "parameters", "global_parameters", "policies")
+# Global parameters every RabbitMQ export has, meaningless here: left out of an import.
+_IGNORED = ("internal_cluster_id",)
+
+
+class Refused(Exception):
+    """The file cannot be imported; ``status`` 400 (what it says) or 403 (what it may not
+    touch)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- export -------------------------------------------------------------------------------
+
+
+def hashing_algorithm(user: Any) -> str:
+    if user.password_hash is None:
+        return ALGORITHMS["rabbitmq-sha256"]
+    return ALGORITHMS.get(parse_hash(user.password_hash).scheme, "unknown")
+
+
+def _user_hash(user: Any) -> str:
+    """A RabbitMQ hash for a plain password (a fresh salt each export), the stored one
+    otherwise (an scrypt hash is amqha's own: RabbitMQ cannot read it)."""
+    if user.password_hash is not None:
+        return str(user.password_hash)
+    return hash_password(user.password, "rabbitmq-sha256")
+
+
+def export(users: Iterable[Any], vhosts: Iterable[Any]) -> dict[str, Any]:
+    from .. import __version__
+
+    users = [u for u in users if not access.is_internal_user(u)]
+    vhosts = sorted(vhosts, key=lambda v: v.name)
+    queues, exchanges, bindings = [], [], []
+    for vhost in vhosts:
+        for queue in sorted(vhost.queues.values(), key=lambda q: q.name):
+            if queue.exclusive_owner is not None or queue.name.startswith("amq."):
+                continue
+            queues.append(
+                {
+                    "name": queue.name,
+                    "vhost": vhost.name,
+                    "durable": queue.durable,
+                    "auto_delete": queue.auto_delete,
+                    "arguments": shapes._jsonable(dict(queue.arguments)),
+                }
+            )
+        for exchange in sorted(shapes.visible_exchanges(vhost), key=lambda e: e.name):
+            if exchange.name == "" or exchange.name.startswith("amq."):
+                continue
+            exchanges.append(
+                {
+                    "name": exchange.name,
+                    "vhost": vhost.name,
+                    "type": exchange.kind,
+                    "durable": exchange.durable,
+                    "auto_delete": exchange.auto_delete,
+                    "internal": exchange.internal,
+                    "arguments": shapes._jsonable(dict(exchange.arguments)),
+                }
+            )
+        for binding in shapes.bindings_of(vhost):
+            if binding["source"] == "":
+                continue
+            if binding["destination_type"] == "queue":
+                queue = vhost.queues.get(binding["destination"])
+                if queue is None or queue.exclusive_owner is not None:
+                    continue
+            binding.pop("properties_key")
+            bindings.append(binding)
+    return {
+        "rabbit_version": shapes.MANAGEMENT_VERSION,
+        "rabbitmq_version": shapes.MANAGEMENT_VERSION,
+        "product_name": "amqha",
+        "product_version": __version__,
+        "users": [
+            {
+                "name": u.name,
+                "password_hash": _user_hash(u),
+                "hashing_algorithm": hashing_algorithm(u),
+                "tags": list(u.tags),
+                "limits": {},
+            }
+            for u in users
+        ],
+        "vhosts": [
+            {"name": v.name, "limits": [], "metadata": {"description": "", "tags": []}}
+            for v in vhosts
+        ],
+        "permissions": [
+            {"user": u.name, "vhost": v, "configure": FULL, "write": FULL, "read": FULL}
+            for u in users
+            for v in u.vhosts
+        ],
+        "topic_permissions": [],
+        "parameters": [],
+        "global_parameters": [],
+        "policies": [],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    }
+
+
+# -- import -------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    vhosts: list[str] = field(default_factory=list)
+    exchanges: list[dict[str, Any]] = field(default_factory=list)
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    bindings: list[dict[str, Any]] = field(default_factory=list)
+    users_checked: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.vhosts)} vhosts, {len(self.exchanges)} exchanges, "
+            f"{len(self.queues)} queues, {len(self.bindings)} bindings, "
+            f"{self.users_checked} users matching the config"
+        )
+
+
+def _list(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = body.get(key) or []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise Refused(f"{key}: expected a list of objects")
+    return items
+
+
+def _text(item: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    """A string of at most 255 bytes: every name and key here is an AMQP shortstr."""
+    value = item.get(key, default)
+    if not isinstance(value, str):
+        raise Refused(f"{where}: '{key}' must be a string, got {value!r}"[:300])
+    if len(value.encode("utf-8", "surrogateescape")) > 255:
+        raise Refused(f"{where}: '{key}' is longer than 255 bytes")
+    return value
+
+
+def _flag(item: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = item.get(key, default)
+    if not isinstance(value, bool):
+        raise Refused(f"{where}: '{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _arguments(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """The arguments, if they make an AMQP field table that reads back the same (what
+    the store and the replication link write): no integer beyond 64 bits, no NaN, no
+    key over 255 bytes."""
+    value = item.get("arguments") or {}
+    if not isinstance(value, dict):
+        raise Refused(f"{where}: 'arguments' must be an object")
+    try:
+        same = decode_field_table(field_table(value)) == value
+    except (ValueError, TypeError, OverflowError, struct.error) as error:
+        raise Refused(f"{where}: 'arguments' are not an AMQP field table: {error}") from None
+    if not same:
+        raise Refused(f"{where}: 'arguments' do not read back the same as an AMQP field table")
+    for key in ("alternate-exchange", "x-dead-letter-exchange"):
+        if key in value and not isinstance(value[key], str):
+            raise Refused(f"{where}: argument '{key}' must be an exchange name")
+    return value
+
+
+def _tags(item: dict[str, Any], where: str) -> set[str]:
+    value = item.get("tags", [])
+    if isinstance(value, str):  # RabbitMQ before 3.9 wrote "administrator,management"
+        return {t.strip() for t in value.split(",") if t.strip()}
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise Refused(f"{where}: 'tags' must be a list of strings")
+    return set(value)
+
+
+def _password_matches(configured: Any, given_hash: str) -> bool:
+    if configured.password_hash is not None and configured.password_hash == given_hash:
+        return True
+    try:
+        verifier = parse_hash(given_hash)
+    except BadHash:
+        return False
+    # A RabbitMQ hash of the configured plain password: the same salt gives the same hash.
+    return configured.password is not None and verifier.check(configured.password)
+
+
+def _check_users(body: dict[str, Any], config: Any) -> int:
+    configured = {u.name: u for u in config.users}
+    internal = {u.name for u in config.users if access.is_internal_user(u)}
+    if config.failover.peer is not None:
+        internal.add(config.failover.peer_user)
+    problems: list[str] = []
+    for index, item in enumerate(_list(body, "users")):
+        where = f"users[{index}]"
+        name = _text(item, "name", where)
+        tags = _tags(item, where)
+        if name in internal or access.INTERNAL_TAG in tags:
+            raise Refused(
+                f"{where}: user '{name}' is the pair's own login (tag 'peering'): "
+                "definitions cannot create or change it",
+                403,
+            )
+        user = configured.get(name)
+        if user is None:
+            problems.append(f"'{name}' is not configured")
+            continue
+        if tags != set(user.tags):
+            problems.append(
+                f"'{name}' has tags {sorted(tags)} in the file, {sorted(user.tags)} in the config"
+            )
+        given = item.get("password_hash")
+        if given not in (None, "") and not _password_matches(user, str(given)):
+            problems.append(f"'{name}' has another password in the config")
+    if problems:
+        raise Refused(
+            "users come from the config file of both servers, and these differ: "
+            + "; ".join(problems)
+            + " (`amqha definitions users FILE` prints the file's users as config lines)"
+        )
+    for index, item in enumerate(_list(body, "permissions")):
+        where = f"permissions[{index}]"
+        name, vhost = _text(item, "user", where), _text(item, "vhost", where)
+        if name in internal:
+            raise Refused(f"{where}: user '{name}' is the pair's own login", 403)
+        user = configured.get(name)
+        if user is None:
+            raise Refused(f"{where}: user '{name}' is not configured")
+        if vhost not in user.vhosts:
+            raise Refused(
+                f"{where}: user '{name}' may not use vhost '{vhost}' in the config "
+                "(users[].vhosts): add it there"
+            )
+        for key in ("configure", "write", "read"):
+            if item.get(key, FULL) != FULL:
+                raise Refused(
+                    f"{where}: {key} '{item.get(key)}': amqha gives a user full rights on the "
+                    "vhosts of its config entry, no narrower"
+                )
+    return len(_list(body, "users"))
+
+
+def _refuse_control(name: str, where: str) -> None:
+    if name.startswith("amq."):
+        raise Refused(
+            f"{where}: '{name}' is a reserved name (amq.): the server's own objects and the "
+            "pair's control plane cannot be imported",
+            403,
+        )
+
+
+def plan_import(body: Any, config: Any) -> Plan:
+    """Everything a file would change, checked before any of it is applied."""
+    if not isinstance(body, dict):
+        raise Refused("expected a JSON object (a definitions file)")
+    for key in _EMPTY_OK:
+        items = body.get(key) or []
+        if key == "global_parameters" and isinstance(items, list):
+            # Every RabbitMQ export names its cluster: nothing to carry over.
+            items = [i for i in items if not (isinstance(i, dict) and i.get("name") in _IGNORED)]
+        if items:
+            raise Refused(f"{key}: amqha has none; remove them from the file")
+    plan = Plan(users_checked=_check_users(body, config))
+    for index, item in enumerate(_list(body, "vhosts")):
+        plan.vhosts.append(_text(item, "name", f"vhosts[{index}]"))
+    for index, item in enumerate(_list(body, "exchanges")):
+        where = f"exchanges[{index}]"
+        name = _text(item, "name", where)
+        if not name:
+            raise Refused(f"{where}: the default exchange cannot be declared", 403)
+        _refuse_control(name, where)
+        kind = _text(item, "type", where)
+        if kind not in ("direct", "fanout", "topic", "headers"):
+            raise Refused(f"{where}: unknown exchange type '{kind}'")
+        arguments = _arguments(item, where)
+        alternate = arguments.get("alternate-exchange")
+        if alternate in CONTROL:
+            raise Refused(f"{where}: alternate-exchange '{alternate}' is the control plane", 403)
+        plan.exchanges.append(
+            {
+                "vhost": _text(item, "vhost", where, "/"),
+                "name": name,
+                "kind": kind,
+                "durable": _flag(item, "durable", where, True),
+                "auto_delete": _flag(item, "auto_delete", where, False),
+                "internal": _flag(item, "internal", where, False),
+                "arguments": arguments,
+            }
+        )
+    for index, item in enumerate(_list(body, "queues")):
+        where = f"queues[{index}]"
+        name = _text(item, "name", where)
+        if not name:
+            raise Refused(f"{where}: a queue needs a name")
+        _refuse_control(name, where)
+        arguments = _arguments(item, where)
+        dlx = arguments.get("x-dead-letter-exchange")
+        if dlx in CONTROL:
+            raise Refused(f"{where}: x-dead-letter-exchange '{dlx}' is the control plane", 403)
+        plan.queues.append(
+            {
+                "vhost": _text(item, "vhost", where, "/"),
+                "name": name,
+                "durable": _flag(item, "durable", where, True),
+                "auto_delete": _flag(item, "auto_delete", where, False),
+                "arguments": arguments,
+            }
+        )
+    for index, item in enumerate(_list(body, "bindings")):
+        where = f"bindings[{index}]"
+        source = _text(item, "source", where)
+        destination = _text(item, "destination", where)
+        kind = _text(item, "destination_type", where, "queue")
+        if kind not in ("queue", "exchange"):
+            raise Refused(f"{where}: destination_type must be 'queue' or 'exchange'")
+        # From amq.direct and the other standard exchanges, as RabbitMQ's exports have them;
+        # never to or from the control plane, never to an amq. queue (amq.replication).
+        for name in (source, destination):
+            if name in CONTROL:
+                raise Refused(f"{where}: '{name}' belongs to the control plane", 403)
+        if kind == "queue" and destination.startswith("amq."):
+            raise Refused(f"{where}: queue '{destination}' is a reserved name (amq.)", 403)
+        if source == "":
+            continue  # the default exchange's bindings are implicit
+        plan.bindings.append(
+            {
+                "vhost": _text(item, "vhost", where, "/"),
+                "source": source,
+                "destination": destination,
+                "kind": kind,
+                "routing_key": _text(item, "routing_key", where, ""),
+                "arguments": _arguments(item, where),
+            }
+        )
+    return plan
+
+
+def apply(plan: Plan, broker: Any, now: float) -> None:
+    """Declare what the plan holds, vhosts first, bindings last. A declare the model
+    refuses (an existing queue with other arguments, say) stops the import there, named."""
+    step = "vhosts"
+    try:
+        for name in plan.vhosts:
+            broker.vhost(name)
+        for item in plan.exchanges:
+            step = f"exchange '{item['name']}' in vhost '{item['vhost']}'"
+            broker.vhost(item["vhost"]).declare_exchange(
+                item["name"],
+                item["kind"],
+                durable=item["durable"],
+                auto_delete=item["auto_delete"],
+                internal=item["internal"],
+                arguments=item["arguments"],
+            )
+        for item in plan.queues:
+            step = f"queue '{item['name']}' in vhost '{item['vhost']}'"
+            queue = broker.vhost(item["vhost"]).declare_queue(
+                item["name"],
+                None,
+                now,
+                durable=item["durable"],
+                auto_delete=item["auto_delete"],
+                arguments=item["arguments"],
+            )
+            broker.watch_queue(queue)
+        for item in plan.bindings:
+            step = f"binding of '{item['destination']}' to '{item['source']}'"
+            vhost = broker.vhost(item["vhost"])
+            if item["kind"] == "queue":
+                vhost.bind_queue(
+                    item["destination"],
+                    item["source"],
+                    item["routing_key"],
+                    item["arguments"],
+                    None,
+                )
+            else:
+                vhost.bind_exchange(
+                    item["destination"], item["source"], item["routing_key"], item["arguments"]
+                )
+    except exceptions.AMQPError as error:
+        status = 403 if isinstance(error, exceptions.AMQPAccessRefused) else 400
+        raise Refused(
+            f"{step}: {error} (what came before it in the file was imported)", status
+        ) from None
+
+
+def users_as_config(body: Any) -> list[dict[str, Any]]:
+    """The users of a definitions file as entries of the config's ``users`` list, with
+    their vhosts from the file's permissions (``amqha definitions users``)."""
+    if not isinstance(body, dict):
+        raise Refused("expected a JSON object (a definitions file)")
+    vhosts: dict[str, list[str]] = {}
+    for index, item in enumerate(_list(body, "permissions")):
+        where = f"permissions[{index}]"
+        vhosts.setdefault(_text(item, "user", where), []).append(_text(item, "vhost", where))
+    entries = []
+    for index, item in enumerate(_list(body, "users")):
+        where = f"users[{index}]"
+        name = _text(item, "name", where)
+        password_hash = _text(item, "password_hash", where, "")
+        algorithm = item.get("hashing_algorithm", "rabbit_password_hashing_sha256")
+        if algorithm not in ALGORITHMS.values() or not password_hash:
+            raise Refused(f"{where}: user '{name}': no usable password hash ({algorithm})")
+        try:
+            parse_hash(password_hash)
+        except BadHash as error:
+            raise Refused(f"{where}: user '{name}': {error}") from None
+        # Tags amqha does not know (impersonator, say) are left out: the loader refuses them.
+        tags = sorted(t for t in _tags(item, where) if t in access.MANAGEMENT_TAGS)
+        entry: dict[str, Any] = {
+            "name": name,
+            "password_hash": password_hash,
+            "vhosts": vhosts.get(name, []),
+        }
+        if tags:
+            entry["tags"] = tags
+        entries.append(entry)
+    return entries

@@ -1,0 +1,348 @@
+"""The management API side by side: the same calls against amqha and RabbitMQ.
+
+``python -m bench.management_compat`` starts Debian's RabbitMQ (``bench.rabbitmq``, with
+the management plugin) and one amqha server with ``management.listen``, both on loopback,
+both with guest/guest as an administrator. It makes the same AMQP traffic on each (a
+durable queue with ready and unacknowledged messages, a topic exchange and a binding, a
+consumer), then runs the same calls against each management API:
+
+- ``rabbitmqadmin`` (Debian's, from the rabbitmq-server package): list, show, export,
+  import, purge, delete, close;
+- ``pyrabbit2`` (PyPI);
+- plain HTTP for the routes the tools do not cover (health checks).
+
+It prints JSON: per call, the status or exit code on each side, the fields RabbitMQ's
+answer has that amqha's lacks, and the core figures where they must agree. A difference is
+reported, not hidden; docs/operations.md ("Management API") lists them. Every process
+started here is stopped here, by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pika
+
+from bench.rabbitmq import RabbitNode, ensure_installed
+from tests.support import ServerProcess, free_port, wait_for_port
+
+QUEUE = "cmp.queue"
+EXCHANGE = "cmp.exchange"
+CONSUMED = "cmp.consumed"
+RABBITMQADMIN = "rabbitmqadmin"
+
+
+def traffic(port: int) -> pika.BlockingConnection:
+    """The same objects and messages on either broker; the connection stays open (with a
+    consumer) for the connection, channel and consumer listings."""
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            "127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest")
+        )
+    )
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(QUEUE, durable=True)
+    channel.queue_declare(CONSUMED, durable=False)
+    channel.exchange_declare(EXCHANGE, "topic", durable=True)
+    channel.queue_bind(QUEUE, EXCHANGE, "cmp.#")
+    for index in range(5):
+        channel.basic_publish(
+            EXCHANGE, "cmp.x", str(index).encode(), pika.BasicProperties(delivery_mode=2)
+        )
+    method, _, _ = channel.basic_get(QUEUE)
+    channel.basic_ack(method.delivery_tag)
+    channel.basic_get(QUEUE)  # delivered, not acked
+    other = connection.channel()
+    other.basic_qos(prefetch_count=3)
+    other.basic_consume(CONSUMED, lambda *args: None, consumer_tag="cmp-consumer")
+    connection.process_data_events(0.2)
+    return connection
+
+
+def http(port: int, path: str, method: str = "GET") -> tuple[int, Any]:
+    token = base64.b64encode(b"guest:guest").decode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method=method, headers={"Authorization": f"Basic {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            text = answer.read().decode()
+            return answer.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as error:
+        text = error.read().decode()
+        try:
+            return error.code, json.loads(text)
+        except ValueError:
+            return error.code, text[:200]
+
+
+def admin(port: int, *words: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(port), "-u", "guest", "-p", "guest", *words],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def keys(value: Any) -> set[str]:
+    """Every key path of a JSON value (lists: their first item's)."""
+    found: set[str] = set()
+
+    def walk(item: Any, prefix: str) -> None:
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                path = f"{prefix}.{key}" if prefix else key
+                found.add(path)
+                walk(inner, path)
+        elif isinstance(item, list) and item and isinstance(item[0], dict):
+            walk(item[0], prefix + "[]")
+
+    walk(value, "")
+    return found
+
+
+def missing(theirs: set[str], ours: set[str]) -> list[str]:
+    """Key paths RabbitMQ has and amqha lacks, each named once: not those under a key
+    already missing."""
+    gone = sorted(theirs - ours)
+    return [
+        path
+        for path in gone
+        if not any(
+            path.startswith(other + ".") or path.startswith(other + "[]")
+            for other in gone
+            if other != path
+        )
+    ]
+
+
+def pyrabbit_calls(port: int) -> dict[str, Any]:
+    from pyrabbit2.api import Client
+
+    client = Client(f"127.0.0.1:{port}", "guest", "guest", timeout=20)
+    results: dict[str, Any] = {}
+    for name, call in (
+        ("get_overview", client.get_overview),
+        ("get_whoami", client.get_whoami),
+        ("get_all_vhosts", client.get_all_vhosts),
+        ("get_queues", lambda: client.get_queues("/")),
+        ("get_queue", lambda: client.get_queue("/", QUEUE)),
+        ("get_queue_depth", lambda: client.get_queue_depth("/", QUEUE)),
+        ("get_exchanges", lambda: client.get_exchanges("/")),
+        ("get_exchange", lambda: client.get_exchange("/", EXCHANGE)),
+        ("get_bindings", client.get_bindings),
+        ("get_connections", client.get_connections),
+        ("get_channels", client.get_channels),
+        ("get_nodes", client.get_nodes),
+        ("get_users", client.get_users),
+        ("get_definitions", client.get_definitions),
+        ("is_alive", client.is_alive),
+    ):
+        try:
+            results[name] = {"ok": True, "value": call()}
+        except Exception as error:
+            results[name] = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:160]}"}
+    return results
+
+
+def rabbitmqadmin_calls(port: int, workdir: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for words in (
+        ("-f", "raw_json", "show", "overview"),
+        ("-f", "raw_json", "list", "queues"),
+        ("-f", "raw_json", "list", "exchanges"),
+        ("-f", "raw_json", "list", "bindings"),
+        ("-f", "raw_json", "list", "connections"),
+        ("-f", "raw_json", "list", "channels"),
+        ("-f", "raw_json", "list", "consumers"),
+        ("-f", "raw_json", "list", "vhosts"),
+        ("-f", "raw_json", "list", "users"),
+        ("-f", "raw_json", "list", "nodes"),
+        ("-f", "raw_json", "list", "permissions"),
+        ("-f", "raw_json", "list", "policies"),
+        ("list", "queues", "name", "messages", "messages_ready", "messages_unacknowledged"),
+        ("export", str(workdir / "exported.json")),
+    ):
+        code, text = admin(port, *words)
+        entry: dict[str, Any] = {"exit": code}
+        if "raw_json" in words and code == 0:
+            try:
+                entry["value"] = json.loads(text)
+            except ValueError:
+                entry["text"] = text[:300]
+        else:
+            entry["text"] = text[:300]
+        shown = [w for w in words if w not in ("-f", "raw_json")]
+        results[" ".join(Path(w).name if "/" in w else w for w in shown)] = entry
+    return results
+
+
+def changes(port: int, workdir: Path, connection_name: str) -> dict[str, Any]:
+    """What changes things, in an order that leaves each step something to act on."""
+    results: dict[str, Any] = {}
+    # A file RabbitMQ and amqha both accept: objects only (users come from amqha's config).
+    (workdir / "import.json").write_text(
+        json.dumps(
+            {
+                "queues": [
+                    {
+                        "name": "cmp.imported",
+                        "vhost": "/",
+                        "durable": True,
+                        "auto_delete": False,
+                        "arguments": {},
+                    }
+                ],
+                "exchanges": [],
+                "bindings": [],
+            }
+        )
+    )
+    for words in (
+        ("import", str(workdir / "import.json")),
+        ("purge", "queue", f"name={QUEUE}"),
+        ("delete", "queue", "name=cmp.imported"),
+        ("close", "connection", f"name={connection_name}"),
+    ):
+        code, text = admin(port, *words)
+        results[" ".join(Path(w).name if "/" in w else w for w in words[:2])] = {
+            "exit": code,
+            "text": text[:300],
+        }
+    for path in (
+        "/api/health/checks/alarms",
+        "/api/health/checks/local-alarms",
+        "/api/health/checks/amqha-active-in-sync",
+        "/api/aliveness-test/%2F",
+    ):
+        status, body = http(port, path)
+        results[path] = {"status": status, "body": body}
+    return results
+
+
+def figures(queues: Any) -> dict[str, Any]:
+    queue = next((q for q in queues if q.get("name") == QUEUE), {})
+    return {
+        key: queue.get(key)
+        for key in ("messages", "messages_ready", "messages_unacknowledged", "consumers", "durable")
+    }
+
+
+def run_side(name: str, amqp_port: int, http_port: int, workdir: Path) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    connection = traffic(amqp_port)
+    try:
+        # Statistics in RabbitMQ arrive every few seconds: wait for the connection and the
+        # queue's figures to be there.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status, queues = http(http_port, "/api/queues/%2F")
+            status2, connections = http(http_port, "/api/connections")
+            if (
+                status == 200
+                and figures(queues).get("messages") == 4
+                and status2 == 200
+                and connections
+            ):
+                break
+            connection.process_data_events(0.5)
+        result = {
+            "rabbitmqadmin": rabbitmqadmin_calls(http_port, workdir),
+            "pyrabbit2": pyrabbit_calls(http_port),
+            "figures": figures(http(http_port, "/api/queues/%2F")[1]),
+        }
+        connection_name = connections[0]["name"] if connections else ""
+        result["changes"] = changes(http_port, workdir, connection_name)
+    finally:
+        if connection.is_open:
+            with contextlib.suppress(Exception):  # closed by the test's own close call
+                connection.close()
+    return result
+
+
+def compare(rabbit: dict[str, Any], amqha: dict[str, Any]) -> dict[str, Any]:
+    report: dict[str, Any] = {"figures": {"rabbitmq": rabbit["figures"], "amqha": amqha["figures"]}}
+    for tool in ("rabbitmqadmin", "pyrabbit2", "changes"):
+        rows = {}
+        for call, theirs in rabbit[tool].items():
+            ours = amqha[tool].get(call, {})
+            row: dict[str, Any] = {}
+            for key in ("exit", "status", "ok"):
+                if key in theirs:
+                    row[key] = {"rabbitmq": theirs[key], "amqha": ours.get(key)}
+            if "value" in theirs and "value" in ours:
+                row["missing_in_amqha"] = missing(keys(theirs["value"]), keys(ours["value"]))
+            if "error" in ours:
+                row["amqha_error"] = ours["error"]
+            if "error" in theirs:
+                row["rabbitmq_error"] = theirs["error"]
+            if ours.get("exit") not in (None, 0) or ours.get("status") not in (None, 200, 204):
+                row["amqha_said"] = ours.get("text") or ours.get("body")
+            rows[call] = row
+        report[tool] = rows
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the JSON report here")
+    args = parser.parse_args()
+    available, how = ensure_installed()
+    if not available:
+        print(json.dumps({"rabbitmq": how}), flush=True)
+        return 1
+    workdir = Path(tempfile.mkdtemp(prefix="amqha-mgmt-compat-"))
+    rabbit_http = free_port()
+    node = RabbitNode()
+    (node.dir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+    with open(node.dir / "rabbitmq.conf", "a") as conf:
+        conf.write(f"management.tcp.port = {rabbit_http}\nmanagement.tcp.ip = 127.0.0.1\n")
+    amqha_http = free_port()
+    server = ServerProcess(
+        workdir / "amqha",
+        "solo",
+        users=[{"name": "guest", "password": "guest", "vhosts": ["/"], "tags": ["administrator"]}],
+        management={"listen": f"127.0.0.1:{amqha_http}"},
+    )
+    try:
+        node.start()
+        wait_for_port(rabbit_http, timeout=60)
+        server.start()
+        rabbit = run_side("rabbitmq", node.port, rabbit_http, workdir / "rabbitmq-side")
+        ours = run_side("amqha", server.port, amqha_http, workdir / "amqha-side")
+        # A RabbitMQ user's migration: RabbitMQ's own export, imported into amqha as it is.
+        code, text = admin(amqha_http, "import", str(workdir / "rabbitmq-side" / "exported.json"))
+        migration = {"exit": code, "text": text[:300]}
+        status, imported = http(amqha_http, f"/api/queues/%2F/{QUEUE}")
+        migration["queue_after_import"] = status
+    finally:
+        server.stop()
+        node.stop()
+    report = {
+        "rabbitmq_version": node.version,
+        **compare(rabbit, ours),
+        "migration": migration,
+    }
+    text = json.dumps(report, indent=1, default=str)
+    print(text, flush=True)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

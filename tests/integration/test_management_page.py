@@ -1,0 +1,134 @@
+"""The web page in a real headless Chromium (DevTools protocol): it signs in, shows both
+servers of a real pair with their roles, the queues and the merged event log; after a
+kill -9 of the primary it shows the backup ACTIVE and the primary not running, within a
+bounded wait; the browser's console has no error; no confirmed message is lost.
+
+With AMQHA_SCREENSHOTS=DIR the two screenshots are also written there (docs/ keeps
+``management-page.png`` and ``management-page-failover.png``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from tests.browser import Browser, chromium
+from tests.integration.protocol_support import unique
+from tests.integration.test_management import MGMT_USERS, Api, until_value
+from tests.pairs import client_vote
+from tests.support import free_port
+
+pytestmark = pytest.mark.slow
+
+NODE_STATE = (
+    "(document.querySelector('[data-node=\"amqha@{name}\"]') || {{dataset: {{}}}}).dataset.state"
+)
+
+
+def state_of(name: str) -> str:
+    return NODE_STATE.format(name=name)
+
+
+async def test_the_page_follows_a_failover(make_pair, tmp_path: Path) -> None:
+    if chromium() is None:
+        pytest.skip("chromium is not installed (Debian's chromium: the Makefile's venv step)")
+    pair = make_pair(users=MGMT_USERS)
+    ports = [free_port(), free_port()]
+    for index, server in enumerate(pair.servers):
+        server.config["management"] = {
+            "listen": f"127.0.0.1:{ports[index]}",
+            "peer": f"127.0.0.1:{ports[1 - index]}",
+        }
+    backup_api = Api(ports[1])
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    name = unique("shown")
+    confirmed = 40
+    connection = await aio_pika.connect(pair.primary.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue(name, durable=True)
+        for index in range(confirmed):
+            await channel.default_exchange.publish(
+                aio_pika.Message(str(index).encode(), delivery_mode=2), routing_key=name
+            )
+
+    browser = await Browser(tmp_path).start()
+    try:
+        await browser.navigate(f"http://127.0.0.1:{ports[1]}/")
+        await browser.wait_for("document.readyState === 'complete'", 30, "the page loads")
+        await browser.evaluate(
+            "document.getElementById('user').value = 'admin';"
+            "document.getElementById('password').value = 'admin';"
+            "document.getElementById('login-form').requestSubmit(); true"
+        )
+        await browser.wait_for(
+            f"{state_of('backup')} === 'PASSIVE' && {state_of('primary')} === 'ACTIVE'",
+            30,
+            "both servers shown: the backup PASSIVE, the primary ACTIVE",
+        )
+        await browser.wait_for(
+            f"[...document.querySelectorAll('#queues td')].some(td => td.textContent === '{name}')",
+            30,
+            "the queue listed",
+        )
+        await browser.wait_for(
+            "document.getElementById('events-note').textContent.startsWith('Merged')"
+            " && document.querySelectorAll('#events tr').length > 0",
+            30,
+            "the merged event log",
+        )
+        servers = await browser.evaluate(
+            "[...new Set([...document.querySelectorAll('#events .ev-server')]"
+            ".map(td => td.textContent))].sort()"
+        )
+        assert servers == ["backup", "primary"]
+        await browser.wait_for(
+            "document.getElementById('status').dataset.ok === '1'", 30, "the status line"
+        )
+        before = tmp_path / "management-page.png"
+        await browser.screenshot(before)
+
+        pair.kill(pair.primary)
+        await client_vote(pair.servers, retry_for=30.0)
+        await browser.wait_for(
+            f"{state_of('backup')} === 'ACTIVE' && {state_of('primary')} === 'down'",
+            30,
+            "the backup ACTIVE, the primary not running",
+        )
+        await browser.wait_for(
+            "document.getElementById('events-note').textContent.startsWith('Only this')",
+            30,
+            "the page says only this server's log is shown",
+        )
+        after = tmp_path / "management-page-failover.png"
+        await browser.screenshot(after)
+        assert browser.errors == []
+    finally:
+        await browser.stop()
+    target = os.environ.get("AMQHA_SCREENSHOTS")
+    if target:
+        for shot in (before, after):
+            shutil.copy(shot, Path(target) / shot.name)
+
+    # Nothing confirmed was lost: every message is on the new ACTIVE.
+    shape = await until_value(
+        lambda: backup_api.get(f"/api/queues/%2F/{name}"),
+        lambda q: q["messages"] == confirmed,
+        10,
+        "every confirmed message on the backup",
+    )
+    assert shape["messages_ready"] == confirmed
+    backup = await aio_pika.connect(pair.backup.url)
+    async with backup:
+        channel = await backup.channel()
+        queue = await channel.declare_queue(name, durable=True, passive=True)
+        bodies = set()
+        for _ in range(confirmed):
+            message = await queue.get(timeout=5)
+            bodies.add(int(message.body))
+            await message.ack()
+    assert bodies == set(range(confirmed))
