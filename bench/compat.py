@@ -724,6 +724,7 @@ def celery_run(broker: str, failover: bool) -> dict[str, str]:
             ],
             cwd=app_dir,
             env=env,
+            stdout=sys.stderr,  # its banner is not the table's
         )
         client = subprocess.Popen(
             [str(python), "compat_client.py", str(CELERY_TASKS), "failover" if failover else "-"],
