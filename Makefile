@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'
 	@touch $(STAMP)
 
-## Start the pair on loopback (primary :5672, backup :5673); Ctrl-C stops both.
+## Start the pair on loopback (primary :5672, backup :5673, or PORTS=P,B; a taken port is
+## replaced by a free one, and `amqha console` finds them in var/pair.json); Ctrl-C stops both.
 run: $(STAMP)
-	$(BIN)/amqha pair --config-dir config
+	$(BIN)/amqha pair --config-dir config $(if $(PORTS),--ports $(PORTS))
 
 ## The whole suite: unit, integration (real processes on loopback), Spark.
 test: $(STAMP)

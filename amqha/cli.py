@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,9 +19,10 @@ from urllib.parse import quote, unquote, urlsplit
 import click
 
 from config import ConfigError, load_config
+from config.loader import format_host_port
 from failover.epoch import EpochFileError
 
-from .console import console
+from .console import PAIR_FILE, console
 
 
 class _Commands(click.Group):
@@ -72,7 +74,21 @@ def main() -> None:
 @click.option(
     "--no-uvloop", is_flag=True, help="Use the standard asyncio loop even if uvloop is installed."
 )
-def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: bool) -> None:
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Replace one key of the config file, e.g. --set server.listen=127.0.0.1:6000 (VALUE"
+    " is YAML; `amqha pair` moves ports with it).",
+)
+def start(
+    role: str | None,
+    config_path: str | None,
+    log_level: str,
+    no_uvloop: bool,
+    settings: tuple[str, ...],
+) -> None:
     """Start one broker and serve until SIGTERM or Ctrl-C."""
     from .server import install_uvloop, serve
     from .store import StoreError
@@ -85,7 +101,7 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
             raise click.UsageError("give --config FILE, or --role to use config/<role>.yaml")
         config_path = f"config/{role}.yaml"
     try:
-        config = load_config(config_path, role=role)
+        config = load_config(config_path, role=role, overrides=_settings(settings))
     except ConfigError as error:
         raise click.ClickException(f"bad configuration: {error}") from None
     for line in config.weak_credentials:
@@ -112,8 +128,37 @@ def start(role: str | None, config_path: str | None, log_level: str, no_uvloop: 
     except StoreError as error:
         raise click.ClickException(f"cannot open the message store: {error}") from None
     except OSError as error:
-        where = config.listen if config.tls is None else f"{config.listen} or {config.tls.listen}"
-        raise click.ClickException(f"cannot listen on {where}: {error.strerror}") from None
+        raise click.ClickException(_listen_failure(config, error)) from None
+
+
+def _settings(settings: tuple[str, ...]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` options as overrides; VALUE is read as YAML."""
+    import yaml
+
+    overrides: dict[str, Any] = {}
+    for setting in settings:
+        key, sign, text = setting.partition("=")
+        if not sign or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {setting!r}", param_hint="--set")
+        try:
+            overrides[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise click.BadParameter(
+                f"{key}: not a YAML value: {getattr(error, 'problem', error)}", param_hint="--set"
+            ) from None
+    return overrides
+
+
+def _listen_failure(config: Any, error: OSError) -> str:
+    """Why a server cannot listen, naming the address that failed (AMQP, amqps, metrics:
+    the error says which one), in one line."""
+    text = error.strerror or str(error)
+    bound = re.search(r"bind on address \('?\[?([^',\]]+)\]?'?, (\d+)[^)]*\): (.+)", text)
+    if bound:
+        host, port, reason = bound.groups()
+        return f"cannot listen on {format_host_port(host, int(port))}: {reason}"
+    where = config.listen if config.tls is None else f"{config.listen} or {config.tls.listen}"
+    return f"cannot listen on {where}: {text}"
 
 
 @main.command()
@@ -167,66 +212,145 @@ def witness(listen: str, secret_file: str) -> None:
     show_default=True,
     help="Folder holding primary.yaml and backup.yaml.",
 )
-def pair(config_dir: str) -> None:
+@click.option(
+    "--ports",
+    metavar="PRIMARY,BACKUP",
+    default=None,
+    help="The two servers' AMQP ports (their other listeners move by the same offset);"
+    " default: the configs' own, any that is taken replaced by a free one.",
+)
+@click.option(
+    "--pair-file",
+    default=PAIR_FILE,
+    show_default=True,
+    metavar="FILE",
+    help="Where to write the servers' addresses for `amqha console` (removed at the end).",
+)
+def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     """Run the primary and the backup together on this machine; Ctrl-C stops both.
 
     The first run makes the files under CONFIG_DIR/local/ (0700) that the configs read
     (the shipped ones: the pair's secret and the admin and peering passwords), 0600
     each: nothing secret is shipped, and `amqha console` finds the admin password there.
 
+    Ports: --ports PRIMARY,BACKUP puts the two AMQP listeners there and moves every other
+    `listen` of the configs (tls, metrics...) by the same offset. Without it, a port that
+    is taken is replaced by a free one, and each move is printed. Either way the servers'
+    addresses are written to PAIR_FILE, where `amqha console` finds them.
+
     Each server's log lines are prefixed with its name. The two pids come first: kill -9
-    the ACTIVE one to watch the other take over. A server that ends is reported (how, and
+    the ACTIVE one to watch the other take over. A server that cannot start (a port it
+    cannot listen on, a bad store) stops the command with its reason and exit status 1:
+    a pair is never left with one server. A server that ends later is reported (how, and
     the command that starts it again) while the other runs on; the exit status is 1 if
     either ended other than by Ctrl-C or SIGTERM.
     """
     from config.local import ensure_credentials, named_in
 
-    configs = [Path(config_dir) / f"{role}.yaml" for role in ("primary", "backup")]
-    made = ensure_credentials(config_dir, named_in(configs))
+    from . import ports as pair_ports
+
+    wanted = None
+    if ports is not None:
+        try:
+            wanted = pair_ports.parse_ports(ports)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--ports") from None
+    running = _running_pair(pair_file)
+    if running is not None:
+        raise click.ClickException(
+            f"a pair started here runs already (amqha pair, pid {running}; its servers are in"
+            f" {pair_file}): stop it first (its servers use the same data dirs), or use"
+            " `amqha console` on it"
+        )
+    paths = {role: Path(config_dir) / f"{role}.yaml" for role in ("primary", "backup")}
+    made = ensure_credentials(config_dir, named_in(paths.values()))
     if made:
         _say(
             f"made {', '.join(str(path) for path in made)} (0600, kept out of git): this"
             " install's own pair secret and passwords, which the configs read"
         )
-    roles: dict[str, subprocess.Popen[bytes]] = {}
-    for role in ("primary", "backup"):
-        path = Path(config_dir) / f"{role}.yaml"
+    for role, path in paths.items():
         try:
-            load_config(path, role=role)
+            load_config(path, role=role)  # the file as it is first: its own errors named
         except ConfigError as error:
             raise click.ClickException(f"bad configuration: {error}") from None
+    plan = pair_ports.plan({role: _yaml(path) for role, path in paths.items()}, wanted)
+    for note in plan.notes:
+        _say(note)
+    commands: dict[str, list[str]] = {}
+    for role, path in paths.items():
+        overrides = plan.overrides[role]
+        try:
+            load_config(path, role=role, overrides=overrides)
+        except ConfigError as error:
+            raise click.ClickException(f"bad configuration: {error}") from None
+        commands[role] = [
+            "start",
+            "--role",
+            role,
+            "--config",
+            str(path),
+            *pair_ports.set_arguments(overrides),
+        ]
+    roles: dict[str, subprocess.Popen[bytes]] = {}
+    relays: dict[str, _Relay] = {}
+    for role in ("primary", "backup"):
         process = subprocess.Popen(
-            [sys.executable, "-m", "amqha", "start", "--role", role, "--config", str(path)],
+            [sys.executable, "-m", "amqha", *commands[role]],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         roles[role] = process
-        threading.Thread(target=_relay, args=(role, process), daemon=True).start()
+        relays[role] = _Relay(role, process)
     _say(f"primary pid {roles['primary'].pid}, backup pid {roles['backup'].pid}; Ctrl-C stops both")
 
     stopping = threading.Event()  # set by SIGTERM: the servers' endings are then expected
 
     def stop(*_: object) -> None:
         stopping.set()
+        # Ctrl-C reaches the whole process group, some shells or tools send it twice: the
+        # servers have theirs, and this command must get through its stop and clean up.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for process in roles.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
+    written = False
+    failed_start: str | None = None
     # Runs while either server lives: killing one to watch the other take over is the point.
     # A SIGTERM ends it too; the servers are then given 10 s each below.
     ended: set[str] = set()
     try:
         while not stopping.is_set() and any(p.poll() is None for p in roles.values()):
+            serving = all(relay.listening.is_set() for relay in relays.values())
+            if serving and not written:
+                written = _write_pair_file(pair_file, config_dir, plan.main)
+                where = ", ".join(f"{role} {address}" for role, address in plan.main.items())
+                console = "amqha console status" + (
+                    "" if pair_file == PAIR_FILE else f" --pair-file {pair_file}"
+                )
+                _say(f"serving: {where}; the console finds them in {pair_file}: {console}")
             for role, process in roles.items():
-                if role not in ended and process.returncode is not None:
-                    ended.add(role)
-                    other = "backup" if role == "primary" else "primary"
-                    _say(
-                        f"the {role} ended ({_ending(process.returncode)}); the {other} runs"
-                        f" on. Start the {role} again with: amqha start --role {role}"
-                        f" --config {Path(config_dir) / f'{role}.yaml'}"
+                if role in ended or process.returncode is None:
+                    continue
+                ended.add(role)
+                other = "backup" if role == "primary" else "primary"
+                if not relays[role].listening.is_set():
+                    # It never served: the pair must not run on as one server.
+                    relays[role].done.wait(5)
+                    failed_start = (
+                        f"the {role} could not start ({relays[role].last or _ending(process.returncode)});"
+                        f" stopping the {other}"
                     )
+                    _say(failed_start)
+                    stop()
+                    break
+                again = " ".join(["amqha", *commands[role]])
+                _say(
+                    f"the {role} ended ({_ending(process.returncode)}); the {other} runs"
+                    f" on. Start the {role} again with: {again}"
+                )
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass
@@ -237,15 +361,74 @@ def pair(config_dir: str) -> None:
         except subprocess.TimeoutExpired:
             process.kill()  # deaf to SIGTERM for 10 s: killed, and reaped to say so
             process.wait()
+    if written:
+        _remove_pair_file(pair_file)
     clean = {0, -signal.SIGTERM, -signal.SIGINT}
     failed = [
         f"the {role} {_ending(p.returncode)}"
         for role, p in roles.items()
         if p.returncode not in clean
     ]
+    if failed_start is not None and not failed:
+        failed = [failed_start.split(";")[0]]
     if failed:
         _say(f"exit status 1: {', '.join(failed)}")
     sys.exit(1 if failed else 0)
+
+
+def _yaml(path: Path) -> Any:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def _write_pair_file(path: str, config_dir: str, servers: dict[str, str]) -> bool:
+    """The servers' addresses for `amqha console`, and the folder of their configs (where
+    the admin password is); written whole (beside it, then renamed)."""
+    import json
+
+    target = Path(path)
+    data = {
+        "servers": [servers[role] for role in ("primary", "backup") if role in servers],
+        "config_dir": str(Path(config_dir).resolve()),
+        "pid": os.getpid(),
+    }
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(json.dumps(data) + "\n")
+        os.replace(partial, target)
+    except OSError as error:
+        _say(f"cannot write {path} ({error.strerror}): give the console --server HOST:PORT")
+        return False
+    return True
+
+
+def _running_pair(path: str) -> int | None:
+    """The pid of the `amqha pair` that wrote PATH, if that process still runs."""
+    from .console import read_pair_file
+
+    data = read_pair_file(path)
+    pid = data.get("pid") if data is not None else None
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a file left by a pair that did not stop cleanly
+    except PermissionError:
+        pass  # another user's process: it runs
+    return pid
+
+
+def _remove_pair_file(path: str) -> None:
+    """Remove the pair file if it is still this command's (another may have replaced it)."""
+    from .console import read_pair_file
+
+    data = read_pair_file(path)
+    if data is not None and data.get("pid") == os.getpid():
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def _say(text: str) -> None:
@@ -263,11 +446,31 @@ def _ending(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _relay(name: str, process: subprocess.Popen[bytes]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        sys.stdout.write(f"[{name:7}] {line.decode(errors='replace')}")
-        sys.stdout.flush()
+class _Relay:
+    """Copies a server's output to ours, each line prefixed with its name, on a thread;
+    notes when the server says it listens, and keeps its last line (the reason, when it
+    could not start)."""
+
+    def __init__(self, name: str, process: subprocess.Popen[bytes]) -> None:
+        self.name = name
+        self.listening = threading.Event()
+        self.done = threading.Event()
+        self.last: str | None = None
+        threading.Thread(target=self._run, args=(process,), daemon=True).start()
+
+    def _run(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        try:
+            for raw in process.stdout:
+                line = raw.decode(errors="replace")
+                sys.stdout.write(f"[{self.name:7}] {line}")
+                sys.stdout.flush()
+                if line.strip():
+                    self.last = line.strip()
+                if " listening on " in line and line.startswith("amqha "):
+                    self.listening.set()
+        finally:
+            self.done.set()
 
 
 @main.command()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -483,6 +484,26 @@ def _read_yaml(path: str, text: str) -> Any:
         ) from None
 
 
+def _override(path: str, data: Any, key: str, value: Any) -> Any:
+    """``data`` with the dotted ``key`` set to ``value`` (sections made as needed)."""
+    names = key.split(".")
+    if not all(names):
+        raise ConfigError(path, key, "an override needs a dotted key such as server.listen")
+    top = {} if data is None else data
+    section = top
+    for index, name in enumerate(names[:-1]):
+        if not isinstance(section, dict):
+            break
+        section = section.setdefault(name, {})
+        if not isinstance(section, dict):
+            where = ".".join(names[: index + 1])
+            raise ConfigError(path, where, f"is not a section, so {key} cannot be set")
+    if not isinstance(section, dict):
+        raise ConfigError(path, key, "the file is not a mapping of sections")
+    section[names[-1]] = value
+    return top
+
+
 def _refuse_duplicate_keys(path: str, node: yaml.Node, prefix: str) -> None:
     """PyYAML keeps the last of two equal keys; a file that says two things is refused."""
     if isinstance(node, yaml.MappingNode):
@@ -714,10 +735,17 @@ def _auth(path: str, section: _Section) -> AuthConfig:
     return AuthConfig(tuple(loopback_users), delay)
 
 
-def load_config(path: str | os.PathLike[str], role: str | None = None) -> ServerConfig:
+def load_config(
+    path: str | os.PathLike[str],
+    role: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ServerConfig:
     """Read and validate ``path``.
 
     ``role`` (from the command line) may fill in a missing failover.role, never contradict it.
+    ``overrides`` ({"server.listen": "127.0.0.1:6000", ...}: ``amqha start --set``, which
+    ``amqha pair`` uses to move a pair's ports) replace keys of the file before it is
+    validated, so a bad value is named as the file's key would be.
     """
     path = str(path)
     try:
@@ -725,6 +753,8 @@ def load_config(path: str | os.PathLike[str], role: str | None = None) -> Server
     except OSError as error:
         raise ConfigError(path, "(file)", f"cannot read: {error.strerror}") from None
     data = _read_yaml(path, text)
+    for key, value in (overrides or {}).items():
+        data = _override(path, data, key, value)
     top = _Section(path, "", data)
     server = top.section("server")
     name = server.get("name", str, "amqha")

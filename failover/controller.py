@@ -805,6 +805,8 @@ class FailoverController:
             },
             "misconfigured": machine.misconfigured,
             "in_sync": machine.in_sync,
+            # A PASSIVE that lost its peer: what the next client's connection would do.
+            "takeover": fsm.vote_outlook(machine, now),
             "replication": self.broker.replication_status(),
             "malformed_peer_messages": self.malformed,
             "event_log_lost": self.events.lost,

@@ -689,3 +689,27 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
 }
+
+
+WAITING_FOR_VOTE = (
+    "takeover waits for a client: the peer is lost, and the next client to connect "
+    "votes this server ACTIVE (the client vote)"
+)
+
+
+def vote_outlook(machine: Machine, now: float) -> str | None:
+    """What the next client's connection would do to a PASSIVE that has lost its peer, in
+    words for the console's status: ``WAITING_FOR_VOTE``, or why no takeover will come of
+    it. None while the peer is heard, in the grace after a start, or when not PASSIVE.
+
+    It asks the table itself (``step`` is pure, its outcome is dropped), so the console
+    never says other than what a client's vote would do (docs/operations.md, "Console").
+    """
+    if machine.state is not State.PASSIVE or machine.peer_alive(now):
+        return None
+    decision = step(machine, Event.CLIENT_REQUEST, now).decision
+    if isinstance(decision, Accept):
+        return WAITING_FOR_VOTE
+    if isinstance(decision, Refuse):
+        return f"no takeover by client vote: {decision.reason}"
+    return None

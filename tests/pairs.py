@@ -247,9 +247,13 @@ class Pair:
         ]
         return bool(records) and records[-1].get("sync") == "in_sync"
 
-    async def settled(self, timeout: float = 60.0) -> tuple[ServerProcess, ServerProcess]:
+    async def settled(
+        self, timeout: float = 60.0, interval: float = 0.02
+    ) -> tuple[ServerProcess, ServerProcess]:
         """Until one server is ACTIVE and the other PASSIVE and in sync (a dual active
-        resolving, a restart still joining, are waited out): (active, passive)."""
+        resolving, a restart still joining, are waited out): (active, passive).
+
+        ``interval``: between two reads of the event logs (each reads both whole)."""
 
         def healthy() -> tuple[ServerProcess, ServerProcess] | None:
             states = self.states()
@@ -262,7 +266,11 @@ class Pair:
             return (active, passive) if not self.replicating or self.in_sync(passive) else None
 
         found: tuple[ServerProcess, ServerProcess] = await poll(
-            healthy, timeout, "one ACTIVE and one PASSIVE in sync, logs say {}", self.states
+            healthy,
+            timeout,
+            "one ACTIVE and one PASSIVE in sync, logs say {}",
+            self.states,
+            interval=interval,
         )
         return found
 

@@ -12,7 +12,9 @@ oldest one that has sent no request is dropped for the newcomer), and a socket's
 request must be in within REQUEST_TIMEOUT (``BoundedConnection``, as the metrics
 endpoint's); a successful login is remembered for LOGIN_CACHE_SECONDS
 (at most LOGIN_CACHE_SIZE of them) so the page's polling does not cost an scrypt check
-every two seconds; a refused one costs its sender ``auth.failed_login_delay``.
+every two seconds; a refused one costs its sender ``auth.failed_login_delay``. The
+page's history reads at most HISTORY_BYTES of an event log, HISTORY_SECONDS back, and
+reads this server's again only when its log has changed (``timeline`` computes from it).
 
 Must not know: how the model routes or stores (``core``), how failover decides (it reads
 the broker's ``gate.Pair``); what a user may see is ``access``, the JSON is ``shapes``.
@@ -26,6 +28,8 @@ import binascii
 import hashlib
 import json
 import logging
+import math
+import os
 import ssl
 import time
 from collections import OrderedDict
@@ -45,7 +49,7 @@ from ..console import read_events
 from ..core.message import Message
 from ..logtext import escaped
 from ..wire import address_of
-from . import access, definitions, shapes
+from . import access, definitions, shapes, timeline
 
 if TYPE_CHECKING:
     from ..host import ManagementSource
@@ -59,6 +63,10 @@ LOGIN_CACHE_SECONDS = 60.0
 LOGIN_CACHE_SIZE = 1024
 SHUTDOWN_TIMEOUT = 0.5
 PEER_TIMEOUT = 2.0
+# The history reads at most this much of the end of an event log, and answers at most two
+# days back (docs/operations.md, "Web page").
+HISTORY_BYTES = 4 * 1024 * 1024
+HISTORY_SECONDS = 2 * 86400.0
 HANDLER_OPTIONS: dict[str, Any] = {
     "max_line_size": 8192,
     "max_field_size": 8192,
@@ -131,6 +139,11 @@ class ManagementEndpoint:
         # sha256(authorization header) -> (user, expiry on the loop's clock)
         self.logins: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
         self.session: aiohttp.ClientSession | None = None
+        # The peer's history as last answered: kept so that the timeline still shows a
+        # peer that stopped answering (killed), up to its last sign of life.
+        self.peer_history: dict[str, Any] | None = None
+        # (inode, size, since) -> this server's history, read once per change of its log.
+        self.own_history: tuple[tuple[int, int, float], list[dict[str, Any]]] | None = None
         self.listener: asyncio.base_events.Server | None = None
         # Open sockets, oldest first.
         self.sockets: dict[BoundedConnection, None] = {}
@@ -241,6 +254,8 @@ class ManagementEndpoint:
         post("/api/definitions", self.post_definitions)
         get("/api/amqha/events", self.events)
         get("/api/amqha/peer-events", self.peer_events)
+        get("/api/amqha/history", self.history)
+        get("/api/amqha/timeline", self.timeline)
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -726,9 +741,19 @@ class ManagementEndpoint:
         if peer is None:
             return _json({"available": False, "reason": "management.peer is not configured"})
         limit = _int_query(request, "limit", 100, 1, 1000)
+        answer = await self._ask_peer(request, f"/api/amqha/events?limit={limit}")
+        return _json(answer)
+
+    async def _ask_peer(self, request: web.Request, path: str) -> dict[str, Any]:
+        """GET ``path`` of the peer's management listener with the caller's credentials:
+        its JSON with ``available`` true, or ``available`` false and why."""
+        assert self.config is not None
+        peer = self.config.peer
+        if peer is None:
+            return {"available": False, "reason": "management.peer is not configured"}
         scheme = "https" if self.config.tls else "http"
         host = f"[{peer[0]}]" if ":" in peer[0] else peer[0]
-        url = f"{scheme}://{host}:{peer[1]}/api/amqha/events?limit={limit}"
+        url = f"{scheme}://{host}:{peer[1]}{path}"
         if self.session is None:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT))
         try:
@@ -738,15 +763,79 @@ class ManagementEndpoint:
                 ssl=self._peer_ssl(),
             ) as answer:
                 if answer.status != 200:
-                    return _json(
-                        {"available": False, "reason": f"the peer answered {answer.status}"}
-                    )
+                    return {"available": False, "reason": f"the peer answered {answer.status}"}
                 body = await answer.json()
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as error:
-            return _json(
-                {"available": False, "reason": f"the peer did not answer: {type(error).__name__}"}
-            )
-        return _json({"available": True, **body})
+            return {
+                "available": False,
+                "reason": f"the peer did not answer: {type(error).__name__}",
+            }
+        if not isinstance(body, dict):
+            return {"available": False, "reason": "the peer's answer is not a JSON object"}
+        return {"available": True, **body}
+
+    # -- the pair's history (the page's timeline) ------------------------------------------
+
+    async def history(self, request: web.Request) -> web.StreamResponse:
+        """This server's records from ``since`` (epoch seconds; at most HISTORY_SECONDS
+        back), for its peer's timeline."""
+        _need(access.is_monitor(request["user"]))
+        now = time.time()
+        try:
+            since = float(request.query.get("since", now - 3600))
+        except ValueError:
+            raise ApiError(400, "bad_request", "since must be a number (epoch seconds)") from None
+        if not math.isfinite(since):
+            raise ApiError(400, "bad_request", "since must be a finite number (epoch seconds)")
+        since = max(now - HISTORY_SECONDS, min(now, since))
+        records = await self._own_history(since)
+        return _json({"server": self.broker.config.name, "since": since, "records": records})
+
+    async def timeline(self, request: web.Request) -> web.StreamResponse:
+        """Both servers' states over the last ``hours`` (1, 3, 12 or 24), the unprotected
+        spans, outages, dual-active spells and incidents, and the pair's unprotected time
+        since UTC midnight (docs/operations.md, "Web page")."""
+        _need(access.is_monitor(request["user"]))
+        hours = _int_query(request, "hours", timeline.DEFAULT_HOURS, 1, 24)
+        if hours not in timeline.HOURS:
+            raise ApiError(400, "bad_request", f"hours must be one of {timeline.HOURS}")
+        now = time.time()
+        since = now - hours * 3600.0
+        # On a minute's boundary: the same read serves a minute of the page's refreshes.
+        read_from = math.floor(min(since, timeline.midnight(now)) / 60) * 60.0
+        own = await self._own_history(read_from)
+        name = self.broker.config.name
+        logs: dict[str, list[dict[str, Any]]] = {name: own}
+        answer = await self._ask_peer(request, f"/api/amqha/history?since={read_from!r}")
+        if answer["available"] and isinstance(answer.get("records"), list):
+            self.peer_history = {
+                "server": answer.get("server"),
+                "records": [r for r in answer["records"] if timeline.good(r)],
+                "at": now,
+            }
+            peer = {"available": True}
+        else:
+            peer = {"available": False, "reason": answer.get("reason", "no records")}
+        cached = self.peer_history
+        if cached is not None and cached["server"] and cached["server"] != name:
+            logs[cached["server"]] = [r for r in cached["records"] if r["node"] == cached["server"]]
+            if not peer["available"]:
+                peer["as_of"] = cached["at"]
+        found = await asyncio.to_thread(timeline.pair_timeline, logs, since, now)
+        return _json({"hours": hours, "server": name, "peer": peer, **found})
+
+    async def _own_history(self, since: float) -> list[dict[str, Any]]:
+        path = self.broker.config.event_log_path
+        try:
+            stat = await asyncio.to_thread(os.stat, path)
+        except OSError:
+            return []
+        key = (stat.st_ino, stat.st_size, since)
+        if self.own_history is not None and self.own_history[0] == key:
+            return self.own_history[1]
+        records = await asyncio.to_thread(read_history, path, since)
+        self.own_history = (key, records)
+        return records
 
     def _peer_ssl(self) -> ssl.SSLContext | bool:
         tls = self.broker.config.tls
@@ -785,6 +874,23 @@ class ManagementEndpoint:
             plan.summary(),
         )
         return web.Response(status=204)
+
+
+def read_history(path: str, since: float) -> list[dict[str, Any]]:
+    """An event log's records for a history from ``since`` (``timeline.history_from_lines``),
+    from at most its last HISTORY_BYTES, whole lines only."""
+    try:
+        with open(path, "rb") as log_file:
+            size = log_file.seek(0, 2)
+            start = max(0, size - HISTORY_BYTES)
+            log_file.seek(start)
+            data = log_file.read(HISTORY_BYTES)
+    except OSError:
+        return []
+    lines = data[: data.rfind(b"\n") + 1].splitlines()
+    if start > 0:
+        lines = lines[1:]  # the window may begin mid-line
+    return timeline.history_from_lines(lines, since)
 
 
 ALIVENESS_QUEUE = "aliveness-test"

@@ -1,7 +1,9 @@
 """The web page in a real headless Chromium (DevTools protocol): it signs in, shows both
-servers of a real pair with their roles, the queues and the merged event log; after a
-kill -9 of the primary it shows the backup ACTIVE and the primary not running, within a
-bounded wait; the browser's console has no error; no confirmed message is lost.
+servers of a real pair with their roles, the queues, the merged event log and the timeline
+of both servers; after a kill -9 of the primary it shows the backup ACTIVE and the primary
+not running, the takeover on the timeline and the backup's time alone counted as
+unprotected, within bounded waits; the browser's console has no error; no confirmed
+message is lost.
 
 With AMQHA_SCREENSHOTS=DIR the two screenshots are also written there (docs/ keeps
 ``management-page.png`` and ``management-page-failover.png``)."""
@@ -26,6 +28,9 @@ pytestmark = pytest.mark.slow
 NODE_STATE = (
     "(document.querySelector('[data-node=\"amqha@{name}\"]') || {{dataset: {{}}}}).dataset.state"
 )
+
+
+UNPROTECTED = "Number(document.getElementById('unprotected-today').dataset.seconds)"
 
 
 def state_of(name: str) -> str:
@@ -89,6 +94,22 @@ async def test_the_page_follows_a_failover(make_pair, tmp_path: Path) -> None:
         await browser.wait_for(
             "document.getElementById('status').dataset.ok === '1'", 30, "the status line"
         )
+        # The timeline: both lanes, the primary's ACTIVE; the unprotected figure is shown.
+        await browser.wait_for(
+            "document.querySelector('#timeline rect.state-ACTIVE[data-node=\"primary\"]')"
+            " !== null && document.querySelector('#timeline rect.state-PASSIVE"
+            '[data-node="backup"]\') !== null'
+            " && document.getElementById('unprotected-today').dataset.seconds !== undefined",
+            30,
+            "the timeline with the primary ACTIVE and the backup PASSIVE",
+        )
+        # The 1 hour window, chosen on the page.
+        await browser.evaluate("document.querySelector('#hours [data-hours=\"1\"]').click(); true")
+        await browser.wait_for(
+            "document.getElementById('hours-label').textContent === 'hour'", 30, "the 1 h window"
+        )
+        unprotected_before = await browser.evaluate(UNPROTECTED)
+        assert unprotected_before >= 0
         before = tmp_path / "management-page.png"
         await browser.screenshot(before)
 
@@ -104,6 +125,24 @@ async def test_the_page_follows_a_failover(make_pair, tmp_path: Path) -> None:
             30,
             "the page says only this server's log is shown",
         )
+        # The timeline shows the takeover: the backup's lane has an ACTIVE segment, its peer
+        # lost and survivor marks, and the backup serving alone is unprotected time today.
+        await browser.wait_for(
+            "document.querySelector('#timeline rect.state-ACTIVE[data-node=\"backup\"]')"
+            " !== null && document.querySelector('#timeline .marker-takeover"
+            '[data-node="backup"]\') !== null && document.querySelector('
+            "'#timeline .marker-peer_lost[data-node=\"backup\"]') !== null",
+            30,
+            "the takeover on the timeline",
+        )
+        await browser.wait_for(
+            "document.querySelector('#timeline rect.unprotected[data-node=\"backup\"]')"
+            f" !== null && {UNPROTECTED} > {unprotected_before}",
+            30,
+            "the backup, ACTIVE alone, counted as unprotected",
+        )
+        shown = await browser.evaluate("document.getElementById('unprotected-today').textContent")
+        assert shown.endswith(" s") and shown != "0.0 s"
         after = tmp_path / "management-page-failover.png"
         await browser.screenshot(after)
         assert browser.errors == []
@@ -113,6 +152,24 @@ async def test_the_page_follows_a_failover(make_pair, tmp_path: Path) -> None:
     if target:
         for shot in (before, after):
             shutil.copy(shot, Path(target) / shot.name)
+
+    # The API the timeline reads: the same figure, the takeover; a monitoring login only.
+    history = await backup_api.get("/api/amqha/timeline?hours=1")
+    assert history["hours"] == 1 and history["nodes"] == ["backup", "primary"]
+    assert history["unprotected_today"]["recorded"] is True
+    assert history["unprotected_today"]["seconds"] > unprotected_before
+    assert any(m["kind"] == "takeover" and m["node"] == "backup" for m in history["markers"])
+    assert history["peer"]["available"] is False and "as_of" in history["peer"]
+    own = await backup_api.get(f"/api/amqha/history?since={history['since']}")
+    assert own["server"] == "backup"
+    assert any(r["event"] == "transition" and r["state"] == "ACTIVE" for r in own["records"])
+    for path in ("/api/amqha/timeline?hours=2", "/api/amqha/history?since=nan"):
+        status, body = await backup_api.call("GET", path)
+        assert status == 400, (path, status, body)
+    for user in ("guest", "mgmt"):
+        for path in ("/api/amqha/timeline", "/api/amqha/history?since=0"):
+            status, body = await backup_api.call("GET", path, user)
+            assert status == 401, (user, path, status, body)
 
     # Nothing confirmed was lost: every message is on the new ACTIVE.
     shape = await until_value(

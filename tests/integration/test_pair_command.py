@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import yaml
 from amqha.client import connect
 from config.local import FILES
 from tests.pairs import MakePair, Pair, pair_info
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 WAIT = 60.0  # seconds for any one line to appear, on a loaded machine
 
@@ -52,13 +55,24 @@ class Output:
                 self.changed.wait(min(left, 1.0))
 
 
-def start_command(pair: Pair) -> tuple[subprocess.Popen[str], Output]:
-    """``amqha pair`` on the pair's two config files (neither server started by the test)."""
+def start_command(pair: Pair, *options: str) -> tuple[subprocess.Popen[str], Output]:
+    """``amqha pair`` on the pair's two config files (neither server started by the test),
+    its pair file in the pair's folder."""
     for server in pair.servers:
         server.workdir.mkdir(parents=True, exist_ok=True)
         server.config_path.write_text(yaml.safe_dump(server.config))
     process = subprocess.Popen(
-        [sys.executable, "-m", "amqha", "pair", "--config-dir", str(pair.workdir)],
+        [
+            sys.executable,
+            "-m",
+            "amqha",
+            "pair",
+            "--config-dir",
+            str(pair.workdir),
+            "--pair-file",
+            str(pair.workdir / "pair.json"),
+            *options,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -210,3 +224,195 @@ async def test_the_first_run_on_the_shipped_configs_makes_this_installs_credenti
     finally:
         stop_command(process)
     assert {name: (local / name).read_text() for name in FILES} == values
+
+
+# -- ports: from the command line, free ones for taken ones, a server that cannot listen ----
+
+
+def console_status(pair: Pair) -> subprocess.CompletedProcess[str]:
+    """``amqha console status`` with no --server: the servers the pair file names, as admin
+    with the password under the pair's config folder."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "amqha",
+            "console",
+            "--pair-file",
+            str(pair.workdir / "pair.json"),
+            "status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        cwd=ROOT,
+    )
+
+
+def healthy_status(pair: Pair) -> subprocess.CompletedProcess[str]:
+    """The console's status once it says healthy (exit 0), at most WAIT s."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        status = console_status(pair)
+        if status.returncode == 0:
+            return status
+        assert time.monotonic() < deadline, status.stdout + status.stderr
+        time.sleep(0.2)
+
+
+def admin_password_for_the_console(pair: Pair) -> None:
+    """The test configs give admin a plain password; the console reads it where `make run`
+    keeps it."""
+    local = pair.workdir / "local"
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "admin.password").write_text("admin\n")
+
+
+@contextlib.contextmanager
+def occupied(port: int) -> Iterator[socket.socket]:
+    """Something else listening on ``port`` for the block."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield sock
+
+
+def test_ports_from_the_command_line_move_every_listener_and_the_console_finds_them(
+    make_pair: MakePair,
+) -> None:
+    pair = make_pair(proxied=False)
+    admin_password_for_the_console(pair)
+    metrics = {}
+    for server in pair.servers:
+        metrics[server.name] = free_port()
+        server.config["metrics"] = {"listen": f"127.0.0.1:{metrics[server.name]}"}
+    first, second = free_port(), free_port()
+    process, output = start_command(pair, "--ports", f"{first},{second}")
+    try:
+        serving = output.wait_for(r"^amqha pair: serving: (.*)$")
+        assert serving.group(1) == (
+            f"primary 127.0.0.1:{first}, backup 127.0.0.1:{second}; the console finds them"
+            f" in {pair.workdir / 'pair.json'}: amqha console status --pair-file"
+            f" {pair.workdir / 'pair.json'}"
+        )
+        # The metrics listeners moved with them: by the same offset, or to a free port.
+        for role, port in (("primary", first), ("backup", second)):
+            line = output.wait_for(rf"^\[{role:7}\] .*metrics on http://127\.0\.0\.1:(\d+)/metrics")
+            moved = int(line.group(1))
+            shift = port - (pair.primary if role == "primary" else pair.backup).port
+            assert moved != metrics[role]
+            if moved != metrics[role] + shift:
+                assert output.wait_for(rf"^amqha pair: {role}'s metrics\.listen cannot follow")
+            with urllib.request.urlopen(f"http://127.0.0.1:{moved}/metrics", timeout=WAIT) as page:
+                assert b"amqha_pair_state" in page.read()
+        status = healthy_status(pair)
+        rows = [line.split() for line in status.stdout.splitlines()]
+        assert [row[:4] for row in rows[1:3]] == [
+            [f"127.0.0.1:{first}", "primary", "primary", "ACTIVE"],
+            [f"127.0.0.1:{second}", "backup", "backup", "PASSIVE"],
+        ]
+        assert status.stdout.splitlines()[-1] == "pair: healthy: one ACTIVE, its PASSIVE in sync"
+    finally:
+        stop_command(process)
+    assert process.returncode == 0
+    assert not (pair.workdir / "pair.json").exists()  # the addresses went with the servers
+
+
+def test_a_taken_port_is_replaced_by_a_free_one_and_said(make_pair: MakePair) -> None:
+    pair = make_pair(proxied=False)
+    admin_password_for_the_console(pair)
+    taken = pair.primary.port
+    with occupied(taken):
+        process, output = start_command(pair)
+        try:
+            moved = output.wait_for(
+                rf"^amqha pair: 127\.0\.0\.1:{taken} \(primary's server\.listen\) is taken:"
+                r" using 127\.0\.0\.1:(\d+) instead$"
+            )
+            port = int(moved.group(1))
+            output.wait_for(
+                rf"^amqha pair: serving: primary 127\.0\.0\.1:{port}, backup {pair.backup.address};"
+            )
+            status = healthy_status(pair)
+            assert (
+                f"127.0.0.1:{port}" in status.stdout and f"127.0.0.1:{taken}" not in status.stdout
+            )
+        finally:
+            stop_command(process)
+    assert process.returncode == 0
+
+
+def test_a_server_that_cannot_listen_stops_the_command_with_its_reason(
+    make_pair: MakePair,
+) -> None:
+    """Named ports are taken as given: the server that cannot listen on its port ends the
+    command, which stops the other; no pair is left with one server."""
+    pair = make_pair(proxied=False)
+    first, second = free_port(), free_port()
+    with occupied(first):
+        process, output = start_command(pair, "--ports", f"{first},{second}")
+        try:
+            _, backup_pid = (
+                int(pid)
+                for pid in output.wait_for(
+                    r"^amqha pair: primary pid (\d+), backup pid (\d+)"
+                ).groups()
+            )
+            assert process.wait(timeout=WAIT) == 1
+        finally:
+            stop_command(process)
+    output.thread.join(WAIT)
+    reports = [line for line in output.lines if line.startswith("amqha pair: ")]
+    assert reports[1:] == [
+        f"amqha pair: the primary could not start (Error: cannot listen on 127.0.0.1:{first}:"
+        " address already in use); stopping the backup\n",
+        "amqha pair: exit status 1: the primary exited with status 1\n",
+    ], reports
+    assert not Path(f"/proc/{backup_pid}").exists()
+    assert not (pair.workdir / "pair.json").exists()
+
+
+def test_bad_ports_are_a_usage_error(make_pair: MakePair) -> None:
+    pair = make_pair(proxied=False)
+    for ports, problem in (
+        ("5672", "expected PRIMARY,BACKUP as two port numbers, got '5672'"),
+        ("5672,5672", "the two servers need two ports, got 5672 twice"),
+        ("0,70000", "port 0 is out of range 1..65535"),
+    ):
+        process, output = start_command(pair, "--ports", ports)
+        assert process.wait(timeout=WAIT) == 2
+        output.thread.join(WAIT)
+        text = "".join(output.lines)
+        assert f"Error: Invalid value for --ports: {problem}" in text, text
+        assert "Traceback" not in text
+
+
+def test_a_second_pair_on_the_same_folders_is_refused_while_the_first_runs(
+    make_pair: MakePair,
+) -> None:
+    """The pair file names the command that wrote it: while that process lives, another
+    pair would share its data dirs, and is refused; a file left by one that is gone is not
+    in the way."""
+    pair = make_pair(proxied=False)
+    pair_file = pair.workdir / "pair.json"
+    pair.workdir.mkdir(parents=True, exist_ok=True)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        pair_file.write_text(json.dumps({"servers": [], "config_dir": "x", "pid": running.pid}))
+        process, output = start_command(pair)
+        assert process.wait(timeout=WAIT) == 1
+        output.thread.join(WAIT)
+        assert "".join(output.lines) == (
+            f"Error: a pair started here runs already (amqha pair, pid {running.pid}; its"
+            f" servers are in {pair_file}): stop it first (its servers use the same data"
+            " dirs), or use `amqha console` on it\n"
+        )
+    finally:
+        running.kill()
+        running.wait(WAIT)
+    process, output = start_command(pair)
+    try:
+        serving(pair, output)
+    finally:
+        stop_command(process)
+    assert process.returncode == 0

@@ -28,6 +28,7 @@ from typing import Any
 import aiormq
 import pytest
 
+from amqha.client import Consumer, Publisher
 from amqha.quarantine import read_quarantine
 from tests import netns
 from tests.durability import Ledger, drain, publish_confirmed
@@ -460,3 +461,65 @@ async def test_with_a_witness_a_one_way_partition_changes_nothing(witnessed: Sit
         assert not records(pair, server, "dual_active", cut)
     counts = await loss_check(pair, publishers.ledger)
     assert counts["quarantined"] == 0
+
+
+async def test_the_client_helpers_ride_the_active_cut_off(site: Site) -> None:
+    """amqha.client's Publisher and Consumer (docs/client.md) while the ACTIVE's link is
+    down: they notice the silence by the AMQP heartbeat (1 s, asked in the URLs), move to
+    the backup that their own connects vote in, and carry on there; after the heal (the
+    old ACTIVE yields) every message the publisher had confirmed was consumed or kept in
+    quarantine, and no publish raised."""
+    pair = await started(site)
+    urls = [f"{server.url}?heartbeat=1" for server in pair.servers]
+    sent: set[bytes] = set()
+    confirmed: set[bytes] = set()
+    received: set[bytes] = set()
+    stop = asyncio.Event()
+
+    async def handle(message: Any) -> None:
+        received.add(message.body)
+
+    async def keep_sending(publisher: Publisher) -> None:
+        for number in range(1_000_000):
+            if stop.is_set():
+                return
+            body = b"c%d" % number
+            sent.add(body)
+            future = await publisher.send(body, routing_key=QUEUE)
+            future.add_done_callback(
+                lambda f, b=body: confirmed.add(b) if not f.exception() else None
+            )
+            await asyncio.sleep(0.005)
+
+    async with (
+        Publisher(urls, max_pending=200) as publisher,
+        Consumer(urls, QUEUE, handle, prefetch=20) as consumer,
+    ):
+        sending = asyncio.ensure_future(keep_sending(publisher))
+        try:
+            await poll(lambda: len(confirmed) >= 50, STEP, "confirms on the primary")
+            assert publisher.server == pair.primary.address
+            site.net.link(site.a, up=False)
+            await pair.wait_states(None, "ACTIVE", timeout=STEP)
+            await poll(
+                lambda: publisher.server == pair.backup.address and publisher.pending < 200,
+                STEP,
+                "the publisher confirmed by the backup",
+            )
+            before = len(confirmed)
+            await poll(lambda: len(confirmed) > before + 50, STEP, "more confirms on the backup")
+            await poll(lambda: consumer.server == pair.backup.address, STEP, "the consumer moved")
+            site.net.link(site.a, up=True)
+            await pair.wait_states("PASSIVE", "ACTIVE", timeout=STEP)
+        finally:
+            stop.set()
+            await asyncio.wait_for(sending, STEP)  # a publish never raised
+        await publisher.flush(STEP)
+        kept = quarantined(pair)
+        await poll(lambda: confirmed <= received | kept, STEP, "every confirmed message consumed")
+    assert received <= sent, "a message consumed that nobody sent"
+    assert publisher.failovers == 1 and consumer.failovers == 1
+    print(
+        f"{len(confirmed)} confirmed, 0 lost, {publisher.resent} sent again, "
+        f"{len(kept & confirmed)} kept in quarantine"
+    )

@@ -64,6 +64,19 @@ def test_the_list_moves_on_after_a_failure_and_a_redirect_is_taken_once() -> Non
     assert servers.current().port == 5672
 
 
+def test_after_a_loss_the_list_goes_on_from_the_server_lost() -> None:
+    servers = ServerList(["amqp://u:p@127.0.0.1:5672/", "amqp://u:p@127.0.0.1:5673/"])
+    servers.failed(None, ["127.0.0.1:5673"])  # the first listed redirected us to the second
+    assert servers.current().port == 5673
+    servers.lost(servers.current())  # it served, then was lost: not tried again first
+    assert servers.current().port == 5672 and servers.redirected is None
+    servers.lost(servers.current())
+    assert servers.current().port == 5673
+    handed_over = ConnectionError("(320) NOT_ACTIVE - active server is 127.0.0.1:5672")
+    servers.lost(servers.current(), handed_over)  # closed by a handover: go where it says
+    assert servers.current().port == 5672 and servers.redirected is not None
+
+
 def test_an_empty_list_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one server"):
         ServerList([])

@@ -7,11 +7,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 import yaml
 
-from amqha.console import default_servers
+from amqha.console import ConsoleError, admin_password, default_servers, parse_server
 from config import ConfigError, load_config
 from config.loader import DEMO_SECRET, Limits, is_loopback
 from config.local import ADMIN_PASSWORD, FILES, LOCAL, SECRET, ensure_credentials, named_in
@@ -185,15 +184,19 @@ def test_credentials_are_made_once_private_random_and_kept_out_of_git(tmp_path: 
 def test_the_console_logs_in_to_the_loopback_pair_with_the_made_admin_password(
     tmp_path: Path,
 ) -> None:
-    with pytest.raises(click.UsageError) as missing:
-        default_servers(str(tmp_path))
+    password = admin_password(tmp_path)
+    with pytest.raises(ConsoleError) as missing:
+        parse_server("127.0.0.1:5672", password)
+    assert missing.value.exit_code == 2
     assert f"no {tmp_path / LOCAL / ADMIN_PASSWORD}" in missing.value.message
     ensure_credentials(tmp_path)
-    password = (tmp_path / LOCAL / ADMIN_PASSWORD).read_text().strip()
-    assert default_servers(str(tmp_path)) == (
-        f"amqp://admin:{password}@127.0.0.1:5672/",
-        f"amqp://admin:{password}@127.0.0.1:5673/",
-    )
+    secret = (tmp_path / LOCAL / ADMIN_PASSWORD).read_text().strip()
+    # No pair file (`amqha pair` writes one): the shipped ports.
+    addresses = default_servers(tmp_path / "no-pair.json")
+    assert [parse_server(a, password).url for a in addresses] == [
+        f"amqp://admin:{secret}@127.0.0.1:5672/",
+        f"amqp://admin:{secret}@127.0.0.1:5673/",
+    ]
 
 
 def test_password_file_relative_to_the_config_file(tmp_path: Path) -> None:
@@ -982,3 +985,21 @@ def test_the_shipped_configs_serve_the_management_api_on_loopback() -> None:
             "listen": f"127.0.0.1:{port}",
             "peer": f"127.0.0.1:{peer}",
         }
+
+
+def test_overrides_replace_keys_before_validation_and_are_named_as_the_files_keys(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, VALID)
+    config = load_config(
+        path, overrides={"server.listen": "127.0.0.1:6100", "failover.peer": "127.0.0.1:6101"}
+    )
+    assert (config.host, config.port, config.failover.peer) == ("127.0.0.1", 6100, "127.0.0.1:6101")
+    with pytest.raises(ConfigError) as bad:
+        load_config(path, overrides={"server.listen": "127.0.0.1:http"})
+    assert str(bad.value) == f"{path}: server.listen: port 'http' is not a number"
+    with pytest.raises(ConfigError) as not_a_section:
+        load_config(path, overrides={"server.name.first": "x"})
+    assert str(not_a_section.value) == (
+        f"{path}: server.name: is not a section, so server.name.first cannot be set"
+    )

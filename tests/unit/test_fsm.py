@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from failover.fsm import (
     PEER_EVENT,
     TRANSITIONS,
+    WAITING_FOR_VOTE,
     Accept,
     Action,
     Decision,
@@ -33,6 +34,7 @@ from failover.fsm import (
     Transition,
     next_epoch,
     step,
+    vote_outlook,
 )
 
 TIMEOUT = 3.0
@@ -1419,3 +1421,20 @@ def test_active_keeps_serving_its_clients_whatever_the_witness_says() -> None:
         said = step(machine, event, NOW)
         assert said.transition is None and said.actions == ()
         assert step(said.machine, Event.CLIENT_REQUEST, NOW).decision == Accept()
+
+
+def test_the_vote_outlook_says_what_the_next_client_would_do_to_a_passive() -> None:
+    """The console's status line for a PASSIVE, asked of the table itself."""
+    active_primary = peer(Role.PRIMARY, State.ACTIVE)
+    passive = ours(Role.BACKUP, State.PASSIVE, peer=active_primary)
+    assert vote_outlook(passive, NOW) is None  # the peer is heard: nothing to wait for
+    assert vote_outlook(passive, EXPIRED) == WAITING_FOR_VOTE
+    behind = replace(passive, in_sync=False)
+    assert vote_outlook(behind, EXPIRED) == (
+        "no takeover by client vote: this server is not in sync with the ACTIVE it followed"
+        " (it has not caught up): taking over would lose confirmed messages; `amqha console"
+        " promote --force` or failover.takeover_unsynced overrides"
+    )
+    assert vote_outlook(ours(Role.PRIMARY, State.ACTIVE), EXPIRED) is None
+    # The outlook changes nothing: the same vote still takes over.
+    assert step(passive, Event.CLIENT_REQUEST, EXPIRED).machine.state is State.ACTIVE

@@ -1,0 +1,360 @@
+"""amqha.client's Publisher and Consumer through kill -9s of the ACTIVE, what a failover
+logs, and the publisher's bound (docs/client.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqha.client import Consumer, Publisher, PublisherFull, PublishFailed, connect_robust
+from tests.pairs import MakePair, pair_info, poll
+from tests.support import ServerProcess
+
+FAILED_OVER = re.compile(r"^(.+) failed over: lost (\S+), (\S+) serves now, after [\d.]+ s")
+
+
+def declare(queue: str) -> Any:
+    async def setup(channel: aio_pika.abc.AbstractChannel) -> None:
+        await channel.declare_queue(queue, durable=True)
+
+    return setup
+
+
+class Received:
+    """What a consumer callback saw: each delivery's message id and redelivered flag."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[str, bool]] = []
+        self.ids: set[str] = set()
+
+    async def __call__(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        assert message.message_id is not None
+        self.deliveries.append((message.message_id, bool(message.redelivered)))
+        self.ids.add(message.message_id)
+
+    @property
+    def duplicates(self) -> list[tuple[str, bool]]:
+        """Deliveries after the first of the same message id."""
+        seen: set[str] = set()
+        found = []
+        for message_id, redelivered in self.deliveries:
+            if message_id in seen:
+                found.append((message_id, redelivered))
+            seen.add(message_id)
+        return found
+
+
+def failover_lines(records: list[logging.LogRecord], name: str) -> list[tuple[str, str]]:
+    """(lost, serving) of each amqha.client failover line of the client called ``name``."""
+    found = []
+    for record in records:
+        match = FAILED_OVER.match(record.getMessage())
+        if record.name == "amqha.client" and match and match.group(1) == name:
+            found.append((match.group(2), match.group(3)))
+    return found
+
+
+def library_warnings(records: list[logging.LogRecord]) -> list[str]:
+    return [
+        f"{r.name} {r.levelname}: {r.getMessage()}"
+        for r in records
+        if r.name.startswith(("aio_pika", "aiormq")) and r.levelno >= logging.WARNING
+    ]
+
+
+@pytest.fixture
+def logged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.DEBUG)
+    yield caplog
+
+
+@pytest.mark.timeout(300)
+async def test_publisher_and_consumer_ride_20_kills_of_the_active_and_lose_nothing(
+    make_pair: MakePair, logged: pytest.LogCaptureFixture
+) -> None:
+    """Each round: the PASSIVE in sync (by its event log), 30 messages sent, the ACTIVE
+    killed with some of them unconfirmed, every one confirmed after the failover, the
+    killed server restarted. At the end every confirmed message was consumed."""
+    kills = 20
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    urls = [pair.primary.url, pair.backup.url]
+    received = Received()
+    confirmed: set[str] = set()
+    sent: set[str] = set()
+    started = time.monotonic()
+    async with (
+        Publisher(urls, setup=declare("ride"), max_pending=100) as publisher,
+        Consumer(urls, "ride", received, prefetch=10, setup=declare("ride")) as consumer,
+    ):
+        waited = {"settle": 0.0, "round": 0.0, "failover": 0.0}
+        for number in range(kills):
+            mark = time.monotonic()
+            # Read every 0.1 s: the event logs grow, and the restarting server needs the CPU.
+            active, _ = await pair.settled(timeout=60, interval=0.1)
+            waited["settle"] += time.monotonic() - mark
+            mark = time.monotonic()
+            futures = await _send_round(publisher, f"round{number}", sent, confirmed)
+            waited["round"] += time.monotonic() - mark
+            mark = time.monotonic()
+            pair.kill(active)
+            # Restarted at once (it takes seconds to start here, the failover a fraction
+            # of one); the next round's settled() waits for it to be in sync.
+            active.start(wait=False)
+            await publisher.flush(60)  # through the failover: no error reaches us
+            waited["failover"] += time.monotonic() - mark
+            assert all(f.done() and f.exception() is None for f in futures)
+            assert publisher.pending == 0
+        await poll(lambda: confirmed <= received.ids, 60, "every confirmed message consumed")
+    took = time.monotonic() - started
+
+    lost = confirmed - received.ids
+    assert not lost, f"{len(lost)} confirmed messages never consumed"
+    assert received.ids <= sent, "a message consumed that was never sent"
+    assert confirmed == sent and publisher.refused == 0
+    assert publisher.failovers == kills and consumer.failovers == kills
+    records = logged.records
+    assert len(failover_lines(records, "publisher")) == kills
+    assert len(failover_lines(records, "consumer of ride")) == kills
+    assert not library_warnings(records)
+    duplicates = received.duplicates
+    print(
+        f"{kills} kills in {took:.1f} s: {len(confirmed)} confirmed, 0 lost, "
+        f"{publisher.resent} sent again, {len(duplicates)} duplicates delivered "
+        f"({sum(not r for _, r in duplicates)} of them with redelivered false), "
+        f"{consumer.stale} acks not sent to a new server; waits (s): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in waited.items())
+    )
+
+
+async def _send_round(
+    publisher: Publisher, prefix: str, sent: set[str], confirmed: set[str]
+) -> list[asyncio.Future[None]]:
+    """30 messages; the kill comes once the first ones are confirmed, the rest in flight."""
+    futures = []
+    for index in range(30):
+        message = aio_pika.Message(f"{prefix}-{index}".encode(), delivery_mode=2)
+        future = await publisher.send(message, routing_key="ride")
+        assert message.message_id is not None
+        sent.add(message.message_id)
+        future.add_done_callback(
+            lambda f, i=message.message_id: confirmed.add(i) if not f.exception() else None
+        )
+        futures.append(future)
+        if index == 9:
+            await poll(lambda: futures[0].done(), 30, "a confirm in this round")
+    return futures
+
+
+@pytest.mark.timeout(120)
+async def test_a_publish_during_a_failover_returns_once_confirmed_by_the_new_active(
+    make_pair: MakePair, logged: pytest.LogCaptureFixture
+) -> None:
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    urls = [pair.primary.url, pair.backup.url]
+    received = Received()
+    async with (
+        Publisher(urls, setup=declare("during")) as publisher,
+        Consumer(urls, "during", received, setup=declare("during")),
+    ):
+        await publisher.publish(b"before", routing_key="during")
+        kill = pair.kill(pair.primary)
+        # Published while the ACTIVE is gone: each call returns once confirmed.
+        messages = [aio_pika.Message(b"during-%d" % n, delivery_mode=2) for n in range(20)]
+        await asyncio.wait_for(
+            asyncio.gather(*(publisher.publish(m, routing_key="during") for m in messages)), 60
+        )
+        assert publisher.server == pair.backup.address and pair.state(pair.backup) == "ACTIVE"
+        ids = {m.message_id for m in messages}
+        await poll(lambda: ids <= received.ids, 30, "the messages published during it consumed")
+    records = [r for r in logged.records if r.created >= kill.before]
+    lines = failover_lines(records, "publisher")
+    assert lines == [(pair.primary.address, pair.backup.address)]
+    assert not library_warnings(records)
+
+
+@pytest.mark.timeout(120)
+async def test_a_robust_connection_logs_one_line_per_failover_naming_the_right_servers(
+    make_pair: MakePair, logged: pytest.LogCaptureFixture
+) -> None:
+    """What users saw: about 22 aio-pika warnings per failover, some naming the wrong
+    address. Now: one amqha.client line; no library warning; each attempt logged at
+    DEBUG names the address it tried."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    connection = await connect_robust([pair.primary.url, pair.backup.url])
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        queue = await channel.declare_queue("robust-log", durable=True)
+        await queue.consume(_ack)
+        stop = asyncio.Event()
+        publishing = asyncio.ensure_future(_keep_publishing(channel, "robust-log", stop))
+        await channel.default_exchange.publish(aio_pika.Message(b"x"), routing_key="robust-log")
+        kill = pair.kill(pair.primary)
+        # The line comes once the channels are restored on the new server.
+        await poll(lambda: failover_lines(logged.records, "connection"), 60, "the failover logged")
+        assert _on(connection) == "backup"
+        await asyncio.wait_for(
+            channel.default_exchange.publish(aio_pika.Message(b"y"), routing_key="robust-log"), 30
+        )
+        stop.set()
+        await asyncio.wait_for(publishing, 10)
+    finally:
+        await connection.close()
+    records = [r for r in logged.records if r.created >= kill.before]
+    assert failover_lines(records, "connection") == [(pair.primary.address, pair.backup.address)]
+    assert not library_warnings(records)
+    tried = [r.getMessage() for r in records if " attempt at " in r.getMessage()]
+    assert tried, "the attempts of the failover are logged at DEBUG"
+    for line in tried:
+        match = re.search(r"attempt at ([\d.]+):(\d+) failed.*\('([\d.]+)', (\d+)\)", line)
+        if match:  # a refused connect names the address the kernel refused: the one tried
+            assert match.group(1, 2) == match.group(3, 4), line
+
+
+async def _ack(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    # A delivery from the lost server cannot be acked: the application's own concern here.
+    with contextlib.suppress(aio_pika.exceptions.ChannelInvalidStateError):
+        await message.ack()
+
+
+def _on(connection: aio_pika.abc.AbstractConnection) -> str | None:
+    with contextlib.suppress(Exception):
+        return str(pair_info(connection)["name"])
+    return None
+
+
+async def _keep_publishing(
+    channel: aio_pika.abc.AbstractChannel, queue: str, stop: asyncio.Event
+) -> None:
+    """Publishes as an application on a robust channel does: errors during the failover
+    are its own to retry."""
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                channel.default_exchange.publish(aio_pika.Message(b"z"), routing_key=queue), 5
+            )
+        await asyncio.sleep(0.005)
+
+
+@contextlib.contextmanager
+def stopped(server: ServerProcess) -> Iterator[None]:
+    """SIGSTOP the server (it confirms nothing) until the block ends."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("when_full", ["block", "raise"])
+async def test_a_full_publisher_blocks_or_raises_as_told(make_server: Any, when_full: str) -> None:
+    server = make_server().start()
+    async with Publisher([server.url], max_pending=5, when_full=when_full) as publisher:  # type: ignore[arg-type]
+        held = []
+        with stopped(server):
+            held = [await publisher.send(b"m%d" % n, routing_key="bound") for n in range(5)]
+            assert publisher.pending == 5
+            if when_full == "raise":
+                with pytest.raises(PublisherFull, match="5 messages await their confirm"):
+                    await publisher.send(b"one too many", routing_key="bound")
+                assert publisher.pending == 5
+            else:
+                blocked = asyncio.ensure_future(publisher.send(b"sixth", routing_key="bound"))
+                # Nothing can be confirmed while the server is stopped: it stays blocked.
+                await asyncio.sleep(0.5)
+                assert not blocked.done() and publisher.pending == 5
+        if when_full == "block":
+            held.append(await asyncio.wait_for(blocked, 30))
+        await publisher.flush(30)
+        assert all(f.done() and f.exception() is None for f in held)
+        assert publisher.pending == 0
+        await publisher.publish(b"room again", routing_key="bound")
+
+
+@pytest.mark.timeout(120)
+async def test_a_delivery_from_the_lost_server_is_not_acked_on_the_new_one(
+    make_pair: MakePair, logged: pytest.LogCaptureFixture
+) -> None:
+    """The callback of a message from the primary is still running when the primary is
+    killed: when it returns, its ack (a delivery tag of the dead server's channel) is not
+    sent to the backup, whose channel would close on it (unknown delivery tag); the
+    backup delivers the message again and the consumer carries on."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    urls = [pair.primary.url, pair.backup.url]
+    release = asyncio.Event()
+    calls: list[tuple[str, str | None]] = []
+
+    async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        calls.append((message.body.decode(), message.message_id))
+        if len(calls) == 1:
+            await release.wait()
+
+    async with (
+        Publisher(urls, setup=declare("held")) as publisher,
+        Consumer(urls, "held", handle, prefetch=1, setup=declare("held")) as consumer,
+    ):
+        await publisher.publish(b"first", routing_key="held")
+        await poll(lambda: calls, 30, "the first delivery in the callback")
+        pair.kill(pair.primary)
+        await poll(lambda: consumer.failovers == 1, 60, "the consumer on the backup")
+        await poll(lambda: len(calls) == 2, 30, "the message delivered again by the backup")
+        release.set()  # the first callback returns: its ack belongs to the dead server
+        await poll(lambda: consumer.stale == 1, 30, "the stale ack dropped")
+        await publisher.publish(b"second", routing_key="held")
+        await poll(lambda: len(calls) == 3, 30, "the next message consumed")
+        assert consumer.failovers == 1 and consumer.server == pair.backup.address
+    assert [body for body, _ in calls] == ["first", "first", "second"]
+    assert calls[0][1] == calls[1][1], "the message came again with its message id"
+    assert not [r for r in logged.records if "closed the channel" in r.getMessage()]
+    assert not library_warnings(logged.records)
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_the_server_refuses_fails_alone_with_the_servers_error(
+    make_server: Any, logged: pytest.LogCaptureFixture
+) -> None:
+    """A publish to a missing exchange closes the channel, and the messages in flight with
+    it get no confirm: they are sent again one at a time, so only the culprit fails (with
+    the server's reply), the others are confirmed, and nothing is counted as a failover."""
+    server = make_server().start()
+    async with Publisher([server.url], setup=declare("refusals")) as publisher:
+        before = [await publisher.send(b"a%d" % n, routing_key="refusals") for n in range(5)]
+        bad = await publisher.send(b"bad", routing_key="refusals", exchange="missing")
+        after = [await publisher.send(b"b%d" % n, routing_key="refusals") for n in range(5)]
+        with pytest.raises(PublishFailed, match="NOT_FOUND - no exchange 'missing'"):
+            await asyncio.wait_for(asyncio.shield(bad), 60)
+        await publisher.flush(60)
+        assert all(f.exception() is None for f in before + after)
+        assert publisher.failovers == 0 and publisher.refused == 1
+        await publisher.publish(b"carries on", routing_key="refusals")
+    assert not failover_lines(logged.records, "publisher")
+    warned = [r.getMessage() for r in logged.records if r.levelno == logging.WARNING]
+    assert warned and all("closed the channel (ChannelNotFoundEntity" in w for w in warned)
+
+
+@pytest.mark.timeout(60)
+async def test_a_setup_the_server_refuses_fails_the_start_with_its_answer(
+    make_server: Any,
+) -> None:
+    server = make_server().start()
+
+    async def setup(channel: aio_pika.abc.AbstractChannel) -> None:
+        await channel.declare_queue("not-declared-anywhere", passive=True)
+
+    with pytest.raises(RuntimeError, match="setup failed: .*NOT_FOUND"):
+        await Consumer([server.url], "q", _ack, setup=setup).start(timeout=30)
