@@ -90,6 +90,7 @@ def start(
     settings: tuple[str, ...],
 ) -> None:
     """Start one broker and serve until SIGTERM or Ctrl-C."""
+    from .metrics import MetricsListenError
     from .server import install_uvloop, serve
     from .store import StoreError
 
@@ -127,6 +128,8 @@ def start(
         raise click.ClickException(f"bad epoch file: {error}") from None
     except StoreError as error:
         raise click.ClickException(f"cannot open the message store: {error}") from None
+    except MetricsListenError as error:
+        raise click.ClickException(f"{config_path}: metrics.listen: {error}") from None
     except OSError as error:
         raise click.ClickException(_listen_failure(config, error)) from None
 

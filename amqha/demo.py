@@ -33,6 +33,7 @@ import aio_pika
 import yaml
 
 from amqha.client import connect_robust
+from amqha.ports import ROLES, plan
 from config.local import ADMIN_PASSWORD, ensure_credentials, read_credential
 from failover.events import read_events
 
@@ -48,21 +49,6 @@ def step(number: int, title: str, *explanation: str) -> None:
     say(f"== {number}. {title}")
     for line in explanation:
         say(f"   {line}")
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Server:
@@ -142,15 +128,21 @@ def pair_configs(workdir: Path) -> list[dict[str, Any]]:
     configs = [
         yaml.safe_load((folder / f"{role}.yaml").read_text()) for role in ("primary", "backup")
     ]
-    ports = [int(c["server"]["listen"].rsplit(":", 1)[1]) for c in configs]
-    if not all(port_free(port) for port in ports):
-        ports = [free_port(), free_port()]
-        say(f"   (5672/5673 are taken here: using {ports[0]} and {ports[1]} instead)")
-    for config, port, peer_port in zip(configs, ports, reversed(ports), strict=True):
+    # Every listener that is taken here (AMQP, metrics, management...) moves to a free
+    # port, and each server's peer addresses follow: the planner `amqha pair` uses.
+    moved = plan(dict(zip(ROLES, configs, strict=True)))
+    for note in moved.notes:
+        say(f"   ({note})")
+    for role, config in zip(ROLES, configs, strict=True):
+        for key, value in moved.overrides[role].items():
+            section = config
+            *path, last = key.split(".")
+            for name in path:
+                section = section[name]
+            section[last] = value
+    for config in configs:
         name = config["server"]["name"]
-        config["server"]["listen"] = f"127.0.0.1:{port}"
         config["server"]["data_dir"] = str(workdir / name)
-        config["failover"]["peer"] = f"127.0.0.1:{peer_port}"
         config["events"] = {"path": str(workdir / name / "events.jsonl")}
     return configs
 

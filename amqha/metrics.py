@@ -1,9 +1,13 @@
 """The Prometheus endpoint: the broker's counters and the pair's state, as of a snapshot.
 
 Owns: the ``metrics.listen`` HTTP listener (aiohttp's low-level server on the broker's
-loop: ``GET /metrics`` and nothing else), its bounds and basic auth, the snapshot cache,
-and the metric names, which follow RabbitMQ's prometheus plugin where the meaning is the
-same (``rabbitmq_queue_messages_ready``...) and are ``amqha_`` where it is not.
+loop: ``GET /metrics`` and ``/metrics/per-object``, the same page, and a 404 for any other
+path), its bounds and basic auth, the snapshot cache, and the metric names, which follow
+RabbitMQ 3.10's prometheus plugin where the meaning is the same
+(``rabbitmq_queue_messages_ready``...) and are ``amqha_`` where it is not (docs/operations.md).
+``rabbitmq_connections`` and ``rabbitmq_channels`` count clients only, as RabbitMQ does: the
+pair's own links (a PASSIVE's peering and replication connections) are
+``amqha_peer_links`` and ``amqha_peer_link_channels``.
 
 Bounds: a snapshot of the broker (one pass over the queues, on the loop) is taken at
 most once per SNAPSHOT_PERIOD however many scrapes come, and turned into text on one
@@ -77,6 +81,19 @@ HANDLER_OPTIONS: dict[str, Any] = {
     "access_log": None,
 }
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+# What is answered: RabbitMQ's paths. The figures are per queue on both (RabbitMQ's
+# /metrics sums them unless return_per_object_metrics is set).
+PATHS = ("/metrics", "/metrics/per-object")
+
+
+class MetricsListenError(Exception):
+    """``metrics.listen`` cannot be listened on (a port taken: another server's metrics)."""
+
+    def __init__(self, address: str, error: OSError) -> None:
+        # asyncio's bind error repeats the address in its text: the errno's own words.
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        super().__init__(f"cannot listen on {address}: {reason}")
+        self.address = address
 
 
 @dataclass(slots=True)
@@ -98,6 +115,8 @@ class Snapshot:
     queues: list[QueueFigures] = field(default_factory=list)
     connections: int = 0
     channels: int = 0
+    peer_links: int = 0
+    peer_link_channels: int = 0
     queued_bytes: int = 0
     memory_used: int = 0
     watermark: int = 0
@@ -111,10 +130,16 @@ class Snapshot:
 
 def take_snapshot(broker: MetricsSource) -> Snapshot:
     """Runs on the broker's loop."""
-    connections = broker.open_connections()
+    clients = []
+    links = []
+    for connection in broker.open_connections():
+        user = connection.user
+        (links if user is not None and "peering" in user.tags else clients).append(connection)
     snapshot = Snapshot(
-        connections=len(connections),
-        channels=sum(len(c.channels) for c in connections),
+        connections=len(clients),
+        channels=sum(len(c.channels) for c in clients),
+        peer_links=len(links),
+        peer_link_channels=sum(len(c.channels) for c in links),
         memory_used=broker.memory_in_use(),
         watermark=broker.config.limits.memory_high_watermark,
         blocked=broker.blocked,
@@ -182,13 +207,15 @@ QUEUE_FAMILIES = (
     ),
     ("consumers", "rabbitmq_queue_consumers", "gauge", "Consumers on the queue"),
     ("published", "rabbitmq_queue_messages_published_total", "counter", "Messages enqueued"),
+    # RabbitMQ 3.10 has no per-queue delivered or acked counter (later releases split
+    # deliveries by ack mode and Basic.Get): amqha's own names.
     (
         "delivered",
-        "rabbitmq_queue_messages_delivered_total",
+        "amqha_queue_messages_delivered_total",
         "counter",
         "Messages delivered to consumers and Basic.Get",
     ),
-    ("acked", "rabbitmq_queue_messages_acked_total", "counter", "Deliveries acknowledged"),
+    ("acked", "amqha_queue_messages_acked_total", "counter", "Deliveries acknowledged"),
 )
 
 
@@ -210,8 +237,24 @@ def queue_text(queues: list[QueueFigures]) -> str:
 
 
 def broker_metrics(snapshot: Snapshot) -> Iterator[Metric]:
-    yield GaugeMetricFamily("rabbitmq_connections", "Open connections", value=snapshot.connections)
-    yield GaugeMetricFamily("rabbitmq_channels", "Open channels", value=snapshot.channels)
+    yield GaugeMetricFamily(
+        "rabbitmq_connections", "Client connections currently open", value=snapshot.connections
+    )
+    yield GaugeMetricFamily(
+        "rabbitmq_channels",
+        "Channels of client connections currently open",
+        value=snapshot.channels,
+    )
+    yield GaugeMetricFamily(
+        "amqha_peer_links",
+        "Connections of the pair's peer (peering user) open on this server",
+        value=snapshot.peer_links,
+    )
+    yield GaugeMetricFamily(
+        "amqha_peer_link_channels",
+        "Channels of the pair's peer connections",
+        value=snapshot.peer_link_channels,
+    )
     yield GaugeMetricFamily(
         "rabbitmq_process_resident_memory_bytes",
         "Resident memory of the broker process",
@@ -447,7 +490,10 @@ class MetricsEndpoint:
         host, port = address
         self.runner = web.ServerRunner(ScrapeServer(self), shutdown_timeout=SHUTDOWN_TIMEOUT)
         await self.runner.setup()
-        await web.TCPSite(self.runner, host, port, reuse_address=True).start()
+        try:
+            await web.TCPSite(self.runner, host, port, reuse_address=True).start()
+        except OSError as error:
+            raise MetricsListenError(f"{host}:{port}", error) from None
         log.info("metrics on http://%s:%d/metrics", host, self.port)
 
     @property
@@ -476,7 +522,7 @@ class MetricsEndpoint:
             connection.request_in()
         if request.method not in ("GET", "HEAD"):
             return reply(405, b"GET only\n", {"Allow": "GET, HEAD"})
-        if request.path != "/metrics":
+        if request.path not in PATHS:
             return reply(404, b"see /metrics\n")
         if not self._authorized(request.headers.get("Authorization")):
             return reply(

@@ -47,6 +47,7 @@ from amqha.core.changes import (
     PendingRun,
     QueueDeclared,
     QueueDeleted,
+    Redelivered,
     Reset,
     RunWritten,
     Settled,
@@ -56,7 +57,8 @@ from amqha.wire import decode_field_table, field_table
 
 log = logging.getLogger("amqha.store")
 
-SCHEMA_VERSION = 2  # 2: the runs table (a version-1 file gets it at open)
+# 2: the runs table; 3: the deliveries table (an older file gets what it lacks at open)
+SCHEMA_VERSION = 3
 APPLICATION_ID = 0x616D7168  # "amqh" in the SQLite header: the file is an amqha store
 # The smallest disk budget that holds the empty schema with room to work.
 MIN_BYTES = 64 * 1024
@@ -96,8 +98,17 @@ CREATE TABLE messages (
     PRIMARY KEY (queue, msg_id)
 ) WITHOUT ROWID;
 CREATE TABLE runs (seq INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE deliveries (
+    queue INTEGER NOT NULL, msg_id INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (queue, msg_id)
+) WITHOUT ROWID;
 """
 _RUNS_TABLE = "CREATE TABLE runs (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)"
+# A quorum queue's delivery counts of 2 and more (``Redelivered``), for stored messages.
+_DELIVERIES_TABLE = (
+    "CREATE TABLE deliveries (queue INTEGER NOT NULL, msg_id INTEGER NOT NULL,"
+    " count INTEGER NOT NULL, PRIMARY KEY (queue, msg_id)) WITHOUT ROWID"
+)
 
 _QUEUE_ID_OF = "SELECT id FROM queues WHERE vhost = ? AND name = ?"
 _QUEUE_ID = f"({_QUEUE_ID_OF})"
@@ -133,6 +144,19 @@ _MARK_DELIVERED = (
 # One statement per queue per write, the ids as one JSON array: one step, not one per id.
 _SETTLE = (
     f"DELETE FROM messages WHERE queue = {_QUEUE_ID} AND msg_id IN (SELECT value FROM json_each(?))"
+)
+# Only for a message the store holds: a transient one's count goes with it.
+_COUNT_DELIVERY = (
+    "INSERT OR REPLACE INTO deliveries SELECT queue, msg_id, ? FROM messages"
+    f" WHERE queue = {_QUEUE_ID} AND msg_id = ?"
+)
+_SETTLE_COUNTS = (
+    f"DELETE FROM deliveries WHERE queue = {_QUEUE_ID}"
+    " AND msg_id IN (SELECT value FROM json_each(?))"
+)
+_DELETE_COUNTS = f"DELETE FROM deliveries WHERE queue = {_QUEUE_ID}"
+_COUNTED_QUEUES = (
+    "SELECT DISTINCT vhost, name FROM queues WHERE id IN (SELECT queue FROM deliveries)"
 )
 _STORE_HIGH_ID = "UPDATE meta SET value = max(value, ?) WHERE key = 'max_msg_id'"
 _ADD_RUN = "INSERT OR REPLACE INTO runs VALUES (?, ?)"
@@ -212,7 +236,7 @@ def _needs_sync(changes: Iterable[Any]) -> bool:
         return False
     for change in changes:
         kind = type(change)
-        if kind is Settled or kind is Delivered:
+        if kind is Settled or kind is Delivered or kind is Redelivered:
             continue
         if kind is Enqueued:
             if change.persistent:
@@ -249,16 +273,33 @@ class _Write:
     the transaction's effect is the stream's order.
     """
 
-    __slots__ = ("db", "queue_ids", "enqueued", "settled", "delivered", "high_id")
+    __slots__ = (
+        "db",
+        "queue_ids",
+        "enqueued",
+        "settled",
+        "delivered",
+        "redelivered",
+        "counted",
+        "high_id",
+    )
 
     def __init__(
-        self, db: sqlite3.Connection, queue_ids: dict[Any, int | None], high_id: int
+        self,
+        db: sqlite3.Connection,
+        queue_ids: dict[Any, int | None],
+        high_id: int,
+        counted: set[Any] | None = None,
     ) -> None:
         self.db = db
         self.queue_ids = queue_ids  # (vhost, name) -> the queue's row id, None: not held
         self.enqueued: list[Enqueued] = []
         self.settled: list[Settled] = []
         self.delivered: dict[Any, int] = {}
+        # (vhost, queue, msg_id) -> delivery count; ``counted``: the (vhost, queue) that
+        # may have rows in the deliveries table (only their settles look there).
+        self.redelivered: dict[Any, int] = {}
+        self.counted = counted if counted is not None else set()
         self.high_id = high_id
 
     def add(self, changes: Iterable[Any]) -> None:
@@ -282,6 +323,8 @@ class _Write:
                     delivered[key] = msg_id
                 if msg_id > high_id:
                     high_id = msg_id
+            elif kind is Redelivered:
+                self.redelivered[change[:3]] = change.deliveries
             elif kind is Batch:
                 self.high_id = high_id
                 self.add(change.changes)
@@ -329,15 +372,23 @@ class _Write:
                     size >>= 1
                 db.execute(_INSERTS[size], list(chain.from_iterable(rows[at : at + size])))
                 at += size
+        counted = self.counted
+        for (vhost, name, msg_id), count in self.redelivered.items():
+            db.execute(_COUNT_DELIVERY, (count, vhost, name, msg_id))
+            counted.add((vhost, name))
         for (vhost, name), ids in gone.items():
             if ids:
-                db.execute(_SETTLE, (vhost, name, "[" + ",".join(map(str, ids)) + "]"))
+                listed = "[" + ",".join(map(str, ids)) + "]"
+                db.execute(_SETTLE, (vhost, name, listed))
+                if (vhost, name) in counted:
+                    db.execute(_SETTLE_COUNTS, (vhost, name, listed))
         for (vhost, name), msg_id in self.delivered.items():
             db.execute(_MARK_DELIVERED, (msg_id, vhost, name))
         # Emptied in place: ``add`` holds their bound methods across a flush.
         self.enqueued.clear()
         self.settled.clear()
         self.delivered.clear()
+        self.redelivered.clear()
 
     def queue_id(self, key: Any) -> int | None:
         row = self.db.execute(_QUEUE_ID_OF, key).fetchone()
@@ -354,6 +405,8 @@ class _Write:
         elif kind is QueueDeleted:
             vhost, name = change
             self.queue_ids.pop((vhost, name), None)
+            self.counted.discard((vhost, name))
+            db.execute(_DELETE_COUNTS, (vhost, name))
             db.execute(_DELETE_MESSAGES, (vhost, name))
             db.execute(_DELETE_BINDINGS_TO_QUEUE, (vhost, name))
             db.execute(_DELETE_QUEUE, (vhost, name))
@@ -388,6 +441,8 @@ class _Write:
         elif kind is Reset:
             # A snapshot follows in this stream: what the store held is replaced.
             db.execute("DELETE FROM runs")
+            db.execute("DELETE FROM deliveries")
+            self.counted.clear()
             db.execute("DELETE FROM messages")
             db.execute("DELETE FROM bindings")
             db.execute("DELETE FROM queues")
@@ -419,6 +474,7 @@ class Store:
         self._closed = False
         self._retained: list[Change] = []
         self._queue_ids: dict[Any, int | None] = {}
+        self._counted: set[Any] = set(map(tuple, db.execute(_COUNTED_QUEUES).fetchall()))
         (self._high_id,) = db.execute("SELECT value FROM meta WHERE key = 'max_msg_id'").fetchone()
         self._stored_high_id = self._high_id
         self._synchronous = "FULL"
@@ -545,6 +601,11 @@ class Store:
                     yield new(
                         Enqueued, (vhost, name, msg_id, address, header, body, deadline, True)
                     )
+            for msg_id, count in db.execute(
+                "SELECT msg_id, count FROM deliveries WHERE queue = ? ORDER BY msg_id",
+                (queue_id,),
+            ).fetchall():
+                yield Redelivered(vhost, name, msg_id, count)
 
     def max_msg_id(self) -> int:
         """The highest msg_id the store has seen (0: none): new ids start above it."""
@@ -705,7 +766,7 @@ class Store:
         if synchronous != self._synchronous:
             db.execute(f"PRAGMA synchronous = {synchronous}")  # not allowed inside a transaction
             self._synchronous = synchronous
-        write = _Write(db, self._queue_ids, self._high_id)
+        write = _Write(db, self._queue_ids, self._high_id, self._counted)
         db.execute("BEGIN")
         changed = db.total_changes
         for changes in batches:
@@ -736,6 +797,10 @@ class Store:
                 db.execute("ROLLBACK")
             except sqlite3.Error as exc:
                 log.warning("%s: rollback failed (%s)", self.path, exc)
+        # A queue the failed write counted or deleted keeps the rows it had: every queue
+        # that may have one stays in the set (one more DELETE per settle at worst).
+        with contextlib.suppress(sqlite3.Error):
+            self._counted.update(map(tuple, db.execute(_COUNTED_QUEUES).fetchall()))
 
     def _log_failure(self, first_lsn: int, last_lsn: int, error: str) -> None:
         now = time.monotonic()
@@ -847,7 +912,10 @@ def _prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
             )
         if version < 2:
             db.execute(_RUNS_TABLE)
-            db.execute("UPDATE meta SET value = 2 WHERE key = 'version'")
+        if version < 3:
+            db.execute(_DELIVERIES_TABLE)
+        if version < SCHEMA_VERSION:
+            db.execute("UPDATE meta SET value = ? WHERE key = 'version'", (SCHEMA_VERSION,))
         db.execute("COMMIT")
     finally:
         if db.in_transaction:

@@ -26,11 +26,13 @@ from .changes import (
     ExchangeDeleted,
     QueueDeclared,
     QueueDeleted,
+    Redelivered,
     Reset,
     Settled,
     Unbound,
 )
 from .message import Message
+from .queue import QuorumQueue
 from .routing import Exchange
 from .vhost import VHost
 
@@ -67,6 +69,10 @@ def apply(state: State, change: Change, now: float) -> None:
             queue = vhost.queues.get(change.queue)
             if queue is not None:
                 queue.mark_delivered(change.msg_id)
+        case Redelivered():
+            queue = vhost.queues.get(change.queue)
+            if isinstance(queue, QuorumQueue):
+                queue.count_delivery(change.msg_id, change.deliveries)
         case QueueDeclared():
             vhost.restore_queue(change.name, change.auto_delete, change.arguments, now)
         case QueueDeleted():
@@ -151,7 +157,9 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
     this one (the snapshot a joining PASSIVE receives). What it reads is fixed when the
     generator starts: later changes to the state do not leak into it."""
     wiring: list[Change] = [Reset()]
-    contents: list[tuple[str, str, int, list[tuple[Message, float | None]]]] = []
+    contents: list[
+        tuple[str, str, int, list[tuple[Message, float | None]], list[tuple[int, int]]]
+    ] = []
     for name, vhost in vhosts.items():
         wanted = {
             queue.name: queue
@@ -195,9 +203,10 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
                     )
                 )
         for queue in wanted.values():
-            contents.append((name, queue.name, queue.delivered_mark, queue.messages()))
+            counts = list(getattr(queue, "deliveries", {}).items())
+            contents.append((name, queue.name, queue.delivered_mark, queue.messages(), counts))
     yield from wiring
-    for vhost_name, queue_name, mark, messages in contents:
+    for vhost_name, queue_name, mark, messages, counts in contents:
         if mark:
             yield Delivered(vhost_name, queue_name, mark)
         for message, deadline in messages:
@@ -211,6 +220,8 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
                 deadline,
                 message.is_persistent(),
             )
+        for msg_id, count in counts:
+            yield Redelivered(vhost_name, queue_name, msg_id, count)
 
 
 def snapshot(vhosts: dict[str, VHost]) -> dict[str, Any]:
@@ -233,6 +244,7 @@ def snapshot(vhosts: dict[str, VHost]) -> dict[str, Any]:
                 "auto_delete": queue.auto_delete,
                 "arguments": _canonical(queue.arguments),
                 "delivered_mark": queue.delivered_mark,
+                "deliveries": sorted(getattr(queue, "deliveries", {}).items()),
                 "messages": [
                     (m.msg_id, m.address, m.header, m.body, deadline)
                     for m, deadline in queue.messages()

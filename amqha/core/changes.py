@@ -91,6 +91,17 @@ class Delivered(NamedTuple):
     msg_id: int
 
 
+class Redelivered(NamedTuple):
+    """Message ``msg_id`` of a quorum queue went to a consumer for the ``deliveries``-th time
+    (2 and up: a first delivery is told by ``Delivered``). Its ``x-delivery-count`` and
+    ``x-delivery-limit`` follow it through a restart or a failover."""
+
+    vhost: str
+    queue: str
+    msg_id: int
+    deliveries: int
+
+
 class Settled(NamedTuple):
     """Messages left the queue for good: acked, rejected, expired, purged, dropped by a
     length limit, dead-lettered (``reason``)."""
@@ -123,6 +134,7 @@ Change = (
     | Unbound
     | Enqueued
     | Delivered
+    | Redelivered
     | Settled
     | Reset
     | Batch
@@ -153,8 +165,8 @@ class RunWritten(NamedTuple):
 # What the change log carries: changes of state, and the store's own records.
 Entry = Change | PendingRun | RunWritten
 
-# The kinds a persistent store must have on disk before a confirm (Delivered and
-# Settled are made safe by the next write: losing them redelivers, never loses).
+# The kinds a persistent store must have on disk before a confirm (Delivered, Redelivered
+# and Settled are made safe by the next write: losing them redelivers, never loses).
 WIRING = (ExchangeDeclared, ExchangeDeleted, QueueDeclared, QueueDeleted, Bound, Unbound, Reset)
 
 

@@ -27,6 +27,7 @@ from .changes import (
     ExchangeDeleted,
     QueueDeclared,
     QueueDeleted,
+    Redelivered,
     Reset,
     Settled,
     Unbound,
@@ -54,6 +55,7 @@ _KIND = {
     Unbound: 9,
     Batch: 10,
     Reset: 11,
+    Redelivered: 12,
 }
 
 
@@ -87,6 +89,9 @@ def _encode(change: Change, out: list[bytes]) -> None:
     elif kind is Delivered:
         c = change
         out += (_name(c.vhost), _name(c.queue), _I64.pack(c.msg_id))
+    elif kind is Redelivered:
+        c = change
+        out += (_name(c.vhost), _name(c.queue), _I64.pack(c.msg_id), _U32.pack(c.deliveries))
     elif kind is Settled:
         c = change
         ids = c.msg_ids
@@ -257,6 +262,8 @@ def _decode(reader: _Reader, depth: int) -> Change:
         return Batch(tuple(_decode(reader, depth + 1) for _ in range(reader.u32())))
     if kind == 11:
         return Reset()
+    if kind == 12:
+        return Redelivered(reader.name(), reader.name(), reader.i64(), reader.u32())
     raise ValueError(f"unknown change kind {kind}")
 
 

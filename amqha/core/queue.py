@@ -43,11 +43,14 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from .changes import ChangeLog, Delivered, Enqueued, Settled
+from .changes import ChangeLog, Delivered, Enqueued, Redelivered, Settled
 from .message import Message
 from .routing import ArgumentBytes, arguments_size
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+# A quorum queue's x-dead-letter-strategy values (RabbitMQ 3.10); amqha dead-letters as
+# with at-most-once whichever is named.
+DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 # The highest x-max-priority RabbitMQ accepts.
 MAX_PRIORITY = 255
 
@@ -108,6 +111,7 @@ class QueueLimits:
         "dead_letter_routing_key",
         "max_priority",
         "single_active_consumer",
+        "delivery_limit",
     )
 
     def __init__(self, arguments: dict[str, Any]) -> None:
@@ -148,6 +152,22 @@ class QueueLimits:
                 f"invalid arg 'x-single-active-consumer' for queue: {single!r} (need true or false)"
             )
         self.single_active_consumer = single
+        # A quorum queue's x-delivery-limit (None: none); QuorumQueue applies it.
+        self.delivery_limit = _int_argument(arguments, "x-delivery-limit", 0)
+        # Quorum arguments that have no effect here, checked as RabbitMQ checks them.
+        _int_argument(arguments, "x-max-in-memory-length", 0)
+        _int_argument(arguments, "x-max-in-memory-bytes", 0)
+        _int_argument(arguments, "x-quorum-initial-group-size", 1)
+        strategy = _str_argument(arguments, "x-dead-letter-strategy")
+        if strategy is not None and strategy not in DEAD_LETTER_STRATEGIES:
+            raise QueueArgumentError(
+                f"invalid arg 'x-dead-letter-strategy' for queue: '{strategy}' "
+                f"(one of {', '.join(DEAD_LETTER_STRATEGIES)})"
+            )
+        if arguments.get("x-queue-type") == "quorum" and self.overflow == "reject-publish-dlx":
+            # RabbitMQ 3.10 takes it, logs it as invalid for a quorum queue and drops the
+            # head instead (rabbit_quorum_queue:overflow/3).
+            self.overflow = "drop-head"
 
     def __del__(self) -> None:
         ArgumentBytes.held -= self.arguments_size
@@ -690,6 +710,201 @@ class Queue:
             self.on_dead_letter(self, message, reason)
 
 
+class QuorumQueue(Queue):
+    """A queue declared ``x-queue-type: quorum``: a plain queue that counts each message's
+    deliveries, writes RabbitMQ's ``x-delivery-count`` header on a delivery after the
+    first, and applies ``x-delivery-limit`` (docs/compat.md, "Quorum queues").
+
+    The count is replicated state of the message, as in RabbitMQ (docs/durability.md,
+    section 1). A FIFO queue hands messages out head first, so every message still held
+    whose id is at or below ``delivered_mark`` went out at least once: that first
+    delivery costs nothing beyond the ``Delivered`` every queue emits. A message handed
+    out again emits ``Redelivered`` with its new count, kept in ``deliveries`` (only
+    counts of 2 and more are kept). A message returned to the queue (nack or reject with
+    requeue, recover, cancel, a closed channel, or a failover: its consumer's connection
+    went with the old ACTIVE) has been delivered as many times as it was returned, so
+    ``x-delivery-count`` on its next delivery is its count so far. RabbitMQ 3.10's values:
+    no header on a consumer's first delivery, ``x-delivery-count: 0`` on a first
+    Basic.Get, then 1, 2... A message returned more times than the limit is dead-lettered
+    with reason ``delivery_limit`` (dropped without a dead-letter exchange) instead of
+    going back: with ``x-delivery-limit: 1`` it is delivered twice.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        now: float = 0.0,
+        log: ChangeLog | None = None,
+        vhost: str = "/",
+    ) -> None:
+        super().__init__(name, durable, exclusive_owner, auto_delete, arguments, now, log, vhost)
+        # msg_id -> how many times it was handed out, for those handed out twice or more.
+        self.deliveries: dict[int, int] = {}
+
+    def delivery_count(self, msg_id: int) -> int:
+        """How many times message ``msg_id`` was handed out (see the class docstring)."""
+        count = self.deliveries.get(msg_id)
+        if count is not None:
+            return count
+        return 1 if msg_id <= self.delivered_mark else 0
+
+    def _exhausted(self, msg_id: int) -> bool:
+        limit = self.limits.delivery_limit
+        return limit is not None and self.delivery_count(msg_id) > limit
+
+    def _head_id(self) -> int:
+        returned = self.returned
+        ready = self.ready
+        if returned and (not ready or returned[0][0] < ready[0].msg_id):
+            return returned[0][0]
+        return ready[0].msg_id
+
+    def _drop_exhausted_heads(self) -> None:
+        """Dead-letter the messages at the head returned more times than the limit
+        without the ACTIVE seeing the return (a failover, a restart)."""
+        if self.limits.delivery_limit is None:
+            return
+        dropped = []
+        while self.message_count and self._exhausted(self._head_id()):
+            message = self._pop_head()[0]
+            self._dead_letter(message, "delivery_limit")
+            dropped.append(message.msg_id)
+        if dropped and self.log is not None:
+            self.log.emit(Settled(self.vhost, self.name, tuple(dropped), "delivery_limit"))
+
+    def _fetch(self, no_ack: bool) -> tuple[Message, bool]:
+        message, redelivered, count = self._take(no_ack)
+        if count:
+            message = with_delivery_count(message, count)
+        return message, redelivered
+
+    def _take(self, no_ack: bool) -> tuple[Message, bool, int]:
+        """``Queue._fetch`` and the count of deliveries before this one."""
+        deliveries = self.deliveries
+        mark = self.delivered_mark
+        recorded = deliveries.get(self._head_id()) if deliveries else None
+        message, redelivered = Queue._fetch(self, no_ack)
+        msg_id = message.msg_id
+        before = recorded or (1 if msg_id <= mark else 0)
+        if before and not no_ack:
+            # (A no-ack delivery settles the message: there is no count left to keep.)
+            count = before + 1
+            deliveries[msg_id] = count
+            if self.log is not None:
+                self.log.emit(Redelivered(self.vhost, self.name, msg_id, count))
+        return message, redelivered, before
+
+    def _may_be_exhausted(self) -> bool:
+        """Whether the head may be over the limit: only a message delivered before can."""
+        return (
+            self.limits.delivery_limit is not None
+            and bool(self.ready or self.returned)
+            and self._head_id() <= self.delivered_mark
+        )
+
+    def get(self, now: float, no_ack: bool = True) -> tuple[Message, bool] | None:
+        self.last_used = now
+        self.expire(now)
+        self._drop_exhausted_heads()
+        if not self.message_count:
+            return None
+        message, redelivered, count = self._take(no_ack)
+        return with_delivery_count(message, count), redelivered
+
+    def drain(self, now: float) -> None:
+        """As ``Queue.drain``, one message at a time through ``_fetch``."""
+        if not self.consumers or not self.message_count:
+            return
+        self.expire(now)
+        self._drop_exhausted_heads()
+        while self.ready or self.returned:
+            consumer = self._next_consumer()
+            if consumer is None:
+                return
+            message, redelivered, count = self._take(consumer.no_ack)
+            if count:
+                message = with_delivery_count(message, count)
+            consumer.deliver(self, message, redelivered)
+            if self.expiries is not None or self.returned:
+                self.expire(now)
+            if self._may_be_exhausted():
+                self._drop_exhausted_heads()
+
+    def requeue(self, msg_ids: Iterable[int]) -> None:
+        """Back to their positions, but those returned more times than the limit, which
+        are dead-lettered (reason ``delivery_limit``)."""
+        back: list[int] = []
+        over: list[int] = []
+        for msg_id in msg_ids:
+            (over if self._exhausted(msg_id) else back).append(msg_id)
+        if over:
+            self.reject(over, "delivery_limit")
+        if back:
+            Queue.requeue(self, back)
+
+    def count_delivery(self, msg_id: int, count: int) -> None:
+        """A ``Redelivered`` from the change stream (a store, a peer)."""
+        self.mark_delivered(msg_id)
+        if count > self.deliveries.get(msg_id, 1):
+            self.deliveries[msg_id] = count
+
+    def ack(self, msg_ids: list[int]) -> None:
+        Queue.ack(self, msg_ids)
+        if self.deliveries:
+            for msg_id in msg_ids:
+                self.deliveries.pop(msg_id, None)
+
+    def ack_one(self, msg_id: int) -> None:
+        Queue.ack_one(self, msg_id)
+        if self.deliveries:
+            self.deliveries.pop(msg_id, None)
+
+    def reject(self, msg_ids: Iterable[int], reason: str = "rejected") -> None:
+        msg_ids = list(msg_ids)
+        Queue.reject(self, msg_ids, reason)
+        if self.deliveries:
+            for msg_id in msg_ids:
+                self.deliveries.pop(msg_id, None)
+
+    def discard(self, msg_ids: Iterable[int]) -> None:
+        msg_ids = list(msg_ids)
+        Queue.discard(self, msg_ids)
+        if self.deliveries:
+            for msg_id in msg_ids:
+                self.deliveries.pop(msg_id, None)
+
+    def _pop_head(self) -> tuple[Message, float, bool]:
+        # The head leaves the ready side: to a consumer (``_take`` keeps its new count),
+        # or for good (expired, dropped by a length limit or the delivery limit).
+        popped = Queue._pop_head(self)
+        if self.deliveries:
+            self.deliveries.pop(popped[0].msg_id, None)
+        return popped
+
+    def purge(self) -> int:
+        held = self.outstanding
+        self.deliveries = {i: c for i, c in self.deliveries.items() if i in held}
+        return Queue.purge(self)
+
+    def close(self) -> int:
+        self.deliveries = {}
+        return Queue.close(self)
+
+
+def with_delivery_count(message: Message, count: int) -> Message:
+    """A copy of ``message`` for one delivery, its headers holding ``x-delivery-count``
+    (the queue keeps the message as published)."""
+    headers = dict(message.headers())
+    headers["x-delivery-count"] = count
+    copy = message.rewritten(message.address, headers)
+    copy.msg_id = message.msg_id
+    return copy
+
+
 def new_queue(
     name: str,
     durable: bool = False,
@@ -700,9 +915,15 @@ def new_queue(
     log: ChangeLog | None = None,
     vhost: str = "/",
 ) -> Queue:
-    """A queue for these arguments: a ``PriorityQueue`` when they give x-max-priority
-    above 0 (with 0, every message has priority 0: a plain queue, as in RabbitMQ)."""
-    kind = PriorityQueue if (arguments or {}).get("x-max-priority") else Queue
+    """A queue for these arguments: a ``QuorumQueue`` for ``x-queue-type: quorum``, a
+    ``PriorityQueue`` when they give x-max-priority above 0 (with 0, every message has
+    priority 0: a plain queue, as in RabbitMQ)."""
+    arguments = arguments or {}
+    kind: type[Queue] = Queue
+    if arguments.get("x-queue-type") == "quorum":
+        kind = QuorumQueue
+    elif arguments.get("x-max-priority"):
+        kind = PriorityQueue
     return kind(name, durable, exclusive_owner, auto_delete, arguments, now, log, vhost)
 
 

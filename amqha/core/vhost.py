@@ -359,7 +359,7 @@ class VHost:
             arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
         )
         _check_queue_type(name, arguments)
-        asked = _replication_asked(name, arguments, durable, exclusive)
+        asked = _replication_asked(name, arguments, durable, exclusive, auto_delete)
         existing = self.queues.get(name)
         if existing is not None:
             self._check_owner(existing, owner)
@@ -369,9 +369,13 @@ class VHost:
                 raise _inequivalent("queue", name, "exclusive")
             if existing.auto_delete != auto_delete:
                 raise _inequivalent("queue", name, "auto_delete")
+            if _queue_type(existing.arguments) != _queue_type(arguments):
+                # RabbitMQ's rule: an absent type equals 'classic' only; a quorum queue
+                # redeclared without x-queue-type is inequivalent.
+                raise _inequivalent("queue", name, "x-queue-type")
             for key in set(existing.arguments) | set(arguments):
                 if key == "x-queue-type":
-                    continue  # checked above: classic is the only type, named or not
+                    continue
                 if key.startswith("x-") and existing.arguments.get(key) != arguments.get(key):
                     raise _inequivalent("queue", name, key)
             existing.last_used = now
@@ -691,7 +695,7 @@ REPLICATE = "x-amqha-replicate"
 
 
 def _replication_asked(
-    name: str, arguments: dict[str, Any], durable: bool, exclusive: bool
+    name: str, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool
 ) -> bool | None:
     """What the arguments ask: True (``x-amqha-replicate: true`` or a quorum queue), False,
     or None (the vhost's default). A replicated queue must be durable and not exclusive."""
@@ -708,11 +712,16 @@ def _replication_asked(
                 f"'{REPLICATE}: false' contradicts it"
             )
         asked = True
-        if not durable or exclusive:
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - invalid property 'non-durable' or 'exclusive' for "
-                f"quorum queue '{name}'"
-            )
+        # RabbitMQ's checks, in its order (rabbit_queue_type_util).
+        for wrong, what in (
+            (auto_delete, "auto-delete"),
+            (exclusive, "exclusive-owner"),
+            (not durable, "non-durable"),
+        ):
+            if wrong:
+                raise exceptions.AMQPPreconditionFailed(
+                    f"PRECONDITION_FAILED - invalid property '{what}' for quorum queue '{name}'"
+                )
     if asked and (not durable or exclusive):
         raise exceptions.AMQPPreconditionFailed(
             f"PRECONDITION_FAILED - queue '{name}': '{REPLICATE}' needs a durable, "
@@ -728,9 +737,71 @@ def _queue_type(arguments: dict[str, Any]) -> str:
     return str(kind)
 
 
+# The arguments each queue type takes (RabbitMQ 3.10's lists, rabbit_*_queue.erl): one
+# that another type takes and this one does not is a 406 naming the type, as there.
+_CLASSIC_ARGUMENTS = frozenset(
+    {
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-queue-master-locator",
+    }
+)
+_QUORUM_ARGUMENTS = frozenset(
+    {
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+        "x-message-ttl",
+        "x-queue-leader-locator",
+    }
+)
+_STREAM_ARGUMENTS = frozenset(
+    {
+        "x-max-length-bytes",
+        "x-queue-type",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-initial-cluster-size",
+        "x-queue-leader-locator",
+    }
+)
+_TYPE_ARGUMENTS = {
+    "classic": ("rabbit_classic_queue", _CLASSIC_ARGUMENTS),
+    "quorum": ("rabbit_quorum_queue", _QUORUM_ARGUMENTS),
+}
+_KNOWN_ARGUMENTS = _CLASSIC_ARGUMENTS | _QUORUM_ARGUMENTS | _STREAM_ARGUMENTS
+
+
 def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
     kind = _queue_type(arguments)
-    if kind in ("classic", "quorum"):
+    if kind in _TYPE_ARGUMENTS:
+        module, taken = _TYPE_ARGUMENTS[kind]
+        for key in arguments:
+            if key in _KNOWN_ARGUMENTS and key not in taken:
+                raise exceptions.AMQPPreconditionFailed(
+                    f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' "
+                    f"of queue type {module}"
+                )
         return
     if kind in _UNBUILT_QUEUE_TYPES:
         problem = _UNBUILT_QUEUE_TYPES[kind]

@@ -256,6 +256,14 @@ class ManagementEndpoint:
         get("/api/amqha/peer-events", self.peer_events)
         get("/api/amqha/history", self.history)
         get("/api/amqha/timeline", self.timeline)
+        # A listing also answers with a trailing slash, as RabbitMQ's router does: Celery
+        # Flower asks for /api/queues/ (its URL join drops the default vhost's "/").
+        for resource in list(app.router.resources()):
+            path = resource.canonical
+            if path.startswith("/api/") and "{" not in path and "/amqha/" not in path:
+                for route in resource:
+                    if route.method == "GET":
+                        get(path + "/", route.handler)
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

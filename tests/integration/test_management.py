@@ -163,6 +163,8 @@ async def test_queue_figures_connections_channels_consumers(make_server) -> None
         client = Client(api.base.removeprefix("http://"), "admin", "admin", timeout=10)
         listed = await asyncio.to_thread(client.get_queues, "/")
         assert [q["name"] for q in listed] == [name]
+        # With a trailing slash, as RabbitMQ answers it (Celery Flower's broker page asks so).
+        assert [q["name"] for q in await api.get("/api/queues/")] == [name]
         depth = await asyncio.to_thread(client.get_queue_depth, "/", name)
         assert depth == listed[0]["messages"]
         [listed_connection] = await asyncio.to_thread(client.get_connections)

@@ -17,11 +17,12 @@ from pathlib import Path
 import aio_pika
 import pika
 import pytest
+import yaml
 from pamqp import commands
 
 from tests.integration.protocol_support import RawClient, fresh_scrape, scrape, unique
 from tests.pairs import MakePair, raw_open
-from tests.support import ServerProcess, free_port, wait_until
+from tests.support import ServerProcess, free_port, start_to_exit, wait_until
 
 
 def queue_labels(name: str) -> tuple[tuple[str, str], ...]:
@@ -53,8 +54,8 @@ async def test_queue_connection_and_memory_figures(make_server) -> None:
         assert figures[("rabbitmq_queue_messages_unacked", labels)] == 1
         assert figures[("rabbitmq_queue_consumers", labels)] == 0
         assert figures[("rabbitmq_queue_messages_published_total", labels)] == 5
-        assert figures[("rabbitmq_queue_messages_delivered_total", labels)] == 2
-        assert figures[("rabbitmq_queue_messages_acked_total", labels)] == 1
+        assert figures[("amqha_queue_messages_delivered_total", labels)] == 2
+        assert figures[("amqha_queue_messages_acked_total", labels)] == 1
         assert figures[("rabbitmq_connections", ())] == 1
         assert figures[("rabbitmq_channels", ())] == 1
         assert figures[("amqha_queued_message_bytes", ())] == 3 * 101
@@ -76,8 +77,7 @@ async def test_queue_connection_and_memory_figures(make_server) -> None:
         after = await asyncio.to_thread(
             wait_until,
             lambda: (
-                (f := scrape(metrics_port))[("rabbitmq_queue_messages_acked_total", labels)] == 5
-                and f
+                (f := scrape(metrics_port))[("amqha_queue_messages_acked_total", labels)] == 5 and f
             ),
             10,
             0.05,
@@ -259,6 +259,11 @@ def test_only_get_metrics_is_answered(make_server) -> None:
     assert status(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") == b"HTTP/1.1 200 OK"
     assert status(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n") == b"HTTP/1.1 200 OK"
     assert status(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n") == b"HTTP/1.1 404 Not Found"
+    # RabbitMQ's per-object page is the same page here; its management API is not here.
+    assert status(b"GET /metrics/per-object HTTP/1.1\r\nHost: x\r\n\r\n") == b"HTTP/1.1 200 OK"
+    for path in (b"/api/overview", b"/metrics/detailed", b"/metrics/", b"/"):
+        request = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert status(request) == b"HTTP/1.1 404 Not Found", path
     assert (
         status(b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n") == b"HTTP/1.1 405 Method Not Allowed"
     )
@@ -266,3 +271,72 @@ def test_only_get_metrics_is_answered(make_server) -> None:
     assert status(b"nonsense\r\n\r\n").split(b" ", 1)[1] == b"400 Bad Request"
     too_big = b"GET /metrics HTTP/1.1\r\nX: " + b"x" * 10_000
     assert status(too_big).split(b" ", 1)[1] == b"431 Request Header Fields Too Large"
+
+
+def scrape_path(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return response.read().decode()
+
+
+async def test_one_client_on_a_pair_is_one_connection_and_one_channel(
+    make_pair: MakePair,
+) -> None:
+    """The PASSIVE's peering and replication links are the pair's own, counted apart:
+    one client with one channel reads as RabbitMQ would show it, 1 and 1."""
+    pair = make_pair()
+    ports = (free_port(), free_port())
+    for server, port in zip(pair.servers, ports, strict=True):
+        server.config["metrics"] = {"listen": f"127.0.0.1:{port}"}
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    connection = await aio_pika.connect(pair.primary.url)
+    async with connection:
+        channel = await connection.channel()
+        name = unique("counted")
+        queue = await channel.declare_queue(name, durable=True)
+        await channel.default_exchange.publish(aio_pika.Message(b"m"), routing_key=name)
+        got = await queue.get(timeout=10)
+        await got.ack()
+        active = await asyncio.to_thread(fresh_scrape, ports[0])
+        passive = await asyncio.to_thread(fresh_scrape, ports[1])
+        assert (active[("rabbitmq_connections", ())], active[("rabbitmq_channels", ())]) == (1, 1)
+        assert active[("amqha_peer_links", ())] >= 1, "the PASSIVE's links, counted apart"
+        assert active[("amqha_peer_link_channels", ())] >= 1
+        assert passive[("rabbitmq_connections", ())] == 0
+        labels = queue_labels(name)
+        assert active[("amqha_queue_messages_delivered_total", labels)] == 1
+        assert active[("amqha_queue_messages_acked_total", labels)] == 1
+        # Names RabbitMQ 3.10 does not have are not given under its prefix.
+        assert ("rabbitmq_queue_messages_delivered_total", labels) not in active
+        assert ("rabbitmq_queue_messages_acked_total", labels) not in active
+        per_object = await asyncio.to_thread(scrape_path, ports[0], "/metrics/per-object")
+        assert f'rabbitmq_queue_messages_ready{{queue="{name}",vhost="/"}} 0' in per_object
+    after = await asyncio.to_thread(
+        wait_until,
+        lambda: (f := fresh_scrape(ports[0]))[("rabbitmq_connections", ())] == 0 and f,
+    )
+    assert after[("rabbitmq_channels", ())] == 0
+    assert after[("amqha_peer_links", ())] >= 1
+
+
+def test_a_metrics_port_already_taken_is_one_line_naming_the_file_and_key(make_server) -> None:
+    """Two servers given one metrics port (two configs copied from one): the second says
+    which file and key, and which address, without a traceback."""
+    metrics_port = free_port()
+    first = make_server("first", metrics={"listen": f"127.0.0.1:{metrics_port}"}).start()
+    second = make_server("second", metrics={"listen": f"127.0.0.1:{metrics_port}"})
+    second.config_path.parent.mkdir(parents=True, exist_ok=True)
+    second.config_path.write_text(yaml.safe_dump(second.config))
+    result = start_to_exit(second.config_path)
+    assert result.returncode == 1
+    lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.strip() and not line.startswith("amqha: WARNING: ")
+    ]
+    assert lines == [
+        f"Error: {second.config_path}: metrics.listen: cannot listen on "
+        f"127.0.0.1:{metrics_port}: Address already in use"
+    ], result.stderr
+    assert scrape(metrics_port)[("rabbitmq_connections", ())] == 0, "the first one still serves"
+    assert first.alive

@@ -133,6 +133,10 @@ def test_shipped_pair_configs_load_with_this_installs_own_credentials(tmp_path: 
         assert config.weak_credentials == ()
         assert config.failover.secret == (tmp_path / "local" / SECRET).read_bytes().strip()
     assert primary.failover.secret == backup.failover.secret
+    # Metrics on by default in the shipped pair, on loopback, one port each: both servers
+    # of `make run` share a host (RabbitMQ's 15692, and the next one).
+    assert primary.metrics_listen == ("127.0.0.1", 15692)
+    assert backup.metrics_listen == ("127.0.0.1", 15693)
     assert primary.user("admin") == backup.user("admin")
     assert primary.user("admin").password != primary.user("peering").password  # type: ignore[union-attr]
     for name in ("primary.yaml", "backup.yaml"):
