@@ -33,6 +33,9 @@ Suites (``make compat``; downloads, so not part of ``make test``):
 - a Celery worker end to end: a worker process and a client in their own virtualenv
   (Celery is installed there, not in the project's), tasks sent and their results read
   back through the rpc:// result backend.
+- the management API's tools (``management-tools``: rabbitmqadmin, pyrabbit2, Celery
+  Flower's broker page; ``bench.management_compat``), amqha alone beside RabbitMQ with its
+  management plugin, each call counted as a test;
 - the same Celery worker through a failover (``celery-failover``, on the pair only): worker
   and client are given both servers' URLs, and the ACTIVE is killed -9 once half of the
   tasks' results are back; the other half is sent after the kill.
@@ -766,6 +769,27 @@ def celery_failover_suite(broker: str) -> dict[str, str]:
     return celery_run(broker, failover=True)
 
 
+_MANAGEMENT: dict[str, Any] = {}
+
+
+def management_suite(broker: str) -> dict[str, str]:
+    """The management API's tools (rabbitmqadmin, pyrabbit2, Celery Flower's broker page,
+    purge/delete/close/import), one run of ``bench.management_compat`` for both columns:
+    each call a test."""
+    if broker == "amqha-pair":
+        raise SuiteUnavailable("run on one amqha server (tests/integration covers the pair)")
+    if not _MANAGEMENT:
+        from bench import management_compat
+
+        try:
+            _MANAGEMENT.update(management_compat.run())
+        except RuntimeError as error:
+            raise SuiteUnavailable(str(error)) from error
+    from bench.management_compat import outcomes as call_outcomes
+
+    return call_outcomes(_MANAGEMENT, broker)
+
+
 SUITES: dict[str, Callable[[str], dict[str, str]]] = {
     "kombu-py-amqp": kombu_suite,
     "pika-acceptance": pika_suite,
@@ -773,9 +797,12 @@ SUITES: dict[str, Callable[[str], dict[str, str]]] = {
     "aio-pika": aio_pika_suite,
     "celery-worker": celery_suite,
     "celery-failover": celery_failover_suite,
+    "management-tools": management_suite,
 }
 # Suites that need a second server to fail over to: run on the pair only.
 FAILOVER_SUITES = {"celery-failover"}
+# Suites that compare amqha alone with RabbitMQ (one run serves both columns).
+SINGLE_SERVER_SUITES = {"management-tools"}
 
 
 # -- the tally ----------------------------------------------------------------------------
@@ -789,6 +816,8 @@ def tally(results: dict[str, str]) -> dict[str, int]:
 
 
 def brokers_for(suite: str, brokers: list[str]) -> list[str]:
+    if suite in SINGLE_SERVER_SUITES:
+        return [b for b in brokers if b != "amqha-pair"]
     return [b for b in brokers if suite not in FAILOVER_SUITES or b == "amqha-pair"]
 
 

@@ -403,14 +403,11 @@ def compare(rabbit: dict[str, Any], amqha: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="also write the JSON report here")
-    args = parser.parse_args()
+def run() -> dict[str, Any]:
+    """Both brokers, every call; the report (raises RuntimeError without RabbitMQ)."""
     available, how = ensure_installed()
     if not available:
-        print(json.dumps({"rabbitmq": how}), flush=True)
-        return 1
+        raise RuntimeError(f"RabbitMQ is not available: {how}")
     workdir = Path(tempfile.mkdtemp(prefix="amqha-mgmt-compat-"))
     rabbit_http = free_port()
     node = RabbitNode()
@@ -438,11 +435,42 @@ def main() -> int:
     finally:
         server.stop()
         node.stop()
-    report = {
+    return {
         "rabbitmq_version": node.version,
         **compare(rabbit, ours),
         "migration": migration,
     }
+
+
+def outcomes(report: dict[str, Any], side: str) -> dict[str, str]:
+    """Each call's outcome on one side, as ``bench.compat`` tallies a suite's tests: a
+    tool's call passed if it exited 0 or answered 2xx, Flower's page if it showed the
+    worker's queue with figures from the API."""
+    results = {}
+    for tool in ("rabbitmqadmin", "pyrabbit2", "flower", "changes"):
+        for call, row in report.get(tool, {}).items():
+            if call.endswith("amqha-active-in-sync"):
+                continue  # amqha's own check: RabbitMQ has no such route
+            said = {key: row[key][side] for key in ("exit", "status", "ok") if key in row}
+            good = all(
+                value in (0, True) or (isinstance(value, int) and 200 <= value < 300)
+                for value in said.values()
+            )
+            if tool == "flower":
+                good = good and not row.get("api_errors", {}).get(side)
+            results[f"{tool} {call}"] = "passed" if said and good else "failed"
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the JSON report here")
+    args = parser.parse_args()
+    try:
+        report = run()
+    except RuntimeError as error:
+        print(json.dumps({"rabbitmq": str(error)}), flush=True)
+        return 1
     text = json.dumps(report, indent=1, default=str)
     print(text, flush=True)
     if args.out:
