@@ -1,4 +1,11 @@
-"""Real clients' own test suites against amqha and against RabbitMQ, tallied side by side.
+"""Real clients' own test suites against amqha (alone and as the pair it ships as) and
+against RabbitMQ, tallied side by side.
+
+Brokers (``--broker``, default all three): ``amqha``, one server; ``amqha-pair``, the pair
+as it ships, the suites on the primary (ACTIVE) while the backup (PASSIVE), in sync before
+the suite starts, replicates everything they do; ``rabbitmq``, Debian's rabbitmq-server as
+a private node (``bench.rabbitmq``). Each also serves amqps on a port of its own, with a
+certificate made for the run (aio-pika's amqps tests connect there).
 
 Suites (``make compat``; downloads, so not part of ``make test``):
 
@@ -22,14 +29,19 @@ Suites (``make compat``; downloads, so not part of ``make test``):
   if set, else ``git clone`` of tag AIOPIKA_TAG, run with that tree's aio_pika and the
   libraries its tests need in a virtualenv of the suite's own. Its fixtures start RabbitMQ
   in a Docker container; a small pytest plugin (AIO_PIKA_BROKER, loaded with ``-p``) hands
-  them the broker under test instead, and its amqps tests find no TLS port (on both).
+  them the broker under test instead, its amqps port included.
 - a Celery worker end to end: a worker process and a client in their own virtualenv
   (Celery is installed there, not in the project's), tasks sent and their results read
   back through the rpc:// result backend.
+- the management API's tools (``management-tools``: rabbitmqadmin, pyrabbit2, Celery
+  Flower's broker page; ``bench.management_compat``), amqha alone beside RabbitMQ with its
+  management plugin, each call counted as a test;
+- the same Celery worker through a failover (``celery-failover``, on the pair only): worker
+  and client are given both servers' URLs, and the ACTIVE is killed -9 once half of the
+  tasks' results are back; the other half is sent after the kill.
 
-RabbitMQ is Debian's rabbitmq-server, run as a private node (``bench.rabbitmq``). Every
-test that passes on RabbitMQ and not on amqha is listed by name. Everything runs on
-loopback; every process started here is stopped here, by pid.
+Every test that passes on RabbitMQ and not on an amqha column is listed by name.
+Everything runs on loopback; every process started here is stopped here, by pid.
 """
 
 from __future__ import annotations
@@ -47,9 +59,9 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from tests.support import ROOT, ServerProcess
+from tests.support import ROOT, ServerProcess, free_port
 
 WORK = ROOT / "var" / "compat"
 KOMBU_VERSION = "5.7.0"
@@ -78,7 +90,7 @@ AIOPIKA_PACKAGES = (
 AMQPLIB_TAG = os.environ.get("AMQPLIB_TAG", "v2.0.1")
 AMQPLIB_REPOSITORY = "https://github.com/amqp-node/amqplib"
 # amqplib's package.json gives each test 1 s; on a busy machine that measures the machine.
-AMQPLIB_TEST_TIMEOUT_MS = 5000
+AMQPLIB_TEST_TIMEOUT_MS = 30000
 FILE_TIMEOUT = 300
 SUITE_TIMEOUT = 1800
 CELERY_TASKS = 200
@@ -95,35 +107,119 @@ def say(text: str) -> None:
 # -- brokers ----------------------------------------------------------------------------
 
 
+class Broker(NamedTuple):
+    """Where a suite finds the broker under test: its AMQP port, its amqps port (a
+    certificate the suites do not check: aio-pika's amqps tests turn verification off),
+    and, for the pair, every server's address and a way to kill -9 the ACTIVE."""
+
+    host: str
+    port: int
+    tls_port: int
+    servers: tuple[str, ...] = ()
+    kill_active: Callable[[], str] | None = None
+
+
+def _pki(folder: Path) -> Any:
+    from tests.certs import Pki
+
+    return Pki(folder / "pki")
+
+
 @contextmanager
-def amqha_broker(port: int | None = None, ipv6: bool = False) -> Iterator[tuple[str, int]]:
+def amqha_broker(port: int | None = None, ipv6: bool = False) -> Iterator[Broker]:
     with tempfile.TemporaryDirectory(prefix="amqha-compat-") as tmp:
-        server = ServerProcess(Path(tmp), "compat", port=port)
+        tls_port = free_port()
+        server = ServerProcess(
+            Path(tmp), "compat", port=port, tls=_pki(Path(tmp)).listener(tls_port)
+        )
         if ipv6:
             server.config["server"]["listen"] = [server.address, f"[::1]:{server.port}"]
         server.start()
         try:
-            yield "127.0.0.1", server.port
+            yield Broker("127.0.0.1", server.port, tls_port, (server.address,))
         finally:
             server.stop()
 
 
+# The pair's timings for suites that load the machine: a peer is lost after 3 s of silence.
+PAIR_HEARTBEAT = 0.25
+PAIR_TIMEOUT = 3.0
+PAIR_SETTLE_TIMEOUT = 60.0
+
+
 @contextmanager
-def rabbitmq_broker(port: int | None = None, ipv6: bool = False) -> Iterator[tuple[str, int]]:
+def amqha_pair_broker(port: int | None = None, ipv6: bool = False) -> Iterator[Broker]:
+    """The pair as it ships: the primary ACTIVE serves the suite (on ``port``, with its
+    amqps listener), the backup PASSIVE beside it, in sync before the suite starts and
+    replicating everything the suite does. ``kill_active`` kills -9 whichever server is
+    ACTIVE (for suites run through a failover) and names it."""
+    import asyncio
+
+    from tests.pairs import Pair
+
+    with tempfile.TemporaryDirectory(prefix="amqha-compat-pair-") as tmp:
+        tls_port = free_port()
+        pair = Pair(
+            Path(tmp),
+            heartbeat=PAIR_HEARTBEAT,
+            timeout=PAIR_TIMEOUT,
+            proxied=False,
+            ports=(port or free_port(), free_port()),
+        )
+        primary = pair.primary
+        primary.config["tls"] = _pki(Path(tmp)).listener(tls_port)
+        if ipv6:
+            primary.config["server"]["listen"] = [primary.address, f"[::1]:{primary.port}"]
+        pair.start()
+
+        async def settle() -> None:
+            await pair.wait_states("ACTIVE", "PASSIVE", timeout=PAIR_SETTLE_TIMEOUT)
+            await pair.wait_in_sync(pair.backup, timeout=PAIR_SETTLE_TIMEOUT)
+
+        def kill_active() -> str:
+            for server in pair.servers:
+                if pair.state(server) == "ACTIVE":
+                    pair.kill(server)
+                    return server.name
+            raise RuntimeError("no server of the pair is ACTIVE")
+
+        try:
+            asyncio.run(settle())
+            yield Broker(
+                "127.0.0.1",
+                primary.port,
+                tls_port,
+                tuple(server.address for server in pair.servers),
+                kill_active,
+            )
+        finally:
+            pair.stop()
+
+
+@contextmanager
+def rabbitmq_broker(port: int | None = None, ipv6: bool = False) -> Iterator[Broker]:
     from bench.rabbitmq import RabbitNode, ensure_installed
 
     installed, how = ensure_installed()
     if not installed:
         raise SuiteUnavailable(f"RabbitMQ is not available: {how}")
     node = RabbitNode(port=port, ipv6=ipv6)
+    pki = _pki(node.dir)
+    tls_port = node.listen_tls(pki.server_cert, pki.server_key, pki.ca)
     node.start()
     try:
-        yield "127.0.0.1", node.port
+        yield Broker("127.0.0.1", node.port, tls_port, (f"127.0.0.1:{node.port}",))
     finally:
         node.stop()
 
 
-BROKERS: dict[str, Callable[..., Any]] = {"amqha": amqha_broker, "rabbitmq": rabbitmq_broker}
+BROKERS: dict[str, Callable[..., Any]] = {
+    "amqha": amqha_broker,
+    "amqha-pair": amqha_pair_broker,
+    "rabbitmq": rabbitmq_broker,
+}
+# What each amqha column is compared with.
+REFERENCE = "rabbitmq"
 
 
 # -- running a pytest suite and reading its outcome ---------------------------------------
@@ -205,11 +301,11 @@ def kombu_source() -> Path:
 
 def kombu_suite(broker: str) -> dict[str, str]:
     source = kombu_source()
-    with BROKERS[broker]() as (host, port):
+    with BROKERS[broker]() as under_test:
         env = dict(
             os.environ,
-            RABBITMQ_HOST=host,
-            RABBITMQ_5672_TCP=str(port),
+            RABBITMQ_HOST=under_test.host,
+            RABBITMQ_5672_TCP=str(under_test.port),
             PYTHONPATH=str(source),
         )
         return run_pytest(
@@ -450,6 +546,7 @@ AIO_PIKA_BROKER = textwrap.dedent(
     import tests.docker_client as docker_client
 
     PORT = int(os.environ["COMPAT_AMQP_PORT"])
+    TLS_PORT = int(os.environ["COMPAT_AMQPS_PORT"])
 
 
     class BrokerUnderTest:
@@ -457,9 +554,8 @@ AIO_PIKA_BROKER = textwrap.dedent(
             pass
 
         def run(self, image, ports, environment=None):
-            # No TLS listener: the amqps tests fail alike on both brokers.
             return docker_client.ContainerInfo(
-                id="compat", ports={"5672/tcp": PORT, "5671/tcp": 1}, host="127.0.0.1"
+                id="compat", ports={"5672/tcp": PORT, "5671/tcp": TLS_PORT}, host="127.0.0.1"
             )
 
         def kill(self, container_id):
@@ -514,10 +610,11 @@ def aio_pika_suite(broker: str) -> dict[str, str]:
     plugin_dir = WORK / "aio-pika-plugin"
     plugin_dir.mkdir(parents=True, exist_ok=True)
     (plugin_dir / "compat_broker.py").write_text(AIO_PIKA_BROKER)
-    with BROKERS[broker]() as (_host, port):
+    with BROKERS[broker]() as under_test:
         env = dict(
             os.environ,
-            COMPAT_AMQP_PORT=str(port),
+            COMPAT_AMQP_PORT=str(under_test.port),
+            COMPAT_AMQPS_PORT=str(under_test.tls_port),
             PYTHONPATH=os.pathsep.join((str(source), str(plugin_dir))),
         )
         return run_pytest(
@@ -537,9 +634,14 @@ CELERY_APP = textwrap.dedent(
     import os
     from celery import Celery
 
+    # BROKER_URL: one URL, or several separated by ";" (kombu tries them in turn).
     app = Celery("compat", broker=os.environ["BROKER_URL"], backend="rpc://")
     app.conf.task_acks_late = True
     app.conf.worker_prefetch_multiplier = 4
+    # Task messages are persistent and their publishes confirmed: sent means kept.
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    app.conf.task_publish_retry_policy = {"max_retries": 30, "interval_start": 0.5}
+    app.conf.broker_connection_retry_on_startup = True
 
     @app.task
     def add(x, y):
@@ -566,15 +668,50 @@ def suite_python(name: str, packages: tuple[str, ...]) -> Path:
     return python
 
 
-def celery_suite(broker: str) -> dict[str, str]:
+CELERY_CLIENT = textwrap.dedent(
+    """
+    import json
+    import sys
+    from compat_app import add
+
+    tasks, failover = int(sys.argv[1]), sys.argv[2] == "failover"
+    results = {}
+
+    def collect(pending):
+        for i, result in pending:
+            try:
+                outcome = "passed" if result.get(timeout=120) == 2 * i else "failed"
+            except Exception:
+                outcome = "failed"
+            results[f"add({i},{i})"] = outcome
+
+    half = tasks // 2 if failover else tasks
+    collect([(i, add.delay(i, i)) for i in range(half)])
+    if failover:
+        # The harness kills -9 the ACTIVE on this line and answers once it has.
+        print("kill now", flush=True)
+        sys.stdin.readline()
+        collect([(i, add.delay(i, i)) for i in range(half, tasks)])
+    print(json.dumps(results), flush=True)
+    """
+)
+
+
+def celery_run(broker: str, failover: bool) -> dict[str, str]:
+    """A Celery worker and a client sending CELERY_TASKS tasks and reading their results
+    (rpc://). Through a failover: both are given every server of the pair, and the
+    ACTIVE is killed -9 after the first half of the results came back."""
     python = suite_python("celery", ("celery",))
     app_dir = WORK / "celery-app"
     app_dir.mkdir(parents=True, exist_ok=True)
     (app_dir / "compat_app.py").write_text(CELERY_APP)
-    with BROKERS[broker]() as (host, port):
-        env = dict(
-            os.environ, BROKER_URL=f"amqp://guest:guest@{host}:{port}//", PYTHONPATH=str(app_dir)
-        )
+    (app_dir / "compat_client.py").write_text(CELERY_CLIENT)
+    with BROKERS[broker]() as under_test:
+        if failover and under_test.kill_active is None:
+            raise SuiteUnavailable(f"{broker} has no second server to fail over to")
+        addresses = under_test.servers if failover else (f"{under_test.host}:{under_test.port}",)
+        url = ";".join(f"amqp://guest:guest@{address}//" for address in addresses)
+        env = dict(os.environ, BROKER_URL=url, PYTHONPATH=str(app_dir))
         worker = subprocess.Popen(
             [
                 str(python),
@@ -590,44 +727,67 @@ def celery_suite(broker: str) -> dict[str, str]:
             ],
             cwd=app_dir,
             env=env,
+            stdout=sys.stderr,  # its banner is not the table's
+        )
+        client = subprocess.Popen(
+            [str(python), "compat_client.py", str(CELERY_TASKS), "failover" if failover else "-"],
+            cwd=app_dir,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
-            client = textwrap.dedent(
-                f"""
-                import json
-                from compat_app import add
-                results = {{}}
-                pending = [(i, add.delay(i, i)) for i in range({CELERY_TASKS})]
-                for i, result in pending:
-                    try:
-                        results[f"add({{i}},{{i}})"] = (
-                            "passed" if result.get(timeout=60) == 2 * i else "failed"
-                        )
-                    except Exception as error:
-                        results[f"add({{i}},{{i}})"] = "failed"
-                print(json.dumps(results))
-                """
-            )
-            done = subprocess.run(
-                [str(python), "-c", client],
-                cwd=app_dir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            if done.returncode != 0:
-                say(done.stderr[-2000:])
+            assert client.stdin is not None and client.stdout is not None
+            last = ""
+            for line in client.stdout:  # ends when the client exits (bounded by its gets)
+                last = line.strip() or last
+                if last == "kill now" and under_test.kill_active is not None:
+                    say(f"celery: kill -9 of the ACTIVE ({under_test.kill_active()})")
+                    client.stdin.write("killed\n")
+                    client.stdin.flush()
+            client.wait(timeout=60)
+            if client.returncode != 0 or not last.startswith("{"):
                 return {"celery client": "failed"}
-            return json.loads(done.stdout.strip().splitlines()[-1])
+            return json.loads(last)  # type: ignore[no-any-return]
         finally:
-            worker.terminate()
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(timeout=10)
+            for process in (client, worker):
+                if process.poll() is None:
+                    process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
+
+
+def celery_suite(broker: str) -> dict[str, str]:
+    return celery_run(broker, failover=False)
+
+
+def celery_failover_suite(broker: str) -> dict[str, str]:
+    return celery_run(broker, failover=True)
+
+
+_MANAGEMENT: dict[str, Any] = {}
+
+
+def management_suite(broker: str) -> dict[str, str]:
+    """The management API's tools (rabbitmqadmin, pyrabbit2, Celery Flower's broker page,
+    purge/delete/close/import), one run of ``bench.management_compat`` for both columns:
+    each call a test."""
+    if broker == "amqha-pair":
+        raise SuiteUnavailable("run on one amqha server (tests/integration covers the pair)")
+    if not _MANAGEMENT:
+        from bench import management_compat
+
+        try:
+            _MANAGEMENT.update(management_compat.run())
+        except RuntimeError as error:
+            raise SuiteUnavailable(str(error)) from error
+    from bench.management_compat import outcomes as call_outcomes
+
+    return call_outcomes(_MANAGEMENT, broker)
 
 
 SUITES: dict[str, Callable[[str], dict[str, str]]] = {
@@ -636,7 +796,13 @@ SUITES: dict[str, Callable[[str], dict[str, str]]] = {
     "amqplib": amqplib_suite,
     "aio-pika": aio_pika_suite,
     "celery-worker": celery_suite,
+    "celery-failover": celery_failover_suite,
+    "management-tools": management_suite,
 }
+# Suites that need a second server to fail over to: run on the pair only.
+FAILOVER_SUITES = {"celery-failover"}
+# Suites that compare amqha alone with RabbitMQ (one run serves both columns).
+SINGLE_SERVER_SUITES = {"management-tools"}
 
 
 # -- the tally ----------------------------------------------------------------------------
@@ -649,50 +815,67 @@ def tally(results: dict[str, str]) -> dict[str, int]:
     return counts
 
 
-def compare(suites: list[str]) -> dict[str, Any]:
+def brokers_for(suite: str, brokers: list[str]) -> list[str]:
+    if suite in SINGLE_SERVER_SUITES:
+        return [b for b in brokers if b != "amqha-pair"]
+    return [b for b in brokers if suite not in FAILOVER_SUITES or b == "amqha-pair"]
+
+
+def compare(suites: list[str], brokers: list[str]) -> dict[str, Any]:
+    """Each suite on each broker; for each amqha column, the tests that pass on RabbitMQ
+    and not there (and the reverse), by name."""
     figures: dict[str, Any] = {}
     for suite in suites:
         entry: dict[str, Any] = {}
         results: dict[str, dict[str, str]] = {}
-        for broker in BROKERS:
+        for broker in brokers_for(suite, brokers):
             say(f"== {suite} on {broker}")
             try:
                 results[broker] = SUITES[suite](broker)
                 entry[broker] = tally(results[broker])
             except SuiteUnavailable as error:
                 entry[broker] = {"unavailable": str(error)}
-        if len(results) == 2:
-            entry["pass_on_rabbitmq_only"] = sorted(
+        reference = results.get(REFERENCE)
+        for broker, outcomes_ in results.items():
+            if broker == REFERENCE or reference is None:
+                continue
+            entry[f"pass_on_rabbitmq_only:{broker}"] = sorted(
                 name
-                for name, outcome in results["rabbitmq"].items()
-                if outcome == "passed" and results["amqha"].get(name) != "passed"
+                for name, outcome in reference.items()
+                if outcome == "passed" and outcomes_.get(name) != "passed"
             )
-            entry["pass_on_amqha_only"] = sorted(
+            entry[f"pass_on_{broker}_only"] = sorted(
                 name
-                for name, outcome in results["amqha"].items()
-                if outcome == "passed" and results["rabbitmq"].get(name) != "passed"
+                for name, outcome in outcomes_.items()
+                if outcome == "passed" and reference.get(name) != "passed"
             )
         figures[suite] = entry
     return figures
 
 
-def print_table(figures: dict[str, Any]) -> None:
-    print(f"{'suite':<18} {'amqha':>28} {'RabbitMQ':>28}")
+def print_table(figures: dict[str, Any], brokers: list[str]) -> None:
+    """One table: a suite per row, a broker per column (``-`` where a suite does not apply)."""
+    titles = {"amqha": "amqha", "amqha-pair": "amqha pair", "rabbitmq": "RabbitMQ"}
+    print(f"{'suite':<18}" + "".join(f" {titles.get(b, b):>28}" for b in brokers))
     for suite, entry in figures.items():
         cells = []
-        for broker in BROKERS:
-            counts = entry.get(broker, {})
-            if "unavailable" in counts:
+        for broker in brokers:
+            counts = entry.get(broker)
+            if counts is None:
+                cells.append("-")
+            elif "unavailable" in counts:
                 cells.append("unavailable")
             else:
                 run = sum(counts.values()) - counts.get("skipped", 0)
                 cells.append(
                     f"{counts.get('passed', 0)}/{run} passed, {counts.get('skipped', 0)} skipped"
                 )
-        print(f"{suite:<18} {cells[0]:>28} {cells[1]:>28}")
-        for name in entry.get("pass_on_rabbitmq_only", []):
-            print(f"    passes on RabbitMQ only: {name}")
-        for broker in BROKERS:
+        print(f"{suite:<18}" + "".join(f" {cell:>28}" for cell in cells))
+        for key, names in entry.items():
+            if key.startswith("pass_on_rabbitmq_only:"):
+                for name in names:
+                    print(f"    passes on RabbitMQ, not on {key.split(':', 1)[1]}: {name}")
+        for broker in brokers:
             if "unavailable" in entry.get(broker, {}):
                 print(f"    {broker}: {entry[broker]['unavailable']}")
 
@@ -700,6 +883,9 @@ def print_table(figures: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", action="append", choices=sorted(SUITES))
+    parser.add_argument(
+        "--broker", action="append", choices=sorted(BROKERS), help="default: every broker"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
         "--inside-namespace", nargs=4, metavar=("SUITE", "BROKER", "SOURCE", "REPORT")
@@ -709,10 +895,11 @@ def main() -> None:
         suite, broker, source, report = options.inside_namespace
         inside_namespace(suite, broker, Path(source), Path(report))
         return
-    figures = compare(options.suite or list(SUITES))
+    brokers = options.broker or list(BROKERS)
+    figures = compare(options.suite or list(SUITES), brokers)
     if options.json:
         options.json.write_text(json.dumps(figures, indent=2))
-    print_table(figures)
+    print_table(figures, brokers)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ consumer), then runs the same calls against each management API:
 - ``rabbitmqadmin`` (Debian's, from the rabbitmq-server package): list, show, export,
   import, purge, delete, close;
 - ``pyrabbit2`` (PyPI);
+- Celery Flower's broker page, with a Celery worker on the broker and the management API
+  as Flower's ``--broker_api`` (Celery and Flower in a virtualenv of their own);
 - plain HTTP for the routes the tools do not cover (health checks).
 
 It prints JSON: per call, the status or exit code on each side, the fields RabbitMQ's
@@ -23,6 +25,7 @@ import argparse
 import base64
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -234,6 +237,105 @@ def changes(port: int, workdir: Path, connection_name: str) -> dict[str, Any]:
     return results
 
 
+FLOWER_TIMEOUT = 90.0
+
+
+def flower_calls(amqp_port: int, http_port: int, workdir: Path) -> dict[str, Any]:
+    """Celery Flower's broker page (``/broker``) with this broker's management API as its
+    ``--broker_api``: a Celery worker on the broker, Flower beside it; the page's queue
+    rows, and whatever Flower logged about the API."""
+    import re
+    import signal
+
+    from bench.compat import CELERY_APP, suite_python
+
+    python = suite_python("celery-flower", ("celery", "flower"))
+    app_dir = workdir / "flower-app"
+    app_dir.mkdir(parents=True, exist_ok=True)
+    (app_dir / "compat_app.py").write_text(CELERY_APP)
+    env = dict(
+        os.environ,
+        BROKER_URL=f"amqp://guest:guest@127.0.0.1:{amqp_port}//",
+        PYTHONPATH=str(app_dir),
+    )
+    flower_port = free_port()
+    celery = [str(python), "-m", "celery", "-A", "compat_app"]
+    worker_log = open(app_dir / "worker.log", "wb")  # noqa: SIM115 - handed to the child
+    flower_log = open(app_dir / "flower.log", "wb")  # noqa: SIM115 - handed to the child
+    worker = subprocess.Popen(
+        # -E: the worker's events, by which Flower learns of it after its first inspect.
+        [*celery, "worker", "--pool=solo", "--loglevel=INFO", "-E"],
+        cwd=app_dir,
+        env=env,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+    )
+    worker_log.close()
+    deadline = time.monotonic() + FLOWER_TIMEOUT
+    while time.monotonic() < deadline and worker.poll() is None:
+        if " ready." in (app_dir / "worker.log").read_text(errors="replace"):
+            break
+        time.sleep(0.5)
+    flower = subprocess.Popen(
+        [
+            *celery,
+            "flower",
+            f"--port={flower_port}",
+            "--address=127.0.0.1",
+            f"--broker_api=http://guest:guest@127.0.0.1:{http_port}/api/",
+        ],
+        cwd=app_dir,
+        env=env,
+        stdout=flower_log,
+        stderr=subprocess.STDOUT,
+    )
+    flower_log.close()
+    page, rows = "", []
+    try:
+        deadline = time.monotonic() + FLOWER_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{flower_port}/broker", timeout=5
+                ) as answer:
+                    page = answer.read().decode()
+            except (OSError, urllib.error.URLError):
+                page = ""
+            # A row per queue the workers consume from, once Flower has seen a worker and
+            # the broker API answered: <tr id="celery"><td>celery</td> and the figures.
+            rows = [
+                [
+                    re.sub(r"<[^>]+>", "", cell).strip()
+                    for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+                ]
+                for row in re.findall(r"<tr id=[^>]*>(.*?)</tr>", page, re.S)
+            ]
+            if any(row and row[0] == "celery" for row in rows):
+                break
+            time.sleep(1.0)
+    finally:
+        for process in (flower, worker):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+    (app_dir / "broker.html").write_text(page)
+    logged = (app_dir / "flower.log").read_text(errors="replace")
+    return {
+        "broker_page": {
+            "ok": any(row and row[0] == "celery" for row in rows),
+            # name: messages, unacked, ready, consumers, idle since (Flower's columns)
+            "queues": {row[0]: row[1:] for row in rows if row},
+            "api_errors": [
+                line for line in logged.splitlines() if "management API call failed" in line
+            ],
+        }
+    }
+
+
 def figures(queues: Any) -> dict[str, Any]:
     queue = next((q for q in queues if q.get("name") == QUEUE), {})
     return {
@@ -263,6 +365,7 @@ def run_side(name: str, amqp_port: int, http_port: int, workdir: Path) -> dict[s
         result = {
             "rabbitmqadmin": rabbitmqadmin_calls(http_port, workdir),
             "pyrabbit2": pyrabbit_calls(http_port),
+            "flower": flower_calls(amqp_port, http_port, workdir),
             "figures": figures(http(http_port, "/api/queues/%2F")[1]),
         }
         connection_name = connections[0]["name"] if connections else ""
@@ -276,7 +379,7 @@ def run_side(name: str, amqp_port: int, http_port: int, workdir: Path) -> dict[s
 
 def compare(rabbit: dict[str, Any], amqha: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"figures": {"rabbitmq": rabbit["figures"], "amqha": amqha["figures"]}}
-    for tool in ("rabbitmqadmin", "pyrabbit2", "changes"):
+    for tool in ("rabbitmqadmin", "pyrabbit2", "flower", "changes"):
         rows = {}
         for call, theirs in rabbit[tool].items():
             ours = amqha[tool].get(call, {})
@@ -286,6 +389,9 @@ def compare(rabbit: dict[str, Any], amqha: dict[str, Any]) -> dict[str, Any]:
                     row[key] = {"rabbitmq": theirs[key], "amqha": ours.get(key)}
             if "value" in theirs and "value" in ours:
                 row["missing_in_amqha"] = missing(keys(theirs["value"]), keys(ours["value"]))
+            for key in ("queues", "api_errors"):
+                if key in theirs:
+                    row[key] = {"rabbitmq": theirs[key], "amqha": ours.get(key)}
             if "error" in ours:
                 row["amqha_error"] = ours["error"]
             if "error" in theirs:
@@ -297,14 +403,11 @@ def compare(rabbit: dict[str, Any], amqha: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="also write the JSON report here")
-    args = parser.parse_args()
+def run() -> dict[str, Any]:
+    """Both brokers, every call; the report (raises RuntimeError without RabbitMQ)."""
     available, how = ensure_installed()
     if not available:
-        print(json.dumps({"rabbitmq": how}), flush=True)
-        return 1
+        raise RuntimeError(f"RabbitMQ is not available: {how}")
     workdir = Path(tempfile.mkdtemp(prefix="amqha-mgmt-compat-"))
     rabbit_http = free_port()
     node = RabbitNode()
@@ -332,11 +435,42 @@ def main() -> int:
     finally:
         server.stop()
         node.stop()
-    report = {
+    return {
         "rabbitmq_version": node.version,
         **compare(rabbit, ours),
         "migration": migration,
     }
+
+
+def outcomes(report: dict[str, Any], side: str) -> dict[str, str]:
+    """Each call's outcome on one side, as ``bench.compat`` tallies a suite's tests: a
+    tool's call passed if it exited 0 or answered 2xx, Flower's page if it showed the
+    worker's queue with figures from the API."""
+    results = {}
+    for tool in ("rabbitmqadmin", "pyrabbit2", "flower", "changes"):
+        for call, row in report.get(tool, {}).items():
+            if call.endswith("amqha-active-in-sync"):
+                continue  # amqha's own check: RabbitMQ has no such route
+            said = {key: row[key][side] for key in ("exit", "status", "ok") if key in row}
+            good = all(
+                value in (0, True) or (isinstance(value, int) and 200 <= value < 300)
+                for value in said.values()
+            )
+            if tool == "flower":
+                good = good and not row.get("api_errors", {}).get(side)
+            results[f"{tool} {call}"] = "passed" if said and good else "failed"
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the JSON report here")
+    args = parser.parse_args()
+    try:
+        report = run()
+    except RuntimeError as error:
+        print(json.dumps({"rabbitmq": str(error)}), flush=True)
+        return 1
     text = json.dumps(report, indent=1, default=str)
     print(text, flush=True)
     if args.out:

@@ -210,6 +210,21 @@ class RabbitNode:
             del env["RABBITMQ_NODE_IP_ADDRESS"], env["RABBITMQ_NODE_PORT"]
         return env
 
+    def listen_tls(self, cert: str, key: str, ca: str) -> int:
+        """Also serve amqps, on a free port it returns, with this certificate (before
+        ``start()``); clients are not asked for certificates."""
+        port = free_port()
+        with (self.dir / "rabbitmq.conf").open("a") as conf:
+            conf.write(
+                f"listeners.ssl.default = 127.0.0.1:{port}\n"
+                f"ssl_options.cacertfile = {ca}\n"
+                f"ssl_options.certfile = {cert}\n"
+                f"ssl_options.keyfile = {key}\n"
+                "ssl_options.verify = verify_none\n"
+                "ssl_options.fail_if_no_peer_cert = false\n"
+            )
+        return port
+
     def start(self, wait: bool = True) -> None:
         """Spawn the node on this node's directory (kept across ``shutdown()``); with
         ``wait``, return once it serves AMQP (``start_seconds``: spawn to that)."""

@@ -101,9 +101,12 @@ class Pair:
         hosts: tuple[str, str] = ("127.0.0.1", "127.0.0.1"),
         prefixes: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
         client: str = "guest",
+        ports: tuple[int, int] | None = None,
         **overrides: Any,
     ) -> None:
         """``overrides``: further config sections for both servers (as ServerProcess takes).
+
+        ``ports``: the client ports of the primary and the backup (free ones by default).
 
         ``hosts``, ``prefixes``, ``client``: as ServerProcess takes them, per server (test
         hosts in network namespaces: tests/netns.py); such a pair is not proxied.
@@ -115,7 +118,7 @@ class Pair:
         self.heartbeat = heartbeat
         self.timeout = timeout
         names = names or roles
-        ports = (free_port(), free_port())
+        ports = ports or (free_port(), free_port())
         tls_ports = (free_port(), free_port()) if peering_tls else ports
         self.proxies: list[TcpProxy] = []
         if proxied:
