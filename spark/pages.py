@@ -29,6 +29,35 @@ class Section:
     pictures: list[tuple[str, str]] = field(default_factory=list)  # (caption, file name)
 
 
+NA = "—"  # a cell that does not apply
+
+# What each figure means, in a reader's words (the definitions: README, "What the figures mean").
+GLOSSARY = (
+    "**Availability**: the share of the window with a server of the pair ACTIVE."
+    " **Outage**: no server ACTIVE, including a pair's start before its first server leads"
+    " (the short outage at the start of a pair's logs). The Pairs table's range is the"
+    " availability the servers' clock offsets allow; blank when the clocks leave no doubt.",
+    "**Cause** of a failover: `crash` (the old ACTIVE's process was gone: with `refused`, the"
+    " survivor found its port refusing), `silence` (nothing heard from it for the peer"
+    " timeout; it may have been frozen or cut off), `cut link` (both servers lived through it:"
+    " the link between them was cut; clients on the old ACTIVE's side may have been served"
+    " by both, shown as dual active), `manual` (`console recover` or `promote`), `stopped` (the"
+    " old ACTIVE was stopped cleanly), `dual active` (the new ACTIVE took over while the old"
+    " one was still ACTIVE, with no loss logged), `unknown` (no rule fits).",
+    "**Detection**: from the old ACTIVE's last state message to the survivor's `peer lost`."
+    " **Takeover**: from `peer lost` to the survivor becoming ACTIVE (the takeover"
+    " percentiles count these, so manual failovers are not in them). **Failbacks**: `console"
+    " recover` commands that handed the service back to the primary.",
+    "**Unprotected**: an ACTIVE with no in-sync PASSIVE (what it confirms is on one disk"
+    " only). `not recorded`: the logs have no sync records, so no figure (not 0).",
+    "**Timelines**: a lane per server coloured by state; the service row red where no server"
+    " was ACTIVE and purple where two were; `#n` above it numbers the failovers as in the"
+    " table, with their cause and client outage; the hatched orange spans, labelled with"
+    " their length, are unprotected time; a star is a `console recover` (hollow when"
+    " refused); short spans are drawn wider than their length so that they show.",
+)
+
+
 def _s(value: float | None, digits: int = 3) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
@@ -139,9 +168,11 @@ def document(
     failovers = Section("Failovers")
     failovers.lines.append(
         "One row per failover, numbered per pair as on the timelines (# is the `incident` key"
-        " of failovers.csv, outages.csv and incidents.csv). Client outage: from the last"
-        " moment the old ACTIVE could confirm to the new ACTIVE's takeover; the range is what"
-        " the logs allow."
+        " of failovers.csv, outages.csv and incidents.csv, files written beside this page)."
+        " Client outage: from the last moment the old ACTIVE could confirm to the new"
+        " ACTIVE's takeover. When no log says when the old ACTIVE died (a crash), it is the"
+        " longest the logs allow, and the range gives the shortest and the longest. A dash:"
+        " does not apply (no dual active; no detection or takeover in a manual failover)."
     )
     failovers.tables.append(
         (
@@ -169,16 +200,17 @@ def document(
                     f["to_node"],
                     f["cause"] + (f" ({f['evidence']})" if f["evidence"] else ""),
                     _s(f["outage_s"]),
-                    _range(f["min_outage_s"], f["max_outage_s"]) if f["uncertain"] else "",
-                    _s(f["dual_active_s"]) if f["dual_active_s"] else "",
-                    _s(f["detection_delay_s"]),
-                    _s(f["takeover_delay_s"]),
+                    _range(f["min_outage_s"], f["max_outage_s"]) if f["uncertain"] else NA,
+                    _s(f["dual_active_s"]) if f["dual_active_s"] else NA,
+                    _s(f["detection_delay_s"]) or NA,
+                    _s(f["takeover_delay_s"]) or NA,
                 ]
                 for f in tables.get("failovers", ())
             ],
         )
     )
     sections.append(failovers)
+    sections.append(Section("How to read this", lines=list(GLOSSARY)))
     if pictures:
         sections.append(Section("Pictures", pictures=list(pictures)))
     return sections
