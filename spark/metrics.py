@@ -252,12 +252,14 @@ def _spell(pair: str, day: str, start, end, duration, least, most) -> Row:
 # ---------------------------------------------------------------- unprotected time
 
 
-def _unprotected_spans(runs: Sequence[tuple[str, float, float]], records: Sequence[Row]) -> list:
+def unprotected_spans(
+    runs: Sequence[tuple[str | None, float, float]], records: Sequence[Row]
+) -> list[Span]:
     """A node's unprotected spans on its own clock: in each of its ACTIVE runs, from the run's
     start or an ``out_of_sync`` record to the next ``in_sync`` record or the run's end. Only
     the ACTIVE's own records count (``side`` "active", written while ACTIVE); a crash ends
     the run, and the span with it, where the state runs say (docs/report.md, "Unprotected
-    time")."""
+    time"). The management page's timeline draws the same spans from the same rule."""
     marks = [
         (r["ts"], r.get("sync") == IN_SYNC)
         for r in records
@@ -705,7 +707,7 @@ def pair_report(
     recorded = any(r["event"] == SYNC_EVENT for node in nodes for r in pair.records[node])
     unprotected_by_day: dict[str, tuple[float, float, float]] = {}
     if recorded:
-        own = {node: _unprotected_spans(runs[node], pair.records[node]) for node in nodes}
+        own = {node: unprotected_spans(runs[node], pair.records[node]) for node in nodes}
         tables["unprotected"], unprotected_by_day = _unprotected(
             name, own, offsets, clocks.window, days, known
         )

@@ -18,6 +18,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from spark.metrics import unprotected_spans  # the report's rule, pure (no Spark)
+
 Row = dict[str, Any]
 Span = tuple[float, float]
 Run = tuple[str | None, float, float]  # (state, start, end); None: nothing recorded yet
@@ -146,39 +148,6 @@ def node_runs(records: Sequence[Row], markers: Sequence[float], crashed: bool) -
         else:
             runs.append((held, ts, end))
     return runs
-
-
-def unprotected_spans(runs: Sequence[Run], records: Sequence[Row]) -> list[Span]:
-    """In each ACTIVE run, from its start or an ``out_of_sync`` record to the next
-    ``in_sync`` record or the run's end; only the ACTIVE's own records count (``side``
-    "active", written while ACTIVE), as the report reads them."""
-    marks = [
-        (r["ts"], r.get("sync") == IN_SYNC)
-        for r in records
-        if r["event"] == "sync"
-        and r.get("side") == "active"
-        and r["state"] == "ACTIVE"
-        and r.get("sync") in (IN_SYNC, OUT_OF_SYNC)
-    ]
-    spans: list[Span] = []
-    i = 0
-    for state, start, end in runs:
-        if state != "ACTIVE":
-            continue
-        while i < len(marks) and marks[i][0] < start:
-            i += 1
-        since: float | None = start
-        while i < len(marks) and marks[i][0] <= end:
-            ts, in_sync = marks[i]
-            i += 1
-            if in_sync and since is not None:
-                spans.append((since, ts))
-                since = None
-            elif not in_sync and since is None:
-                since = ts
-        if since is not None:
-            spans.append((since, end))
-    return [(s, e) for s, e in spans if e > s]
 
 
 # -- interval sets -------------------------------------------------------------------------
