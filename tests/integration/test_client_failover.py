@@ -275,8 +275,8 @@ async def test_a_full_publisher_blocks_or_raises_as_told(make_server: Any, when_
             else:
                 blocked = asyncio.ensure_future(publisher.send(b"sixth", routing_key="bound"))
                 # Nothing can be confirmed while the server is stopped: it stays blocked.
-                await asyncio.sleep(0.5)
-                assert not blocked.done() and publisher.pending == 5
+                done, _ = await asyncio.wait({blocked}, timeout=0.5)
+                assert not done and publisher.pending == 5
         if when_full == "block":
             held.append(await asyncio.wait_for(blocked, 30))
         await publisher.flush(30)

@@ -396,7 +396,10 @@ def test_a_second_pair_on_the_same_folders_is_refused_while_the_first_runs(
     pair = make_pair(proxied=False)
     pair_file = pair.workdir / "pair.json"
     pair.workdir.mkdir(parents=True, exist_ok=True)
-    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # A live process that does nothing until killed (its stdin stays open: read blocks).
+    running = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         pair_file.write_text(json.dumps({"servers": [], "config_dir": "x", "pid": running.pid}))
         process, output = start_command(pair)
@@ -410,6 +413,7 @@ def test_a_second_pair_on_the_same_folders_is_refused_while_the_first_runs(
     finally:
         running.kill()
         running.wait(WAIT)
+        running.stdin.close()  # type: ignore[union-attr]
     process, output = start_command(pair)
     try:
         serving(pair, output)
