@@ -177,19 +177,29 @@ def _shift(x: float, by: float) -> float:
 def _node_runs(
     points: Sequence[Point], markers: Sequence[float], crashed: bool
 ) -> list[tuple[str, float, float]]:
-    """A node's states as maximal runs on its own clock, from before its first point (DOWN)
-    to after its last (held, or DOWN if it crashed). A point holds its state until the next
-    point, except that the gap before a ``started`` is DOWN (a crash leaves no ``stopped``);
-    peers' ``last_seen`` about the node are points that carry the state on."""
+    return state_runs(points, markers, crashed)  # type: ignore[return-value]
+
+
+def state_runs(
+    points: Sequence[Point], markers: Sequence[float], crashed: bool, origin: str | None = DOWN
+) -> list[tuple[str | None, float, float]]:
+    """A node's states as maximal runs on its own clock, from before its first point
+    (``origin``: DOWN, or None where a log read from part way does not say) to after its
+    last (held, or DOWN if it crashed). A point holds its state until the next point, except
+    that the gap before a ``started`` is DOWN (a crash leaves no ``stopped``); peers'
+    ``last_seen`` about the node are points that carry the state on. The management page's
+    timeline draws its lanes with it."""
     stream: list[Point] = [(-math.inf, RANK_ORIGIN, "", "")]
     stream += points
     stream += [(m, RANK_MARKER, "", "") for m in markers]
     stream.sort()
-    runs: list[tuple[str, float, float]] = []
-    carry = DOWN
+    runs: list[tuple[str | None, float, float]] = []
+    carry: str | None = origin
     for i, (ts, rank, event, state) in enumerate(stream):
-        if rank != RANK_MARKER:
-            carry = DOWN if rank == RANK_ORIGIN or event == "stopped" else state
+        if rank == RANK_ORIGIN:
+            carry = origin
+        elif rank != RANK_MARKER:
+            carry = DOWN if event == "stopped" else state
         if i + 1 < len(stream):
             end = stream[i + 1][0]
             held = DOWN if stream[i + 1][1] == RANK_STARTED else carry

@@ -18,7 +18,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from spark.metrics import unprotected_spans  # the report's rule, pure (no Spark)
+from spark.metrics import state_runs, unprotected_spans  # the report's rules (no Spark)
+from spark.model import RANK_STARTED, record_rank
 
 Row = dict[str, Any]
 Span = tuple[float, float]
@@ -32,16 +33,6 @@ IN_SYNC, OUT_OF_SYNC = "in_sync", "out_of_sync"
 DAY = 86400.0
 HOURS = (1, 3, 12, 24)  # the windows the page offers; 3 unless asked
 DEFAULT_HOURS = 3
-
-_RANK_ORIGIN, _RANK_STARTED, _RANK_RECORD, _RANK_MARKER, _RANK_STOPPED = -1, 0, 1, 2, 3
-
-
-def _rank(event: str) -> int:
-    if event == "started":
-        return _RANK_STARTED
-    if event == "stopped":
-        return _RANK_STOPPED
-    return _RANK_RECORD
 
 
 def good(record: Any) -> bool:
@@ -94,7 +85,7 @@ def history_from_lines(lines: Iterable[bytes | str], since: float) -> list[Row]:
             continue
         kept.append(record)
     earlier = {id(r): r for r in before.values()}
-    return sorted(earlier.values(), key=lambda r: (r["ts"], _rank(r["event"]))) + kept
+    return sorted(earlier.values(), key=lambda r: (r["ts"], record_rank(r["event"]))) + kept
 
 
 # -- state runs ----------------------------------------------------------------------------
@@ -119,35 +110,11 @@ def node_runs(records: Sequence[Row], markers: Sequence[float], crashed: bool) -
     life of a crashed server; before the first record, DOWN if that record is a
     ``started``, else unknown (None: the log read does not go back so far). A peer's
     ``last_seen`` about the server carries its state on."""
-    stream = sorted(
-        [(r["ts"], _rank(r["event"]), r["event"], r["state"]) for r in records]
-        + [(m, _RANK_MARKER, "", "") for m in markers]
-    )
-    if not stream:
+    points = sorted((r["ts"], record_rank(r["event"]), r["event"], r["state"]) for r in records)
+    if not points and not markers:
         return []
-    first = next((p for p in stream if p[1] != _RANK_MARKER), None)
-    origin: str | None = DOWN if first is not None and first[1] == _RANK_STARTED else None
-    runs: list[Run] = []
-    carry: str | None = origin
-    points: list[tuple[float, int, str, str]] = [(-math.inf, _RANK_ORIGIN, "", ""), *stream]
-    for i, (ts, rank, event, state) in enumerate(points):
-        if rank == _RANK_ORIGIN:
-            carry = origin
-        elif rank != _RANK_MARKER:
-            carry = DOWN if event == "stopped" else state
-        if i + 1 < len(points):
-            end = points[i + 1][0]
-            held = DOWN if points[i + 1][1] == _RANK_STARTED else carry
-        else:
-            end = math.inf
-            held = DOWN if crashed else carry
-        if end <= ts:
-            continue
-        if runs and runs[-1][0] == held:
-            runs[-1] = (held, runs[-1][1], end)
-        else:
-            runs.append((held, ts, end))
-    return runs
+    origin: str | None = DOWN if points and points[0][1] == RANK_STARTED else None
+    return state_runs(points, markers, crashed, origin)
 
 
 # -- interval sets -------------------------------------------------------------------------
@@ -215,7 +182,7 @@ def pair_timeline(logs: Mapping[str, Sequence[Row]], since: float, until: float)
     runs: dict[str, list[Run]] = {}
     unprotected: dict[str, list[Span]] = {}
     for node in nodes:
-        records = sorted(logs[node], key=lambda r: (r["ts"], _rank(r["event"])))
+        records = sorted(logs[node], key=lambda r: (r["ts"], record_rank(r["event"])))
         last = max(records[-1]["ts"], max(markers[node], default=-math.inf))
         runs[node] = node_runs(records, markers[node], _crashed(records, last, claims.get(node)))
         unprotected[node] = unprotected_spans(runs[node], records)
