@@ -529,3 +529,89 @@ async def test_a_snapshot_of_large_messages_stays_within_what_the_passive_reads(
     await assert_every_confirmed_message(pair, pair.backup.url, "large", ledger, 150)
     follower_log = pair.backup.log()
     assert "over the" not in follower_log
+
+
+async def requeue_some(url: str, queue: str, count: int) -> int:
+    """Basic.Get and nack back (requeue) ``count`` times: the head message goes back to the
+    head each time, its delivery count one higher, a change of its own on a quorum queue.
+    How many were nacked."""
+    connection = await aiormq.connect(url)
+    try:
+        channel = await connection.channel()
+        nacked = 0
+        for _ in range(count):
+            got = await channel.basic_get(queue)
+            if got.delivery_tag is None:
+                break
+            await channel.basic_nack(got.delivery_tag, requeue=True)
+            nacked += 1
+        return nacked
+    finally:
+        await connection.close()
+
+
+async def test_a_quorum_backlog_with_delivery_counts_survives_kills_in_catch_up_and_at_in_sync(
+    make_pair: Any,
+) -> None:
+    """A quorum queue's backlog carries delivery counts (each a change of its own,
+    replicated and stored) while a confirming publisher runs: the PASSIVE is killed while
+    it catches up, then the ACTIVE the moment the restarted PASSIVE logs in sync. Every
+    confirmed message is on the survivor, none in a quarantine file, and the counts made
+    before the kills are still there."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "qbacklog", **{"x-queue-type": "quorum"})
+    ledger = Ledger()
+    await fill_confirmed(pair.primary.url, "qbacklog", ledger, 20_000, 1000)
+    assert await requeue_some(pair.primary.url, "qbacklog", 300) == 300
+    stop = asyncio.Event()
+    publisher = asyncio.create_task(
+        keep_publishing(
+            [pair.primary.url, pair.backup.url], "qbacklog", ledger, "live", stop, window=50
+        )
+    )
+    try:
+        await wait_in_sync(pair, pair.primary)
+        # Killed while it catches up: it must not count as in sync, nor lead.
+        assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
+        pair.kill(pair.backup)
+        seen = len(passive_syncs(pair, pair.backup))
+        pair.backup.start()
+        # The moment the restarted PASSIVE logs in sync, the ACTIVE dies.
+        await poll(
+            lambda: any(
+                e.get("sync") == "in_sync" for e in passive_syncs(pair, pair.backup)[seen:]
+            ),
+            60,
+            "the restarted passive in sync",
+            interval=0.005,
+        )
+        pair.kill(pair.primary)
+        await client_vote([pair.backup], retry_for=30)
+        await poll(lambda: pair.state(pair.backup) == "ACTIVE", 30, "the takeover")
+        target = len(ledger.confirmed) + 200
+        await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed after")
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
+    assert pair.quarantine_files() == []
+    counts = []
+    connection = await aiormq.connect(pair.backup.url)
+    try:
+        channel = await connection.channel()
+        remaining = []
+        for _ in range(len(ledger.confirmed) + 1000):
+            got = await channel.basic_get("qbacklog", no_ack=True)
+            if got.delivery_tag is None:
+                break
+            remaining.append(got.body)
+            headers = got.header.properties.headers or {}
+            counts.append(int(headers.get("x-delivery-count", 0) or 0))
+    finally:
+        await connection.close()
+    lost, invented = ledger.check(remaining)
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+    assert not invented
+    # The head message, nacked 300 times before the kills, came through the snapshot and
+    # the failover with its count; every other message was never delivered before.
+    assert counts[0] == 300 and not any(counts[1:])
