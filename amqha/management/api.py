@@ -472,6 +472,13 @@ class ManagementEndpoint:
     async def vhost(self, request: web.Request) -> web.StreamResponse:
         return _json(shapes.vhost_shape(self._vhost(request)))
 
+    def _vhosts(self, request: web.Request) -> list[Any]:
+        """The vhost the route names, or every vhost the login may see, by name."""
+        if "vhost" in request.match_info:
+            return [self._vhost(request)]
+        user = request["user"]
+        return [v for n, v in sorted(self.broker.vhosts.items()) if access.sees_vhost(user, n)]
+
     def _vhost(self, request: web.Request) -> Any:
         name = request.match_info["vhost"]
         vhost = self.broker.vhosts.get(name)
@@ -523,13 +530,7 @@ class ManagementEndpoint:
     # -- queues ---------------------------------------------------------------------------
 
     async def queues(self, request: web.Request) -> web.StreamResponse:
-        user = request["user"]
-        if "vhost" in request.match_info:
-            vhosts = [self._vhost(request)]
-        else:
-            vhosts = [
-                v for n, v in sorted(self.broker.vhosts.items()) if access.sees_vhost(user, n)
-            ]
+        vhosts = self._vhosts(request)
         node, now = self._node(), time.time()
         found = [
             shapes.queue_shape(v.name, q, node, shapes.queue_rates(self.rates, v.name, q, now))
@@ -608,13 +609,7 @@ class ManagementEndpoint:
     # -- exchanges, bindings -------------------------------------------------------------
 
     async def exchanges(self, request: web.Request) -> web.StreamResponse:
-        user = request["user"]
-        if "vhost" in request.match_info:
-            vhosts = [self._vhost(request)]
-        else:
-            vhosts = [
-                v for n, v in sorted(self.broker.vhosts.items()) if access.sees_vhost(user, n)
-            ]
+        vhosts = self._vhosts(request)
         return _json(
             [
                 shapes.exchange_shape(v.name, e)
@@ -631,13 +626,7 @@ class ManagementEndpoint:
         return _json(shapes.exchange_shape(vhost.name, exchange))
 
     async def bindings(self, request: web.Request) -> web.StreamResponse:
-        user = request["user"]
-        if "vhost" in request.match_info:
-            vhosts = [self._vhost(request)]
-        else:
-            vhosts = [
-                v for n, v in sorted(self.broker.vhosts.items()) if access.sees_vhost(user, n)
-            ]
+        vhosts = self._vhosts(request)
         return _json([b for v in vhosts for b in shapes.bindings_of(v)])
 
     # -- connections, channels, consumers ------------------------------------------------
