@@ -104,7 +104,8 @@ def queue_shape(vhost: str, queue: Any, node: str, rates: tuple[float, ...]) -> 
         "exclusive": queue.exclusive_owner is not None,
         "arguments": _jsonable(arguments),
         "node": node,
-        "type": "classic",
+        # As RabbitMQ names it: a queue declared quorum is one (amqha.core.queue.make_queue).
+        "type": "quorum" if arguments.get("x-queue-type") == "quorum" else "classic",
         "state": "running",
         "messages": ready + unacked,
         "messages_ready": ready,

@@ -75,6 +75,11 @@ def test_queues_exchanges_and_bindings_in_rabbitmqs_shapes() -> None:
     vhost.bind_queue("q", "ex", "a.#", {"x-k": b"v"}, None)
     shape = shapes.queue_shape("/", queue, "amqha@n", (1.0, 2.0, 3.0))
     assert shape["messages"] == 0 and shape["arguments"] == {"x-max-length": 5}
+    assert shape["type"] == "classic"
+    quorum = vhost.declare_queue(
+        "qq", object(), 0.0, durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    assert shapes.queue_shape("/", quorum, "amqha@n", (0.0, 0.0, 0.0))["type"] == "quorum"
     assert shape["message_stats"]["deliver_get_details"] == {"rate": 2.0}
     names = [e.name for e in shapes.visible_exchanges(vhost)]
     assert "amq.peer" not in names and "amq.console" not in names and "ex" in names
