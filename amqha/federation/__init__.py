@@ -1,0 +1,1 @@
+"""Exchange federation between pairs (docs/federation.md)."""
