@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import yaml
 
@@ -186,6 +187,41 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True)
+class FederationUpstream:
+    """One upstream of ``federation.upstreams``: its servers' URLs, password filled in."""
+
+    name: str
+    urls: tuple[str, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class FederatedExchange:
+    """One ``federation.exchanges`` item: a link (docs/federation.md, "Config")."""
+
+    exchange: str
+    upstream: str
+    vhost: str = "/"
+    bindings: bool = True
+    forward: bool = False
+    max_hops: int = 1
+    delivery: str = "confirm"  # "confirm" or "drop"
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """The ``federation`` section; empty: this server federates nothing."""
+
+    upstreams: tuple[FederationUpstream, ...] = ()
+    exchanges: tuple[FederatedExchange, ...] = ()
+    reconcile: float = 5.0
+    probe: float = 5.0
+    prefetch: int = 1000
+
+    def upstream(self, name: str) -> FederationUpstream:
+        return next(u for u in self.upstreams if u.name == name)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     name: str = "amqha"
     host: str = "127.0.0.1"
@@ -217,6 +253,8 @@ class ServerConfig:
     # One line per shipped credential this server accepts (only ever on loopback
     # listeners: elsewhere the file is refused); ``amqha start`` prints each.
     weak_credentials: tuple[str, ...] = ()
+    # Exchange federation (docs/federation.md); empty: none.
+    federation: FederationConfig = field(default_factory=FederationConfig)
 
     @property
     def listen(self) -> str:
@@ -735,6 +773,148 @@ def _auth(path: str, section: _Section) -> AuthConfig:
     return AuthConfig(tuple(loopback_users), delay)
 
 
+FEDERATION_SCHEMES = ("amqp", "amqps")
+FEDERATION_DELIVERY = ("confirm", "drop")
+FEDERATION_NAME_RULE = "letters, digits, '_' and '-' only, 1 to 64 characters"
+
+
+def _federation_name_problem(name: str) -> str | None:
+    # The names module's rule (amqha.federation.names.NAME), kept here as config/ does
+    # not import the broker.
+    ok = 1 <= len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
+    return None if ok else f"{name!r} is not a valid name: {FEDERATION_NAME_RULE}"
+
+
+def _federation_url(path: str, key: str, value: Any, password: str | None) -> str:
+    """One upstream URL: amqp(s)://USER[:PASSWORD]@HOST:PORT[/], the password from
+    ``password_file`` when given (then the URL must not carry one)."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(
+            path, key, f"expected a URL such as 'amqp://user@host:5672/', got {value!r}"
+        )
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as error:
+        raise ConfigError(path, key, f"not a valid URL: {error}") from None
+    if parts.scheme not in FEDERATION_SCHEMES:
+        raise ConfigError(
+            path, key, f"expected an amqp:// or amqps:// URL, got scheme {parts.scheme!r}"
+        )
+    if not parts.hostname:
+        raise ConfigError(path, key, "the URL names no host")
+    if not parts.username:
+        raise ConfigError(path, key, "the URL names no user (amqp://USER@HOST:PORT/)")
+    if parts.path not in ("", "/"):
+        raise ConfigError(
+            path,
+            key,
+            f"the URL names vhost {unquote(parts.path[1:])!r}: a link uses its exchange's "
+            "vhost (federation.exchanges[].vhost) on both sides",
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(path, key, "the URL takes no query or fragment")
+    if password is not None:
+        if parts.password is not None:
+            raise ConfigError(path, key, "the URL has a password and password_file is given too")
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        netloc = f"{parts.username}:{quote(password, safe='')}@{host}"
+        if port is not None:
+            netloc += f":{port}"
+        value = urlunsplit((parts.scheme, netloc, "/", "", ""))
+    elif parts.password is None:
+        raise ConfigError(path, key, "the URL has no password: add one or give password_file")
+    return value
+
+
+def _federation(path: str, section: _Section) -> FederationConfig:
+    """The ``federation`` section (docs/federation.md, "Config")."""
+    defaults = FederationConfig()
+    upstreams_section = section.section("upstreams")
+    upstreams: list[FederationUpstream] = []
+    for name in upstreams_section.data:
+        key = upstreams_section.key(str(name))
+        problem = _federation_name_problem(str(name)) if isinstance(name, str) else "not a name"
+        if problem is not None:
+            raise ConfigError(path, key, problem)
+        upstream = upstreams_section.section(name)
+        password_file = upstream.get("password_file", str, None)
+        password = None
+        if password_file is not None:
+            password = _text_file(path, f"{key}.password_file", password_file)
+            if not password:
+                raise ConfigError(path, f"{key}.password_file", "the file is empty")
+        urls = upstream.get("urls", list, None)
+        if not urls:
+            raise ConfigError(path, f"{key}.urls", "missing: the upstream's server URLs (1 or 2)")
+        checked = []
+        for index, url in enumerate(urls):
+            full = _federation_url(path, f"{key}.urls[{index}]", url, password)
+            if full in checked:
+                raise ConfigError(path, f"{key}.urls[{index}]", "listed twice")
+            checked.append(full)
+        upstream.check_unknown()
+        upstreams.append(FederationUpstream(name, tuple(checked)))
+    upstreams_section.check_unknown()
+    items = section.get("exchanges", list, [])
+    exchanges: list[FederatedExchange] = []
+    for index, item in enumerate(items):
+        entry = _Section(path, f"federation.exchanges[{index}]", item)
+        exchange = entry.get("exchange", str, None)
+        if not exchange:
+            raise ConfigError(path, entry.key("exchange"), "missing: the exchange to federate")
+        if exchange.startswith("amq."):
+            raise ConfigError(
+                path, entry.key("exchange"), f"{exchange!r}: the amq. exchanges are not federated"
+            )
+        upstream_name = entry.get("upstream", str, None)
+        if upstream_name is None:
+            raise ConfigError(
+                path, entry.key("upstream"), "missing: a name in federation.upstreams"
+            )
+        if all(u.name != upstream_name for u in upstreams):
+            known = ", ".join(u.name for u in upstreams) or "none"
+            raise ConfigError(
+                path,
+                entry.key("upstream"),
+                f"no upstream {upstream_name!r} in federation.upstreams (known: {known})",
+            )
+        vhost = entry.get("vhost", str, "/")
+        if not vhost:
+            raise ConfigError(path, entry.key("vhost"), "is empty")
+        delivery = entry.get("delivery", str, "confirm")
+        if delivery not in FEDERATION_DELIVERY:
+            raise ConfigError(
+                path, entry.key("delivery"), f"expected 'confirm' or 'drop', got {delivery!r}"
+            )
+        link = FederatedExchange(
+            exchange,
+            upstream_name,
+            vhost,
+            bindings=entry.get("bindings", bool, True),
+            forward=entry.get("forward", bool, False),
+            max_hops=entry.count("max_hops", 1, 1),
+            delivery=delivery,
+        )
+        entry.check_unknown()
+        if any(
+            (e.exchange, e.vhost, e.upstream) == (exchange, vhost, upstream_name) for e in exchanges
+        ):
+            raise ConfigError(
+                path,
+                entry.key("exchange"),
+                f"exchange {exchange!r} of vhost {vhost!r} is linked to {upstream_name!r} twice",
+            )
+        exchanges.append(link)
+    reconcile = section.positive("reconcile", float, defaults.reconcile)
+    probe = section.positive("probe", float, defaults.probe)
+    prefetch = section.count("prefetch", defaults.prefetch, 1)
+    if prefetch > 65535:
+        raise ConfigError(path, "federation.prefetch", f"must be 65535 or less, got {prefetch}")
+    section.check_unknown()
+    return FederationConfig(tuple(upstreams), tuple(exchanges), reconcile, probe, prefetch)
+
+
 def load_config(
     path: str | os.PathLike[str],
     role: str | None = None,
@@ -922,6 +1102,7 @@ def load_config(
         default=replication_section.get("default", bool, True),
     )
     replication_section.check_unknown()
+    federation = _federation(path, top.section("federation"))
     top.check_unknown()
     secret_key = "failover.secret_file" if failover.data.get("secret_file") else "failover.secret"
     weak = _weak_credentials(users, secret, secret_key, auth.loopback_users)
@@ -973,4 +1154,5 @@ def load_config(
         store=store,
         replication=replication,
         weak_credentials=tuple(f"{path}: {key}: {problem}" for key, problem in weak),
+        federation=federation,
     )
