@@ -61,6 +61,7 @@ COMMANDS = (
     "purge",
     "delete",
     "close-connection",
+    "federation",
 )
 ADMINISTRATOR = "administrator"
 # The tag whose connections close-connection never closes: the pair's own links.
@@ -87,6 +88,7 @@ class ConsoleService:
             "purge": self.on_purge,
             "delete": self.on_delete,
             "close-connection": self.on_close_connection,
+            "federation": self.on_federation,
         }
 
     def start(self) -> None:
@@ -162,6 +164,11 @@ class ConsoleService:
             return self.broker.pair.command(command, args, user)
 
         return on_command
+
+    def on_federation(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
+        """Every configured federation link and its state (docs/federation.md)."""
+        federation = self.broker.federation
+        return [] if federation is None else federation.status()
 
     def on_connections(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
         return [{"name": c.peer, **c.describe()} for c in self.broker.connections]
@@ -784,6 +791,7 @@ _SYNTAX: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     "purge": (("QUEUE",), {"--vhost": False}),
     "delete": (("QUEUE",), {"--vhost": False, "--if-empty": True, "--if-unused": True}),
     "close-connection": (("NAME",), {"--reason": False}),
+    "federation": ((), {}),
 }
 
 

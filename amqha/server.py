@@ -55,6 +55,7 @@ from .core.queue import Lane, Queue
 from .core.routing import ArgumentBytes
 from .core.sync import Sink, watermark
 from .core.vhost import MessageIds, VHost
+from .federation.agent import Federation
 from .gate import Pair, Standalone
 from .logtext import escaped
 from .management.api import ManagementEndpoint
@@ -216,6 +217,8 @@ class Broker:
         self.auth = Authenticator(config.users, config.auth, time.monotonic)
         # Direct reply-to: the reply consumer behind each address handed out in reply_to.
         self.direct_replies: dict[str, Any] = {}
+        # The federation links (amqha.federation.agent.Federation): run while this leads.
+        self.federation: Any = None
 
     # -- model access ---------------------------------------------------------------------
 
@@ -396,6 +399,8 @@ class Broker:
         if self.leading:
             return
         self.leading = True
+        if self.federation is not None:
+            self.federation.set_leading(True)
         clear_incomplete(self.config.data_dir)  # what it leads with is the service now
         follower, self.follower = self.follower, None
         if follower is not None:
@@ -418,6 +423,8 @@ class Broker:
         if not self.leading and self.follower is not None:
             return
         self.leading = False
+        if self.federation is not None:
+            self.federation.set_leading(False)
         self.feed.drop("this server is no longer ACTIVE")
         for vhost in self.vhosts.values():
             vhost.set_log(None)
@@ -1015,6 +1022,9 @@ async def serve(
         broker.pair = service
         services.append(service)
     await broker.start()
+    federation = Federation(broker, getattr(broker.pair, "record", None))
+    broker.federation = federation
+    federation.set_leading(broker.leading)
     metrics = MetricsEndpoint(broker)
     await metrics.start()
     management = ManagementEndpoint(broker)
@@ -1036,6 +1046,7 @@ async def serve(
         ready(broker)
     await stop.wait()
     print(f"amqha {config.name}: shutting down", file=sys.stderr, flush=True)
+    await federation.close()
     for service in reversed(services):
         await service.stop()
     await management.stop()

@@ -824,6 +824,10 @@ class FailoverController:
             },
         }
 
+    def record(self, event: str, fields: dict[str, Any]) -> None:
+        """An event of another part of this server (a federation link's) in its log."""
+        self._write(event, **fields)
+
     def _write(self, event: str, **fields: Any) -> None:
         self.events.write(event, self.machine.state.value, self.machine.epoch, **fields)
 

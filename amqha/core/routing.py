@@ -127,6 +127,9 @@ class Exchange:
         self.by_destination: dict[Hashable, dict[tuple, Binding]] = {}
         # Bindings whose destination is an exchange.
         self.exchange_bindings = 0
+        # Counts every change of ``bindings``: a federation link compares it to see
+        # whether the bindings it propagates changed (docs/federation.md, "The link").
+        self.version = 0
 
     def __del__(self) -> None:
         ArgumentBytes.held -= self.arguments_size
@@ -143,6 +146,7 @@ class Exchange:
         if isinstance(destination, Exchange):
             self.exchange_bindings += 1
         self._added(binding)
+        self.version += 1
         return True
 
     def unbind(self, destination: Hashable, routing_key: str, arguments: dict[str, Any]) -> bool:
@@ -168,6 +172,7 @@ class Exchange:
         return len(found)
 
     def _forget(self, binding: Binding) -> None:
+        self.version += 1
         if isinstance(binding.destination, Exchange):
             self.exchange_bindings -= 1
         self._removed(binding)

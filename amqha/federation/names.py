@@ -47,8 +47,9 @@ def generated_queue_name(global_name: str, token: str) -> str:
 
 def buffer_queue_name(exchange: str, upstream: str, downstream: str) -> str:
     """The upstream queue a link consumes: derived from the two sides and the exchange, so a
-    restarted link, or the downstream pair's other server, finds the same one."""
-    return f"{BUFFER_PREFIX}{exchange} {upstream} -> {downstream}"
+    restarted link, or the downstream pair's other server, finds the same one. Only
+    characters every AMQP client library accepts in a queue name (pamqp refuses ``>``)."""
+    return f"{BUFFER_PREFIX}{exchange} {upstream} to {downstream}"
 
 
 def forward_queue_name(exchange: str, upstream: str) -> str:

@@ -122,3 +122,13 @@ def test_a_message_path_grows_by_the_upstream_and_is_checked_against_this_server
         ["paris", "central"],
         "max_hops",
     )
+
+
+def test_a_buffer_queue_name_is_one_every_client_library_accepts() -> None:
+    from pamqp import commands
+
+    from amqha.federation import names
+
+    name = names.buffer_queue_name("market.eu", "central", "backup+primary")
+    commands.Queue.Declare(queue=name, durable=True)  # pamqp validates the name here
+    commands.Queue.Bind(queue=name, exchange="market.eu", routing_key="#")

@@ -1,0 +1,617 @@
+"""One federation link: a client of the upstream that brings one exchange's traffic down.
+
+Owns: connecting to the upstream (its URLs in turn, a PASSIVE's ``NOT_ACTIVE`` redirect
+followed, heartbeats on), the hello and the binding reconcile on ``amq.federation``, the
+buffer queue, pipelined binds, consuming with a prefetch, routing each delivery into the
+local exchange in process, acking upstream (``delivery: confirm``) once the local server
+holds it safe, probes, and the link's status (docs/federation.md, "The link").
+
+What a link decides (its bindings, its state, its retry delay, when it is stalled) is
+``model``'s; this module does it.
+
+Must not know: when this server leads (``agent.Federation`` starts and stops links), the
+config file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import aiormq
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+from pamqp.header import ContentHeader
+from yarl import URL
+
+from ..client import redirect_target
+from ..core.message import Message
+from ..wire import address_of, with_headers
+from . import model, names
+
+if TYPE_CHECKING:
+    from config.loader import FederatedExchange
+
+log = logging.getLogger("amqha.federation")
+
+CONTROL_EXCHANGE = "amq.federation"
+REPLY_TO = "amq.rabbitmq.reply-to"
+# Heartbeats asked of the upstream: a dead upstream is noticed within about twice this.
+HEARTBEAT = 5
+CONNECT_TIMEOUT = 5.0
+# An answer from amq.federation, or an AMQP method's reply, longer than this fails the link.
+ANSWER_TIMEOUT = 10.0
+BACKOFF_INITIAL = 0.1
+BACKOFF_MAX = 5.0
+# How often a running link looks for local binding changes (a counter compare) and due work.
+TICK = 0.05
+
+
+class LinkFailure(Exception):
+    """Why a link cannot run: its ``failed(reason)``."""
+
+
+def _reason(error: BaseException) -> str:
+    """An error as a link's reason: the broker's reply text where there is one."""
+    text = str(error) or type(error).__name__
+    if isinstance(error, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(error, ConnectionError) and not str(error):
+        return type(error).__name__
+    for token in ("ACCESS_REFUSED", "NOT_FOUND", "NOT_ACTIVE", "PRECONDITION_FAILED"):
+        at = text.find(token)
+        if at >= 0:
+            return text[at:].rstrip("')\"").split("', ")[0][:300]
+    return text[:300]
+
+
+def _with_vhost(url: str, vhost: str) -> URL:
+    """The upstream URL for the exchange's vhost, with heartbeats asked for."""
+    base = URL(url)
+    path = "/" if vhost == "/" else "/" + quote(vhost, safe="")
+    return base.with_path(path, encoded=True).with_query({"heartbeat": str(HEARTBEAT)})
+
+
+def _with_address(url: URL, address: str) -> URL:
+    host, _, port = address.rpartition(":")
+    return url.with_host(host.strip("[]")).with_port(int(port))
+
+
+class Link:
+    """One federated exchange's link to its upstream (docs/federation.md, "The link")."""
+
+    def __init__(
+        self,
+        broker: Any,
+        spec_: FederatedExchange,
+        urls: tuple[str, ...],
+        local_name: str,
+        federation_id: str,
+        reconcile: float,
+        probe: float,
+        prefetch: int,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.broker = broker
+        self.spec = spec_
+        self.urls = [_with_vhost(url, spec_.vhost) for url in urls]
+        self.local_name = local_name
+        self.federation_id = federation_id
+        self.reconcile_every = reconcile
+        self.probe_every = probe
+        self.prefetch = prefetch
+        self.on_event = on_event
+        self.rng = rng or random.Random()
+        self.confirm = spec_.delivery == "confirm"
+        # Until a hello names it, the upstream is called by its key in federation.upstreams.
+        self.upstream_name = spec_.upstream
+        self.state = model.LinkState()
+        self.probes = model.Probes(probe)
+        self.counters = model.Counters()
+        self.server: str | None = None
+        self.last_error: str | None = None
+        self.buffer_depth: int | None = None
+        self.control = False  # the upstream answers on amq.federation
+        self.desired = model.Desired()
+        self.confirmed: dict[Any, model.UpstreamBinding] = {}  # bound upstream, as known
+        self._task: asyncio.Task[None] | None = None
+        self._connection: aiormq.abc.AbstractConnection | None = None
+        self._session = 0
+        self._watched: tuple[int, int] | None = None  # (id, version) of the exchange seen
+        self._inflight: collections.deque[list[Any]] = collections.deque()
+        self._ack_upto = 0
+        self._acked = 0
+        self._broken: str | None = None
+        self._wake = asyncio.Event()
+        self._answers: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._down_since: float | None = None
+
+    # -- status --------------------------------------------------------------------------
+
+    @property
+    def buffer_queue(self) -> str:
+        return names.buffer_queue_name(self.spec.exchange, self.upstream_name, self.local_name)
+
+    @property
+    def probe_key(self) -> str:
+        return model.probe_key(self.local_name, self.spec.exchange)
+
+    def status(self) -> dict[str, Any]:
+        now = self.broker.now()
+        counters = self.counters
+        return {
+            "exchange": self.spec.exchange,
+            "vhost": self.spec.vhost,
+            "upstream": self.spec.upstream,
+            "upstream_name": self.upstream_name,
+            "delivery": self.spec.delivery,
+            "state": model.shown_state(self.state, self.probes, now),
+            "reason": self.state.reason,
+            "since": self.state.since,
+            "attempts": self.state.attempts,
+            "server": self.server,
+            "last_error": self.last_error,
+            "buffer_queue": self.buffer_queue,
+            "bindings": {"desired": len(self.desired.bindings), "confirmed": len(self.confirmed)},
+            "bindings_refused": dict(self.desired.refused),
+            "repairs": counters.repairs,
+            "buffer_depth": self.buffer_depth,
+            "in": counters.received,
+            "out": counters.forwarded,
+            "dropped": dict(counters.dropped),
+            "duplicates": counters.duplicates,
+            "probes": {"sent": self.probes.sent, "back": self.probes.back},
+            "last_message": counters.last_message,
+            "control": self.control,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self.state.connecting(self.broker.now())
+            name = f"federation {self.spec.exchange} <- {self.spec.upstream}"
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._close()
+        if self.state.state == model.RUNNING:
+            self._event("link_down", reason="stopped")
+        self.state.connecting(self.broker.now())
+
+    async def _close(self) -> None:
+        connection, self._connection = self._connection, None
+        self._session += 1  # what the old connection left in flight is forgotten
+        self._inflight.clear()
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), ANSWER_TIMEOUT)
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        record = {
+            "kind": kind,
+            "exchange": self.spec.exchange,
+            "vhost": self.spec.vhost,
+            "upstream": self.spec.upstream,
+            **fields,
+        }
+        log.info("federation %s: %s", kind, record)
+        if self.on_event is not None:
+            self.on_event("federation", record)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._session_run()
+                reason = "the upstream closed the connection"
+            except asyncio.CancelledError:
+                raise
+            except LinkFailure as failure:
+                reason = str(failure)
+            except Exception as error:  # a connection lost mid-way, any AMQP error
+                reason = _reason(error)
+            was_running = self.state.state == model.RUNNING
+            await self._close()
+            now = self.broker.now()
+            self.last_error = reason
+            if was_running:
+                self._event("link_down", reason=reason)
+            self.state.failed(reason, now)
+            if self.state.attempts == 1 or not was_running and self.state.attempts % 50 == 0:
+                self._event("link_failed", reason=reason, attempts=self.state.attempts)
+            await asyncio.sleep(
+                model.backoff(self.state.attempts, BACKOFF_INITIAL, BACKOFF_MAX, self.rng)
+            )
+
+    # -- connecting ----------------------------------------------------------------------
+
+    async def _connect(self) -> aiormq.abc.AbstractConnection:
+        """The first upstream server that takes the link, a PASSIVE's redirect followed."""
+        last = "no upstream URL"
+        for url in self.urls:
+            target: URL | None = url
+            for _ in range(2):  # the listed address, then where it sends the link
+                if target is None:
+                    break
+                try:
+                    connection = await asyncio.wait_for(
+                        aiormq.connect(
+                            target,
+                            client_properties={
+                                "connection_name": f"federation {self.spec.exchange} "
+                                f"{self.local_name} <- {self.spec.upstream}"
+                            },
+                        ),
+                        CONNECT_TIMEOUT,
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    last = _reason(error)
+                    redirect = redirect_target(error, [])
+                    target = None if redirect is None else _with_address(url, redirect)
+                    continue
+                self.server = f"{target.host}:{target.port}"
+                return connection
+        raise LinkFailure(last)
+
+    async def _session_run(self) -> None:
+        self._broken = None
+        connection = self._connection = await self._connect()
+        session = self._session
+        exchange = self._local_exchange()
+        if exchange is None:
+            raise LinkFailure(f"exchange not found here (vhost {self.spec.vhost!r})")
+        await self._hello(connection)
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            await asyncio.wait_for(
+                channel.exchange_declare(self.spec.exchange, passive=True), ANSWER_TIMEOUT
+            )
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise LinkFailure("exchange not found upstream") from None
+        declared = await asyncio.wait_for(
+            channel.queue_declare(
+                self.buffer_queue,
+                durable=self.confirm,
+                exclusive=not self.confirm,
+                auto_delete=not self.confirm,
+            ),
+            ANSWER_TIMEOUT,
+        )
+        self.buffer_depth = declared.message_count
+        self._watch_bindings(force=True)
+        await self._reconcile(channel, connection)
+        if self.confirm:
+            await channel.basic_qos(prefetch_count=self.prefetch)
+        self._ack_upto = self._acked = 0
+        await channel.basic_consume(
+            self.buffer_queue,
+            lambda message: self._delivered(message, session),
+            no_ack=not self.confirm,
+        )
+        now = self.broker.now()
+        self.state.running(now)
+        self.probes.up(now)
+        self.last_error = None
+        self._event("link_up", server=self.server, upstream_name=self.upstream_name)
+        await self._serve(connection, channel, session)
+
+    def _local_exchange(self) -> Any:
+        vhost = self.broker.vhosts.get(self.spec.vhost)
+        return None if vhost is None else vhost.exchanges.get(self.spec.exchange)
+
+    # -- amq.federation --------------------------------------------------------------------
+
+    async def _ask(
+        self, connection: aiormq.abc.AbstractConnection, request: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The upstream's answer on amq.federation, or None if it has no such exchange
+        (a server without the control exchange: the link then works from what it bound)."""
+        channel = await connection.channel()
+        try:
+            while not self._answers.empty():
+                self._answers.get_nowait()
+            await channel.basic_consume(
+                REPLY_TO, lambda message: self._answer(message), no_ack=True
+            )
+            await asyncio.wait_for(
+                channel.basic_publish(
+                    json.dumps(request).encode(),
+                    exchange=CONTROL_EXCHANGE,
+                    routing_key=str(request["op"]),
+                    properties=spec.Basic.Properties(
+                        reply_to=REPLY_TO,
+                        correlation_id=uuid.uuid4().hex,
+                        content_type="application/json",
+                    ),
+                ),
+                ANSWER_TIMEOUT,
+            )
+            return await asyncio.wait_for(self._answers.get(), ANSWER_TIMEOUT)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return None
+        except TimeoutError:
+            raise LinkFailure(f"no answer to {request['op']} on {CONTROL_EXCHANGE}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), ANSWER_TIMEOUT)
+
+    def _answer(self, message: DeliveredMessage) -> None:
+        try:
+            answer = json.loads(message.body)
+        except ValueError:
+            answer = {"ok": False, "error": "an answer that is not JSON"}
+        self._answers.put_nowait(answer if isinstance(answer, dict) else {"ok": False})
+
+    async def _hello(self, connection: aiormq.abc.AbstractConnection) -> None:
+        answer = await self._ask(
+            connection,
+            {
+                "op": "hello",
+                "name": self.local_name,
+                "id": self.federation_id,
+                "server": self.broker.config.name,
+                "exchange": self.spec.exchange,
+                "vhost": self.spec.vhost,
+            },
+        )
+        self.control = answer is not None
+        if answer is None:
+            return
+        if not answer.get("ok"):
+            raise LinkFailure(str(answer.get("error") or "hello refused"))
+        name = answer.get("name")
+        if names.name_problem(name) is not None:
+            raise LinkFailure(f"the upstream answered hello with a bad name {name!r}")
+        self.upstream_name = str(name)
+
+    # -- bindings ------------------------------------------------------------------------
+
+    def _watch_bindings(self, force: bool = False) -> bool:
+        """Recompute the desired upstream bindings if the local exchange's bindings changed
+        (or it was replaced); True if they did."""
+        exchange = self._local_exchange()
+        seen = None if exchange is None else (id(exchange), exchange.version)
+        if seen == self._watched and not force:
+            return False
+        self._watched = seen
+        local = (
+            []
+            if exchange is None or not self.spec.bindings
+            else [(b.routing_key, b.arguments) for b in exchange.bindings.values()]
+        )
+        self.desired = model.desired(local, self.local_name, self.upstream_name, self.spec.max_hops)
+        return True
+
+    def _wanted(self) -> dict[Any, model.UpstreamBinding]:
+        """The desired bindings and the probe's own."""
+        probe = model.UpstreamBinding(
+            self.probe_key, {"x-match": "all", model.PROBE_HEADER: self.probe_key}
+        )
+        return {**self.desired.bindings, probe.key: probe}
+
+    async def _apply(
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        to_bind: list[model.UpstreamBinding],
+        to_unbind: list[model.UpstreamBinding],
+    ) -> None:
+        """Binds pipelined (no wait for each Bind-Ok), then unbinds; a passive declare
+        after them answers once the upstream has done them all."""
+        queue, exchange = self.buffer_queue, self.spec.exchange
+        for binding in to_bind:
+            await channel.queue_bind(
+                queue,
+                exchange,
+                binding.routing_key,
+                nowait=True,
+                arguments=dict(binding.arguments),
+            )
+        if to_unbind:
+            await asyncio.wait_for(
+                asyncio.gather(
+                    *(
+                        channel.queue_unbind(
+                            queue, exchange, binding.routing_key, dict(binding.arguments)
+                        )
+                        for binding in to_unbind
+                    )
+                ),
+                ANSWER_TIMEOUT,
+            )
+        declared = await asyncio.wait_for(
+            channel.queue_declare(queue, passive=True), ANSWER_TIMEOUT
+        )
+        self.buffer_depth = declared.message_count
+        for binding in to_bind:
+            self.confirmed[binding.key] = binding
+        for binding in to_unbind:
+            self.confirmed.pop(binding.key, None)
+
+    async def _reconcile(
+        self, channel: aiormq.abc.AbstractChannel, connection: aiormq.abc.AbstractConnection
+    ) -> None:
+        """Make the buffer queue's upstream bindings the wanted ones, from what the upstream
+        says it has; without amq.federation, from what this link bound (each bound again:
+        binding is idempotent)."""
+        wanted = self._wanted()
+        answer = None
+        if self.control:
+            answer = await self._ask(
+                connection, {"op": "bindings", "vhost": self.spec.vhost, "queue": self.buffer_queue}
+            )
+            if answer is not None and not answer.get("ok"):
+                raise LinkFailure(str(answer.get("error") or "bindings refused"))
+        if answer is None:
+            to_bind = list(wanted.values())
+            to_unbind = [
+                b for key, b in sorted(self.confirmed.items(), key=repr) if key not in wanted
+            ]
+            await self._apply(channel, to_bind, to_unbind)
+            return
+        actual = [
+            model.UpstreamBinding(str(item.get("routing_key", "")), item.get("arguments") or {})
+            for item in answer.get("bindings") or []
+            if isinstance(item, dict) and item.get("exchange") == self.spec.exchange
+        ]
+        self.confirmed = {binding.key: binding for binding in actual}
+        to_bind, to_unbind = model.repairs(wanted, actual)
+        self.counters.repairs += len(to_bind) + len(to_unbind)
+        await self._apply(channel, to_bind, to_unbind)
+
+    async def _sync_bindings(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """Local bindings changed: bind and unbind the difference from what is bound."""
+        to_bind, to_unbind = model.repairs(self._wanted(), self.confirmed.values())
+        if to_bind or to_unbind:
+            await self._apply(channel, to_bind, to_unbind)
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def _serve(
+        self,
+        connection: aiormq.abc.AbstractConnection,
+        channel: aiormq.abc.AbstractChannel,
+        session: int,
+    ) -> None:
+        """Until the connection goes: acks, binding changes, probes, reconciles."""
+        loop = asyncio.get_running_loop()
+        next_probe = loop.time()
+        next_reconcile = loop.time() + self.reconcile_every
+        closing = connection.closing
+        while not closing.done():
+            waiter = loop.create_task(self._wake.wait())
+            await asyncio.wait({waiter, closing}, timeout=TICK)
+            waiter.cancel()
+            self._wake.clear()
+            if self._broken is not None:
+                raise LinkFailure(self._broken)
+            if closing.done():
+                break
+            if self._ack_upto > self._acked:
+                upto = self._ack_upto
+                await channel.basic_ack(upto, multiple=True)
+                self._acked = upto
+            if self._watch_bindings():
+                await self._sync_bindings(channel)
+            now = loop.time()
+            if now >= next_probe:
+                next_probe = now + self.probe_every
+                await self._probe(channel)
+            if now >= next_reconcile:
+                next_reconcile = now + self.reconcile_every
+                await self._reconcile(channel, connection)
+        error = closing.exception() if closing.done() and not closing.cancelled() else None
+        if error is not None:
+            raise LinkFailure(_reason(error))
+
+    async def _probe(self, channel: aiormq.abc.AbstractChannel) -> None:
+        await channel.basic_publish(
+            b"",
+            exchange=self.spec.exchange,
+            routing_key=self.probe_key,
+            properties=spec.Basic.Properties(headers={model.PROBE_HEADER: self.probe_key}),
+        )
+        self.probes.sent_one()
+
+    def _delivered(self, delivered: DeliveredMessage, session: int) -> None:
+        """One upstream delivery: a probe counted, a message routed here (or dropped,
+        counted); with ``delivery: confirm`` acked once the local server holds it safe."""
+        if session != self._session:
+            return
+        deliver = delivered.delivery
+        tag = deliver.delivery_tag
+        entry = [tag, False]
+        if self.confirm:
+            self._inflight.append(entry)
+        try:
+            self._take(delivered, deliver, entry, session)
+        except Exception as error:  # a header this server cannot take: counted, not routed
+            log.warning("federation %s: delivery dropped: %s", self.spec.exchange, error)
+            self.counters.drop("invalid")
+            self._settle(entry, session)
+
+    def _take(
+        self, delivered: DeliveredMessage, deliver: Any, entry: list[Any], session: int
+    ) -> None:
+        properties = delivered.header.properties
+        headers = dict(properties.headers or {})
+        now = self.broker.now()
+        probe = headers.get(model.PROBE_HEADER)
+        if probe is not None:
+            if probe == self.probe_key:
+                self.probes.came_back(now)
+            else:
+                self.counters.drop("foreign_probe")
+            self._settle(entry, session)
+            return
+        path, refused = model.message_crossing(
+            headers, self.upstream_name, self.local_name, self.spec.max_hops
+        )
+        if refused is not None:
+            self.counters.drop(refused)
+            self._settle(entry, session)
+            return
+        vhost = self.broker.vhosts.get(self.spec.vhost)
+        exchange = None if vhost is None else vhost.exchanges.get(self.spec.exchange)
+        if exchange is None:
+            self.counters.drop("no_exchange")
+            self._settle(entry, session)
+            return
+        headers[names.PATH_HEADER] = path
+        properties.headers = None
+        body = delivered.body
+        header = with_headers(
+            ContentHeader(body_size=len(body), properties=properties).marshal(), headers
+        )
+        routing_key = deliver.routing_key or ""
+        message = Message(address_of(self.spec.exchange, routing_key), header, body)
+        self.counters.taken(now, bool(deliver.redelivered))
+        queues = vhost.route(exchange, routing_key, message)
+        log_ = vhost.log
+        before = log_.sync_lsn if log_ is not None else 0
+        accepted = vhost.enqueue(message, queues, now) if queues else True
+        message.decoded = None
+        if not accepted:
+            self.counters.drop("rejected")
+        if self.confirm and log_ is not None and log_.sync_lsn != before:
+            self.broker.when_safe(log_.sync_lsn, lambda ok: self._safe(entry, session, ok))
+        else:
+            self._settle(entry, session)
+
+    def _safe(self, entry: list[Any], session: int, ok: bool) -> None:
+        if session != self._session:
+            return
+        if not ok:
+            # Not acked: the link restarts and the upstream delivers it again.
+            self._broken = "the local store could not write a message"
+            self._wake.set()
+            return
+        self._settle(entry, session)
+
+    def _settle(self, entry: list[Any], session: int) -> None:
+        """One delivery done here: the upstream may be acked up to the first not done."""
+        if not self.confirm or session != self._session:
+            return
+        entry[1] = True
+        inflight = self._inflight
+        upto = 0
+        while inflight and inflight[0][1]:
+            upto = inflight.popleft()[0]
+        if upto:
+            self._ack_upto = upto
+            self._wake.set()

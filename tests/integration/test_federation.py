@@ -1,0 +1,296 @@
+"""Exchange federation between real servers (docs/federation.md): a downstream's link to
+a standalone upstream and to an upstream pair, what crosses it, what it reports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqha.client import connect as ha_connect
+from amqha.console import ConsoleClient
+from tests.pairs import ADMIN, MakePair, poll, url_of
+from tests.support import ServerProcess
+
+EXCHANGE = "market"
+# Probes every 0.2 s and a reconcile every second keep the waits below short.
+TIMINGS = {"reconcile": 1, "probe": 0.2}
+
+
+def downstream(
+    tmp_path: Path,
+    upstream_urls: list[str],
+    name: str = "london",
+    delivery: str = "confirm",
+) -> ServerProcess:
+    return ServerProcess(
+        tmp_path,
+        name,
+        federation={
+            "upstreams": {"central": {"urls": upstream_urls}},
+            "exchanges": [{"exchange": EXCHANGE, "upstream": "central", "delivery": delivery}],
+            **TIMINGS,
+        },
+    )
+
+
+async def declare_exchange(url: str) -> None:
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
+
+
+async def links(server: ServerProcess) -> list[dict[str, Any]]:
+    async with asyncio.timeout(15), ConsoleClient(url_of(server, ADMIN)) as console:
+        return list(await console.call("federation"))
+
+
+async def wait_link(
+    server: ServerProcess, check: Any, what: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Until the server's only link satisfies ``check``; that link."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            last = (await links(server))[0]
+            if check(last):
+                return last
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"not reached after {timeout} s: {what}; link: {last}")
+
+
+def running_with(bindings: int) -> Any:
+    """A running link with ``bindings`` upstream bindings desired, all confirmed (and the
+    probe's own)."""
+    return lambda link: (
+        link["state"] == "running"
+        and link["bindings"]["desired"] == bindings
+        and link["bindings"]["confirmed"] == bindings + 1
+    )
+
+
+async def drain(queue: aio_pika.abc.AbstractQueue, until: str, timeout: float = 30.0) -> list[Any]:
+    """Every message got from ``queue`` until one whose body is ``until``."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = await queue.get(fail=False, no_ack=True)
+        if message is None:
+            await asyncio.sleep(0.02)
+            continue
+        got.append(message)
+        if message.body.decode() == until:
+            return got
+    raise TimeoutError(f"{until!r} not got after {timeout} s; got {[m.body for m in got]}")
+
+
+async def publish(url: str, items: list[tuple[str, str]]) -> None:
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange(EXCHANGE)
+        for key, body in items:
+            await exchange.publish(
+                aio_pika.Message(body.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=key,
+            )
+
+
+async def test_a_remote_binding_brings_down_the_matching_messages_only(
+    tmp_path: Path, make_server: Any
+) -> None:
+    central = make_server("central").start()
+    await declare_exchange(central.url)
+    london = downstream(tmp_path, [central.url])
+    london.start()
+    try:
+        await declare_exchange(london.url)
+        await wait_link(london, running_with(0), "the link running")
+        connection = await aio_pika.connect(london.url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue("eu-prices", durable=True)
+            await queue.bind(EXCHANGE, "eu.#")
+            link = await wait_link(london, running_with(1), "the binding upstream")
+            assert link["server"] == central.address
+            await publish(
+                central.url,
+                [("eu.fr", "fr-1"), ("us.ny", "ny-1"), ("eu.de", "de-1"), ("eu.end", "end")],
+            )
+            got = await drain(queue, "end")
+            assert [m.body.decode() for m in got] == ["fr-1", "de-1", "end"]
+            assert got[0].headers["x-amqha-path"] == ["central"]
+            assert got[0].routing_key == "eu.fr"
+            link = (await links(london))[0]
+            assert link["in"] == 3 and link["dropped"] == {}
+            assert link["probes"]["back"] >= 1
+            # Unbound here: unbound upstream, and nothing more comes down.
+            await queue.unbind(EXCHANGE, "eu.#")
+            await wait_link(london, running_with(0), "the binding gone upstream")
+            await publish(central.url, [("eu.fr", "fr-2")])
+            await queue.bind(EXCHANGE, "eu.end")
+            await wait_link(london, running_with(1), "the marker's binding upstream")
+            await publish(central.url, [("eu.end", "end-2")])
+            assert [m.body.decode() for m in await drain(queue, "end-2")] == ["end-2"]
+    finally:
+        london.stop()
+
+
+async def test_equal_bindings_make_one_upstream_binding_and_one_copy_per_queue(
+    tmp_path: Path, make_server: Any
+) -> None:
+    central = make_server("central").start()
+    await declare_exchange(central.url)
+    london = downstream(tmp_path, [central.url])
+    london.start()
+    try:
+        await declare_exchange(london.url)
+        connection = await aio_pika.connect(london.url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            first = await channel.declare_queue("first", durable=True)
+            second = await channel.declare_queue("second", durable=True)
+            await first.bind(EXCHANGE, "eu.#")
+            await second.bind(EXCHANGE, "eu.#")
+            link = await wait_link(london, running_with(1), "one upstream binding")
+            async with asyncio.timeout(15), ConsoleClient(url_of(central, ADMIN)) as console:
+                upstream = [
+                    b
+                    for b in await console.call("bindings")
+                    if b["destination"] == link["buffer_queue"]
+                ]
+            # One for both local bindings, and the probe's.
+            assert sorted(b["routing_key"] for b in upstream) == sorted(
+                ["eu.#", f"amqha.probe.london.{EXCHANGE}"]
+            )
+            assert [
+                b["arguments"]["x-amqha-path"] for b in upstream if b["routing_key"] == "eu.#"
+            ] == [["london"]]
+            await publish(central.url, [("eu.fr", f"m{i}") for i in range(20)] + [("eu.x", "end")])
+            for queue in (first, second):
+                bodies = [m.body.decode() for m in await drain(queue, "end")]
+                assert bodies == [f"m{i}" for i in range(20)] + ["end"]
+            assert (await links(london))[0]["in"] == 21  # taken down once for both queues
+            # One local binding gone: the upstream one stays for the other (two upstream
+            # bindings once the next one is seen: that one and eu.#).
+            await first.unbind(EXCHANGE, "eu.#")
+            await second.bind(EXCHANGE, "eu.z")
+            await wait_link(london, running_with(2), "eu.# kept, eu.z added")
+            await second.unbind(EXCHANGE, "eu.#")
+            await second.unbind(EXCHANGE, "eu.z")
+            await wait_link(london, running_with(0), "the last local binding gone")
+    finally:
+        london.stop()
+
+
+async def test_a_link_with_a_wrong_password_is_failed_and_keeps_retrying(
+    tmp_path: Path, make_server: Any
+) -> None:
+    central = make_server("central", auth={"failed_login_delay": 0.05}).start()
+    await declare_exchange(central.url)
+    london = downstream(tmp_path, [f"amqp://guest:wrong@{central.address}/"])
+    london.start()
+    try:
+        await declare_exchange(london.url)
+        first = await wait_link(
+            london, lambda link: link["state"] == "failed" and link["attempts"] >= 1, "failed"
+        )
+        assert "ACCESS_REFUSED" in first["reason"], first
+        later = await wait_link(
+            london,
+            lambda link: link["state"] == "failed" and link["attempts"] >= first["attempts"] + 3,
+            "attempts rising",
+        )
+        assert later["since"] == first["since"]  # the same failure all along
+        assert later["in"] == 0 and later["server"] is None
+        # guest is no administrator: the console refuses it the federation command.
+        with pytest.raises(Exception, match="ACCESS_REFUSED"):
+            async with asyncio.timeout(15), ConsoleClient(london.url) as console:
+                await console.call("federation")
+    finally:
+        london.stop()
+
+
+async def test_a_kill_of_the_central_active_loses_no_confirmed_matching_message(
+    tmp_path: Path, make_pair: MakePair
+) -> None:
+    central = make_pair(proxied=False).start()
+    await central.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    await declare_exchange(url_of(central.primary))
+    london = downstream(tmp_path, [url_of(central.primary), url_of(central.backup)])
+    london.start()
+    try:
+        await declare_exchange(london.url)
+        connection = await aio_pika.connect(london.url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue("eu-prices", durable=True)
+            await queue.bind(EXCHANGE, "eu.#")
+            await wait_link(london, running_with(1), "the binding upstream")
+            await central.wait_states("ACTIVE", "PASSIVE", timeout=30)  # the buffer in sync
+
+            confirmed: list[str] = []
+            stop = asyncio.Event()
+
+            async def publisher() -> None:
+                urls = [url_of(central.primary), url_of(central.backup)]
+                seq = 0
+                while not stop.is_set():
+                    try:
+                        conn = await ha_connect(urls, retry_for=30, attempt_timeout=2.0)
+                    except Exception:
+                        continue
+                    try:
+                        ch = await conn.channel(publisher_confirms=True)
+                        exchange = await ch.get_exchange(EXCHANGE)
+                        while not stop.is_set():
+                            seq += 1
+                            key = "eu.fr" if seq % 2 else "us.ny"
+                            body = f"{key}-{seq}"
+                            await asyncio.wait_for(
+                                exchange.publish(
+                                    aio_pika.Message(
+                                        body.encode(),
+                                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                    ),
+                                    routing_key=key,
+                                ),
+                                5.0,
+                            )
+                            confirmed.append(body)
+                    except Exception:
+                        pass
+                    finally:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+
+            task = asyncio.get_running_loop().create_task(publisher())
+            await poll(lambda: len(confirmed) >= 200, 60, "200 confirmed before the kill")
+            central.kill(central.primary)
+            at_kill = len(confirmed)
+            await poll(lambda: len(confirmed) >= at_kill + 200, 90, "200 confirmed after the kill")
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await publish(url_of(central.backup), [("eu.end", "end")])
+            got = [m.body.decode() for m in await drain(queue, "end", timeout=90)]
+            matching = [body for body in confirmed if body.startswith("eu.")]
+            missing = sorted(set(matching) - set(got), key=lambda b: int(b.split("-")[1]))
+            assert missing == [], f"{len(missing)} confirmed matching messages lost: {missing[:10]}"
+            assert not [b for b in got if b.startswith("us.")]
+            duplicates = len(got) - len(set(got))
+            link = (await links(london))[0]
+            assert link["server"] == central.backup.address
+            assert link["duplicates"] >= duplicates
+            print(
+                f"confirmed {len(confirmed)} ({len(matching)} matching), "
+                f"got {len(got) - 1}, duplicates {duplicates}, link {link}"
+            )
+    finally:
+        london.stop()
