@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,60 @@ async def publish(url: str, items: list[tuple[str, str]]) -> None:
                 aio_pika.Message(body.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
                 routing_key=key,
             )
+
+
+class Publisher:
+    """Publishes to the exchange with confirms, ``eu.fr`` and ``us.ny`` in turn, persistent,
+    over whichever of ``urls`` serves (amqha.client.connect), reconnecting after a failure;
+    ``confirmed``: the bodies confirmed, in order."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.confirmed: list[str] = []
+        self.stopping = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> Publisher:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        assert self.task is not None
+        await asyncio.wait_for(self.task, 60)
+
+    async def _run(self) -> None:
+        seq = 0
+        for _ in range(100):  # connections, each up to a failure
+            if self.stopping.is_set():
+                return
+            try:
+                connection = await ha_connect(self.urls, retry_for=30, attempt_timeout=2.0)
+            except Exception:
+                continue
+            try:
+                channel = await connection.channel(publisher_confirms=True)
+                exchange = await channel.get_exchange(EXCHANGE)
+                while not self.stopping.is_set():
+                    seq += 1
+                    key = "eu.fr" if seq % 2 else "us.ny"
+                    body = f"{key}-{seq}"
+                    message = aio_pika.Message(
+                        body.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                    )
+                    await asyncio.wait_for(exchange.publish(message, routing_key=key), 5.0)
+                    self.confirmed.append(body)
+            except Exception:
+                continue
+            finally:
+                with contextlib.suppress(Exception):
+                    await connection.close()
+
+
+def lost(confirmed: list[str], got: list[str]) -> list[str]:
+    """The confirmed messages that matched eu.# and never arrived."""
+    matching = [body for body in confirmed if body.startswith("eu.")]
+    return sorted(set(matching) - set(got), key=lambda body: int(body.split("-")[1]))
 
 
 async def test_a_remote_binding_brings_down_the_matching_messages_only(
@@ -236,52 +292,17 @@ async def test_a_kill_of_the_central_active_loses_no_confirmed_matching_message(
             await wait_link(london, running_with(1), "the binding upstream")
             await central.wait_states("ACTIVE", "PASSIVE", timeout=30)  # the buffer in sync
 
-            confirmed: list[str] = []
-            stop = asyncio.Event()
-
-            async def publisher() -> None:
-                urls = [url_of(central.primary), url_of(central.backup)]
-                seq = 0
-                while not stop.is_set():
-                    try:
-                        conn = await ha_connect(urls, retry_for=30, attempt_timeout=2.0)
-                    except Exception:
-                        continue
-                    try:
-                        ch = await conn.channel(publisher_confirms=True)
-                        exchange = await ch.get_exchange(EXCHANGE)
-                        while not stop.is_set():
-                            seq += 1
-                            key = "eu.fr" if seq % 2 else "us.ny"
-                            body = f"{key}-{seq}"
-                            await asyncio.wait_for(
-                                exchange.publish(
-                                    aio_pika.Message(
-                                        body.encode(),
-                                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                                    ),
-                                    routing_key=key,
-                                ),
-                                5.0,
-                            )
-                            confirmed.append(body)
-                    except Exception:
-                        pass
-                    finally:
-                        with contextlib.suppress(Exception):
-                            await conn.close()
-
-            task = asyncio.get_running_loop().create_task(publisher())
+            publisher = Publisher([url_of(central.primary), url_of(central.backup)]).start()
+            confirmed = publisher.confirmed
             await poll(lambda: len(confirmed) >= 200, 60, "200 confirmed before the kill")
             central.kill(central.primary)
             at_kill = len(confirmed)
             await poll(lambda: len(confirmed) >= at_kill + 200, 90, "200 confirmed after the kill")
-            stop.set()
-            await asyncio.wait_for(task, 30)
+            await publisher.stop()
             await publish(url_of(central.backup), [("eu.end", "end")])
             got = [m.body.decode() for m in await drain(queue, "end", timeout=90)]
             matching = [body for body in confirmed if body.startswith("eu.")]
-            missing = sorted(set(matching) - set(got), key=lambda b: int(b.split("-")[1]))
+            missing = lost(confirmed, got)
             assert missing == [], f"{len(missing)} confirmed matching messages lost: {missing[:10]}"
             assert not [b for b in got if b.startswith("us.")]
             duplicates = len(got) - len(set(got))
@@ -292,5 +313,91 @@ async def test_a_kill_of_the_central_active_loses_no_confirmed_matching_message(
                 f"confirmed {len(confirmed)} ({len(matching)} matching), "
                 f"got {len(got) - 1}, duplicates {duplicates}, link {link}"
             )
+    finally:
+        london.stop()
+
+
+async def test_only_the_downstream_active_runs_the_link_and_its_successor_resumes_it(
+    tmp_path: Path, make_server: Any, make_pair: MakePair
+) -> None:
+    central = make_server("central").start()
+    await declare_exchange(central.url)
+    london = make_pair(
+        proxied=False,
+        federation={
+            "upstreams": {"central": {"urls": [central.url]}},
+            "exchanges": [{"exchange": EXCHANGE, "upstream": "central"}],
+            **TIMINGS,
+        },
+    ).start()
+    await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    primary, backup = london.primary, london.backup
+    await declare_exchange(url_of(primary))
+    connection = await aio_pika.connect(url_of(primary), timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("eu-prices", durable=True)
+        await queue.bind(EXCHANGE, "eu.#")
+    link = await wait_link(primary, running_with(1), "the ACTIVE's link running")
+    assert link["buffer_queue"] == "federation: market central to backup+primary"
+    await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    # The PASSIVE keeps no link: configured, listed, not run.
+    standby = (await links(backup))[0]
+    assert standby["active"] is False and standby["state"] == "connecting"
+    assert standby["server"] is None and standby["in"] == 0
+    ups = [
+        e for e in london.events(primary) if e["event"] == "federation" and e["kind"] == "link_up"
+    ]
+    assert ups and ups[-1]["exchange"] == EXCHANGE and ups[-1]["server"] == central.address
+
+    publisher = Publisher([central.url]).start()
+    confirmed = publisher.confirmed
+    await poll(lambda: len(confirmed) >= 200, 60, "200 confirmed before the kill")
+    london.kill(primary)
+    at_kill = len(confirmed)
+    # A client's vote moves the service to the backup; its link resumes on the same queue.
+    vote = await ha_connect([url_of(primary), url_of(backup)], retry_for=30, attempt_timeout=2.0)
+    try:
+        await wait_link(backup, running_with(1), "the new ACTIVE's link running", timeout=60)
+        await poll(lambda: len(confirmed) >= at_kill + 200, 90, "200 confirmed after the kill")
+        await publisher.stop()
+        await publish(central.url, [("eu.end", "end")])
+        channel = await vote.channel()
+        queue = await channel.get_queue("eu-prices")
+        got = [m.body.decode() for m in await drain(queue, "end", timeout=90)]
+    finally:
+        await vote.close()
+    missing = lost(confirmed, got)
+    assert missing == [], f"{len(missing)} confirmed matching messages lost: {missing[:10]}"
+    link = (await links(backup))[0]
+    assert link["buffer_queue"] == "federation: market central to backup+primary"
+    assert any(e["event"] == "federation" and e["kind"] == "link_up" for e in london.events(backup))
+    print(f"confirmed {len(confirmed)}, got {len(got) - 1}, link {link}")
+
+
+async def test_a_link_whose_upstream_is_frozen_is_stalled_then_runs_again(
+    tmp_path: Path, make_server: Any
+) -> None:
+    central = make_server("central").start()
+    await declare_exchange(central.url)
+    london = downstream(tmp_path, [central.url])
+    london.start()
+    try:
+        await declare_exchange(london.url)
+        await wait_link(london, running_with(0), "the link running")
+        assert central.process is not None
+        os.kill(central.process.pid, signal.SIGSTOP)
+        try:
+            stalled = await wait_link(london, lambda link: link["state"] == "stalled", "stalled")
+        finally:
+            os.kill(central.process.pid, signal.SIGCONT)
+        back = await wait_link(
+            london,
+            lambda link: (
+                link["state"] == "running" and link["probes"]["back"] > stalled["probes"]["back"]
+            ),
+            "running again, probes back",
+        )
+        assert back["in"] == 0  # a probe is counted, never routed
     finally:
         london.stop()
