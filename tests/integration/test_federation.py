@@ -159,12 +159,13 @@ def lost(confirmed: list[str], got: list[str]) -> list[str]:
     return sorted(set(matching) - set(got), key=lambda body: int(body.split("-")[1]))
 
 
+@pytest.mark.parametrize("delivery", ["confirm", "drop"])
 async def test_a_remote_binding_brings_down_the_matching_messages_only(
-    tmp_path: Path, make_server: Any
+    tmp_path: Path, make_server: Any, delivery: str
 ) -> None:
     central = make_server("central").start()
     await declare_exchange(central.url)
-    london = downstream(tmp_path, [central.url])
+    london = downstream(tmp_path, [central.url], delivery=delivery)
     london.start()
     try:
         await declare_exchange(london.url)
@@ -175,7 +176,15 @@ async def test_a_remote_binding_brings_down_the_matching_messages_only(
             queue = await channel.declare_queue("eu-prices", durable=True)
             await queue.bind(EXCHANGE, "eu.#")
             link = await wait_link(london, running_with(1), "the binding upstream")
-            assert link["server"] == central.address
+            assert link["server"] == central.address and link["delivery"] == delivery
+            async with asyncio.timeout(15), ConsoleClient(url_of(central, ADMIN)) as console:
+                buffer = next(
+                    q for q in await console.call("queues") if q["name"] == link["buffer_queue"]
+                )
+            # confirm: stored (and replicated on a pair); drop: gone with the link.
+            assert (buffer["durable"], buffer["exclusive"]) == (
+                (True, False) if delivery == "confirm" else (False, True)
+            )
             await publish(
                 central.url,
                 [("eu.fr", "fr-1"), ("us.ny", "ny-1"), ("eu.de", "de-1"), ("eu.end", "end")],
@@ -280,7 +289,8 @@ async def test_a_kill_of_the_central_active_loses_no_confirmed_matching_message(
     central = make_pair(proxied=False).start()
     await central.wait_states("ACTIVE", "PASSIVE", timeout=30)
     await declare_exchange(url_of(central.primary))
-    london = downstream(tmp_path, [url_of(central.primary), url_of(central.backup)])
+    # The PASSIVE first: it sends the link on to the ACTIVE (NOT_ACTIVE - active server is).
+    london = downstream(tmp_path, [url_of(central.backup), url_of(central.primary)])
     london.start()
     try:
         await declare_exchange(london.url)
@@ -289,7 +299,8 @@ async def test_a_kill_of_the_central_active_loses_no_confirmed_matching_message(
             channel = await connection.channel()
             queue = await channel.declare_queue("eu-prices", durable=True)
             await queue.bind(EXCHANGE, "eu.#")
-            await wait_link(london, running_with(1), "the binding upstream")
+            link = await wait_link(london, running_with(1), "the binding upstream")
+            assert link["server"] == central.primary.address
             await central.wait_states("ACTIVE", "PASSIVE", timeout=30)  # the buffer in sync
 
             publisher = Publisher([url_of(central.primary), url_of(central.backup)]).start()
