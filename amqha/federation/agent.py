@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from config.loader import ServerConfig
+from config.tls import client_context
 
 from . import names
 from .link import Link
@@ -73,6 +74,8 @@ class Federation:
         self.broker = broker
         self.name = local_global_name(config)
         self.id = local_federation_id(config) if federation.exchanges else ""
+        peer_tls = config.failover.peer_tls
+        tls = None if peer_tls is None else client_context(peer_tls, config.source)
         self.links = [
             Link(
                 broker,
@@ -84,6 +87,7 @@ class Federation:
                 federation.probe,
                 federation.prefetch,
                 on_event,
+                tls=tls,
             )
             for exchange in federation.exchanges
         ]

@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 import random
+import ssl
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -100,6 +102,7 @@ class Link:
         prefetch: int,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         rng: random.Random | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.broker = broker
         self.spec = spec_
@@ -111,6 +114,7 @@ class Link:
         self.prefetch = prefetch
         self.on_event = on_event
         self.rng = rng or random.Random()
+        self.tls = tls  # for amqps URLs: whom to trust (failover.peer_tls's CA)
         self.confirm = spec_.delivery == "confirm"
         # Until a hello names it, the upstream is called by its key in federation.upstreams.
         self.upstream_name = spec_.upstream
@@ -248,9 +252,13 @@ class Link:
                 if target is None:
                     break
                 try:
+                    options: dict[str, Any] = {}
+                    if self.tls is not None and target.scheme == "amqps":
+                        options["context"] = self.tls
                     connection = await asyncio.wait_for(
                         aiormq.connect(
                             target,
+                            **options,
                             client_properties={
                                 "connection_name": f"federation {self.spec.exchange} "
                                 f"{self.local_name} <- {self.spec.upstream}"
@@ -301,7 +309,7 @@ class Link:
         self._ack_upto = self._acked = 0
         await channel.basic_consume(
             self.buffer_queue,
-            lambda message: self._delivered(message, session),
+            functools.partial(self._delivered, session=session),
             no_ack=not self.confirm,
         )
         now = self.broker.now()
@@ -326,9 +334,7 @@ class Link:
         try:
             while not self._answers.empty():
                 self._answers.get_nowait()
-            await channel.basic_consume(
-                REPLY_TO, lambda message: self._answer(message), no_ack=True
-            )
+            await channel.basic_consume(REPLY_TO, self._answer, no_ack=True)
             await asyncio.wait_for(
                 channel.basic_publish(
                     json.dumps(request).encode(),
@@ -351,7 +357,7 @@ class Link:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(channel.close(), ANSWER_TIMEOUT)
 
-    def _answer(self, message: DeliveredMessage) -> None:
+    async def _answer(self, message: DeliveredMessage) -> None:
         try:
             answer = json.loads(message.body)
         except ValueError:
@@ -502,7 +508,9 @@ class Link:
                 raise LinkFailure(self._broken)
             if closing.done():
                 break
-            if self._ack_upto > self._acked:
+            # While this server blocks publishers (memory), what came down stays unacked:
+            # the upstream stops at the prefetch and keeps the rest.
+            if self._ack_upto > self._acked and not self.broker.blocked:
                 upto = self._ack_upto
                 await channel.basic_ack(upto, multiple=True)
                 self._acked = upto
@@ -528,12 +536,14 @@ class Link:
         )
         self.probes.sent_one()
 
-    def _delivered(self, delivered: DeliveredMessage, session: int) -> None:
+    async def _delivered(self, delivered: DeliveredMessage, session: int) -> None:
         """One upstream delivery: a probe counted, a message routed here (or dropped,
-        counted); with ``delivery: confirm`` acked once the local server holds it safe."""
+        counted); with ``delivery: confirm`` acked once the local server holds it safe.
+        Nothing here awaits: deliveries are taken in the order they came."""
         if session != self._session:
             return
         deliver = delivered.delivery
+        assert isinstance(deliver, spec.Basic.Deliver)
         tag = deliver.delivery_tag
         entry = [tag, False]
         if self.confirm:
@@ -549,7 +559,7 @@ class Link:
         self, delivered: DeliveredMessage, deliver: Any, entry: list[Any], session: int
     ) -> None:
         properties = delivered.header.properties
-        headers = dict(properties.headers or {})
+        headers: dict[str, Any] = dict(properties.headers or {})
         now = self.broker.now()
         probe = headers.get(model.PROBE_HEADER)
         if probe is not None:
