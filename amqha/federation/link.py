@@ -540,8 +540,8 @@ class Link:
         """One upstream delivery: a probe counted, a message routed here (or dropped,
         counted); with ``delivery: confirm`` acked once the local server holds it safe.
         Nothing here awaits: deliveries are taken in the order they came."""
-        if session != self._session:
-            return
+        if session != self._session or not self.broker.leading:
+            return  # a server that no longer leads takes nothing down: the link is stopping
         deliver = delivered.delivery
         assert isinstance(deliver, spec.Basic.Deliver)
         tag = deliver.delivery_tag
