@@ -122,6 +122,7 @@ class Link:
         self.probes = model.Probes(probe)
         self.counters = model.Counters()
         self.server: str | None = None
+        self.last_server: str | None = None
         self.last_error: str | None = None
         self.buffer_depth: int | None = None
         self.control = False  # the upstream answers on amq.federation
@@ -232,8 +233,9 @@ class Link:
             await self._close()
             now = self.broker.now()
             self.last_error = reason
+            self.server = None  # the last one used is named in link_down and in the log
             if was_running:
-                self._event("link_down", reason=reason)
+                self._event("link_down", reason=reason, server=self.last_server)
             self.state.failed(reason, now)
             if self.state.attempts == 1 or not was_running and self.state.attempts % 50 == 0:
                 self._event("link_failed", reason=reason, attempts=self.state.attempts)
@@ -273,7 +275,7 @@ class Link:
                     redirect = redirect_target(error, [])
                     target = None if redirect is None else _with_address(url, redirect)
                     continue
-                self.server = f"{target.host}:{target.port}"
+                self.server = self.last_server = f"{target.host}:{target.port}"
                 return connection
         raise LinkFailure(last)
 
