@@ -124,6 +124,8 @@ async def wait_for_link(
             if await count_of(watcher, queue):
                 break
         first = time.perf_counter() - started
+        while publisher.confirmed < sent:  # the rate run counts confirms from here on
+            await asyncio.sleep(0.01)
         held, still_since = await count_of(watcher, queue), time.monotonic()
         while time.monotonic() - still_since < SETTLE:
             await asyncio.sleep(0.05)
@@ -172,9 +174,11 @@ async def rate(
         )
         confirmed_at: list[float] = []
         publishing.add_done_callback(lambda _: confirmed_at.append(time.perf_counter()))
-        async with asyncio.timeout(LIMIT):
-            await consumer.target_reached
+        reached = consumer.target_reached
+        async with asyncio.timeout(LIMIT):  # a failed publisher ends the wait at once
+            await asyncio.wait({publishing, reached}, return_when=asyncio.FIRST_EXCEPTION)
             nacked = await publishing
+            await reached
         elapsed = time.perf_counter() - started
         results["rate_msgs_per_s"] = round(count / elapsed, 1)
         results["rate_seconds"] = round(elapsed, 3)
