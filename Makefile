@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench compat demo report clean venv soak soak-backlog simulate partitions
+.PHONY: run test unit lint bench bench-federation compat demo report clean venv soak soak-backlog simulate partitions
 
 venv: $(STAMP)
 
@@ -65,6 +65,12 @@ simulate: $(STAMP)
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+
+## Exchange federation beside RabbitMQ's federation plugin (two nodes of each): the rate
+## through a federated exchange with confirms end to end, and a new binding's latency; JSON.
+## Also part of make bench.
+bench-federation: $(STAMP)
+	$(BIN)/python -m bench.federation_bench
 
 ## Real clients' own suites (kombu, pika, amqplib, aio-pika, a Celery worker) on amqha and on
 ## RabbitMQ, side by side. Downloads the suites (and installs RabbitMQ from Debian if

@@ -27,6 +27,7 @@ from tests.support import free_port
 
 SERVER_SCRIPTS = ("/usr/lib/rabbitmq/bin/rabbitmq-server",)
 CTL_SCRIPTS = ("/usr/lib/rabbitmq/bin/rabbitmqctl",)
+PLUGINS_SCRIPTS = ("/usr/lib/rabbitmq/bin/rabbitmq-plugins",)
 INSTALL_TIMEOUT = 900.0
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0
@@ -157,22 +158,33 @@ def _comm(pid: int) -> str:
 
 class RabbitNode:
     """One private RabbitMQ node on 127.0.0.1; ``start()`` then ``stop()``. In between,
-    ``shutdown()`` and ``start()`` restart it on the same data (same name, same ports)."""
+    ``shutdown()`` and ``start()`` restart it on the same data (same name, same ports).
 
-    def __init__(self, port: int | None = None, ipv6: bool = False) -> None:
+    ``name`` tells two nodes of one benchmark apart (``NAME-<pid>@localhost``); ``plugins``
+    are enabled offline, with ``rabbitmq-plugins --offline``, before the first start."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        ipv6: bool = False,
+        name: str = "bench",
+        plugins: tuple[str, ...] = (),
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="amqha-bench-rabbitmq-"))
         self.port = port or free_port()
         # Also listen on [::1] (same port): for suites that connect to amqp://[::1].
         self.ipv6 = ipv6
         self.dist_port = free_port()
         self.epmd_port = free_port()
-        self.nodename = f"bench-{os.getpid()}@localhost"
+        self.nodename = f"{name}-{os.getpid()}@localhost"
         self.process: subprocess.Popen[bytes] | None = None
         self.version: str | None = None
         self.erlang_version: str | None = None
         self.start_seconds: float | None = None
         self.spawned = 0.0  # perf_counter() when the node process was last spawned
         self.env = self._environment()
+        if plugins:
+            self._enable_offline(plugins)
 
     @property
     def url(self) -> str:
@@ -209,6 +221,43 @@ class RabbitNode:
             # These variables would replace the listeners the config file names.
             del env["RABBITMQ_NODE_IP_ADDRESS"], env["RABBITMQ_NODE_PORT"]
         return env
+
+    def _enable_offline(self, plugins: tuple[str, ...]) -> None:
+        """``rabbitmq-plugins --offline enable``: writes this node's enabled plugins file."""
+        script = _script(PLUGINS_SCRIPTS, "rabbitmq-plugins")
+        if script is None:
+            raise RuntimeError("rabbitmq-plugins is not installed")
+        done = subprocess.run(
+            [script, "-n", self.nodename, "--offline", "enable", *plugins],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"rabbitmq-plugins enable {' '.join(plugins)} failed ({done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """``rabbitmqctl -n NODE ARGS`` on this node: its output, or RuntimeError saying why."""
+        script = _script(CTL_SCRIPTS, "rabbitmqctl")
+        if script is None:
+            raise RuntimeError("rabbitmqctl is not installed")
+        done = subprocess.run(
+            [script, "-n", self.nodename, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"rabbitmqctl {' '.join(args[:2])} failed ({done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
+        return done.stdout
 
     def listen_tls(self, cert: str, key: str, ca: str) -> int:
         """Also serve amqps, on a free port it returns, with this certificate (before

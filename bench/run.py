@@ -2,8 +2,9 @@
 
     python -m bench.run [--quick] [--only broker,durable,failover,report] [--out FILE]
 
-Modules: ``bench.broker_bench`` and ``bench.durable_bench`` (amqha beside RabbitMQ, the
-second on a durable queue with persistent messages), ``bench.failover_bench`` and
+Modules: ``bench.broker_bench``, ``bench.durable_bench`` and ``bench.federation_bench``
+(amqha beside RabbitMQ: the second on a durable queue with persistent messages, the third
+through a federated exchange), ``bench.failover_bench`` and
 ``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench`` and
 ``bench.store_bench`` (``run(sizes) -> dict``). A module
 that is not there is skipped and said so; one that fails is reported with its error,
@@ -35,6 +36,7 @@ BENCHES = {
     "report": "bench.report_bench",
     "store": "bench.store_bench",
     "replication": "bench.replication_bench",
+    "federation": "bench.federation_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 
@@ -74,7 +76,7 @@ def _figure(value: Any) -> str:
 def print_table(document: dict[str, Any]) -> None:
     """Side by side figures of the benches that compare amqha with RabbitMQ."""
     lines = []
-    for name in ("broker", "durable"):
+    for name in ("broker", "durable", "federation"):
         result = document["benches"].get(name, {})
         if "amqha" not in result:
             continue
@@ -87,7 +89,8 @@ def print_table(document: dict[str, Any]) -> None:
             lines.append(
                 f"{row:{width}} {_figure(ours):>14} {_figure(theirs):>16} {_figure(ratio):>15}"
             )
-        lines.append("targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
+        if result["targets"]:
+            lines.append("targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
     if lines:
         print("\n".join(lines), file=sys.stderr)
 

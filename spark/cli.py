@@ -130,7 +130,8 @@ def report(
     each failover with its cause (crash, silence, cut link, manual, stopped, dual active) and
     the outage a client saw, failover incidents with detection and takeover delays, time in
     each state per server,
-    redirects and refusals per minute, manual recoveries, misconfigurations and quarantines;
+    redirects and refusals per minute, manual recoveries, misconfigurations, quarantines and
+    federation links' down time;
     a fleet summary (worst pairs,
     takeover delay percentiles, SLO breaches), pictures, summary.md and a self-contained
     report.html. A pair with no record in the window has no figure. Figures that depend on a clock

@@ -284,6 +284,9 @@ _SPECIAL_FIELDS = (
     "messages",
     "path",
     "evidence",
+    "kind",
+    "link",
+    "upstream",
 )
 _BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 

@@ -24,7 +24,11 @@ from spark.model import (
     CAUSES,
     CLOCK_RESOLUTION_S,
     DOWN,
+    FEDERATION_EVENT,
     IN_SYNC,
+    LINK_DOWN_KINDS,
+    LINK_FAILED,
+    LINK_UP,
     MANUAL_TRIGGERS,
     MINUTE,
     OUT_OF_SYNC,
@@ -600,6 +604,83 @@ def _failover(
     }
 
 
+# ---------------------------------------------------------------- federation links
+
+
+def _run_end(runs: Sequence[tuple[str, float, float]], ts: float) -> float:
+    """The end of the node's state run holding ``ts`` (``ts`` itself when none holds it)."""
+    for _, start, end in runs:
+        if start <= ts < end:
+            return end
+    return ts
+
+
+def federation_links(
+    name: str,
+    records: Mapping[str, Sequence[Row]],
+    runs: Mapping[str, Sequence[tuple[str, float, float]]],
+    offsets: Mapping[str, Offset],
+    window: Span,
+    days: Sequence[tuple[str, float, float]],
+) -> list[Row]:
+    """Per federation link (``link``, ``upstream``) and day, its down time (docs/report.md,
+    "Federation links"). A node's link is up from its ``link_up`` to its next
+    ``link_down`` or ``link_failed``, and at most to the end of the state run it came up in
+    (a server that steps down or dies takes its links with it); the pair's link is up while
+    one of its nodes' is. It is watched from its first record on; the rest of the window,
+    it is down. On the offsets used, with no range: a link's records are its server's own."""
+    since, until = window
+    up: dict[tuple[str, str], list[Span]] = defaultdict(list)
+    first: dict[tuple[str, str], float] = {}
+    failures: dict[tuple[str, str, str], int] = defaultdict(int)
+    for node, node_records in records.items():
+        d = offsets[node].seconds
+        opened: dict[tuple[str, str], float] = {}
+        for r in node_records:
+            kind, link, upstream = r.get("kind"), r.get("link"), r.get("upstream")
+            if r["event"] != FEDERATION_EVENT or link is None or upstream is None:
+                continue
+            if kind != LINK_UP and kind not in LINK_DOWN_KINDS:
+                continue
+            key, ts = (link, upstream), r["ts"]
+            first[key] = min(first.get(key, math.inf), _shift(ts, d))
+            if kind == LINK_UP:
+                opened.setdefault(key, ts)
+                continue
+            start = opened.pop(key, None)
+            if start is not None:
+                up[key].append((_shift(start, d), _shift(min(ts, _run_end(runs[node], start)), d)))
+            if kind == LINK_FAILED and since <= _shift(ts, d) <= until:
+                failures[(link, upstream, day_of(_shift(ts, d)))] += 1
+        for key, start in opened.items():
+            up[key].append((_shift(start, d), _shift(_run_end(runs[node], start), d)))
+    rows: list[Row] = []
+    for key in sorted(first):
+        watched = max(since, first[key])
+        if watched >= until:
+            continue
+        down = _counted([_union(up[key])], (watched, until), lambda n: n == 0)
+        for day, lo, hi in days:
+            if hi <= watched:
+                continue
+            seconds = hi - max(lo, watched)
+            down_s = _measure(_clip(down, lo, hi))
+            rows.append(
+                {
+                    "pair": name,
+                    "day": day,
+                    "link": key[0],
+                    "upstream": key[1],
+                    "seconds": seconds,
+                    "down_s": down_s,
+                    "down_fraction": down_s / seconds if seconds > 0 else None,
+                    "downs": sum(1 for s, _ in down if lo <= s < hi),
+                    "failures": failures[(*key, day)],
+                }
+            )
+    return rows
+
+
 def _keyed(rows: list[Row], failovers: Sequence[Row], start: str, end: str) -> None:
     """Give each row the key of the failover whose span (its start to its new ACTIVE) it
     meets; None for none (the pair's start, an outage nobody ended)."""
@@ -779,6 +860,9 @@ def pair_report(
             )
 
     tables["failovers"] = _failovers(name, nodes, runs, pair.records, offsets, clocks.window, known)
+    tables["federation_links"] = federation_links(
+        name, pair.records, runs, offsets, clocks.window, days
+    )
     for table, start, end in (
         ("outages", "start", "end"),
         ("dual_active", "start", "end"),

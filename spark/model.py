@@ -57,6 +57,9 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("path", "string"),
     ("unrecorded", "long"),
     ("evidence", "string"),
+    ("kind", "string"),
+    ("link", "string"),
+    ("upstream", "string"),
 )
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -81,6 +84,12 @@ PEER_EVENTS = ("peer_up", "peer_lost")
 # ``sync`` one of these.
 SYNC_EVENT = "sync"
 IN_SYNC, OUT_OF_SYNC = "in_sync", "out_of_sync"
+# A federation link's records (docs/federation.md, "What a link reports"): ``kind`` one of
+# these, ``link`` the federated exchange, ``upstream`` the upstream it comes from.
+FEDERATION_EVENT = "federation"
+LINK_UP = "link_up"
+LINK_FAILED = "link_failed"
+LINK_DOWN_KINDS = ("link_down", LINK_FAILED)
 RECOVERY_TRIGGERS = ("MANUAL_RECOVER", "HANDOVER")
 RECOVER_COMMAND = r"(?i)^\s*recover\b"
 MINUTE = 60
@@ -255,6 +264,21 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("path", "string"),
         ),
         ("pair", "ts", "node"),
+    ),
+    # Per federation link (exchange and upstream) and day: the time it was watched (from its
+    # first record on) and the part of it the link was down (docs/report.md, "Federation links").
+    "federation_links": (
+        (
+            *_PLACE,
+            ("link", "string"),
+            ("upstream", "string"),
+            ("seconds", "double"),
+            ("down_s", "double"),
+            ("down_fraction", "double"),
+            ("downs", "long"),
+            ("failures", "long"),
+        ),
+        ("pair", "day", "link", "upstream"),
     ),
 }
 

@@ -471,3 +471,49 @@ def three_recovers() -> tuple[Server, Server]:
     primary.record(300.0, "stopped", "ACTIVE", 7, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
     backup.record(300.0, "stopped", "PASSIVE", 7, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
     return _in_order(primary, backup)
+
+
+def _link(server: Server, at: float, kind: str, link: str, epoch: int) -> None:
+    """A federation record of the ACTIVE ``server``: ``link`` from upstream ``central``."""
+    server.record(at, "federation", "ACTIVE", epoch, kind=kind, link=link, upstream="central")
+
+
+def federation_links() -> tuple[Server, Server]:
+    """crash_takeover with two federated exchanges from ``central``. The primary's links
+    come up at 2 s (market) and 2.5 s (rpc); market goes down at 5 s, fails to reconnect at
+    6 and 7 s, is up again at 8 s; both end with the primary's kill (its last sign of life
+    9.5 s). The backup, ACTIVE at 14 s, brings market up at 14.5 s; rpc fails there at 15 s
+    (its exchange is missing upstream) and stays down until the stop at 20 s.
+    market: watched 2 .. 20, down 5 .. 8 and 9.5 .. 14.5 (8 s, 2 downs, 2 failures).
+    rpc: watched 2.5 .. 20, down 9.5 .. 20 (10.5 s, 1 down, 1 failure)."""
+    primary, backup = pair()
+    _start(primary, backup)
+    _link(primary, 2.0, "link_up", "market", 1)
+    _link(primary, 2.5, "link_up", "rpc", 1)
+    _link(primary, 5.0, "link_down", "market", 1)
+    _link(primary, 6.0, "link_failed", "market", 1)
+    _link(primary, 7.0, "link_failed", "market", 1)
+    _link(primary, 8.0, "link_up", "market", 1)
+    _takeover(primary, backup)
+    _link(backup, 14.5, "link_up", "market", 2)
+    _link(backup, 15.0, "link_failed", "rpc", 2)
+    backup.record(20.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
+
+
+# Midnight UTC after T0 (2023-11-14T22:13:20Z): T0 + 6400 s.
+MIDNIGHT = 6400.0
+
+
+def federation_midnight() -> tuple[Server, Server]:
+    """_start; the primary's market link is up at 2 s, down from 10 s before midnight to
+    20 s after, and both servers stop 100 s after midnight. Day one: watched 2 .. 6400,
+    down 10 s, 1 down; day two: watched 100 s, down 20 s, no new down."""
+    primary, backup = pair()
+    _start(primary, backup)
+    _link(primary, 2.0, "link_up", "market", 1)
+    _link(primary, MIDNIGHT - 10, "link_down", "market", 1)
+    _link(primary, MIDNIGHT + 20, "link_up", "market", 1)
+    backup.record(MIDNIGHT + 99, "stopped", "PASSIVE", 1, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    primary.record(MIDNIGHT + 100, "stopped", "ACTIVE", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    return _in_order(primary, backup)
