@@ -55,6 +55,7 @@ from .core.queue import Lane, Queue
 from .core.routing import ArgumentBytes
 from .core.sync import Sink, watermark
 from .core.vhost import MessageIds, VHost
+from .federation.upstream import UpstreamService
 from .gate import Pair, Standalone
 from .logtext import escaped
 from .management.api import ManagementEndpoint
@@ -174,6 +175,11 @@ class Broker:
         # or "passive" (this server following its peer).
         self.on_sync: Callable[[str, bool, str], None] | None = None
         self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
+        # The fields of a `federation` event record (a refused link's hello, say): the
+        # pair's controller writes it to the event log; standalone, nothing does.
+        self.on_federation: Callable[[dict[str, Any]], None] | None = None
+        # What this server answers on amq.federation (``serve`` starts it).
+        self.upstream: UpstreamService | None = None
         self.quarantined: list[dict[str, Any]] = []
         for user in config.users:
             for name in user.vhosts:
@@ -227,7 +233,7 @@ class Broker:
     def vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = VHost(name, time.time, self.log, self.ids)
+            vhost = VHost(name, time.time, self.log, self.ids, self.config.global_name)
             vhost.max_queues = self.config.limits.vhost.max_queues
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
@@ -252,6 +258,8 @@ class Broker:
             "copyright": "amqha contributors",
             "information": "AMQP 0-9-1 broker, primary/backup pair",
             "cluster_name": self.config.name,
+            # The name other places know this server by (docs/federation.md, "Names").
+            "amqha-name": self.config.global_name,
             "capabilities": dict(CAPABILITIES),
             "amqha": self.pair.info(),
         }
@@ -1009,6 +1017,8 @@ async def serve(
         loop.add_signal_handler(signum, stop.set)
     broker = Broker(config)
     ConsoleService(broker).start()
+    broker.upstream = UpstreamService(broker)
+    broker.upstream.start()
     services = []
     if pair is not None:
         service = pair(broker, config)
@@ -1040,4 +1050,5 @@ async def serve(
         await service.stop()
     await management.stop()
     await metrics.stop()
+    broker.upstream.stop()
     await broker.stop()
