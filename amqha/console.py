@@ -156,8 +156,21 @@ class ConsoleService:
             store=broker.store_status(),
         )
         upstream = getattr(broker, "upstream", None)
-        if upstream is not None:
-            status["federation"] = {"upstream": upstream.status()}
+        status["federation"] = {
+            "upstream": None if upstream is None else upstream.status(),
+            # The hidden queues (a link's forwards): in no listing, only here.
+            "hidden": [
+                {
+                    "vhost": vhost.name,
+                    "queue": name,
+                    "messages": vhost.queues[name].message_count,
+                    "unacked": vhost.queues[name].unacked,
+                    "consumers": vhost.queues[name].consumer_count,
+                }
+                for vhost in broker.vhosts.values()
+                for name in sorted(vhost.hidden)
+            ],
+        }
         return status
 
     def on_pair_command(self, command: str) -> Callable[[dict[str, Any], str], Any]:

@@ -75,7 +75,7 @@ def test_links_go_with_their_connection_and_free_the_name() -> None:
 
 def test_an_orphan_is_reported_once_after_the_delay_and_forgotten_with_a_consumer() -> None:
     watch = OrphanWatch(after=60)
-    queue = SimpleNamespace(name="federation: x central -> london", consumer_count=0)
+    queue = SimpleNamespace(name="federation: x central to london", consumer_count=0)
     found = [("/", queue)]
     assert watch.sweep(found, 1000) == []
     assert watch.sweep(found, 1059) == [] and not watch.is_orphan("/", queue.name)

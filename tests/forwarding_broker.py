@@ -1,0 +1,55 @@
+"""A real standalone broker process whose exchanges are forwarded at start, as a link with
+``forward: true`` sets them up (docs/federation.md, "The link", 6).
+
+``python -m tests.forwarding_broker --config FILE EXCHANGE=UPSTREAM ...``: loads FILE as
+``amqha start`` does, then, once it listens and before any client is read, declares each
+EXCHANGE (direct, durable) in vhost ``/`` and forwards it to the hidden queue bound for
+UPSTREAM. It prints one line per hidden queue with what it holds (``hidden QUEUE: N
+messages``), so a test can see what a restart recovered. Stopped like any server (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+
+from amqha.federation import names
+from amqha.server import Broker, serve
+from config import load_config
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[0] != "--config":
+        raise SystemExit("usage: python -m tests.forwarding_broker --config FILE EXCHANGE=UP...")
+    os.umask(0o077)
+    config = load_config(argv[1])
+    forwards = [item.split("=", 1) for item in argv[2:]]
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+    def ready(broker: Broker) -> None:
+        vhost = broker.vhost("/")
+        for exchange, upstream in forwards:
+            vhost.declare_exchange(exchange, "direct", durable=True)
+            queue = vhost.set_forward(
+                exchange,
+                names.forward_queue_name(exchange, upstream),
+                upstream,
+                config.global_name,
+                1,
+                time.time(),
+            )
+            print(f"hidden {queue.name}: {queue.message_count} messages", file=sys.stderr)
+        sys.stderr.flush()
+
+    asyncio.run(serve(config, ready=ready))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
