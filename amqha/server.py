@@ -147,6 +147,8 @@ class Broker:
         self.config = config
         self.loop = asyncio.get_running_loop()
         self.vhosts: dict[str, VHost] = {}
+        # The control receivers set in every vhost (``receive_control`` with no vhost).
+        self.control_everywhere: dict[str, Callable[[Message, Connection], None]] = {}
         self.ids = MessageIds()
         # The change stream and the store it feeds: attached by ``open_store`` once the
         # store is recovered (None: nothing is durable, as with store.enabled false).
@@ -238,6 +240,8 @@ class Broker:
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
             vhost.on_queue_deleted = self._queue_deleted
+            for exchange, receiver in self.control_everywhere.items():
+                vhost.set_control_receiver(exchange, receiver)
             self.vhosts[name] = vhost
         return vhost
 
@@ -588,9 +592,13 @@ class Broker:
             consumer.cancelled()  # type: ignore[attr-defined]
 
     def receive_control(
-        self, exchange: str, receiver: Callable[[Message, Connection], None], vhost: str = "/"
+        self,
+        exchange: str,
+        receiver: Callable[[Message, Connection], None],
+        vhost: str | None = "/",
     ) -> None:
-        """Hand publishes to control exchange ``exchange`` to ``receiver(message, connection)``.
+        """Hand publishes to control exchange ``exchange`` to ``receiver(message, connection)``
+        in ``vhost`` (None: in every vhost, those made later included).
 
         ``connection`` is the one that published: its login, never a message property,
         says who asked. Only a user with the exchange's tag can publish there; nothing
@@ -603,7 +611,12 @@ class Broker:
             received[user] = received.get(user, 0) + 1
             receiver(message, connection)
 
-        self.vhost(vhost).set_control_receiver(exchange, counted)
+        if vhost is not None:
+            self.vhost(vhost).set_control_receiver(exchange, counted)
+            return
+        self.control_everywhere[exchange] = counted
+        for each in self.vhosts.values():
+            each.set_control_receiver(exchange, counted)
 
     def queued_bytes(self) -> int:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())

@@ -187,8 +187,7 @@ class UpstreamService:
         }
 
     def start(self) -> None:
-        for vhost in list(self.broker.vhosts):
-            self.broker.receive_control(FEDERATION_EXCHANGE, self.on_request, vhost)
+        self.broker.receive_control(FEDERATION_EXCHANGE, self.on_request, None)
         self.broker.on_close.append(self._connection_closed)
         self._timer = self.broker.loop.call_later(ORPHAN_CHECK, self._check_orphans)
 

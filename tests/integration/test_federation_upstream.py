@@ -25,8 +25,20 @@ from tests.support import USERS, ServerProcess, free_port, until, wait_until
 
 EFA = {"name": "efa", "password": "efa-pw-x1", "vhosts": ["/"], "tags": ["federation"]}
 APP = {"name": "app", "password": "app-pw-x1", "vhosts": ["/"]}
-FED_USERS = [*USERS, EFA, APP]
-PASSWORDS = {"guest": "guest", "admin": "admin", "efa": "efa-pw-x1", "app": "app-pw-x1"}
+EFA_OTHER = {
+    "name": "efa-other",
+    "password": "efa-o-x1",
+    "vhosts": ["other"],
+    "tags": ["federation"],
+}
+FED_USERS = [*USERS, EFA, APP, EFA_OTHER]
+PASSWORDS = {
+    "guest": "guest",
+    "admin": "admin",
+    "efa": "efa-pw-x1",
+    "app": "app-pw-x1",
+    "efa-other": "efa-o-x1",
+}
 REPLY_TO = "amq.rabbitmq.reply-to"
 REFUSED = "closed ChannelAccessRefused"  # 403 on the channel
 FORWARD = names.forward_queue_name("rpc", "central")
@@ -45,8 +57,8 @@ class Link:
         self.answers: dict[str, asyncio.Future[Any]] = {}
 
     @classmethod
-    async def open(cls, server: ServerProcess, user: str = "efa") -> Link:
-        link = cls(await aiormq.connect(url(server, user)))
+    async def open(cls, server: ServerProcess, user: str = "efa", vhost: str = "") -> Link:
+        link = cls(await aiormq.connect(url(server, user) + vhost))
         link.channel = await link.connection.channel()
         await link.channel.basic_consume(REPLY_TO, link._on_answer, no_ack=True)
         return link
@@ -243,6 +255,12 @@ async def test_only_a_federation_user_reaches_amq_federation(make_server) -> Non
     assert await outcome(publish, server, "efa") == "ok"
     received = (await status(server))["control_received"]["amq.federation"]
     assert received == {"efa": 1}
+    # Every vhost answers, not only the default one.
+    elsewhere = await Link.open(server, "efa-other", "other")
+    try:
+        assert await elsewhere.hello("london", "1" * 16, "s1") == {"ok": True, "name": "central"}
+    finally:
+        await elsewhere.close()
 
 
 # -- bindings ------------------------------------------------------------------------------
