@@ -1,11 +1,12 @@
-"""A real standalone broker process whose exchanges are forwarded at start, as a link with
-``forward: true`` sets them up (docs/federation.md, "The link", 6).
+"""A real broker process whose exchanges are forwarded, as a link with ``forward: true``
+sets them up (docs/federation.md, "The link", 6).
 
-``python -m tests.forwarding_broker --config FILE EXCHANGE=UPSTREAM ...``: loads FILE as
-``amqha start`` does, then, once it listens and before any client is read, declares each
-EXCHANGE (direct, durable) in vhost ``/`` and forwards it to the hidden queue bound for
-UPSTREAM. It prints one line per hidden queue with what it holds (``hidden QUEUE: N
-messages``), so a test can see what a restart recovered. Stopped like any server (SIGTERM).
+``python -m tests.forwarding_broker --config FILE EXCHANGE=UPSTREAM ...``: runs FILE as
+``amqha start`` does (standalone, or one server of a pair), and when the server leads (at
+once standalone: before any client is read) declares each EXCHANGE (direct, durable) in
+vhost ``/`` and forwards it to the hidden queue bound for UPSTREAM. It prints one line per
+hidden queue with what it holds then (``hidden QUEUE: N messages``), so a test sees what a
+restart or a failover kept. Stopped like any server (SIGTERM).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def main(argv: list[str]) -> None:
     )
 
     def ready(broker: Broker) -> None:
+        if not broker.leading:
+            broker.loop.call_later(0.05, ready, broker)
+            return
         vhost = broker.vhost("/")
         for exchange, upstream in forwards:
             vhost.declare_exchange(exchange, "direct", durable=True)
@@ -48,7 +52,12 @@ def main(argv: list[str]) -> None:
             print(f"hidden {queue.name}: {queue.message_count} messages", file=sys.stderr)
         sys.stderr.flush()
 
-    asyncio.run(serve(config, ready=ready))
+    pair = None
+    if config.failover.role is not None:
+        from failover.controller import FailoverController
+
+        pair = FailoverController
+    asyncio.run(serve(config, ready=ready, pair=pair))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pamqp import commands
 from amqha.console import ConsoleClient
 from amqha.federation import names
 from tests.integration.test_management import Api
-from tests.pairs import ADMIN, url_of
+from tests.pairs import ADMIN, Knocker, url_of
 from tests.support import USERS, ServerProcess, free_port, until, wait_until
 
 EFA = {"name": "efa", "password": "efa-pw-x1", "vhosts": ["/"], "tags": ["federation"]}
@@ -482,3 +482,43 @@ async def test_a_forwarded_copy_is_confirmed_once_stored_and_survives_a_kill(
         await channel.queue_declare(FORWARD, passive=True)
 
     assert await outcome(peek, server, "guest") == REFUSED  # recovered hidden
+
+
+async def test_forwarded_copies_survive_a_kill_of_the_active(make_pair) -> None:
+    """The hidden queue is replicated like any durable queue: what a publisher had
+    confirmed is on the new ACTIVE's hidden queue after a kill -9 of the old one."""
+    pair = make_pair(users=FED_USERS)
+    for server in pair.servers:
+        server.command = ("-m", "tests.forwarding_broker")
+        server.start(extra_args=("rpc=central",))
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    wait_until(lambda: f"hidden {FORWARD}: 0 messages" in pair.primary.log(), WAIT)
+    await pair.wait_in_sync(pair.backup)
+    connection = await aiormq.connect(url(pair.primary, "app"))
+    confirmed = 0
+    try:
+        channel = await connection.channel()
+        await channel.confirm_delivery()
+        for index in range(50):
+            ack = await channel.basic_publish(
+                f"m{index}".encode(),
+                exchange="rpc",
+                routing_key="k",
+                properties=commands.Basic.Properties(delivery_mode=2),
+            )
+            assert isinstance(ack, commands.Basic.Ack)
+            confirmed += 1
+    finally:
+        await connection.close()
+    pair.kill(pair.primary)
+    with Knocker(pair.backup):
+        await pair.wait_states(None, "ACTIVE", timeout=30)
+    wait_until(lambda: f"hidden {FORWARD}: " in pair.backup.log(), WAIT, what="forwards set")
+    line = next(x for x in pair.backup.log().splitlines() if x.startswith(f"hidden {FORWARD}"))
+    assert line == f"hidden {FORWARD}: {confirmed} messages"  # 0 confirmed lost
+    assert await hidden_messages(pair.backup) == confirmed
+
+    async def peek(channel: Any) -> None:
+        await channel.queue_declare(FORWARD, passive=True)
+
+    assert await outcome(peek, pair.backup, "guest") == REFUSED
