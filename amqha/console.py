@@ -1047,7 +1047,8 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     if not rows:
         click.echo("(none)")
         return
-    keys = list(rows[0])
+    # Every key any row has, in the order first seen (an orphan buffer queue's `orphan`).
+    keys = list(dict.fromkeys(key for row in rows for key in row))
     cells = [{k: _cell(row.get(k)) for k in keys} for row in rows]
     widths = {k: max(len(k), *(len(c[k]) for c in cells)) for k in keys}
     click.echo("  ".join(k.ljust(widths[k]) for k in keys).rstrip())
