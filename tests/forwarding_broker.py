@@ -6,7 +6,9 @@ sets them up (docs/federation.md, "The link", 6).
 once standalone: before any client is read) declares each EXCHANGE (direct, durable) in
 vhost ``/`` and forwards it to the hidden queue bound for UPSTREAM. It prints one line per
 hidden queue with what it holds then (``hidden QUEUE: N messages``), so a test sees what a
-restart or a failover kept. Stopped like any server (SIGTERM).
+restart or a failover kept. ``--orphan-after SECONDS`` (before the forwards) reports a
+buffer queue as an orphan that much sooner than a server does, looking every 0.1 s.
+Stopped like any server (SIGTERM).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 
 from amqha.federation import names
+from amqha.federation import upstream as upstream_side
 from amqha.server import Broker, serve
 from config import load_config
 
@@ -27,7 +30,13 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m tests.forwarding_broker --config FILE EXCHANGE=UP...")
     os.umask(0o077)
     config = load_config(argv[1])
-    forwards = [item.split("=", 1) for item in argv[2:]]
+    rest = argv[2:]
+    orphan_after = None
+    if rest[:1] == ["--orphan-after"]:
+        orphan_after = float(rest[1])
+        rest = rest[2:]
+        upstream_side.ORPHAN_CHECK = 0.1
+    forwards = [item.split("=", 1) for item in rest]
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
@@ -35,6 +44,8 @@ def main(argv: list[str]) -> None:
     )
 
     def ready(broker: Broker) -> None:
+        if orphan_after is not None and broker.upstream is not None:
+            broker.upstream.orphans.after = orphan_after
         if not broker.leading:
             broker.loop.call_later(0.05, ready, broker)
             return

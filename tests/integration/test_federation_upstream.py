@@ -522,3 +522,40 @@ async def test_forwarded_copies_survive_a_kill_of_the_active(make_pair) -> None:
         await channel.queue_declare(FORWARD, passive=True)
 
     assert await outcome(peek, pair.backup, "guest") == REFUSED
+
+
+async def test_a_buffer_queue_without_a_consumer_is_reported_once_as_an_orphan(
+    make_server,
+) -> None:
+    server = forwarding(make_server, "--orphan-after", "1")
+    buffer = names.buffer_queue_name("market", "fed", "london")
+    link = await Link.open(server)
+    try:
+        await link.channel.queue_declare(buffer, durable=True)
+        await link.channel.queue_declare("plain", durable=True)
+
+        async def rows() -> dict[str, dict[str, Any]]:
+            async with ConsoleClient(url_of(server, ADMIN)) as console:
+                return {q["name"]: q for q in await console.call("queues")}
+
+        async def orphan() -> bool:
+            return bool((await rows())[buffer].get("orphan"))
+
+        for _ in range(200):
+            if await orphan():
+                break
+            await asyncio.sleep(0.05)
+        assert await orphan()
+        assert "orphan" not in (await rows())["plain"]
+        orphans = (await status(server))["federation"]["upstream"]["orphans"]
+        assert orphans == [{"vhost": "/", "queue": buffer}]
+        # A consumer comes back: no longer an orphan.
+        await link.channel.basic_consume(buffer, lambda message: None)
+        for _ in range(200):
+            if not await orphan():
+                break
+            await asyncio.sleep(0.05)
+        assert not await orphan()
+        assert server.log().count("has had no consumer") == 1  # logged once
+    finally:
+        await link.close()
