@@ -149,14 +149,30 @@ class ConsoleService:
         status.update(
             clients=len(broker.client_connections()),
             connections=len(broker.open_connections()),
-            queues=sum(len(v.queues) for v in broker.vhosts.values()),
+            queues=sum(len(v.visible_queues()) for v in broker.vhosts.values()),
             queued_messages=sum(
-                q.message_count for v in broker.vhosts.values() for q in v.queues.values()
+                q.message_count for v in broker.vhosts.values() for q in v.visible_queues()
             ),
             uptime=round(time.time() - broker.started, 1),
             control_received=broker.control_received,
             store=broker.store_status(),
         )
+        upstream = getattr(broker, "upstream", None)
+        status["federation"] = {
+            "upstream": None if upstream is None else upstream.status(),
+            # The hidden queues (a link's forwards): in no listing, only here.
+            "hidden": [
+                {
+                    "vhost": vhost.name,
+                    "queue": name,
+                    "messages": vhost.queues[name].message_count,
+                    "unacked": vhost.queues[name].unacked,
+                    "consumers": vhost.queues[name].consumer_count,
+                }
+                for vhost in broker.vhosts.values()
+                for name in sorted(vhost.hidden)
+            ],
+        }
         return status
 
     def on_pair_command(self, command: str) -> Callable[[dict[str, Any], str], Any]:
@@ -174,19 +190,25 @@ class ConsoleService:
         return [{"name": c.peer, **c.describe()} for c in self.broker.connections]
 
     def on_queues(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
-        return [
-            {
-                "vhost": vhost.name,
-                "name": q.name,
-                "messages": q.message_count,
-                "unacked": q.unacked,
-                "consumers": q.consumer_count,
-                "durable": q.durable,
-                "exclusive": q.exclusive_owner is not None,
-            }
-            for vhost in self.broker.vhosts.values()
-            for q in vhost.queues.values()
-        ]
+        """Every queue but the hidden ones; a federation buffer queue left without a
+        consumer says ``orphan: true`` (docs/federation.md)."""
+        upstream = getattr(self.broker, "upstream", None)
+        rows = []
+        for vhost in self.broker.vhosts.values():
+            for q in vhost.visible_queues():
+                row = {
+                    "vhost": vhost.name,
+                    "name": q.name,
+                    "messages": q.message_count,
+                    "unacked": q.unacked,
+                    "consumers": q.consumer_count,
+                    "durable": q.durable,
+                    "exclusive": q.exclusive_owner is not None,
+                }
+                if upstream is not None and upstream.orphans.is_orphan(vhost.name, q.name):
+                    row["orphan"] = True
+                rows.append(row)
+        return rows
 
     def on_exchanges(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
         return [
@@ -1033,7 +1055,8 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     if not rows:
         click.echo("(none)")
         return
-    keys = list(rows[0])
+    # Every key any row has, in the order first seen (an orphan buffer queue's `orphan`).
+    keys = list(dict.fromkeys(key for row in rows for key in row))
     cells = [{k: _cell(row.get(k)) for k in keys} for row in rows]
     widths = {k: max(len(k), *(len(c[k]) for c in cells)) for k in keys}
     click.echo("  ".join(k.ljust(widths[k]) for k in keys).rstrip())

@@ -95,6 +95,8 @@ class Member(Protocol):
 
     on_sync: OnSync | None
     on_quarantine: Callable[[dict[str, Any]], None] | None
+    # The fields of a `federation` event record (docs/federation.md).
+    on_federation: Callable[[dict[str, Any]], None] | None
 
     def lead(self, epoch: int, role_bit: int) -> None:
         """This server is ACTIVE in ``epoch``: serve, log changes, feed a PASSIVE."""

@@ -149,7 +149,7 @@ def take_snapshot(broker: MetricsSource) -> Snapshot:
         pair=broker.pair.status(),
     )
     for vhost in broker.vhosts.values():
-        for queue in vhost.queues.values():
+        for queue in vhost.visible_queues():
             snapshot.queued_bytes += queue.bytes
             snapshot.queues.append(
                 QueueFigures(

@@ -56,6 +56,7 @@ from .core.routing import ArgumentBytes
 from .core.sync import Sink, watermark
 from .core.vhost import MessageIds, VHost
 from .federation.agent import Federation
+from .federation.upstream import UpstreamService
 from .gate import Pair, Standalone
 from .logtext import escaped
 from .management.api import ManagementEndpoint
@@ -147,6 +148,8 @@ class Broker:
         self.config = config
         self.loop = asyncio.get_running_loop()
         self.vhosts: dict[str, VHost] = {}
+        # The control receivers set in every vhost (``receive_control`` with no vhost).
+        self.control_everywhere: dict[str, Callable[[Message, Connection], None]] = {}
         self.ids = MessageIds()
         # The change stream and the store it feeds: attached by ``open_store`` once the
         # store is recovered (None: nothing is durable, as with store.enabled false).
@@ -175,6 +178,11 @@ class Broker:
         # or "passive" (this server following its peer).
         self.on_sync: Callable[[str, bool, str], None] | None = None
         self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
+        # The fields of a `federation` event record (a refused link's hello, say): the
+        # pair's controller writes it to the event log; standalone, nothing does.
+        self.on_federation: Callable[[dict[str, Any]], None] | None = None
+        # What this server answers on amq.federation (``serve`` starts it).
+        self.upstream: UpstreamService | None = None
         self.quarantined: list[dict[str, Any]] = []
         for user in config.users:
             for name in user.vhosts:
@@ -230,11 +238,13 @@ class Broker:
     def vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = VHost(name, time.time, self.log, self.ids)
+            vhost = VHost(name, time.time, self.log, self.ids, self.config.global_name)
             vhost.max_queues = self.config.limits.vhost.max_queues
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
             vhost.on_queue_deleted = self._queue_deleted
+            for exchange, receiver in self.control_everywhere.items():
+                vhost.set_control_receiver(exchange, receiver)
             self.vhosts[name] = vhost
         return vhost
 
@@ -255,6 +265,8 @@ class Broker:
             "copyright": "amqha contributors",
             "information": "AMQP 0-9-1 broker, primary/backup pair",
             "cluster_name": self.config.name,
+            # The name other places know this server by (docs/federation.md, "Names").
+            "amqha-name": self.config.global_name,
             "capabilities": dict(CAPABILITIES),
             "amqha": self.pair.info(),
         }
@@ -587,9 +599,13 @@ class Broker:
             consumer.cancelled()  # type: ignore[attr-defined]
 
     def receive_control(
-        self, exchange: str, receiver: Callable[[Message, Connection], None], vhost: str = "/"
+        self,
+        exchange: str,
+        receiver: Callable[[Message, Connection], None],
+        vhost: str | None = "/",
     ) -> None:
-        """Hand publishes to control exchange ``exchange`` to ``receiver(message, connection)``.
+        """Hand publishes to control exchange ``exchange`` to ``receiver(message, connection)``
+        in ``vhost`` (None: in every vhost, those made later included).
 
         ``connection`` is the one that published: its login, never a message property,
         says who asked. Only a user with the exchange's tag can publish there; nothing
@@ -602,7 +618,12 @@ class Broker:
             received[user] = received.get(user, 0) + 1
             receiver(message, connection)
 
-        self.vhost(vhost).set_control_receiver(exchange, counted)
+        if vhost is not None:
+            self.vhost(vhost).set_control_receiver(exchange, counted)
+            return
+        self.control_everywhere[exchange] = counted
+        for each in self.vhosts.values():
+            each.set_control_receiver(exchange, counted)
 
     def queued_bytes(self) -> int:
         return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
@@ -1016,6 +1037,8 @@ async def serve(
         loop.add_signal_handler(signum, stop.set)
     broker = Broker(config)
     ConsoleService(broker).start()
+    broker.upstream = UpstreamService(broker)
+    broker.upstream.start()
     services = []
     if pair is not None:
         service = pair(broker, config)
@@ -1051,4 +1074,5 @@ async def serve(
         await service.stop()
     await management.stop()
     await metrics.stop()
+    broker.upstream.stop()
     await broker.stop()

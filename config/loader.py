@@ -12,9 +12,13 @@ Must not know: the broker, sockets, the event loop.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import ipaddress
 import math
 import os
+import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +27,25 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import yaml
 
+from amqha.federation import names
+
 from . import tls as tls_check
 from .passwords import BadHash, Verifier, parse_hash, plain
 
 ROLES = ("primary", "backup")
-# RabbitMQ's management tags (management, policymaker, monitoring, administrator) and the
-# pair's own (peering): docs/operations.md, "Management API".
-USER_TAGS = ("administrator", "peering", "monitoring", "management", "policymaker")
+# RabbitMQ's management tags (management, policymaker, monitoring, administrator), the
+# pair's own (peering): docs/operations.md, "Management API"; and federation, the links
+# of other places to this one (amq.federation: docs/federation.md).
+USER_TAGS = (
+    "administrator",
+    "peering",
+    "monitoring",
+    "management",
+    "policymaker",
+    "federation",
+)
+# Where a standalone server keeps its federation id (docs/federation.md, "Names").
+FEDERATION_ID_FILE = "federation.id"
 CLIENT_CERTS = ("none", "optional", "required")
 MIN_SECRET_LENGTH = 16
 # What the config files used to ship (and the tests still use): refused with a listener
@@ -229,9 +245,10 @@ class ServerConfig:
     advertise: str | None = None  # host:port clients should be sent to; defaults to listen
     data_dir: str = "var/amqha"
     events_path: str | None = None
-    # The HA pair this server belongs to, written as `pair` in its event records. By default
-    # the two servers' names ("backup+primary") when failover.peer_name gives the peer's;
-    # None without it (the report then names the pair the same way from the logs).
+    # The HA pair this server belongs to (failover.pair), written as `pair` in its event
+    # records. By default the two servers' names ("backup+primary") when
+    # failover.peer_name gives the peer's; None without it (the report then names the pair
+    # the same way from the logs).
     pair: str | None = None
     users: tuple[User, ...] = ()
     failover: FailoverConfig = field(default_factory=FailoverConfig)
@@ -278,6 +295,60 @@ class ServerConfig:
 
     def user(self, name: str) -> User | None:
         return next((u for u in self.users if u.name == name), None)
+
+    @property
+    def global_name(self) -> str:
+        """The name other places know this server by: its pair's name in a pair (both
+        servers share it), its own when standalone, or in a pair that names neither
+        ``failover.pair`` nor ``failover.peer_name`` (docs/federation.md, "Names")."""
+        if self.failover.role is not None and self.pair is not None:
+            return self.pair
+        return self.name
+
+    @functools.cached_property
+    def federation_id(self) -> str:
+        """What tells this place from another with the same name: in a pair, derived from
+        the pair's secret (the same on both servers); standalone, a random id kept in
+        ``data_dir/federation.id``, made the first time it is asked for."""
+        if self.failover.role is not None and self.failover.secret:
+            return names.federation_id(self.failover.secret)
+        return standalone_federation_id(self.data_dir)
+
+
+def standalone_federation_id(data_dir: str) -> str:
+    """``data_dir/federation.id``: read, or made whole (written beside it, synced, linked
+    into place: never replaced) with 16 random hex digits. ConfigError if it holds
+    anything else, or cannot be read or made."""
+    path = os.path.join(data_dir, FEDERATION_ID_FILE)
+    try:
+        try:
+            text = Path(path).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            os.makedirs(data_dir, mode=0o700, exist_ok=True)
+            making = f"{path}.new"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(making)
+            descriptor = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(descriptor, f"{secrets.token_hex(8)}\n".encode())
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            try:
+                with contextlib.suppress(FileExistsError):  # another made it meanwhile
+                    os.link(making, path)
+            finally:
+                os.unlink(making)
+            text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            path, "(file)", f"cannot read or make the federation id: {error}"
+        ) from None
+    if not re.fullmatch(r"[0-9a-f]{16}", text):
+        raise ConfigError(
+            path, "(file)", "corrupt: expected 16 hex digits; delete it to make a new id"
+        )
+    return text
 
 
 def format_host_port(host: str, port: int) -> str:
@@ -423,6 +494,14 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     if isinstance(kind, tuple):
         return " or ".join(names.get(k, k.__name__) for k in kind)
     return names.get(kind, kind.__name__)
+
+
+def _check_name(path: str, key: str, value: str | None) -> None:
+    """A server or pair name ends up in queue names and headers (docs/federation.md)."""
+    if value is not None:
+        problem = names.name_problem(value)
+        if problem is not None:
+            raise ConfigError(path, key, problem)
 
 
 def _users(path: str, value: Any) -> tuple[User, ...]:
@@ -938,17 +1017,16 @@ def load_config(
     top = _Section(path, "", data)
     server = top.section("server")
     name = server.get("name", str, "amqha")
+    _check_name(path, "server.name", name)
     listen_addresses = _listen_addresses(path, server.get("listen", (str, list), "127.0.0.1:5672"))
     host, port = listen_addresses[0]
     advertise = server.get("advertise", str, None)
     if advertise is not None:
         parse_host_port(path, "server.advertise", advertise)
     data_dir = server.get("data_dir", str, f"var/{name}")
+    # `server.pair` is the older spelling of `failover.pair`.
     pair = server.get("pair", str, None)
-    if pair is not None and (not pair.strip() or "/" in pair or pair != pair.strip()):
-        raise ConfigError(
-            path, "server.pair", f"expected a name without '/' or edge spaces, got {pair!r}"
-        )
+    _check_name(path, "server.pair", pair)
     server.check_unknown()
     users = _users(path, top.data.get("users"))
     top.used.add("users")
@@ -1013,9 +1091,19 @@ def load_config(
         for key in ("secret", "secret_file", "peer_tls"):
             failover.used.add(key)
     peer_name = failover.get("peer_name", str, None)
+    _check_name(path, "failover.peer_name", peer_name)
+    pair_name = failover.get("pair", str, None)
+    _check_name(path, "failover.pair", pair_name)
+    if pair_name is not None and pair is not None and pair_name != pair:
+        raise ConfigError(
+            path,
+            "failover.pair",
+            f"{pair_name!r}, but server.pair (its older spelling) says {pair!r}: give one",
+        )
+    pair = pair_name or pair
     takeover_unsynced = failover.get("takeover_unsynced", bool, False)
     if pair is None and peer_name is not None:
-        pair = "+".join(sorted((name, peer_name)))
+        pair = names.default_pair_name(name, peer_name)
     peer_listen = failover.get("peer_listen", list, [])
     for index, address in enumerate(peer_listen):
         parse_host_port(path, f"failover.peer_listen[{index}]", address)

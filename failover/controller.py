@@ -103,6 +103,7 @@ class FailoverController:
         self.malformed = 0
         self._malformed_records = RecordThrottle(MALFORMED_RECORD_INTERVAL)
         self._client_records = RecordThrottle(CLIENT_RECORD_INTERVAL)
+        self._federation_records = RecordThrottle(CLIENT_RECORD_INTERVAL)
         self._last_malformed_log = 0.0
         self.clients = 0
         self.takeovers = 0
@@ -148,6 +149,7 @@ class FailoverController:
         # peer while PASSIVE (docs/durability.md, section 5).
         broker.on_sync = self._on_sync
         broker.on_quarantine = self._on_quarantine
+        broker.on_federation = self._on_federation
         self._following = False
         self.witness_view: WitnessView | None = None
         self.witness_client: WitnessClient | None = None
@@ -217,6 +219,7 @@ class FailoverController:
         # reports from then on belongs in the event log, whose last record is `stopped`.
         self.broker.on_sync = None
         self.broker.on_quarantine = None
+        self.broker.on_federation = None
         self._write("stopped", listen=self.config.public_address, peer=self.config.failover.peer)
         self.events.close()
 
@@ -688,6 +691,16 @@ class FailoverController:
             path=found["path"],
             queues=found["queues"],
         )
+
+    def _on_federation(self, fields: dict[str, Any]) -> None:
+        """A `federation` record (a refused hello: a client can send those at will, so
+        at most one a second of each kind; the next says how many were left out)."""
+        unrecorded = self._federation_records.admit(str(fields.get("kind")), self.loop.time())
+        if unrecorded is None:
+            return
+        if unrecorded:
+            fields = {**fields, "unrecorded": unrecorded}
+        self._write("federation", **fields)
 
     def _persist_epoch(self, action: fsm.PersistEpoch, outcome: fsm.Outcome) -> fsm.Refuse | None:
         try:

@@ -139,6 +139,8 @@ class ServerProcess:
             else:
                 self.config[section] = values
         self.process: subprocess.Popen[bytes] | None = None
+        # What runs the server after the interpreter (a test's own launcher may replace it).
+        self.command: tuple[str, ...] = ("-m", "amqha", "start")
 
     @property
     def address(self) -> str:
@@ -168,9 +170,7 @@ class ServerProcess:
             [
                 *self.prefix,
                 sys.executable,
-                "-m",
-                "amqha",
-                "start",
+                *self.command,
                 "--config",
                 str(self.config_path),
                 *extra_args,

@@ -6,6 +6,12 @@ through exchange-to-exchange bindings to queues, giving each enqueued message it
 dead-lettering, and the changes of durable wiring it emits on its ``ChangeLog`` (see
 ``changes``; the ``restore_*`` methods take them back without emitting, for ``apply``).
 
+Hidden queues and forwards (docs/federation.md, "Forwarding"): a hidden queue is durable,
+stored and replicated like any other, but no client reaches it by any route (declare,
+bind, unbind, consume, get, purge, delete: 403; the default exchange and dead letters do
+not reach it; listings leave it out). A forward puts every message routed through an
+exchange on a hidden queue too, unless its ``x-amqha-path`` says it came from there.
+
 Must not know: channels, sockets, the clock (``now`` is passed in, wall-clock seconds),
 the store. An exclusive queue's owner is an opaque object (the connection) compared by
 identity.
@@ -21,6 +27,7 @@ from typing import Any
 
 from pamqp import exceptions
 
+from ..federation import names
 from ..wire import address_of
 from .changes import (
     Bound,
@@ -44,6 +51,13 @@ from .routing import (
 
 PEER_EXCHANGE = "amq.peer"
 CONSOLE_EXCHANGE = "amq.console"
+FEDERATION_EXCHANGE = "amq.federation"
+# What a server-named queue's name carries when the vhost is given no global name.
+DEFAULT_GLOBAL_NAME = "amqha"
+# The argument that marks a hidden queue: set by ``declare_hidden_queue`` only (a client
+# declare naming it is refused), kept in the queue's declared arguments so the store and a
+# PASSIVE restore the queue hidden too.
+HIDDEN = "x-amqha-hidden"
 
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),
@@ -59,6 +73,7 @@ STANDARD_EXCHANGES = (
 CONTROL_EXCHANGES = {
     PEER_EXCHANGE: ("fanout", "peering"),
     CONSOLE_EXCHANGE: ("direct", "administrator"),
+    FEDERATION_EXCHANGE: ("direct", "federation"),
 }
 
 # Exchanges no client may delete, declare differently or bind into the default exchange.
@@ -72,15 +87,39 @@ _EXCHANGE_REFERENCES = (ALTERNATE_EXCHANGE,)
 
 
 class DefaultExchange(DirectExchange):
-    """The nameless direct exchange: every queue is bound to it by its own name."""
+    """The nameless direct exchange: every queue but a hidden one is bound to it by its
+    own name."""
 
-    def __init__(self, queues: dict[str, Queue]) -> None:
+    def __init__(self, queues: dict[str, Queue], hidden: set[str]) -> None:
         super().__init__("", durable=True)
         self._queues = queues
+        self._hidden = hidden
 
     def route(self, routing_key: str, headers: Callable[[], dict[str, Any]]) -> tuple:
         queue = self._queues.get(routing_key)
-        return (queue,) if queue is not None else ()
+        if queue is None or (self._hidden and routing_key in self._hidden):
+            return ()
+        return (queue,)
+
+
+class Forward:
+    """Messages routed through ``exchange`` also go on the hidden ``queue``, bound for
+    ``upstream``, unless the path rule refuses them (docs/federation.md, "Loops and hops")."""
+
+    __slots__ = ("exchange", "queue", "upstream", "local", "max_hops")
+
+    def __init__(
+        self, exchange: str, queue: Queue, upstream: str, local: str, max_hops: int
+    ) -> None:
+        self.exchange = exchange
+        self.queue = queue
+        self.upstream = upstream
+        self.local = local
+        self.max_hops = max_hops
+
+    def takes(self, message: Message) -> bool:
+        path = names.extended(names.path_of(message.headers()), self.local)
+        return names.crossing(path, self.upstream, self.max_hops) is None
 
 
 def _inequivalent(what: str, name: str, arg: str) -> exceptions.AMQPPreconditionFailed:
@@ -110,8 +149,11 @@ class VHost:
         wall_clock: Callable[[], float],
         log: ChangeLog | None = None,
         ids: MessageIds | None = None,
+        global_name: str = DEFAULT_GLOBAL_NAME,
     ) -> None:
         self.name = name
+        # This server's global name (its pair's, or its own): server-named queues carry it.
+        self.global_name = global_name
         # x-death's "time" and dead letters' deadlines read it; injected so the model
         # stays clock-free.
         self.wall_clock = wall_clock
@@ -128,7 +170,11 @@ class VHost:
         # The arguments of one declare or bind may count at most this (routing's
         # arguments_size; 0: no limit); more is refused with 406.
         self.max_arguments_size = 0
-        self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues)}
+        # The names of the hidden queues (docs/federation.md): no client reaches them.
+        self.hidden: set[str] = set()
+        # Exchange name -> the forwards of the messages routed through it.
+        self.forwards: dict[str, tuple[Forward, ...]] = {}
+        self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues, self.hidden)}
         for exchange_name, kind in STANDARD_EXCHANGES:
             self.exchanges[exchange_name] = EXCHANGE_CLASSES[kind](exchange_name, durable=True)
         for exchange_name, (kind, tag) in CONTROL_EXCHANGES.items():
@@ -318,7 +364,11 @@ class VHost:
     # -- queues --------------------------------------------------------------------
 
     def get_queue(self, name: str, owner: object | None = None) -> Queue:
+        """A queue a client (or an administrator's console or API) names: never a
+        hidden one."""
         queue = self.queues.get(name)
+        if queue is not None and name in self.hidden:
+            raise _hidden_refusal(name)
         if queue is None:
             raise exceptions.AMQPNotFound(f"NOT_FOUND - no queue '{name}' in vhost '{self.name}'")
         self._check_owner(queue, owner)
@@ -348,12 +398,18 @@ class VHost:
             queue.last_used = now
             return queue
         if not name:
-            name = "amq.gen-" + secrets.token_urlsafe(16)
+            name = names.generated_queue_name(self.global_name, secrets.token_urlsafe(16))
         elif name.startswith("amq."):
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.'"
             )
+        elif name in self.hidden:
+            raise _hidden_refusal(name)
         arguments = arguments or {}
+        if HIDDEN in arguments:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - queue '{name}': the argument '{HIDDEN}' is the server's own"
+            )
         self._check_arguments_size(arguments, f"queue '{name}'")
         self._refuse_control_reference(
             arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
@@ -380,6 +436,19 @@ class VHost:
                     raise _inequivalent("queue", name, key)
             existing.last_used = now
             return existing
+        return self._new_queue(name, owner, now, durable, exclusive, auto_delete, arguments, asked)
+
+    def _new_queue(
+        self,
+        name: str,
+        owner: object,
+        now: float,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: dict[str, Any],
+        asked: bool | None,
+    ) -> Queue:
         if self.max_queues and len(self.queues) >= self.max_queues:
             raise exceptions.AMQPPreconditionFailed(
                 f"PRECONDITION_FAILED - cannot declare queue '{name}': queue limit in vhost "
@@ -417,7 +486,79 @@ class VHost:
             self._set_replicated(
                 queue, arguments.get(REPLICATE) if _queue_type(arguments) != "quorum" else True
             )
+            if arguments.get(HIDDEN) is True:
+                self.hidden.add(name)
         return queue
+
+    # -- hidden queues and forwards --------------------------------------------------
+
+    def declare_hidden_queue(self, name: str, now: float) -> Queue:
+        """The hidden queue ``name``, made if missing: durable, stored and replicated
+        (``x-amqha-replicate``), reached by no client. ValueError if a client's queue
+        holds the name already."""
+        queue = self.queues.get(name)
+        if queue is not None:
+            if name not in self.hidden:
+                raise ValueError(
+                    f"queue '{name}' in vhost '{self.name}' exists and is not hidden: "
+                    "delete it so the server can make its own"
+                )
+            return queue
+        arguments: dict[str, Any] = {HIDDEN: True, REPLICATE: True}
+        queue = self._new_queue(name, None, now, True, False, False, arguments, True)
+        self.hidden.add(name)
+        return queue
+
+    def hidden_queue(self, name: str) -> Queue | None:
+        """The hidden queue ``name`` (for the server's own consumers), or None."""
+        return self.queues.get(name) if name in self.hidden else None
+
+    def visible_queues(self) -> list[Queue]:
+        """Every queue a listing shows: all but the hidden ones."""
+        hidden = self.hidden
+        if not hidden:
+            return list(self.queues.values())
+        return [queue for name, queue in self.queues.items() if name not in hidden]
+
+    def set_forward(
+        self,
+        exchange: str,
+        queue_name: str,
+        upstream_global: str,
+        local_global: str,
+        max_hops: int,
+        now: float = 0.0,
+    ) -> Queue:
+        """From now on a message routed through ``exchange`` is also put on the hidden
+        queue ``queue_name`` (made if missing), unless it would cross into
+        ``upstream_global`` against the path rule (it came from there, or has made
+        ``max_hops`` hops). Replaces a forward of the same exchange to the same queue.
+        ValueError if a client's queue holds the name."""
+        queue = self.declare_hidden_queue(queue_name, now)
+        kept = tuple(f for f in self.forwards.get(exchange, ()) if f.queue is not queue)
+        self.forwards[exchange] = (
+            *kept,
+            Forward(exchange, queue, upstream_global, local_global, max_hops),
+        )
+        return queue
+
+    def remove_forward(self, exchange: str, queue_name: str) -> None:
+        """Stop forwarding ``exchange`` to ``queue_name``; the hidden queue and what it
+        holds stay (``remove_hidden_queue`` deletes it)."""
+        kept = tuple(f for f in self.forwards.get(exchange, ()) if f.queue.name != queue_name)
+        if kept:
+            self.forwards[exchange] = kept
+        else:
+            self.forwards.pop(exchange, None)
+
+    def remove_hidden_queue(self, name: str) -> int:
+        """Delete hidden queue ``name`` and its forwards; the messages it held."""
+        queue = self.hidden_queue(name)
+        if queue is None:
+            return 0
+        for exchange in list(self.forwards):
+            self.remove_forward(exchange, name)
+        return self.remove_queue(queue)
 
     def _set_replicated(self, queue: Queue, asked: bool | None) -> None:
         queue.replicated = self._logged_queue(queue) and (
@@ -436,6 +577,8 @@ class VHost:
         queue = self.queues.get(name)
         if queue is None:
             return 0
+        if name in self.hidden:
+            raise _hidden_refusal(name)
         self._check_owner(queue, owner)
         if if_unused and queue.consumers:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - queue '{name}' in use")
@@ -451,6 +594,10 @@ class VHost:
             return 0
         del self.queues[queue.name]
         self.unreplicated.discard(queue.name)
+        if queue.name in self.hidden:
+            self.hidden.discard(queue.name)
+            for source in list(self.forwards):
+                self.remove_forward(source, queue.name)
         if queue.log is not None:
             self._emit(QueueDeleted(self.name, queue.name))
         count = queue.close()
@@ -516,6 +663,8 @@ class VHost:
         there (an auto-delete one already gone, say) nothing is bound, and that succeeds."""
         exchange = self._bindable_or_missing(exchange_name)
         queue = self.queues.get(queue_name)
+        if queue_name in self.hidden:
+            raise _hidden_refusal(queue_name)
         if queue is not None:
             self._check_owner(queue, owner)
         if exchange is None or queue is None:
@@ -605,13 +754,18 @@ class VHost:
         """The queues a message reaches, each once, following exchange-to-exchange bindings
         and, from an exchange that routes it nowhere, that exchange's alternate exchange."""
         found = exchange.route(routing_key, message.headers)
+        forwards = self.forwards
         if exchange.name not in self._has_exchange_destinations and (
             found or ALTERNATE_EXCHANGE not in exchange.arguments
         ):
+            if forwards and exchange.name in forwards:
+                return self._forwarded(exchange, message, found)
             return found
         queues: dict[Queue, None] = {}
         seen: set[int] = {id(exchange)}
         pending = list(found) or self._alternate_of(exchange)
+        if forwards:
+            self._add_forwards(exchange, message, queues)
         while pending:
             destination = pending.pop()
             if isinstance(destination, Exchange):
@@ -620,9 +774,21 @@ class VHost:
                 seen.add(id(destination))
                 reached = destination.route(routing_key, message.headers)
                 pending.extend(reached or self._alternate_of(destination))
+                if forwards:
+                    self._add_forwards(destination, message, queues)
             else:
                 queues[destination] = None
         return tuple(queues)
+
+    def _forwarded(self, exchange: Exchange, message: Message, found: tuple) -> tuple:
+        queues: dict[Queue, None] = dict.fromkeys(found)
+        self._add_forwards(exchange, message, queues)
+        return tuple(queues)
+
+    def _add_forwards(self, exchange: Exchange, message: Message, queues: dict) -> None:
+        for forward in self.forwards.get(exchange.name, ()):
+            if forward.takes(message):
+                queues[forward.queue] = None
 
     def _alternate_of(self, exchange: Exchange) -> list[Exchange]:
         """RabbitMQ's rule: an exchange with no destination for a message hands it to its
@@ -809,6 +975,12 @@ def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
         problem = f"unknown queue type {kind!r} (this server has 'classic' and 'quorum')"
     raise exceptions.AMQPPreconditionFailed(
         f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}': {problem}"
+    )
+
+
+def _hidden_refusal(name: str) -> exceptions.AMQPAccessRefused:
+    return exceptions.AMQPAccessRefused(
+        f"ACCESS_REFUSED - queue '{name}' is the server's own (a hidden federation queue)"
     )
 
 

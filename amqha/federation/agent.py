@@ -1,7 +1,6 @@
 """The federation of one server: a link per configured exchange, run while it leads.
 
-Owns: this server's global name and federation id (docs/federation.md, "Names"), making
-the links of the ``federation`` section, starting them when the server leads (or at
+Owns: making the links of the ``federation`` section, starting them when the server leads (or at
 start when standalone) and stopping them when it follows, and the status of every
 configured link ("What a link reports").
 
@@ -12,51 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from config.loader import ServerConfig
 from config.tls import client_context
 
-from . import names
 from .link import Link
 
 log = logging.getLogger("amqha.federation")
-ID_FILE = "federation.id"
-
-
-def local_global_name(config: ServerConfig) -> str:
-    """This server's global name: its pair's name (``failover.pair``, else both servers'
-    names sorted and joined), or its own when it runs alone."""
-    pair = getattr(config.failover, "pair", None)
-    if pair:
-        return str(pair)
-    if config.failover.peer is None:
-        return config.name
-    if config.failover.peer_name:
-        return names.default_pair_name(config.name, config.failover.peer_name)
-    return config.pair or config.name
-
-
-def local_federation_id(config: ServerConfig) -> str:
-    """A pair's federation id from its secret; a standalone server's random one, kept in
-    ``data_dir/federation.id`` so it survives a restart."""
-    if config.failover.secret:
-        return names.federation_id(config.failover.secret)
-    path = Path(config.data_dir) / ID_FILE
-    try:
-        kept = path.read_text().strip()
-    except OSError:
-        kept = ""
-    if len(kept) == 16 and all(c in "0123456789abcdef" for c in kept):
-        return kept
-    made = secrets.token_hex(8)
-    os.makedirs(config.data_dir, exist_ok=True)
-    path.write_text(made + "\n")
-    return made
 
 
 class Federation:
@@ -72,8 +35,8 @@ class Federation:
         config: ServerConfig = broker.config
         federation = config.federation
         self.broker = broker
-        self.name = local_global_name(config)
-        self.id = local_federation_id(config) if federation.exchanges else ""
+        self.name = config.global_name
+        self.id = config.federation_id if federation.exchanges else ""
         peer_tls = config.failover.peer_tls
         tls = None if peer_tls is None else client_context(peer_tls, config.source)
         self.links = [

@@ -20,6 +20,8 @@ NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 NAME_RULE = "letters, digits, '_' and '-' only, 1 to 64 characters"
 PATH_HEADER = "x-amqha-path"
 BUFFER_PREFIX = "federation: "
+# Queue names use only what AMQP 0-9-1's queue-name domain allows, as clients check it
+# (pamqp: letters, digits and "-_.:@#,/+ "): no ">", so "to" rather than an arrow.
 ID_LABEL = b"amqha federation id"
 
 
@@ -54,7 +56,7 @@ def buffer_queue_name(exchange: str, upstream: str, downstream: str) -> str:
 
 def forward_queue_name(exchange: str, upstream: str) -> str:
     """The hidden downstream queue of the messages a link forwards upstream."""
-    return f"{BUFFER_PREFIX}{exchange} -> {upstream}"
+    return f"{BUFFER_PREFIX}{exchange} to {upstream}"
 
 
 def path_of(headers: Mapping[str, Any] | None) -> tuple[str, ...]:

@@ -369,7 +369,7 @@ class ManagementEndpoint:
         broker = self.broker
         now = time.time()
         vhosts = [v for v in broker.vhosts.values() if access.sees_vhost(user, v.name)]
-        queues = [(v.name, q) for v in vhosts for q in v.queues.values()]
+        queues = [(v.name, q) for v in vhosts for q in v.visible_queues()]
         connections = self._visible_connections(user)
         totals = [0, 0, 0]
         rates = [0.0, 0.0, 0.0]
@@ -535,7 +535,7 @@ class ManagementEndpoint:
         found = [
             shapes.queue_shape(v.name, q, node, shapes.queue_rates(self.rates, v.name, q, now))
             for v in vhosts
-            for q in v.queues.values()
+            for q in v.visible_queues()
         ]
         if "vhost" not in request.match_info:
             self.rates.sweep()
@@ -544,7 +544,7 @@ class ManagementEndpoint:
     def _queue(self, request: web.Request) -> tuple[Any, Any]:
         vhost = self._vhost(request)
         queue = vhost.queues.get(request.match_info["name"])
-        if queue is None:
+        if queue is None or vhost.hidden_queue(queue.name) is not None:
             raise not_found()
         return vhost, queue
 

@@ -81,7 +81,7 @@ def export(users: Iterable[Any], vhosts: Iterable[Any]) -> dict[str, Any]:
     vhosts = sorted(vhosts, key=lambda v: v.name)
     queues, exchanges, bindings = [], [], []
     for vhost in vhosts:
-        for queue in sorted(vhost.queues.values(), key=lambda q: q.name):
+        for queue in sorted(vhost.visible_queues(), key=lambda q: q.name):
             if queue.exclusive_owner is not None or queue.name.startswith("amq."):
                 continue
             queues.append(

@@ -165,7 +165,8 @@ def bindings_of(vhost: Any) -> list[dict[str, Any]]:
     """Every binding of a vhost: the default exchange's one per queue first (as RabbitMQ
     lists them), then each exchange's, none of the control plane's (it has none)."""
     found = [
-        binding_shape(vhost.name, "", name, "queue", name, {}) for name in sorted(vhost.queues)
+        binding_shape(vhost.name, "", name, "queue", name, {})
+        for name in sorted(q.name for q in vhost.visible_queues())
     ]
     for exchange in visible_exchanges(vhost):
         if exchange.name == "":
@@ -187,7 +188,7 @@ def bindings_of(vhost: Any) -> list[dict[str, Any]]:
 
 
 def vhost_shape(vhost: Any, rates: tuple[float, ...] = (0.0, 0.0, 0.0)) -> dict[str, Any]:
-    queues = list(vhost.queues.values())
+    queues = vhost.visible_queues()
     ready = sum(q.message_count for q in queues)
     unacked = sum(q.unacked for q in queues)
     return {

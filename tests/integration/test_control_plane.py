@@ -28,13 +28,14 @@ from tests.pairs import ADMIN, PAIR_SECRET, PEERING, Pair, pair_factory, url_of
 
 GUEST = ("guest", "guest")
 REFUSED = "closed ChannelAccessRefused"  # 403 ACCESS_REFUSED, on the channel only
-CONTROL = ("amq.peer", "amq.console")
+CONTROL = ("amq.peer", "amq.console", "amq.federation")
 # Names a client might try to address the control plane by.
 ALIASES = (
     "amq.internal.amq.peer",
     "amq.internal.amq.console",
     "amq.peer",
     "amq.console",
+    "amq.federation",
     "amq.internal.",
     "",
 )
@@ -205,6 +206,7 @@ async def test_no_route_lets_guest_reach_the_control_plane(pair: Pair) -> None:
         # console: guest reached neither, by any route.
         assert set(exchanges.get("amq.peer", {})) <= {"peering"}, (name, exchanges)
         assert set(exchanges.get("amq.console", {})) <= {"admin"}, (name, exchanges)
+        assert not exchanges.get("amq.federation"), (name, exchanges)
     assert before.keys() == after.keys()
     assert pair.states() == ("ACTIVE", "PASSIVE")
 
@@ -229,7 +231,8 @@ async def test_property_a_route_reaches_a_control_receiver_only_as_its_tagged_us
     before = (await pair.status(target))["control_received"]
     await outcome(ROUTES[route](name), url_of(target, user))
     after = (await pair.status(target))["control_received"]
-    allowed = {"amq.peer": "peering", "amq.console": "admin"}
+    # No user of this pair has the tag federation.
+    allowed = {"amq.peer": "peering", "amq.console": "admin", "amq.federation": None}
     for exchange, counts in after.items():
         grown = {u for u, n in counts.items() if n > before.get(exchange, {}).get(u, 0)}
         # The pair's own peering user sends heartbeats all along; the console's own status

@@ -1007,3 +1007,74 @@ def test_overrides_replace_keys_before_validation_and_are_named_as_the_files_key
     assert str(not_a_section.value) == (
         f"{path}: server.name: is not a section, so server.name.first cannot be set"
     )
+
+
+# -- names and the federation id (docs/federation.md, "Names") ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [("server", "name"), ("failover", "peer_name"), ("failover", "pair"), ("server", "pair")],
+)
+@pytest.mark.parametrize("bad", ["", "eu.1", "eu 1", "a+b", "x" * 65, "名前"])
+def test_server_and_pair_names_are_letters_digits_and_dashes(
+    tmp_path: Path, section: str, key: str, bad: str
+) -> None:
+    assert_error(tmp_path, with_change(section, key, bad), f"{section}.{key}", "not a valid name")
+
+
+def test_failover_pair_names_the_pair_and_defaults_to_the_two_names(tmp_path: Path) -> None:
+    named = with_change("failover", "peer_name", "beta")
+    config = load_config(write(tmp_path, named))
+    assert config.pair == config.global_name == "alpha+beta"
+    named["failover"]["pair"] = "eu_1"
+    assert load_config(write(tmp_path, named)).global_name == "eu_1"
+    named["server"]["pair"] = "eu_1"  # the older spelling, saying the same
+    assert load_config(write(tmp_path, named)).pair == "eu_1"
+    named["server"]["pair"] = "eu_2"
+    assert_error(tmp_path, named, "failover.pair", "'eu_1'", "server.pair", "'eu_2'")
+
+
+def test_the_global_name_is_the_servers_own_when_standalone(tmp_path: Path) -> None:
+    alone = yaml.safe_load(yaml.safe_dump(VALID))
+    del alone["failover"]
+    alone["server"]["pair"] = "ignored-alone"
+    assert load_config(write(tmp_path, alone)).global_name == "alpha"
+    unnamed = yaml.safe_load(yaml.safe_dump(VALID))  # a pair that names neither
+    assert load_config(write(tmp_path, unnamed)).global_name == "alpha"
+
+
+def test_a_pairs_federation_id_comes_from_its_secret(tmp_path: Path) -> None:
+    primary = load_config(write(tmp_path, with_change("failover", "peer_name", "beta")))
+    backup_data = with_change("failover", "role", "backup")
+    backup_data["server"]["name"] = "beta"
+    backup = load_config(write(tmp_path, backup_data, "beta.yaml"))
+    other = load_config(
+        write(tmp_path, with_change("failover", "secret", "another secret, 16+ chars"), "o.yaml")
+    )
+    assert primary.federation_id == backup.federation_id != other.federation_id
+    assert len(primary.federation_id) == 16 and int(primary.federation_id, 16) >= 0
+    assert not (tmp_path / "federation.id").exists()
+
+
+def test_a_standalone_federation_id_is_made_once_and_kept(tmp_path: Path) -> None:
+    alone = yaml.safe_load(yaml.safe_dump(VALID))
+    del alone["failover"]
+    alone["server"]["data_dir"] = str(tmp_path / "data")
+    path = write(tmp_path, alone)
+    first = load_config(path).federation_id
+    kept = tmp_path / "data" / "federation.id"
+    assert kept.read_text().strip() == first and len(first) == 16
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert load_config(path).federation_id == first
+    kept.write_text("not an id\n")
+    with pytest.raises(ConfigError) as caught:
+        _ = load_config(path).federation_id
+    assert caught.value.path == str(kept) and "16 hex digits" in caught.value.problem
+
+
+def test_the_federation_tag_is_known(tmp_path: Path) -> None:
+    data = yaml.safe_load(yaml.safe_dump(VALID))
+    data["users"].append({"name": "efa", "password": "efa-pw-123", "tags": ["federation"]})
+    user = load_config(write(tmp_path, data)).user("efa")
+    assert user is not None and user.tags == ("federation",)

@@ -70,6 +70,7 @@ def test_standard_exchanges_exist(h: Harness) -> None:
         "amq.match": "headers",
         "amq.peer": "fanout",
         "amq.console": "direct",
+        "amq.federation": "direct",
     }
 
 
