@@ -38,6 +38,7 @@ from ..client import redirect_target
 from ..core.message import Message
 from ..wire import address_of, with_headers
 from . import model, names
+from .forward import Forwarder
 
 if TYPE_CHECKING:
     from config.loader import FederatedExchange
@@ -139,6 +140,9 @@ class Link:
         self._wake = asyncio.Event()
         self._answers: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._down_since: float | None = None
+        # forward: true: the drain of the hidden queue of what is published here
+        # (docs/federation.md, "The link", step 8), made when the link first runs.
+        self.forwarder: Forwarder | None = None
 
     # -- status --------------------------------------------------------------------------
 
@@ -171,7 +175,8 @@ class Link:
             "repairs": counters.repairs,
             "buffer_depth": self.buffer_depth,
             "in": counters.received,
-            "out": counters.forwarded,
+            "out": self.forwarder.forwarded if self.forwarder is not None else 0,
+            "forward": self.forwarder.status() if self.forwarder is not None else None,
             "dropped": dict(counters.dropped),
             "duplicates": counters.duplicates,
             "probes": {"sent": self.probes.sent, "back": self.probes.back},
@@ -194,6 +199,8 @@ class Link:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._close()
+        if self.forwarder is not None:
+            self.forwarder.detach()
         if self.state.state == model.RUNNING:
             self._event("link_down", reason="stopped")
         self.state.connecting(self.broker.now())
@@ -202,6 +209,8 @@ class Link:
         connection, self._connection = self._connection, None
         self._session += 1  # what the old connection left in flight is forgotten
         self._inflight.clear()
+        if self.forwarder is not None:
+            self.forwarder.down()
         if connection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), ANSWER_TIMEOUT)
@@ -281,12 +290,14 @@ class Link:
 
     async def _session_run(self) -> None:
         self._broken = None
-        connection = self._connection = await self._connect()
-        session = self._session
         exchange = self._local_exchange()
         if exchange is None:
             raise LinkFailure(f"exchange not found here (vhost {self.spec.vhost!r})")
+        self._set_forward()  # before connecting: what is published meanwhile is kept
+        connection = self._connection = await self._connect()
+        session = self._session
         await self._hello(connection)
+        self._set_forward()  # the hello may have given the upstream's real name
         channel = await connection.channel(publisher_confirms=False)
         try:
             await asyncio.wait_for(
@@ -318,8 +329,46 @@ class Link:
         self.state.running(now)
         self.probes.up(now)
         self.last_error = None
+        if self.forwarder is not None:
+            await self._forward_through(connection)
         self._event("link_up", server=self.server, upstream_name=self.upstream_name)
         await self._serve(connection, channel, session)
+
+    def _set_forward(self) -> None:
+        """With ``forward: true``, what is published to the local exchange is also kept on
+        the link's hidden queue (named by the upstream's config key, so it is the same
+        before and after a hello names the upstream), to be drained upstream."""
+        if not self.spec.forward:
+            return
+        vhost = self.broker.vhosts[self.spec.vhost]
+        queue = vhost.set_forward(
+            self.spec.exchange,
+            names.forward_queue_name(self.spec.exchange, self.spec.upstream),
+            self.upstream_name,
+            self.local_name,
+            self.spec.max_hops,
+            self.broker.now(),
+        )
+        if self.forwarder is None or self.forwarder.queue is not queue:
+            if self.forwarder is not None:
+                self.forwarder.detach()
+            self.forwarder = Forwarder(queue, self.spec.exchange, self.local_name, self.broker.now)
+
+    async def _forward_through(self, connection: aiormq.abc.AbstractConnection) -> None:
+        """Drain the hidden queue upstream on a channel of its own, with publisher confirms:
+        a message is acked here only once the upstream confirmed it."""
+        channel = await connection.channel(publisher_confirms=True)
+
+        async def publish(
+            exchange: str, routing_key: str, body: bytes, properties: spec.Basic.Properties
+        ) -> bool:
+            confirmation = await channel.basic_publish(
+                body, exchange=exchange, routing_key=routing_key, properties=properties
+            )
+            return isinstance(confirmation, spec.Basic.Ack)
+
+        assert self.forwarder is not None
+        self.forwarder.up(publish)
 
     def _local_exchange(self) -> Any:
         vhost = self.broker.vhosts.get(self.spec.vhost)
@@ -384,7 +433,7 @@ class Link:
         if not answer.get("ok"):
             raise LinkFailure(str(answer.get("error") or "hello refused"))
         name = answer.get("name")
-        if names.name_problem(name) is not None:
+        if not isinstance(name, str) or names.global_name_problem(name) is not None:
             raise LinkFailure(f"the upstream answered hello with a bad name {name!r}")
         self.upstream_name = str(name)
 

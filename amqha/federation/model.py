@@ -86,6 +86,8 @@ def desired(
     local exchange): equal pairs make one upstream binding, counted."""
     result = Desired()
     for routing_key, arguments in local_bindings:
+        if PROBE_HEADER in arguments:
+            continue  # a downstream link's probe binding: that link's own, never passed on
         made = upstream_binding(routing_key, arguments, local, upstream, max_hops)
         if isinstance(made, str):
             result.refused[made] = result.refused.get(made, 0) + 1

@@ -132,3 +132,12 @@ def test_a_buffer_queue_name_is_one_every_client_library_accepts() -> None:
     name = names.buffer_queue_name("market.eu", "central", "backup+primary")
     commands.Queue.Declare(queue=name, durable=True)  # pamqp validates the name here
     commands.Queue.Bind(queue=name, exchange="market.eu", routing_key="#")
+
+
+def test_a_probe_binding_is_never_passed_on() -> None:
+    probe = {"x-match": "all", model.PROBE_HEADER: "amqha.probe.paris.x"}
+    wanted = model.desired(
+        [("amqha.probe.paris.x", probe), ("k.#", {})], "london", "central", max_hops=2
+    )
+    assert [b.routing_key for b in wanted.bindings.values()] == ["k.#"]
+    assert wanted.refused == {}
