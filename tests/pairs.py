@@ -37,6 +37,7 @@ from tests.proxy import TcpProxy
 from tests.support import ServerProcess, free_port
 
 ADMIN = ("admin", "admin")
+EFA = ("efa", "efa")  # a federation link's login
 PEERING = ("peering", "peering")
 
 
