@@ -125,6 +125,7 @@ class Snapshot:
     store: dict[str, Any] = field(default_factory=dict)
     replication: dict[str, Any] = field(default_factory=dict)
     pair: dict[str, Any] = field(default_factory=dict)
+    federation: list[dict[str, Any]] = field(default_factory=list)  # one per link
     number: int = 0  # how many snapshots this endpoint has taken, this one included
 
 
@@ -148,6 +149,9 @@ def take_snapshot(broker: MetricsSource) -> Snapshot:
         replication=broker.replication_status(),
         pair=broker.pair.status(),
     )
+    federation = getattr(broker, "federation", None)
+    if federation is not None:
+        snapshot.federation = federation.status()
     for vhost in broker.vhosts.values():
         for queue in vhost.visible_queues():
             snapshot.queued_bytes += queue.bytes
@@ -181,6 +185,7 @@ class SnapshotCollector(Collector):
         yield GaugeMetricFamily("rabbitmq_queues", "Queues", value=len(snapshot.queues))
         yield from broker_metrics(snapshot)
         yield from pair_metrics(snapshot.pair)
+        yield from federation_metrics(snapshot.federation)
         yield CounterMetricFamily(
             "amqha_metrics_snapshots",
             "Snapshots of the broker taken for scrapes (one pass over the queues each)",
@@ -353,6 +358,74 @@ def pair_metrics(status: dict[str, Any]) -> Iterator[Metric]:
         ("refusals", "Client connection attempts refused with no active server to name"),
     ):
         yield CounterMetricFamily(f"amqha_pair_{key}", text, value=status.get(key, 0))
+
+
+LINK_STATES = ("connecting", "running", "stalled", "failed")
+LINK_LABELS = ["exchange", "vhost", "upstream"]
+
+
+def federation_metrics(links: list[dict[str, Any]]) -> Iterator[Metric]:
+    """One series per configured federation link (docs/federation.md, "What a link
+    reports"); none when this server federates nothing."""
+    if not links:
+        return
+    state = GaugeMetricFamily(
+        "amqha_federation_link_state",
+        "1 for the state a federation link is in",
+        labels=[*LINK_LABELS, "state"],
+    )
+    attempts = GaugeMetricFamily(
+        "amqha_federation_link_attempts",
+        "Failed connection attempts since the link last ran",
+        labels=LINK_LABELS,
+    )
+    bindings = GaugeMetricFamily(
+        "amqha_federation_bindings",
+        "Upstream bindings the link's local ones ask for (desired) and bound (confirmed)",
+        labels=[*LINK_LABELS, "kind"],
+    )
+    received = CounterMetricFamily(
+        "amqha_federation_messages_in",
+        "Messages taken down from the upstream and routed here",
+        labels=LINK_LABELS,
+    )
+    sent = CounterMetricFamily(
+        "amqha_federation_messages_out",
+        "Messages forwarded upstream and confirmed there",
+        labels=LINK_LABELS,
+    )
+    dropped = CounterMetricFamily(
+        "amqha_federation_messages_dropped",
+        "Messages taken down but not routed, by reason (loop, max_hops, ...)",
+        labels=[*LINK_LABELS, "reason"],
+    )
+    repairs = CounterMetricFamily(
+        "amqha_federation_binding_repairs",
+        "Upstream bindings made or removed by a reconcile",
+        labels=LINK_LABELS,
+    )
+    forward_depth = GaugeMetricFamily(
+        "amqha_federation_forward_depth",
+        "Messages waiting here to be forwarded upstream",
+        labels=LINK_LABELS,
+    )
+    for link in links:
+        labels = [str(link.get(key, "")) for key in LINK_LABELS]
+        current = link.get("state")
+        for name in LINK_STATES:
+            state.add_metric([*labels, name], int(name == current))
+        attempts.add_metric(labels, link.get("attempts", 0))
+        for kind in ("desired", "confirmed"):
+            bindings.add_metric([*labels, kind], (link.get("bindings") or {}).get(kind, 0))
+        received.add_metric(labels, link.get("in", 0))
+        sent.add_metric(labels, link.get("out", 0))
+        for reason, count in sorted((link.get("dropped") or {}).items()):
+            dropped.add_metric([*labels, reason], count)
+        repairs.add_metric(labels, link.get("repairs", 0))
+        forward = link.get("forward")
+        if forward:
+            forward_depth.add_metric(labels, forward.get("depth", 0))
+    yield from (state, attempts, bindings, received, sent, dropped, repairs, forward_depth)
 
 
 class Pages:
