@@ -32,6 +32,16 @@ def name_problem(name: object) -> str | None:
     return None
 
 
+def global_name_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a global name: a server or pair name, or a pair's default
+    name (its two servers' names joined by '+'); None if it can."""
+    parts = value.split("+")
+    if len(parts) == 2 and all(name_problem(part) is None for part in parts):
+        return None
+    problem = name_problem(value)
+    return None if problem is None else f"{problem} (or two such names joined by '+')"
+
+
 def default_pair_name(server: str, peer: str) -> str:
     """The pair's name when the config gives none: both servers compute the same one."""
     return "+".join(sorted((server, peer)))

@@ -248,7 +248,7 @@ class UpstreamService:
         fields = {key: _text(request, key) for key in ("name", "id", "server", "exchange")}
         fields["vhost"] = _text(request, "vhost", "/")
         for key, problem in (
-            ("name", global_name_problem(fields["name"])),
+            ("name", names.global_name_problem(fields["name"])),
             ("server", names.name_problem(fields["server"])),
         ):
             if problem is not None:
@@ -375,16 +375,6 @@ class UpstreamService:
                 {"vhost": vhost, "queue": queue} for vhost, queue in sorted(self.orphans.orphans)
             ],
         }
-
-
-def global_name_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a global name: a server or pair name, or a pair's default
-    name (its two servers' names joined by '+'); None if it can."""
-    parts = value.split("+")
-    if len(parts) == 2 and all(names.name_problem(part) is None for part in parts):
-        return None
-    problem = names.name_problem(value)
-    return None if problem is None else f"{problem} (or two such names joined by '+')"
 
 
 def _text(request: dict[str, Any], key: str, default: str | None = None) -> str:
