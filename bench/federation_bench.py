@@ -59,7 +59,7 @@ RATE_KEY = "rate.tick"
 UPSTREAM_NAME = "central"  # the upstream's name in either broker's federation config
 
 DEFAULT_SIZES = {"messages": 100_000, "window": 1000, "bindings": 20}
-QUICK_SIZES = {"messages": 10_000, "window": 1000, "bindings": 5}
+QUICK_SIZES = {"messages": 10_000, "window": 1000, "bindings": 5, "sync_bindings": 1000}
 
 LIMIT = 600.0  # no single measurement may take longer than this, in seconds
 LINK_LIMIT = 180.0  # from the exchanges declared to the first probe through the link
@@ -448,6 +448,86 @@ def masked_config(server: ServerProcess) -> dict[str, Any]:
     return config
 
 
+def binding_sync(count: int, rtt: float) -> dict[str, Any]:
+    """amqha alone: ``count`` new bindings made downstream (one client, one queue) over a
+    link whose round trip to the upstream is ``rtt`` more (a delaying proxy between them):
+    the time from the first bind to the link reporting every one bound upstream."""
+    from tests.proxy import TcpProxy
+
+    figures: dict[str, Any] = {"bindings": count, "added_rtt_ms": rtt * 1000}
+    with tempfile.TemporaryDirectory(prefix="amqha-fbind-") as tmp:
+        upstream, downstream = amqha_configs(Path(tmp))
+        proxy = TcpProxy(upstream.port).start()
+        proxy.delay(rtt / 2)  # each way
+        links = downstream.config["federation"]["upstreams"][UPSTREAM_NAME]
+        links["urls"] = [f"amqp://efa:{EFA_PASSWORD}@127.0.0.1:{proxy.port}/"]
+        downstream.config["users"].append(
+            {"name": "admin", "password": "admin", "vhosts": ["/"], "tags": ["administrator"]}
+        )
+        try:
+            upstream.start()
+            downstream.start()
+            figures.update(run_async(_binding_sync(upstream, downstream, count)))
+        except Exception as error:  # a figure missing says why
+            figures["error"] = f"{type(error).__name__}: {error}"
+        finally:
+            downstream.stop()
+            upstream.stop()
+            proxy.stop()
+    return figures
+
+
+async def _binding_sync(
+    upstream: ServerProcess, downstream: ServerProcess, count: int
+) -> dict[str, Any]:
+    import aio_pika
+
+    from amqha.console import ConsoleClient
+
+    for server in (upstream, downstream):
+        connection = await aio_pika.connect(f"amqp://guest:guest@{server.address}/")
+        async with connection:
+            channel = await connection.channel()
+            await channel.declare_exchange(EXCHANGE, "topic", durable=True)
+    admin = f"amqp://admin:admin@{downstream.address}/"
+
+    async def link() -> dict[str, Any]:
+        async with asyncio.timeout(30), ConsoleClient(admin) as console:
+            return dict((await console.call("federation"))[0])
+
+    async def until(check: Any, what: str, limit: float = 300.0) -> float:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while loop.time() < deadline:
+            if check(await link()):
+                return loop.time()
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"{what}: not after {limit} s")
+
+    await until(lambda status: status["state"] == "running", "the link running")
+    connection = await aio_pika.connect(f"amqp://guest:guest@{downstream.address}/")
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("bench-bindings", durable=True)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i in range(count):
+            await queue.bind(EXCHANGE, f"key.{i}")
+        bound_here = loop.time()
+        done = await until(
+            lambda status: (
+                status["bindings"]["desired"] == count
+                and status["bindings"]["confirmed"] == count + 1
+            ),
+            "every binding upstream",
+        )
+    return {
+        "local_binds_s": round(bound_here - started, 3),
+        "all_bound_upstream_s": round(done - started, 3),
+        "after_the_last_local_bind_s": round(done - bound_here, 3),
+    }
+
+
 # -- the run --------------------------------------------------------------------------------
 
 RATE_KEYS = ("rate_msgs_per_s", "publish_confirms_msgs_per_s")
@@ -492,6 +572,8 @@ def run(
     if "amqha" in only:
         say("== amqha")
         amqha = amqha_side(sizes)
+        say("== amqha: 10,000 bindings over a link with 100 ms more round trip")
+        amqha["binding_sync"] = binding_sync(sizes.get("sync_bindings", 10_000), 0.1)
     return {
         "sizes": sizes,
         "message_bytes": len(BODY),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -295,3 +296,48 @@ async def publish_one(server: ServerProcess, exchange: str, key: str, body: byte
         await target.publish(
             aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=key
         )
+
+
+async def test_a_storm_of_binds_and_unbinds_converges_upstream_to_the_final_set(
+    make_server: Any,
+) -> None:
+    central = make_server("central", users=FED_USERS).start()
+    await declare(central, "market", "topic")
+    london = make_server("london")
+    federating(london, central, "market").start()
+    await declare(london, "market", "topic")
+    rng = random.Random(20)
+    keys = [f"k{i}.#" for i in range(20)]
+    connection = await aio_pika.connect(london.url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        queues = [await channel.declare_queue(f"storm-{i}", durable=True) for i in range(3)]
+        bound: set[tuple[int, str]] = set()
+        for _ in range(400):  # binds and unbinds as fast as the client sends them
+            queue_index, key = rng.randrange(3), rng.choice(keys)
+            if (queue_index, key) in bound:
+                await queues[queue_index].unbind("market", key)
+                bound.discard((queue_index, key))
+            else:
+                await queues[queue_index].bind("market", key)
+                bound.add((queue_index, key))
+        final = {key for _, key in bound}  # equal bindings of several queues make one
+        link = await wait_link(london, running(len(final)), "the final count upstream")
+
+        async def upstream_keys() -> set[str]:
+            async with asyncio.timeout(15), ConsoleClient(url_of(central, ADMIN)) as console:
+                return {
+                    b["routing_key"]
+                    for b in await console.call("bindings")
+                    if b.get("destination") == link["buffer_queue"]
+                    and not b["routing_key"].startswith("amqha.probe.")
+                }
+
+        # The upstream's own set (not the link's view of it) settles on the final one.
+        deadline = time.monotonic() + WAIT
+        keys = await upstream_keys()
+        while keys != final and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            keys = await upstream_keys()
+        assert keys == final, (sorted(keys - final), sorted(final - keys))
+        assert (await links(london))[0]["bindings"]["desired"] == len(final)
