@@ -39,16 +39,38 @@ def frozen(value: Any) -> Hashable:
     return (type(value).__name__, value)
 
 
-@dataclass(frozen=True)
 class UpstreamBinding:
-    """One binding of the buffer queue to the upstream exchange."""
+    """One binding of the buffer queue to the upstream exchange; ``key`` (routing key and
+    arguments in a hashable form) is worked out once, when it is made, and two bindings
+    are equal when their keys are."""
 
-    routing_key: str
-    arguments: Mapping[str, Any]
+    __slots__ = ("routing_key", "arguments", "key")
 
-    @property
-    def key(self) -> tuple[str, Hashable]:
-        return (self.routing_key, frozen(self.arguments))
+    def __init__(
+        self,
+        routing_key: str,
+        arguments: Mapping[str, Any],
+        frozen_arguments: Hashable | None = None,
+    ) -> None:
+        self.routing_key = routing_key
+        self.arguments = arguments
+        self.key: tuple[str, Hashable] = (
+            routing_key,
+            frozen(arguments) if frozen_arguments is None else frozen_arguments,
+        )
+
+    def like(self, routing_key: str) -> UpstreamBinding:
+        """These arguments under another routing key (their hashable form reused)."""
+        return UpstreamBinding(routing_key, self.arguments, self.key[1])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UpstreamBinding) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"UpstreamBinding({self.routing_key!r}, {dict(self.arguments)!r})"
 
 
 def upstream_binding(
@@ -85,7 +107,24 @@ def desired(
     """Normalise ``local_bindings`` ((routing key, arguments) of every binding to the
     local exchange): equal pairs make one upstream binding, counted."""
     result = Desired()
+    bindings, counts = result.bindings, result.counts
+    # The usual binding has no arguments: what it asks for upstream differs only in its
+    # routing key, so the path and its rule are worked out once (10,000 bindings are
+    # normalised in milliseconds: the link does it whenever they change).
+    plain = upstream_binding("", {}, local, upstream, max_hops)
+    plain_frozen = None if isinstance(plain, str) else plain.key[1]
     for routing_key, arguments in local_bindings:
+        if not arguments:
+            if isinstance(plain, str):
+                result.refused[plain] = result.refused.get(plain, 0) + 1
+                continue
+            key = (routing_key, plain_frozen)
+            if key in counts:
+                counts[key] += 1
+            else:
+                bindings[key] = plain.like(routing_key)
+                counts[key] = 1
+            continue
         if PROBE_HEADER in arguments:
             continue  # a downstream link's probe binding: that link's own, never passed on
         made = upstream_binding(routing_key, arguments, local, upstream, max_hops)
@@ -93,8 +132,8 @@ def desired(
             result.refused[made] = result.refused.get(made, 0) + 1
             continue
         key = made.key
-        result.bindings.setdefault(key, made)
-        result.counts[key] = result.counts.get(key, 0) + 1
+        bindings.setdefault(key, made)
+        counts[key] = counts.get(key, 0) + 1
     return result
 
 
@@ -104,8 +143,8 @@ def repairs(
     """(to bind, to unbind): what makes ``actual`` (the buffer queue's bindings upstream)
     equal to ``wanted``, each listed once, in a stable order."""
     have = {binding.key: binding for binding in actual}
-    to_bind = [wanted[key] for key in sorted(wanted, key=repr) if key not in have]
-    to_unbind = [have[key] for key in sorted(have, key=repr) if key not in wanted]
+    to_bind = [wanted[key] for key in sorted((k for k in wanted if k not in have), key=repr)]
+    to_unbind = [have[key] for key in sorted((k for k in have if k not in wanted), key=repr)]
     return to_bind, to_unbind
 
 
