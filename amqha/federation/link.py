@@ -23,6 +23,7 @@ import json
 import logging
 import random
 import ssl
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,8 @@ BACKOFF_INITIAL = 0.1
 BACKOFF_MAX = 5.0
 # How often a running link looks for local binding changes (a counter compare) and due work.
 TICK = 0.05
+# After normalising the local bindings (which took T), changes wait 9 T before the next.
+WATCH_COST_FACTOR = 9
 
 
 class LinkFailure(Exception):
@@ -133,6 +136,7 @@ class Link:
         self._connection: aiormq.abc.AbstractConnection | None = None
         self._session = 0
         self._watched: tuple[int, int] | None = None  # (id, version) of the exchange seen
+        self._next_watch = 0.0  # perf_counter time before which changes wait (a storm)
         self._inflight: collections.deque[list[Any]] = collections.deque()
         self._ack_upto = 0
         self._acked = 0
@@ -446,6 +450,9 @@ class Link:
         seen = None if exchange is None else (id(exchange), exchange.version)
         if seen == self._watched and not force:
             return False
+        started = time.perf_counter()
+        if not force and started < self._next_watch:
+            return False  # a storm of changes: looked at again soon, at a bounded cost
         self._watched = seen
         local = (
             []
@@ -453,6 +460,9 @@ class Link:
             else [(b.routing_key, b.arguments) for b in exchange.bindings.values()]
         )
         self.desired = model.desired(local, self.local_name, self.upstream_name, self.spec.max_hops)
+        # Normalising is O(bindings): while they keep changing, the link spends at most
+        # about a tenth of the server's time on it.
+        self._next_watch = time.perf_counter() + WATCH_COST_FACTOR * (time.perf_counter() - started)
         return True
 
     def _wanted(self) -> dict[Any, model.UpstreamBinding]:
