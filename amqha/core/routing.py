@@ -128,8 +128,10 @@ class Exchange:
         # Bindings whose destination is an exchange.
         self.exchange_bindings = 0
         # Counts every change of ``bindings``: a federation link compares it to see
-        # whether the bindings it propagates changed (docs/federation.md, "The link").
+        # whether the bindings it propagates changed (docs/federation.md, "The link"),
+        # and is woken by a call of each of ``watchers`` when they do.
         self.version = 0
+        self.watchers: set[Callable[[], None]] = set()
 
     def __del__(self) -> None:
         ArgumentBytes.held -= self.arguments_size
@@ -147,6 +149,8 @@ class Exchange:
             self.exchange_bindings += 1
         self._added(binding)
         self.version += 1
+        if self.watchers:
+            self._notify()
         return True
 
     def unbind(self, destination: Hashable, routing_key: str, arguments: dict[str, Any]) -> bool:
@@ -171,8 +175,14 @@ class Exchange:
             self._forget(binding)
         return len(found)
 
+    def _notify(self) -> None:
+        for watcher in tuple(self.watchers):
+            watcher()
+
     def _forget(self, binding: Binding) -> None:
         self.version += 1
+        if self.watchers:
+            self._notify()
         if isinstance(binding.destination, Exchange):
             self.exchange_bindings -= 1
         self._removed(binding)

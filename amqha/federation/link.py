@@ -61,6 +61,15 @@ TICK = 0.05
 WATCH_COST_FACTOR = 9
 
 
+def _release(sleeper: asyncio.Future[None]) -> None:
+    if not sleeper.done():
+        sleeper.set_result(None)
+
+
+def _released(sleeper: asyncio.Future[None], _: Any) -> None:
+    _release(sleeper)
+
+
 class LinkFailure(Exception):
     """Why a link cannot run: its ``failed(reason)``."""
 
@@ -141,7 +150,8 @@ class Link:
         self._ack_upto = 0
         self._acked = 0
         self._broken: str | None = None
-        self._wake = asyncio.Event()
+        self._poked = False  # there is work for the running loop (see _serve)
+        self._sleeper: asyncio.Future[None] | None = None
         self._answers: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._down_since: float | None = None
         # forward: true: the drain of the hidden queue of what is published here
@@ -210,6 +220,9 @@ class Link:
         self.state.connecting(self.broker.now())
 
     async def _close(self) -> None:
+        exchange = self._local_exchange()
+        if exchange is not None:
+            exchange.watchers.discard(self._poke)
         connection, self._connection = self._connection, None
         self._session += 1  # what the old connection left in flight is forgotten
         self._inflight.clear()
@@ -218,6 +231,13 @@ class Link:
         if connection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), ANSWER_TIMEOUT)
+
+    def _poke(self) -> None:
+        """Work for the running link: it wakes now rather than at its next tick."""
+        self._poked = True
+        sleeper = self._sleeper
+        if sleeper is not None and not sleeper.done():
+            sleeper.set_result(None)
 
     def _event(self, kind: str, **fields: Any) -> None:
         record = {
@@ -447,6 +467,8 @@ class Link:
         """Recompute the desired upstream bindings if the local exchange's bindings changed
         (or it was replaced); True if they did."""
         exchange = self._local_exchange()
+        if exchange is not None and self._poke not in exchange.watchers:
+            exchange.watchers.add(self._poke)  # a change wakes the link at once
         seen = None if exchange is None else (id(exchange), exchange.version)
         if seen == self._watched and not force:
             return False
@@ -561,10 +583,20 @@ class Link:
         next_reconcile = loop.time() + self.reconcile_every
         closing = connection.closing
         while not closing.done():
-            waiter = loop.create_task(self._wake.wait())
-            await asyncio.wait({waiter, closing}, timeout=TICK)
-            waiter.cancel()
-            self._wake.clear()
+            if not self._poked:
+                # Until poked (a binding changed here, acks are due, the link broke), the
+                # connection closes, or a tick passes: a bare future, woken directly.
+                sleeper = self._sleeper = loop.create_future()
+                timer = loop.call_later(TICK, _release, sleeper)
+                on_close = functools.partial(_released, sleeper)
+                closing.add_done_callback(on_close)
+                try:
+                    await sleeper
+                finally:
+                    timer.cancel()
+                    closing.remove_done_callback(on_close)
+                    self._sleeper = None
+            self._poked = False
             if self._broken is not None:
                 raise LinkFailure(self._broken)
             if closing.done():
@@ -670,7 +702,7 @@ class Link:
         if not ok:
             # Not acked: the link restarts and the upstream delivers it again.
             self._broken = "the local store could not write a message"
-            self._wake.set()
+            self._poke()
             return
         self._settle(entry, session)
 
@@ -685,4 +717,4 @@ class Link:
             upto = inflight.popleft()[0]
         if upto:
             self._ack_upto = upto
-            self._wake.set()
+            self._poke()
