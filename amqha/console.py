@@ -2,8 +2,8 @@
 
 Owns, server side: ``ConsoleService``, which consumes amq.console in-process and
 answers JSON requests (status, recover, promote, connections, queues, exchanges,
-bindings, events, controller stop|start, purge, delete, close-connection) to the
-requester's own exclusive reply queue. amq.console is a control exchange: only users
+bindings, events, controller stop|start, purge, delete, close-connection, federation
+list|add|remove) to the requester's own exclusive reply queue. amq.console is a control exchange: only users
 tagged ``administrator`` may publish to it (the channel refuses others with 403),
 nothing can be bound to it, and the request is attributed to the user its connection
 authenticated as. The service checks that tag again itself before it runs any command,
@@ -1497,6 +1497,11 @@ def console(
     delete QUEUE [--if-empty] [--if-unused] [--vhost V]
     close-connection NAME [--reason TEXT]   NAME as `connections` lists it (HOST:PORT)
     controller stop|start           stop or start the first server's failover controller
+    federation                      the federation links (one server's view)
+    federation add --exchange X --upstream NAME [--url URL ...] [--vhost V] [--no-bindings]
+                   [--forward] [--max-hops N] [--delivery confirm|drop]
+    federation remove --exchange X --upstream NAME [--vhost V] [--drop-pending]
+                                    change the links at run time (every server named)
 
     \b
     Exit status: 0 done / healthy, 1 the command failed or was refused, 2 bad usage,
