@@ -231,12 +231,17 @@ class Federation:
                 f"exchange {spec.exchange!r} of vhost {spec.vhost!r} is linked to "
                 f"{spec.upstream!r} {where}: remove it first",
             )
+        kept = dict(self.runtime.upstreams)
         if new_upstream is not None:
-            self.runtime.upstreams[new_upstream.name] = new_upstream
-        self.runtime.exchanges.append(spec)
-        # A deletion still due of the same buffer queue would take the new link's.
-        self.runtime.pending = [p for p in self.runtime.pending if _key(p.spec) != _key(spec)]
-        runtime.save(self.config.data_dir, self.runtime)
+            kept[new_upstream.name] = new_upstream
+        self._commit(
+            runtime.Runtime(
+                kept,
+                [*self.runtime.exchanges, spec],
+                # A deletion still due of the same buffer queue would take the new link's.
+                [p for p in self.runtime.pending if _key(p.spec) != _key(spec)],
+            )
+        )
         if not self.id:
             self.id = self.config.federation_id
         link = self._link(spec, "console")
@@ -277,21 +282,23 @@ class Federation:
                 f"the link still holds {holding} messages to forward upstream (hidden queue "
                 f"{forward!r}): wait until they are forwarded, or give --drop-pending",
             )
-        # Nothing is published into the hidden queue from here on.
-        if hidden is not None and local is not None:
-            local.remove_forward(spec.exchange, forward)
         queue = link.buffer_queue
         if args.get("buffer_queue") and str(args["buffer_queue"]).startswith(names.BUFFER_PREFIX):
             queue = str(args["buffer_queue"])  # the name the ACTIVE's link knew
-        self.links.remove(link)
-        self.runtime.exchanges.remove(spec)
-        urls = link_urls = self._urls(spec.upstream)
-        if all(e.upstream != spec.upstream for e in self.runtime.exchanges):
-            self.runtime.upstreams.pop(spec.upstream, None)
+        urls = self._urls(spec.upstream)
+        exchanges = [e for e in self.runtime.exchanges if e != spec]
+        upstreams = {
+            name: u
+            for name, u in self.runtime.upstreams.items()
+            if any(e.upstream == name for e in exchanges)
+        }
         pending = runtime.PendingDeletion(spec.exchange, spec.upstream, spec.vhost, queue, urls)
-        if not args.get("upstream_deleted"):
-            self.runtime.pending.append(pending)
-        runtime.save(self.config.data_dir, self.runtime)
+        due = [*self.runtime.pending, *(() if args.get("upstream_deleted") else (pending,))]
+        self._commit(runtime.Runtime(upstreams, exchanges, due))
+        self.links.remove(link)
+        # Nothing is published into the hidden queue from here on.
+        if hidden is not None and local is not None:
+            local.remove_forward(spec.exchange, forward)
         await link.stop()
         dropped = 0
         if self.leading and hidden is not None and local is not None:
@@ -309,12 +316,23 @@ class Federation:
         elif args.get("upstream_deleted"):
             answer.update(upstream_deleted=True, pending=None)
         else:
-            problem = await self._delete(pending, link_urls)
+            problem = await self._delete(pending, urls)
             answer.update(upstream_deleted=problem is None, pending=problem)
             if problem is not None:
                 self._retry_pending()
         log.info("federation: link removed at run time: %s (%s)", spec, answer)
         return answer
+
+    def _commit(self, new: runtime.Runtime) -> None:
+        """Write ``new`` and make it the run-time federations; refused (nothing changed)
+        if it cannot be written."""
+        try:
+            runtime.save(self.config.data_dir, new)
+        except OSError as error:
+            raise Refused(
+                "failed", f"cannot write {runtime.path_of(self.config.data_dir)}: {error}"
+            ) from None
+        self.runtime = new
 
     def _described(self, spec: FederatedExchange) -> dict[str, Any]:
         return {
@@ -342,8 +360,9 @@ class Federation:
             log.warning("federation: buffer queue %r not deleted: %s", pending.queue, reason)
             return reason
         if pending in self.runtime.pending:
-            self.runtime.pending.remove(pending)
-            runtime.save(self.config.data_dir, self.runtime)
+            left = [p for p in self.runtime.pending if p != pending]
+            with contextlib.suppress(Refused):  # kept due: tried again, harmlessly
+                self._commit(runtime.Runtime(self.runtime.upstreams, self.runtime.exchanges, left))
         log.info("federation: buffer queue %r deleted upstream", pending.queue)
         return None
 
