@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import pytest
 
 from amqha.client import connect as ha_connect
 from amqha.console import ConsoleClient
@@ -369,3 +370,21 @@ async def test_a_federation_added_on_a_pair_runs_on_its_new_active_after_a_kill(
     assert [m["server"] for m in answer["missed"]] == [primary.address]
     assert link["buffer_queue"] not in await upstream_queues(central)
     assert await links(backup) == []
+
+
+def test_a_start_with_an_unreadable_federations_file_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    london = ServerProcess(tmp_path, "london", federation=TIMINGS)
+    london.data_dir.mkdir(parents=True)
+    bad = {"version": 1, "exchanges": [{"exchange": EXCHANGE, "upstream": "nowhere"}]}
+    (london.data_dir / "federations.json").write_text(json.dumps(bad))
+    try:
+        with pytest.raises(RuntimeError):
+            london.start()
+        assert london.process is not None and london.process.wait(timeout=15) != 0
+        log = london.log()
+        assert "cannot start:" in log and "federations.json: exchanges[0].upstream" in log, log
+        assert "Traceback" not in log
+    finally:
+        london.stop()
