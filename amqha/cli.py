@@ -126,6 +126,8 @@ def start(
         asyncio.run(serve(config, pair=pair))
     except EpochFileError as error:
         raise click.ClickException(f"bad epoch file: {error}") from None
+    except ConfigError as error:  # data_dir/federations.json, federation.id (federation.md)
+        raise click.ClickException(f"cannot start: {error}") from None
     except StoreError as error:
         raise click.ClickException(f"cannot open the message store: {error}") from None
     except MetricsListenError as error:

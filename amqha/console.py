@@ -2,8 +2,8 @@
 
 Owns, server side: ``ConsoleService``, which consumes amq.console in-process and
 answers JSON requests (status, recover, promote, connections, queues, exchanges,
-bindings, events, controller stop|start, purge, delete, close-connection) to the
-requester's own exclusive reply queue. amq.console is a control exchange: only users
+bindings, events, controller stop|start, purge, delete, close-connection, federation
+list|add|remove) to the requester's own exclusive reply queue. amq.console is a control exchange: only users
 tagged ``administrator`` may publish to it (the channel refuses others with 403),
 nothing can be bound to it, and the request is attributed to the user its connection
 authenticated as. The service checks that tag again itself before it runs any command,
@@ -44,6 +44,7 @@ from pamqp.header import ContentHeader
 
 from .core.message import Message
 from .core.vhost import CONSOLE_EXCHANGE
+from .federation.agent import Refused
 from .gate import ConsoleRefused
 from .logtext import escaped
 from .wire import address_of
@@ -98,7 +99,15 @@ class ConsoleService:
         properties = message.properties()
         reply_to = properties.reply_to
         user = connection.user.name
-        try:
+
+        def reply(answer: dict[str, Any]) -> None:
+            # Answers go only to a reply queue the asking connection owns: the console
+            # never writes into application queues.
+            queue = connection.exclusive_queues.get(reply_to) if reply_to else None
+            if queue is not None:
+                self._reply(queue, properties.correlation_id, answer)
+
+        def run() -> Any:
             if ADMINISTRATOR not in connection.user.tags:
                 # The channel lets only administrators publish here; this holds even if a
                 # request ever came another way.
@@ -114,22 +123,21 @@ class ConsoleService:
             if not isinstance(args, dict):
                 # Every handler reads its arguments by name.
                 raise TypeError(f"'args' must be a JSON object, not {type(args).__name__}")
-            answer = {"ok": True, "result": handler(args, user)}
-        except _Refusal as error:
-            answer = {"ok": False, "code": error.code, "error": error.text}
-        except (ValueError, KeyError, TypeError, OverflowError) as error:
-            # OverflowError: int() of a JSON number too large for a float (1e400 is inf).
-            answer = {"ok": False, "code": "bad_request", "error": f"bad request: {error!r}"}
-        except ConsoleRefused as error:
-            answer = {"ok": False, "code": "refused", "error": str(error)}
-        except exceptions.AMQPError as error:
-            # What a client's own Queue.Purge or Queue.Delete would have been answered.
-            answer = {"ok": False, "code": _amqp_code(error), "error": str(error.args[0])}
-        # Answers go only to a reply queue the asking connection owns: the console never
-        # writes into application queues.
-        queue = connection.exclusive_queues.get(reply_to) if reply_to else None
-        if queue is not None:
-            self._reply(queue, properties.correlation_id, answer)
+            return handler(args, user)
+
+        answer = _answer(run)
+        result = answer.get("result")
+        if asyncio.iscoroutine(result):
+            # A command that waits (federation remove): answered when it is done.
+            async def finish(pending: Any) -> None:
+                async def wait() -> Any:
+                    return await pending
+
+                reply(await _answer_async(wait))
+
+            self.broker.loop.create_task(finish(result))
+            return
+        reply(answer)
 
     def _reply(self, queue: Any, correlation_id: str | None, answer: dict[str, Any]) -> None:
         body = json.dumps(answer, default=str).encode()
@@ -181,10 +189,28 @@ class ConsoleService:
 
         return on_command
 
-    def on_federation(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
-        """Every configured federation link and its state (docs/federation.md)."""
+    def on_federation(self, args: dict[str, Any], user: str) -> Any:
+        """Every federation link and its state; ``action`` ``add`` or ``remove`` changes
+        the links added at run time (docs/federation.md, "At run time")."""
         federation = self.broker.federation
-        return [] if federation is None else federation.status()
+        action = args.get("action", "list")
+        if action == "list":
+            return [] if federation is None else federation.status()
+        if federation is None:
+            raise _Refusal("refused", "this server runs no federation")
+        if action == "add":
+            result = federation.add(args)
+        elif action == "remove":
+            result = federation.remove(args)
+        else:
+            raise _Refusal("usage", f"federation: unknown action {action!r} (add, remove)")
+        log.info(
+            "console: %s: federation %s %s",
+            escaped(user),
+            action,
+            escaped(str(args.get("exchange"))),
+        )
+        return result
 
     def on_connections(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
         return [{"name": c.peer, **c.describe()} for c in self.broker.connections]
@@ -342,6 +368,39 @@ class _Refusal(Exception):
     def __init__(self, code: str, text: str) -> None:
         super().__init__(text)
         self.code, self.text = code, text
+
+
+def _answer(run: Callable[[], Any]) -> dict[str, Any]:
+    """A command's answer: its result, or its error with the console's code."""
+    try:
+        return {"ok": True, "result": run()}
+    except Exception as error:
+        return _failure(error)
+
+
+async def _answer_async(run: Callable[[], Any]) -> dict[str, Any]:
+    try:
+        return {"ok": True, "result": await run()}
+    except Exception as error:
+        try:
+            return _failure(error)
+        except Exception:
+            log.exception("console: a command failed")
+            return {"ok": False, "code": "failed", "error": f"{type(error).__name__}: {error}"}
+
+
+def _failure(error: Exception) -> dict[str, Any]:
+    if isinstance(error, _Refusal | Refused):
+        return {"ok": False, "code": error.code, "error": error.text}
+    if isinstance(error, ValueError | KeyError | TypeError | OverflowError):
+        # OverflowError: int() of a JSON number too large for a float (1e400 is inf).
+        return {"ok": False, "code": "bad_request", "error": f"bad request: {error!r}"}
+    if isinstance(error, ConsoleRefused):
+        return {"ok": False, "code": "refused", "error": str(error)}
+    if isinstance(error, exceptions.AMQPError):
+        # What a client's own Queue.Purge or Queue.Delete would have been answered.
+        return {"ok": False, "code": _amqp_code(error), "error": str(error.args[0])}
+    raise error
 
 
 def _amqp_code(error: exceptions.AMQPError) -> str:
@@ -813,11 +872,35 @@ _SYNTAX: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     "purge": (("QUEUE",), {"--vhost": False}),
     "delete": (("QUEUE",), {"--vhost": False, "--if-empty": True, "--if-unused": True}),
     "close-connection": (("NAME",), {"--reason": False}),
-    "federation": ((), {}),
+    "federation": (("[add|remove]",), {}),
 }
+# ``federation add`` and ``federation remove``: their options (flag: True, else a value;
+# --url may be given twice: a pair's two addresses).
+_FEDERATION: dict[str, dict[str, bool]] = {
+    "add": {
+        "--exchange": False,
+        "--upstream": False,
+        "--url": False,
+        "--vhost": False,
+        "--no-bindings": True,
+        "--forward": True,
+        "--max-hops": False,
+        "--delivery": False,
+    },
+    "remove": {"--exchange": False, "--upstream": False, "--vhost": False, "--drop-pending": True},
+}
+_REPEATED = ("--url",)
 
 
 def syntax(command: str) -> str:
+    if command == "federation":
+        return " | ".join(
+            " ".join(
+                ["federation", action]
+                + [f"[{o}]" if flag else f"[{o} {o[2:].upper()}]" for o, flag in known.items()]
+            )
+            for action, known in (("", {}), *_FEDERATION.items())
+        ).replace("federation  ", "federation ")
     names, options = _SYNTAX[command]
     flags = " ".join(f"[{o}]" if flag else f"[{o} {o[2:].upper()}]" for o, flag in options.items())
     return " ".join(part for part in (command, *names, flags) if part)
@@ -831,6 +914,11 @@ def parse_words(words: list[str]) -> tuple[str, list[str], dict[str, Any]]:
     if command not in _SYNTAX:
         usage(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
     names, known = _SYNTAX[command]
+    if command == "federation":
+        action = rest[0] if rest and not rest[0].startswith("-") else None
+        if action is not None and action not in _FEDERATION:
+            usage("usage: federation | federation add ... | federation remove ...")
+        known = _FEDERATION.get(action or "", {})
     positional: list[str] = []
     options: dict[str, Any] = {}
     while rest:
@@ -842,11 +930,19 @@ def parse_words(words: list[str]) -> tuple[str, list[str], dict[str, Any]]:
             if known[name]:
                 options[name] = True
             elif value or rest:
-                options[name] = value or rest.pop(0)
+                given = value or rest.pop(0)
+                if name in _REPEATED:
+                    options.setdefault(name, []).append(given)
+                else:
+                    options[name] = given
             else:
                 usage(f"{command}: {name} needs a value; usage: {syntax(command)}")
         else:
             positional.append(word)
+    if command == "federation":
+        if len(positional) > 1:
+            usage("usage: federation | federation add ... | federation remove ...")
+        return command, positional, options
     if len(positional) != len(names):
         usage(f"usage: {syntax(command)}")
     if command == "controller" and positional[0] not in ("stop", "start"):
@@ -922,6 +1018,8 @@ async def run_command(
         )
         _done(as_json, command, target, result, text)
         return EXIT_OK
+    if command == "federation" and positional:
+        return await _federation_change(servers, positional[0], options, timeout, as_json)
     if command == "close-connection":
         await _close_connection(servers, positional[0], options.get("--reason"), timeout, as_json)
         return EXIT_OK
@@ -935,6 +1033,142 @@ async def run_command(
     else:
         _print_rows(rows)
     return EXIT_OK
+
+
+_AUTH_CODES = ("auth_failed", "access_refused", "not_authorised")
+
+
+def _federation_args(action: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``federation add|remove``'s options as the request's arguments (checked by the
+    server, as the config's are)."""
+    for required in ("--exchange", "--upstream"):
+        if not options.get(required):
+            usage(f"federation {action}: {required} is needed; usage: {syntax('federation')}")
+    args: dict[str, Any] = {
+        "action": action,
+        "exchange": options["--exchange"],
+        "upstream": options["--upstream"],
+        "vhost": options.get("--vhost", "/"),
+    }
+    if action == "remove":
+        if options.get("--drop-pending"):
+            args["drop_pending"] = True
+        return args
+    if "--url" in options:
+        args["urls"] = options["--url"]
+    if options.get("--no-bindings"):
+        args["bindings"] = False
+    if options.get("--forward"):
+        args["forward"] = True
+    if "--max-hops" in options:
+        text = str(options["--max-hops"])
+        digits = text[1:] if text.startswith("-") else text
+        # A number as a number (the server says if it is out of range); else as given.
+        args["max_hops"] = int(text) if digits.isdigit() and len(digits) < 10 else text
+    if "--delivery" in options:
+        args["delivery"] = options["--delivery"]
+    return args
+
+
+async def _federation_order(
+    servers: list[Server], timeout: float
+) -> tuple[list[Server], list[tuple[Server, ConsoleError]]]:
+    """The servers a run-time federation change goes to, the ACTIVE first, and those
+    that do not answer. A refused login is raised: nothing is changed then."""
+    if len(servers) == 1:
+        return servers, []
+    results = await _status_all(servers, timeout)
+    for wanted in _AUTH_CODES:
+        for server, status in results:
+            error = status.get("error") or {}
+            if error.get("code") == wanted:
+                raise ConsoleError(wanted, f"{server.where}: {error.get('message')}")
+    down = [
+        (s, ConsoleError(status["error"]["code"], status["error"]["message"]))
+        for s, status in results
+        if "error" in status
+    ]
+    answering = [(s, status) for s, status in results if "error" not in status]
+    if not answering:
+        raise ConsoleError(
+            down[0][1].code,
+            "no server answered:\n  " + "\n  ".join(f"{s.where}: {e.message}" for s, e in down),
+        )
+    answering.sort(key=lambda item: item[1].get("state") != "ACTIVE")
+    return [s for s, _ in answering], down
+
+
+async def _federation_change(
+    servers: list[Server], action: str, options: dict[str, Any], timeout: float, as_json: bool
+) -> int:
+    """``federation add|remove`` on every server named: each keeps its run-time
+    federations (a pair's PASSIVE runs them once it leads). The ACTIVE is asked first: what
+    it refuses changes nothing anywhere. A server that does not answer is named, and the
+    exit status says so: the same command, run again, finishes the change."""
+    args = _federation_args(action, options)
+    order, missed = await _federation_order(servers, timeout)
+    done: list[tuple[Server, dict[str, Any]]] = []
+    absent: list[tuple[Server, ConsoleError]] = []
+    for server in order:
+        try:
+            async with ConsoleClient(server, timeout) as console:
+                result = await console.call("federation", **args)
+        except ConsoleError as error:
+            if action == "remove" and error.code == "not_found":
+                absent.append((server, error))  # removed there before
+                continue
+            if not done and not absent:
+                raise
+            missed.append((server, error))
+            continue
+        done.append((server, result))
+        if action == "remove":
+            # The others delete nothing upstream the first did, and name the same queue.
+            args.update(buffer_queue=result["buffer_queue"])
+            if result.get("upstream_deleted"):
+                args.update(upstream_deleted=True)
+    if not done:
+        raise absent[0][1] if absent else missed[0][1]
+    ok = not missed
+    if as_json:
+        _echo_json(
+            {
+                "ok": ok,
+                "command": f"federation {action}",
+                "servers": [{"server": s.where, "result": r} for s, r in done],
+                "missed": [{"server": s.where, **e.as_json()["error"]} for s, e in missed],
+            }
+        )
+    else:
+        for server, result in done:
+            click.echo(f"{server.where}: {_federation_text(action, result)}")
+        for server, failure in missed:
+            click.echo(f"{server.where}: not changed: {failure.message}", err=True)
+        if missed:
+            click.echo("run the same command again once every server answers", err=True)
+    if ok:
+        return EXIT_OK
+    return min(failure.exit_code for _, failure in missed)
+
+
+def _federation_text(action: str, result: dict[str, Any]) -> str:
+    link = f"exchange '{result['exchange']}' (vhost {result['vhost']}) <- '{result['upstream']}'"
+    if action == "add":
+        if result.get("unchanged"):
+            return f"{link}: already there, unchanged"
+        where = "running here" if result.get("running_here") else "runs when this server leads"
+        return f"{link}: added ({where})"
+    queue = f"buffer queue '{result['buffer_queue']}'"
+    if result.get("upstream_deleted"):
+        upstream = f"{queue} deleted upstream"
+    elif result.get("pending"):
+        upstream = f"{queue} NOT deleted: {result['pending']}"
+    else:
+        upstream = f"{queue} deleted by the ACTIVE, or once this server leads"
+    forward = ""
+    if result.get("forward_queue_removed"):
+        forward = f"; forward queue removed ({result.get('dropped', 0)} messages dropped)"
+    return f"{link}: removed; {upstream}{forward}"
 
 
 def _limit(text: str) -> int:
@@ -1263,6 +1497,11 @@ def console(
     delete QUEUE [--if-empty] [--if-unused] [--vhost V]
     close-connection NAME [--reason TEXT]   NAME as `connections` lists it (HOST:PORT)
     controller stop|start           stop or start the first server's failover controller
+    federation                      the federation links (one server's view)
+    federation add --exchange X --upstream NAME [--url URL ...] [--vhost V] [--no-bindings]
+                   [--forward] [--max-hops N] [--delivery confirm|drop]
+    federation remove --exchange X --upstream NAME [--vhost V] [--drop-pending]
+                                    change the links at run time (every server named)
 
     \b
     Exit status: 0 done / healthy, 1 the command failed or was refused, 2 bad usage,

@@ -1044,8 +1044,9 @@ async def serve(
         service = pair(broker, config)
         broker.pair = service
         services.append(service)
-    await broker.start()
+    # Before the broker starts: a run-time federations file it cannot read stops the start.
     federation = Federation(broker, getattr(broker.pair, "record", None))
+    await broker.start()
     broker.federation = federation
     federation.set_leading(broker.leading)
     metrics = MetricsEndpoint(broker)

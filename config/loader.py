@@ -19,7 +19,7 @@ import math
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -906,6 +906,85 @@ def _federation_url(path: str, key: str, value: Any, password: str | None) -> st
     return value
 
 
+def federation_upstream(
+    path: str, key: str, name: Any, urls: Any, password: str | None = None, urls_key: str = ""
+) -> FederationUpstream:
+    """One upstream: its name (``key`` names it in errors) and its server URLs
+    (``urls_key``, ``KEY.urls`` by default), checked as the ``federation.upstreams`` section
+    and the console's ``federation add`` both need (docs/federation.md)."""
+    problem = _federation_name_problem(name) if isinstance(name, str) else "not a name"
+    if problem is not None:
+        raise ConfigError(path, key, problem)
+    urls_key = urls_key or f"{key}.urls"
+    if not isinstance(urls, list | tuple):
+        raise ConfigError(path, urls_key, f"expected a list of URLs, got {urls!r}")
+    if not urls:
+        raise ConfigError(path, urls_key, "missing: the upstream's server URLs (1 or 2)")
+    checked: list[str] = []
+    for index, url in enumerate(urls):
+        full = _federation_url(path, f"{urls_key}[{index}]", url, password)
+        if full in checked:
+            raise ConfigError(path, f"{urls_key}[{index}]", "listed twice")
+        checked.append(full)
+    return FederationUpstream(name, tuple(checked))
+
+
+def federated_exchange(
+    path: str,
+    prefix: str,
+    item: Any,
+    upstreams: Iterable[str],
+    taken: Iterable[FederatedExchange] = (),
+) -> FederatedExchange:
+    """One link (a ``federation.exchanges`` item, or the console's ``federation add``):
+    ``item`` a mapping read with its keys prefixed by ``prefix`` in errors; its upstream
+    one of ``upstreams``; refused if ``taken`` links the same exchange, vhost and upstream."""
+    entry = _Section(path, prefix, item)
+    exchange = entry.get("exchange", str, None)
+    if not exchange:
+        raise ConfigError(path, entry.key("exchange"), "missing: the exchange to federate")
+    if exchange.startswith("amq."):
+        raise ConfigError(
+            path, entry.key("exchange"), f"{exchange!r}: the amq. exchanges are not federated"
+        )
+    upstream_name = entry.get("upstream", str, None)
+    if upstream_name is None:
+        raise ConfigError(path, entry.key("upstream"), "missing: a name in federation.upstreams")
+    known = list(upstreams)
+    if upstream_name not in known:
+        raise ConfigError(
+            path,
+            entry.key("upstream"),
+            f"no upstream {upstream_name!r} in federation.upstreams "
+            f"(known: {', '.join(known) or 'none'})",
+        )
+    vhost = entry.get("vhost", str, "/")
+    if not vhost:
+        raise ConfigError(path, entry.key("vhost"), "is empty")
+    delivery = entry.get("delivery", str, "confirm")
+    if delivery not in FEDERATION_DELIVERY:
+        raise ConfigError(
+            path, entry.key("delivery"), f"expected 'confirm' or 'drop', got {delivery!r}"
+        )
+    link = FederatedExchange(
+        exchange,
+        upstream_name,
+        vhost,
+        bindings=entry.get("bindings", bool, True),
+        forward=entry.get("forward", bool, False),
+        max_hops=entry.count("max_hops", 1, 1),
+        delivery=delivery,
+    )
+    entry.check_unknown()
+    if any((e.exchange, e.vhost, e.upstream) == (exchange, vhost, upstream_name) for e in taken):
+        raise ConfigError(
+            path,
+            entry.key("exchange"),
+            f"exchange {exchange!r} of vhost {vhost!r} is linked to {upstream_name!r} twice",
+        )
+    return link
+
+
 def _federation(path: str, section: _Section) -> FederationConfig:
     """The ``federation`` section (docs/federation.md, "Config")."""
     defaults = FederationConfig()
@@ -913,9 +992,8 @@ def _federation(path: str, section: _Section) -> FederationConfig:
     upstreams: list[FederationUpstream] = []
     for name in upstreams_section.data:
         key = upstreams_section.key(str(name))
-        problem = _federation_name_problem(str(name)) if isinstance(name, str) else "not a name"
-        if problem is not None:
-            raise ConfigError(path, key, problem)
+        if not isinstance(name, str) or _federation_name_problem(name) is not None:
+            federation_upstream(path, key, name, [])  # raises: the name is refused
         upstream = upstreams_section.section(name)
         password_file = upstream.get("password_file", str, None)
         password = None
@@ -924,67 +1002,21 @@ def _federation(path: str, section: _Section) -> FederationConfig:
             if not password:
                 raise ConfigError(path, f"{key}.password_file", "the file is empty")
         urls = upstream.get("urls", list, None)
-        if not urls:
-            raise ConfigError(path, f"{key}.urls", "missing: the upstream's server URLs (1 or 2)")
-        checked = []
-        for index, url in enumerate(urls):
-            full = _federation_url(path, f"{key}.urls[{index}]", url, password)
-            if full in checked:
-                raise ConfigError(path, f"{key}.urls[{index}]", "listed twice")
-            checked.append(full)
+        upstreams.append(federation_upstream(path, key, name, urls or [], password))
         upstream.check_unknown()
-        upstreams.append(FederationUpstream(name, tuple(checked)))
     upstreams_section.check_unknown()
     items = section.get("exchanges", list, [])
     exchanges: list[FederatedExchange] = []
     for index, item in enumerate(items):
-        entry = _Section(path, f"federation.exchanges[{index}]", item)
-        exchange = entry.get("exchange", str, None)
-        if not exchange:
-            raise ConfigError(path, entry.key("exchange"), "missing: the exchange to federate")
-        if exchange.startswith("amq."):
-            raise ConfigError(
-                path, entry.key("exchange"), f"{exchange!r}: the amq. exchanges are not federated"
-            )
-        upstream_name = entry.get("upstream", str, None)
-        if upstream_name is None:
-            raise ConfigError(
-                path, entry.key("upstream"), "missing: a name in federation.upstreams"
-            )
-        if all(u.name != upstream_name for u in upstreams):
-            known = ", ".join(u.name for u in upstreams) or "none"
-            raise ConfigError(
+        exchanges.append(
+            federated_exchange(
                 path,
-                entry.key("upstream"),
-                f"no upstream {upstream_name!r} in federation.upstreams (known: {known})",
+                f"federation.exchanges[{index}]",
+                item,
+                [u.name for u in upstreams],
+                exchanges,
             )
-        vhost = entry.get("vhost", str, "/")
-        if not vhost:
-            raise ConfigError(path, entry.key("vhost"), "is empty")
-        delivery = entry.get("delivery", str, "confirm")
-        if delivery not in FEDERATION_DELIVERY:
-            raise ConfigError(
-                path, entry.key("delivery"), f"expected 'confirm' or 'drop', got {delivery!r}"
-            )
-        link = FederatedExchange(
-            exchange,
-            upstream_name,
-            vhost,
-            bindings=entry.get("bindings", bool, True),
-            forward=entry.get("forward", bool, False),
-            max_hops=entry.count("max_hops", 1, 1),
-            delivery=delivery,
         )
-        entry.check_unknown()
-        if any(
-            (e.exchange, e.vhost, e.upstream) == (exchange, vhost, upstream_name) for e in exchanges
-        ):
-            raise ConfigError(
-                path,
-                entry.key("exchange"),
-                f"exchange {exchange!r} of vhost {vhost!r} is linked to {upstream_name!r} twice",
-            )
-        exchanges.append(link)
     reconcile = section.positive("reconcile", float, defaults.reconcile)
     probe = section.positive("probe", float, defaults.probe)
     prefetch = section.count("prefetch", defaults.prefetch, 1)

@@ -53,6 +53,8 @@ HEARTBEAT = 5
 CONNECT_TIMEOUT = 5.0
 # An answer from amq.federation, or an AMQP method's reply, longer than this fails the link.
 ANSWER_TIMEOUT = 10.0
+# A run-time removal waits this long for the upstream to delete the buffer queue.
+DELETE_TIMEOUT = 3.0
 BACKOFF_INITIAL = 0.1
 BACKOFF_MAX = 5.0
 # How often a running link looks for local binding changes (a counter compare) and due work.
@@ -116,8 +118,10 @@ class Link:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         rng: random.Random | None = None,
         tls: ssl.SSLContext | None = None,
+        source: str = "config",
     ) -> None:
         self.broker = broker
+        self.source = source  # "config" (the config file) or "console" (added at run time)
         self.spec = spec_
         self.urls = [_with_vhost(url, spec_.vhost) for url in urls]
         self.local_name = local_name
@@ -176,6 +180,7 @@ class Link:
             "vhost": self.spec.vhost,
             "upstream": self.spec.upstream,
             "upstream_name": self.upstream_name,
+            "source": self.source,
             "delivery": self.spec.delivery,
             "state": model.shown_state(self.state, self.probes, now),
             "reason": self.state.reason,
@@ -218,6 +223,25 @@ class Link:
         if self.state.state == model.RUNNING:
             self._event("link_down", reason="stopped")
         self.state.connecting(self.broker.now())
+
+    async def delete_upstream_queue(self, queue: str, timeout: float = DELETE_TIMEOUT) -> None:
+        """Delete the buffer queue ``queue`` upstream on a short connection of the link's
+        own (URLs, login, vhost), for a link removed at run time; the link is stopped.
+        An error (LinkFailure, or the upstream's) if it could not be done within
+        ``timeout``; a queue already gone is done."""
+        try:
+            async with asyncio.timeout(timeout):
+                connection = await self._connect(timeout)
+                try:
+                    channel = await connection.channel()
+                    await channel.queue_delete(queue)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await connection.close()
+        except TimeoutError:
+            raise LinkFailure(f"no answer from the upstream within {timeout:g} s") from None
+        finally:
+            self.server = None
 
     async def _close(self) -> None:
         exchange = self._local_exchange()
@@ -278,7 +302,7 @@ class Link:
 
     # -- connecting ----------------------------------------------------------------------
 
-    async def _connect(self) -> aiormq.abc.AbstractConnection:
+    async def _connect(self, timeout: float = CONNECT_TIMEOUT) -> aiormq.abc.AbstractConnection:
         """The first upstream server that takes the link, a PASSIVE's redirect followed."""
         last = "no upstream URL"
         for url in self.urls:
@@ -299,7 +323,7 @@ class Link:
                                 f"{self.local_name} <- {self.spec.upstream}"
                             },
                         ),
-                        CONNECT_TIMEOUT,
+                        timeout,
                     )
                 except asyncio.CancelledError:
                     raise
