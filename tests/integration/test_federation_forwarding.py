@@ -25,11 +25,16 @@ WAIT = 30.0
 
 
 def federating(
-    server: ServerProcess, upstream: ServerProcess, exchange: str, **options: Any
+    server: ServerProcess,
+    upstream: ServerProcess | list[ServerProcess],
+    exchange: str,
+    **options: Any,
 ) -> ServerProcess:
-    """``server``'s config federates ``exchange`` from ``upstream`` (set before start)."""
+    """``server``'s config federates ``exchange`` from ``upstream`` (a server, or both of
+    a pair), set before it starts."""
+    upstreams = upstream if isinstance(upstream, list) else [upstream]
     server.config["federation"] = {
-        "upstreams": {"up": {"urls": [url_of(upstream, EFA)]}},
+        "upstreams": {"up": {"urls": [url_of(one, EFA) for one in upstreams]}},
         "exchanges": [{"exchange": exchange, "upstream": "up", **options}],
         **TIMINGS,
     }
@@ -79,17 +84,20 @@ async def get_one(queue: aio_pika.abc.AbstractQueue) -> aio_pika.abc.AbstractInc
 
 
 async def test_a_request_from_two_places_gets_each_its_own_reply_through_central(
-    tmp_path: Path, make_server: Any
+    tmp_path: Path, make_server: Any, make_pair: Any
 ) -> None:
-    """The whitepaper's request-response example, from London and Paris at once."""
-    central = make_server("central", users=FED_USERS).start()
+    """The whitepaper's request-response example, from London and Paris at once, through
+    a central pair (each place's link lists both of its servers)."""
+    pair = make_pair(proxied=False, users=FED_USERS).start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    central = pair.primary
     await declare(central, "rpc", "direct")
     places = {}
     metrics_port = free_port()
     for name in ("london", "paris"):
         metrics = {"metrics": {"listen": f"127.0.0.1:{metrics_port}"}} if name == "london" else {}
         place = make_server(name, **metrics)
-        federating(place, central, "rpc", forward=True).start()
+        federating(place, [pair.backup, pair.primary], "rpc", forward=True).start()
         await declare(place, "rpc", "direct")
         places[name] = place
     service_connection = await aio_pika.connect(central.url, timeout=10)
@@ -131,9 +139,11 @@ async def test_a_request_from_two_places_gets_each_its_own_reply_through_central
             reply = await get_one(reply_queue)
             assert reply.correlation_id == name
             assert reply.body.decode() == str(2 + len(name))
-            assert reply.headers["x-amqha-path"] == ["central"]
-            assert await reply_queue.get(fail=False) is None  # not the other's reply
             link = (await links(places[name]))[0]
+            # The pair's global name, from its answer to the link's hello.
+            assert link["upstream_name"] not in ("up", None), link
+            assert reply.headers["x-amqha-path"] == [link["upstream_name"]]
+            assert await reply_queue.get(fail=False) is None  # not the other's reply
             assert link["out"] == 1 and link["forward"]["depth"] == 0
             await connection.close()
         # The same figures as Prometheus reads them.
