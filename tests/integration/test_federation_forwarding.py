@@ -159,59 +159,65 @@ async def test_a_request_from_two_places_gets_each_its_own_reply_through_central
         assert out == [1.0], series
 
 
-async def test_a_loop_of_three_places_delivers_once_and_counts_what_it_stops(
-    tmp_path: Path,
+async def test_a_loop_of_three_pairs_delivers_once_and_counts_what_it_stops(
+    make_pair: Any,
 ) -> None:
-    """A federates x from B, B from C, C from A (max_hops 2), a queue on A and one on C."""
-    a, b, c = (ServerProcess(tmp_path, n, users=FED_USERS) for n in ("alpha", "beta", "gamma"))
-    federating(a, b, "x", max_hops=2)
-    federating(b, c, "x", max_hops=2)
-    federating(c, a, "x", max_hops=2)
-    servers = [a, b, c]
-    try:
-        for server in servers:
-            server.start()
-        for server in servers:
-            await declare(server, "x", "topic")
-        queues = {}
-        connections = []
-        for server in (a, c):
-            connection = await aio_pika.connect(server.url, timeout=10)
-            connections.append(connection)
-            channel = await connection.channel()
-            queue = await channel.declare_queue(f"on-{server.name}", durable=True)
-            await queue.bind("x", "k.#")
-            queues[server.name] = queue
-        # Bindings travel: A's own to B (path [alpha]) and C's, which came to A with
-        # [gamma], to B as [gamma, alpha]; B passes on only the first ([alpha, beta]: the
-        # other would go back to gamma); C passes its own to A, not B's (back to alpha).
-        await wait_link(a, running(2), "alpha's link")
-        await wait_link(b, running(1), "beta's link")
-        await wait_link(c, running(1), "gamma's link")
-        for server in (b, c):
-            link = (await links(server))[0]
-            assert link["bindings_refused"] == {"loop": 1}, (server.name, link)
-        connection = await aio_pika.connect(a.url, timeout=10)
+    """Pairs alpha, beta and gamma: alpha federates x from beta, beta from gamma, gamma
+    from alpha (max_hops 2); a queue on alpha and one on gamma. Each link lists both
+    servers of its upstream pair, and only each pair's ACTIVE runs its link."""
+    names = ("alpha", "beta", "gamma")
+    pairs = {
+        name: make_pair(proxied=False, users=FED_USERS, failover_extra={"pair": name})
+        for name in names
+    }
+    for name, upstream in zip(names, names[1:] + names[:1], strict=True):
+        for server in pairs[name].servers:
+            federating(server, pairs[upstream].servers, "x", max_hops=2)
+    for pair in pairs.values():
+        pair.start()
+    for pair in pairs.values():
+        await pair.wait_states("ACTIVE", "PASSIVE")
+    a, b, c = (pairs[name].primary for name in names)
+    for server in (a, b, c):
+        await declare(server, "x", "topic")
+    queues = {}
+    connections = []
+    for name, server in (("alpha", a), ("gamma", c)):
+        connection = await aio_pika.connect(server.url, timeout=10)
         connections.append(connection)
-        channel = await connection.channel(publisher_confirms=True)
-        x = await channel.get_exchange("x")
-        await x.publish(
-            aio_pika.Message(b"from-alpha", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-            routing_key="k.1",
-        )
-        # C has it from A (one hop); C's copy goes on to B ([alpha, gamma]) and B's to A,
-        # where A's own name in its path stops it: counted, not delivered twice.
-        assert (await get_one(queues["gamma"])).headers["x-amqha-path"] == ["alpha"]
-        first = await get_one(queues["alpha"])
-        assert first.body == b"from-alpha" and "x-amqha-path" not in (first.headers or {})
-        await wait_link(a, lambda link: link["dropped"].get("loop", 0) == 1, "the loop stopped")
-        assert await queues["alpha"].get(fail=False) is None
-        assert await queues["gamma"].get(fail=False) is None
-        for connection in connections:
-            await connection.close()
-    finally:
-        for server in servers:
-            server.stop()
+        channel = await connection.channel()
+        queue = await channel.declare_queue(f"on-{name}", durable=True)
+        await queue.bind("x", "k.#")
+        queues[name] = queue
+    # Bindings travel: alpha's own to beta (path [alpha]) and gamma's, which came to alpha
+    # with [gamma], to beta as [gamma, alpha]; beta passes on only the first ([alpha,
+    # beta]: the other would go back to gamma); gamma passes its own to alpha, not beta's.
+    await wait_link(a, running(2), "alpha's link")
+    await wait_link(b, running(1), "beta's link")
+    await wait_link(c, running(1), "gamma's link")
+    for name, server in (("beta", b), ("gamma", c)):
+        link = (await links(server))[0]
+        assert link["bindings_refused"] == {"loop": 1}, (name, link)
+        assert link["upstream_name"] in names, link
+    connection = await aio_pika.connect(a.url, timeout=10)
+    connections.append(connection)
+    channel = await connection.channel(publisher_confirms=True)
+    x = await channel.get_exchange("x")
+    await x.publish(
+        aio_pika.Message(b"from-alpha", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+        routing_key="k.1",
+    )
+    # gamma has it from alpha (one hop); gamma's copy goes on to beta ([alpha, gamma]) and
+    # beta's to alpha, where alpha's own name in its path stops it: counted, not delivered
+    # twice.
+    assert (await get_one(queues["gamma"])).headers["x-amqha-path"] == ["alpha"]
+    first = await get_one(queues["alpha"])
+    assert first.body == b"from-alpha" and "x-amqha-path" not in (first.headers or {})
+    await wait_link(a, lambda link: link["dropped"].get("loop", 0) == 1, "the loop stopped")
+    assert await queues["alpha"].get(fail=False) is None
+    assert await queues["gamma"].get(fail=False) is None
+    for connection in connections:
+        await connection.close()
 
 
 async def test_a_second_place_with_a_taken_name_is_refused_and_the_first_keeps_running(
