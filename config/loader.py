@@ -13,6 +13,7 @@ Must not know: the broker, sockets, the event loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import ipaddress
 import math
@@ -208,6 +209,8 @@ class FederationUpstream:
 
     name: str
     urls: tuple[str, ...] = field(repr=False)
+    # For amqps URLs: whom to trust (and what to present); else failover.peer_tls's.
+    tls: PeerTls | None = None
 
 
 @dataclass(frozen=True)
@@ -811,27 +814,29 @@ def _tls_listener(path: str, section: _Section) -> TlsListener | None:
     return listener
 
 
-def _peer_tls(path: str, section: _Section) -> PeerTls | None:
+def _peer_tls(path: str, section: _Section, whom: str = "the peer") -> PeerTls | None:
+    """A client's TLS settings (``failover.peer_tls``, a federation upstream's ``tls``):
+    whom to trust, the certificate to present if asked, the name to check."""
     if not section.data:
         section.check_unknown()
         return None
     ca = section.get("ca", str, None)
     if ca is None:
-        raise ConfigError(path, "failover.peer_tls.ca", "missing: whom to trust for the peer")
+        raise ConfigError(path, section.key("ca"), f"missing: whom to trust for {whom}")
     cert = section.get("cert", str, None)
     key = section.get("key", str, None)
     if (cert is None) != (key is None):
         missing = "key" if key is None else "cert"
-        raise ConfigError(path, f"failover.peer_tls.{missing}", "missing: give cert and key")
+        raise ConfigError(path, section.key(missing), "missing: give cert and key")
     server_name = section.get("server_name", str, None)
     section.check_unknown()
     peer_tls = PeerTls(
-        _file_path(path, "failover.peer_tls.ca", ca),
-        None if cert is None else _file_path(path, "failover.peer_tls.cert", cert),
-        None if key is None else _file_path(path, "failover.peer_tls.key", key),
+        _file_path(path, section.key("ca"), ca),
+        None if cert is None else _file_path(path, section.key("cert"), cert),
+        None if key is None else _file_path(path, section.key("key"), key),
         server_name,
     )
-    tls_check.client_context(peer_tls, path)
+    tls_check.client_context(peer_tls, path, section.prefix)
     return peer_tls
 
 
@@ -1002,7 +1007,9 @@ def _federation(path: str, section: _Section) -> FederationConfig:
             if not password:
                 raise ConfigError(path, f"{key}.password_file", "the file is empty")
         urls = upstream.get("urls", list, None)
-        upstreams.append(federation_upstream(path, key, name, urls or [], password))
+        made = federation_upstream(path, key, name, urls or [], password)
+        tls = _peer_tls(path, upstream.section("tls"), f"upstream {name!r}")
+        upstreams.append(dataclasses.replace(made, tls=tls) if tls is not None else made)
         upstream.check_unknown()
     upstreams_section.check_unknown()
     items = section.get("exchanges", list, [])

@@ -40,7 +40,9 @@ def server_context(listener: TlsListener, source: str) -> ssl.SSLContext:
     return context
 
 
-def client_context(peer_tls: PeerTls, source: str) -> ssl.SSLContext:
+def client_context(
+    peer_tls: PeerTls, source: str, prefix: str = "failover.peer_tls"
+) -> ssl.SSLContext:
     from .loader import ConfigError
 
     # Only the configured CA is trusted for the peer, not the system's (a cafile replaces them);
@@ -49,11 +51,11 @@ def client_context(peer_tls: PeerTls, source: str) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=peer_tls.ca)
     except ssl.SSLError as error:
         raise ConfigError(
-            source, "failover.peer_tls.ca", f"not a CA certificate file: {_reason(error)}"
+            source, f"{prefix}.ca", f"not a CA certificate file: {_reason(error)}"
         ) from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if peer_tls.cert is not None and peer_tls.key is not None:
-        _load_chain(context, peer_tls.cert, peer_tls.key, source, "failover.peer_tls")
+        _load_chain(context, peer_tls.cert, peer_tls.key, source, prefix)
     return context
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -124,6 +125,15 @@ class Federation:
                 return configured.urls
         return self.runtime.upstreams[upstream].urls
 
+    def _tls(self, upstream: str) -> ssl.SSLContext | None:
+        """For amqps URLs: the upstream's own ``tls`` settings, else failover.peer_tls's,
+        else None (the system's trust store)."""
+        for configured in self.config.federation.upstreams:
+            if configured.name == upstream and configured.tls is not None:
+                prefix = f"federation.upstreams.{upstream}.tls"
+                return client_context(configured.tls, self.config.source, prefix)
+        return self.tls
+
     def _link(self, exchange: FederatedExchange, source: str, urls: tuple[str, ...] = ()) -> Link:
         federation = self.config.federation
         return Link(
@@ -136,7 +146,7 @@ class Federation:
             federation.probe,
             federation.prefetch,
             self.on_event,
-            tls=self.tls,
+            tls=self._tls(exchange.upstream),
             source=source,
         )
 

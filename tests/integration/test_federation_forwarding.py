@@ -15,6 +15,7 @@ import aio_pika
 import pytest
 
 from amqha.console import ConsoleClient
+from tests.certs import Pki
 from tests.integration.test_federation import FED_USERS
 from tests.integration.test_metrics import scrape_path
 from tests.pairs import ADMIN, EFA, url_of
@@ -357,3 +358,41 @@ async def test_a_storm_of_binds_and_unbinds_converges_upstream_to_the_final_set(
             keys = await upstream_keys()
         assert keys == final, (sorted(keys - final), sorted(final - keys))
         assert (await links(london))[0]["bindings"]["desired"] == len(final)
+
+
+async def test_an_amqps_link_trusts_only_its_upstreams_ca(tmp_path: Path, make_server: Any) -> None:
+    """An amqps URL with the upstream's own ``tls.ca``: the link runs and messages come
+    down encrypted; a link trusting another CA fails, naming the certificate."""
+    pki, rogue = Pki(tmp_path / "pki"), Pki(tmp_path / "rogue", "rogue")
+    tls_port = free_port()
+    central = make_server("central", users=FED_USERS, tls=pki.listener(tls_port)).start()
+    await declare(central, "market", "topic")
+    places = {}
+    for name, ca in (("london", pki.ca), ("paris", rogue.ca)):
+        place = make_server(name)
+        place.config["federation"] = {
+            "upstreams": {
+                "up": {
+                    "urls": [f"amqps://efa:efa@localhost:{tls_port}/"],
+                    "tls": {"ca": ca},
+                }
+            },
+            "exchanges": [{"exchange": "market", "upstream": "up"}],
+            **TIMINGS,
+        }
+        place.start()
+        await declare(place, "market", "topic")
+        places[name] = place
+    failed = await wait_link(
+        places["paris"], lambda link: link["state"] == "failed" and link["attempts"] >= 2, "failed"
+    )
+    assert "certificate" in failed["reason"].lower(), failed
+    connection = await aio_pika.connect(places["london"].url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("prices", durable=True)
+        await queue.bind("market", "eu.#")
+        link = await wait_link(places["london"], running(1), "the amqps link running")
+        assert link["server"] == f"localhost:{tls_port}"
+        await publish_one(central, "market", "eu.fr", b"over-tls")
+        assert (await get_one(queue)).body == b"over-tls"

@@ -208,3 +208,16 @@ def test_a_password_in_the_url_and_a_password_file_is_refused(tmp_path: Path) ->
         upstreams={"c": {"urls": ["amqp://a:b@h:1/"], "password_file": "efa.password"}}
     )
     assert_error(tmp_path, data, "federation.upstreams.c.urls[0]", "password_file is given too")
+
+
+def test_an_upstreams_own_tls_is_read_and_its_errors_name_its_keys(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    data = with_federation()
+    data["federation"]["upstreams"]["central"]["tls"] = {"server_name": "central"}
+    assert_error(tmp_path, data, "federation.upstreams.central.tls.ca", "missing", "central")
+    data["federation"]["upstreams"]["central"]["tls"] = {"ca": "ca.pem"}
+    assert_error(tmp_path, data, "federation.upstreams.central.tls.ca", "not a CA certificate")
+    data["federation"]["upstreams"]["central"]["tls"] = {"ca": "ca.pem", "cert": "c.pem"}
+    assert_error(tmp_path, data, "federation.upstreams.central.tls.key", "give cert and key")
+    data["federation"]["upstreams"]["central"]["tls"] = {"ca": "ca.pem", "colour": "red"}
+    assert_error(tmp_path, data, "federation.upstreams.central.tls.colour")
