@@ -584,7 +584,8 @@ class Link:
         ]
         self.confirmed = {binding.key: binding for binding in actual}
         to_bind, to_unbind = model.repairs(wanted, actual)
-        self.counters.repairs += len(to_bind) + len(to_unbind)
+        probe = self.probe_key  # the link's own probe binding made again is no repair
+        self.counters.repairs += sum(b.routing_key != probe for b in (*to_bind, *to_unbind))
         await self._apply(channel, to_bind, to_unbind)
 
     async def _sync_bindings(self, channel: aiormq.abc.AbstractChannel) -> None:

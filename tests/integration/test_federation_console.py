@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,23 @@ async def test_a_federation_added_at_run_time_runs_survives_a_restart_and_is_rem
         assert link["source"] == "console"
         await publish(central.url, [("eu.de", "de-2"), ("eu.end", "end-2")])
         assert await take(london.url, "end-2") == ["de-2", "end-2"]
+        # As a person reads it: one row, its state, its times in ISO 8601 UTC.
+        shown = console([london], "federation")
+        assert shown.returncode == 0, shown.stderr
+        header, row = shown.stdout.splitlines()
+        assert header.split()[:7] == [
+            "exchange", "vhost", "upstream", "upstream_name", "source", "delivery", "state"
+        ]  # fmt: skip
+        assert row.split()[:7] == [
+            EXCHANGE,
+            "/",
+            "central",
+            "central",
+            "console",
+            "confirm",
+            "running",
+        ]
+        assert re.search(r" 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", row), row
 
         buffer = link["buffer_queue"]
         assert buffer in await upstream_queues(central)
