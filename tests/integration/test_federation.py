@@ -161,6 +161,32 @@ def lost(confirmed: list[str], got: list[str]) -> list[str]:
     return sorted(set(matching) - set(got), key=lambda body: int(body.split("-")[1]))
 
 
+async def kill_the_downstream_active_under_load(
+    pair: Any, upstream_url: str
+) -> tuple[list[str], list[str]]:
+    """kill -9 of a downstream pair's ACTIVE (its primary) while a confirming publisher
+    runs upstream; a client's vote moves the service to the backup, whose link resumes on
+    the same buffer queue. (The bodies confirmed upstream, those got from ``eu-prices``.)"""
+    primary, backup = pair.primary, pair.backup
+    publisher = Publisher([upstream_url]).start()
+    confirmed = publisher.confirmed
+    await poll(lambda: len(confirmed) >= 200, 60, "200 confirmed before the kill")
+    pair.kill(primary)
+    at_kill = len(confirmed)
+    vote = await ha_connect([url_of(primary), url_of(backup)], retry_for=30, attempt_timeout=2.0)
+    try:
+        await wait_link(backup, running_with(1), "the new ACTIVE's link running", timeout=60)
+        await poll(lambda: len(confirmed) >= at_kill + 200, 90, "200 confirmed after the kill")
+        await publisher.stop()
+        await publish(upstream_url, [("eu.end", "end")])
+        channel = await vote.channel()
+        queue = await channel.get_queue("eu-prices")
+        got = [m.body.decode() for m in await drain(queue, "end", timeout=90)]
+    finally:
+        await vote.close()
+    return confirmed, got
+
+
 @pytest.mark.parametrize("delivery", ["confirm", "drop"])
 async def test_a_remote_binding_brings_down_the_matching_messages_only(
     tmp_path: Path, make_server: Any, delivery: str
@@ -365,23 +391,7 @@ async def test_only_the_downstream_active_runs_the_link_and_its_successor_resume
     ]
     assert ups and ups[-1]["exchange"] == EXCHANGE and ups[-1]["server"] == central.address
 
-    publisher = Publisher([central.url]).start()
-    confirmed = publisher.confirmed
-    await poll(lambda: len(confirmed) >= 200, 60, "200 confirmed before the kill")
-    london.kill(primary)
-    at_kill = len(confirmed)
-    # A client's vote moves the service to the backup; its link resumes on the same queue.
-    vote = await ha_connect([url_of(primary), url_of(backup)], retry_for=30, attempt_timeout=2.0)
-    try:
-        await wait_link(backup, running_with(1), "the new ACTIVE's link running", timeout=60)
-        await poll(lambda: len(confirmed) >= at_kill + 200, 90, "200 confirmed after the kill")
-        await publisher.stop()
-        await publish(central.url, [("eu.end", "end")])
-        channel = await vote.channel()
-        queue = await channel.get_queue("eu-prices")
-        got = [m.body.decode() for m in await drain(queue, "end", timeout=90)]
-    finally:
-        await vote.close()
+    confirmed, got = await kill_the_downstream_active_under_load(london, central.url)
     missing = lost(confirmed, got)
     assert missing == [], f"{len(missing)} confirmed matching messages lost: {missing[:10]}"
     link = (await links(backup))[0]

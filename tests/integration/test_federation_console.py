@@ -15,21 +15,20 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqha.client import connect as ha_connect
 from amqha.console import ConsoleClient
 from tests.integration.test_federation import (
     EXCHANGE,
     FED_USERS,
-    Publisher,
     declare_exchange,
     drain,
+    kill_the_downstream_active_under_load,
     links,
     lost,
     publish,
     running_with,
     wait_link,
 )
-from tests.pairs import ADMIN, EFA, PEERING, MakePair, poll, url_of
+from tests.pairs import ADMIN, EFA, PEERING, MakePair, url_of
 from tests.support import ROOT, ServerProcess, free_port
 
 TIMINGS = {"reconcile": 1, "probe": 0.2}
@@ -361,22 +360,7 @@ async def test_a_federation_added_on_a_pair_runs_on_its_new_active_after_a_kill(
     standby = (await links(backup))[0]
     assert standby["active"] is False and standby["source"] == "console"
 
-    publisher = Publisher([central.url]).start()
-    confirmed = publisher.confirmed
-    await poll(lambda: len(confirmed) >= 200, 60, "200 confirmed before the kill")
-    london.kill(primary)
-    at_kill = len(confirmed)
-    vote = await ha_connect([url_of(primary), url_of(backup)], retry_for=30, attempt_timeout=2.0)
-    try:
-        await wait_link(backup, running_with(1), "the new ACTIVE's link running", timeout=60)
-        await poll(lambda: len(confirmed) >= at_kill + 200, 90, "200 confirmed after the kill")
-        await publisher.stop()
-        await publish(central.url, [("eu.end", "end")])
-        channel = await vote.channel()
-        queue = await channel.get_queue("eu-prices")
-        got = [m.body.decode() for m in await drain(queue, "end", timeout=90)]
-    finally:
-        await vote.close()
+    confirmed, got = await kill_the_downstream_active_under_load(london, central.url)
     missing = lost(confirmed, got)
     assert missing == [], f"{len(missing)} confirmed matching messages lost: {missing[:10]}"
     # With one server down, a change reaches the other and says who missed it.

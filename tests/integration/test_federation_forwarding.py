@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import time
@@ -16,7 +15,8 @@ import pytest
 
 from amqha.console import ConsoleClient
 from tests.certs import Pki
-from tests.integration.test_federation import FED_USERS
+from tests.integration.test_federation import FED_USERS, links, wait_link
+from tests.integration.test_federation import running_with as running
 from tests.integration.test_metrics import scrape_path
 from tests.pairs import ADMIN, EFA, url_of
 from tests.support import ServerProcess, free_port
@@ -47,31 +47,6 @@ async def declare(server: ServerProcess, exchange: str, kind: str) -> None:
     async with connection:
         channel = await connection.channel()
         await channel.declare_exchange(exchange, kind, durable=True)
-
-
-async def links(server: ServerProcess) -> list[dict[str, Any]]:
-    async with asyncio.timeout(15), ConsoleClient(url_of(server, ADMIN)) as console:
-        return list(await console.call("federation"))
-
-
-async def wait_link(server: ServerProcess, check: Any, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT
-    last: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            last = (await links(server))[0]
-            if check(last):
-                return last
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"{server.name}: not reached after {WAIT} s: {what}; link: {last}")
-
-
-def running(bindings: int) -> Any:
-    return lambda link: (
-        link["state"] == "running"
-        and link["bindings"]["desired"] == bindings
-        and link["bindings"]["confirmed"] == bindings + 1
-    )
 
 
 async def get_one(queue: aio_pika.abc.AbstractQueue) -> aio_pika.abc.AbstractIncomingMessage:
