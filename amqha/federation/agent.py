@@ -87,6 +87,8 @@ class Federation:
         # Raises ConfigError (naming the file) if the run-time federations cannot be read.
         self.runtime = runtime.load(config.data_dir, [u.name for u in federation.upstreams])
         self._drop_shadowed()
+        self._forget_removed()
+        self._on_event = on_event
         self.id = config.federation_id if federation.exchanges or self.runtime.exchanges else ""
         peer_tls = config.failover.peer_tls
         self.tls = None if peer_tls is None else client_context(peer_tls, config.source)
@@ -96,6 +98,57 @@ class Federation:
         self.leading = False
         self._change: asyncio.Task[None] | None = None
         self._retry: asyncio.Task[None] | None = None
+
+    def _forget_removed(self) -> None:
+        """A link of the config file that ran here and is no longer in it: its buffer queue
+        is deleted upstream (a pending deletion, retried while this server leads)."""
+        configured = {_key(e) for e in self.config.federation.exchanges}
+        gone = [k for k in self.runtime.known if _key(k.spec) not in configured]
+        if not gone:
+            return
+        for record in gone:
+            log.warning(
+                "federation: %s is no longer in the config: its buffer queue %r goes upstream",
+                record.spec,
+                record.queue,
+            )
+        self.runtime.known = [k for k in self.runtime.known if k not in gone]
+        self.runtime.pending = [
+            *self.runtime.pending,
+            *(k for k in gone if k not in self.runtime.pending),
+        ]
+        runtime.save(self.config.data_dir, self.runtime)
+
+    def _link_event(self, name: str, record: dict[str, Any]) -> None:
+        """A link's event: passed on, and a config link's first run remembered (with its
+        buffer queue) so that its removal from the config deletes that queue upstream."""
+        if record.get("kind") == "link_up":
+            for link in self.links:
+                spec = link.spec
+                if link.source != "config" or (spec.exchange, spec.vhost, spec.upstream) != (
+                    record.get("exchange"),
+                    record.get("vhost"),
+                    record.get("upstream"),
+                ):
+                    continue
+                known = runtime.PendingDeletion(
+                    spec.exchange,
+                    spec.upstream,
+                    spec.vhost,
+                    link.buffer_queue,
+                    tuple(link.raw_urls),
+                )
+                if known not in self.runtime.known:
+                    self.runtime.known = [
+                        *(k for k in self.runtime.known if _key(k.spec) != _key(spec)),
+                        known,
+                    ]
+                    try:
+                        runtime.save(self.config.data_dir, self.runtime)
+                    except OSError as error:
+                        log.warning("federation: cannot remember %s: %s", spec, error)
+        if self._on_event is not None:
+            self._on_event(name, record)
 
     def _drop_shadowed(self) -> None:
         """What the config now holds itself (an upstream of the same name, the same link)
@@ -145,7 +198,7 @@ class Federation:
             federation.reconcile,
             federation.probe,
             federation.prefetch,
-            self.on_event,
+            self._link_event,
             tls=self._tls(exchange.upstream),
             source=source,
         )

@@ -123,6 +123,7 @@ class Link:
         self.broker = broker
         self.source = source  # "config" (the config file) or "console" (added at run time)
         self.spec = spec_
+        self.raw_urls = tuple(urls)  # as configured (the delete of a removed link uses them)
         self.urls = [_with_vhost(url, spec_.vhost) for url in urls]
         self.local_name = local_name
         self.federation_id = federation_id

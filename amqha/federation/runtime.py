@@ -53,6 +53,9 @@ class Runtime:
     upstreams: dict[str, FederationUpstream] = field(default_factory=dict)
     exchanges: list[FederatedExchange] = field(default_factory=list)
     pending: list[PendingDeletion] = field(default_factory=list)
+    # The config file's links that have run here, with their buffer queues: one gone from
+    # the config at a restart has its buffer queue deleted upstream (a pending deletion).
+    known: list[PendingDeletion] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +63,7 @@ class Runtime:
             "upstreams": {name: {"urls": list(u.urls)} for name, u in self.upstreams.items()},
             "exchanges": [asdict(e) for e in self.exchanges],
             "pending_deletions": [{**asdict(p), "urls": list(p.urls)} for p in self.pending],
+            "config_links": [{**asdict(p), "urls": list(p.urls)} for p in self.known],
         }
 
 
@@ -100,11 +104,19 @@ def load(data_dir: str, config_upstreams: list[str]) -> Runtime:
         runtime.exchanges.append(
             federated_exchange(where, f"exchanges[{index}]", item, known, runtime.exchanges)
         )
-    pending = data.get("pending_deletions") or []
-    if not isinstance(pending, list):
-        raise ConfigError(where, "pending_deletions", "expected a list")
-    for index, item in enumerate(pending):
-        key = f"pending_deletions[{index}]"
+    runtime.pending = _queue_records(where, data, "pending_deletions")
+    runtime.known = _queue_records(where, data, "config_links")
+    return runtime
+
+
+def _queue_records(where: str, data: dict[str, Any], name: str) -> list[PendingDeletion]:
+    """A list of (exchange, upstream, vhost, buffer queue, URLs) records of the file."""
+    found: list[PendingDeletion] = []
+    items = data.get(name) or []
+    if not isinstance(items, list):
+        raise ConfigError(where, name, "expected a list")
+    for index, item in enumerate(items):
+        key = f"{name}[{index}]"
         if not isinstance(item, dict):
             raise ConfigError(where, key, "expected a mapping")
         queue = item.get("queue")
@@ -116,10 +128,8 @@ def load(data_dir: str, config_upstreams: list[str]) -> Runtime:
         exchange, vhost = item.get("exchange"), item.get("vhost")
         if not isinstance(exchange, str) or not isinstance(vhost, str) or not vhost:
             raise ConfigError(where, key, "expected an exchange and a vhost")
-        runtime.pending.append(
-            PendingDeletion(exchange, upstream.name, vhost, queue, upstream.urls)
-        )
-    return runtime
+        found.append(PendingDeletion(exchange, upstream.name, vhost, queue, upstream.urls))
+    return found
 
 
 def save(data_dir: str, runtime: Runtime) -> None:

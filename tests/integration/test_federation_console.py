@@ -197,6 +197,40 @@ async def test_a_removal_while_the_upstream_is_away_is_finished_when_it_is_back(
         london.stop()
 
 
+async def test_a_link_taken_out_of_the_config_file_has_its_buffer_queue_deleted_upstream(
+    tmp_path: Path, make_server: Any
+) -> None:
+    central = make_server("central", users=FED_USERS).start()
+    await declare_exchange(central.url)
+    federation = {
+        "upstreams": {"central": {"urls": [url_of(central, EFA)]}},
+        "exchanges": [{"exchange": EXCHANGE, "upstream": "central"}],
+        **TIMINGS,
+    }
+    london = ServerProcess(tmp_path, "london", federation=federation).start()
+    try:
+        await declare_exchange(london.url)
+        await bound_queue(london.url)
+        link = await wait_link(london, running_with(1), "the configured link running")
+        buffer = link["buffer_queue"]
+        assert buffer in await upstream_queues(central)
+        assert [k["queue"] for k in stored(london)["config_links"]] == [buffer]
+        # The operator takes the federation out of the config file and restarts.
+        london.stop()
+        london.config["federation"] = TIMINGS
+        london.start()
+        for _ in range(300):
+            if buffer not in await upstream_queues(central):
+                break
+            await asyncio.sleep(0.1)
+        assert buffer not in await upstream_queues(central)
+        assert stored(london)["config_links"] == []
+        assert stored(london)["pending_deletions"] == []
+        assert await links(london) == []
+    finally:
+        london.stop()
+
+
 async def test_a_forwarding_link_is_removed_only_once_nothing_waits_to_be_forwarded(
     tmp_path: Path,
 ) -> None:
