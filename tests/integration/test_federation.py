@@ -426,3 +426,56 @@ async def test_a_link_whose_upstream_is_frozen_is_stalled_then_runs_again(
         assert back["in"] == 0  # a probe is counted, never routed
     finally:
         london.stop()
+
+
+async def test_a_kill_of_the_downstream_active_while_it_drains_a_backlog_loses_nothing(
+    make_server: Any, make_pair: MakePair
+) -> None:
+    """The worst moment for a link: the downstream pair was down while central confirmed
+    3,000 matching messages (they wait in the buffer queue); the pair comes back, its
+    ACTIVE starts draining them, and is killed -9 half way. The backup, voted ACTIVE,
+    takes the rest from the same buffer queue: every confirmed message arrives."""
+    central = make_server("central", users=FED_USERS).start()
+    await declare_exchange(central.url)
+    london = make_pair(
+        proxied=False,
+        federation={
+            "upstreams": {"central": {"urls": [url_of(central, EFA)]}},
+            "exchanges": [{"exchange": EXCHANGE, "upstream": "central"}],
+            **TIMINGS,
+        },
+    ).start()
+    await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    primary, backup = london.primary, london.backup
+    await declare_exchange(url_of(primary))
+    connection = await aio_pika.connect(url_of(primary), timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("eu-prices", durable=True)
+        await queue.bind(EXCHANGE, "eu.#")
+    await wait_link(primary, running_with(1), "the ACTIVE's link running")
+    await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    for server in (backup, primary):  # the whole pair down, cleanly
+        server.stop()
+    backlog = [f"eu-{i}" for i in range(3000)]
+    await publish(central.url, [("eu.fr", body) for body in backlog])  # each confirmed
+    london.start()
+    await london.wait_states("ACTIVE", "PASSIVE", timeout=60)
+    # Half way through the backlog (some taken down, not all), the ACTIVE dies.
+    await wait_link(primary, lambda link: link["in"] >= 300, "draining the backlog", timeout=60)
+    taken = (await links(primary))[0]["in"]
+    london.kill(primary)
+    vote = await ha_connect([url_of(primary), url_of(backup)], retry_for=30, attempt_timeout=2.0)
+    try:
+        await wait_link(backup, running_with(1), "the new ACTIVE's link running", timeout=60)
+        await publish(central.url, [("eu.end", "end")])
+        channel = await vote.channel()
+        queue = await channel.get_queue("eu-prices")
+        got = [m.body.decode() for m in await drain(queue, "end", timeout=120)]
+    finally:
+        await vote.close()
+    missing = sorted(set(backlog) - set(got), key=lambda body: int(body.split("-")[1]))
+    assert missing == [], (
+        f"{len(missing)} of 3000 confirmed lost (killed at {taken}): {missing[:10]}"
+    )
+    print(f"killed after {taken} taken down; got {len(got) - 1}, duplicates {len(got) - 1 - 3000}")
