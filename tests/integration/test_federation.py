@@ -184,6 +184,7 @@ async def kill_the_downstream_active_under_load(
         got = [m.body.decode() for m in await drain(queue, "end", timeout=90)]
     finally:
         await vote.close()
+    assert pair.quarantine_files() == []  # nothing confirmed alone by a dual active
     return confirmed, got
 
 
@@ -478,4 +479,51 @@ async def test_a_kill_of_the_downstream_active_while_it_drains_a_backlog_loses_n
     assert missing == [], (
         f"{len(missing)} of 3000 confirmed lost (killed at {taken}): {missing[:10]}"
     )
+    assert london.quarantine_files() == []
     print(f"killed after {taken} taken down; got {len(got) - 1}, duplicates {len(got) - 1 - 3000}")
+
+
+async def test_a_kill_of_the_central_active_the_moment_its_passive_is_in_sync_loses_nothing(
+    tmp_path: Path, make_pair: MakePair
+) -> None:
+    """A 3,000-message backlog waits in the buffer queue on a central pair (its link is
+    down); central's PASSIVE is killed -9 and restarted, catches the backlog up, and the
+    moment its event log says in sync the ACTIVE is killed -9. Voted ACTIVE, it serves the
+    link when it comes back: every confirmed message arrives, none quarantined."""
+    central = make_pair(proxied=False, users=FED_USERS).start()
+    await central.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    primary, backup = central.primary, central.backup
+    await declare_exchange(url_of(primary))
+    london = downstream(tmp_path, [url_of(primary, EFA), url_of(backup, EFA)])
+    london.start()
+    try:
+        await declare_exchange(london.url)
+        connection = await aio_pika.connect(london.url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue("eu-prices", durable=True)
+            await queue.bind(EXCHANGE, "eu.#")
+        await wait_link(london, running_with(1), "the link running")
+        london.stop()  # the backlog builds up in the buffer queue
+        backlog = [f"eu-{i}" for i in range(3000)]
+        await publish(url_of(primary), [("eu.fr", body) for body in backlog])
+        central.kill(backup)
+        backup.start()
+        await central.wait_in_sync(backup, timeout=120)
+        central.kill(primary)  # right after in sync
+        vote = await ha_connect([url_of(backup)], retry_for=30, attempt_timeout=2.0)
+        await vote.close()
+        london.start()
+        await wait_link(london, running_with(1), "the link on the new ACTIVE", timeout=60)
+        assert (await links(london))[0]["server"] == backup.address
+        await publish(url_of(backup), [("eu.end", "end")])
+        connection = await aio_pika.connect(london.url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.get_queue("eu-prices")
+            got = [m.body.decode() for m in await drain(queue, "end", timeout=120)]
+        missing = sorted(set(backlog) - set(got), key=lambda body: int(body.split("-")[1]))
+        assert missing == [], f"{len(missing)} of 3000 confirmed lost: {missing[:10]}"
+        assert central.quarantine_files() == []
+    finally:
+        london.stop()
