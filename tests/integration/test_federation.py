@@ -359,9 +359,9 @@ async def test_a_kill_of_the_central_active_loses_no_confirmed_matching_message(
         london.stop()
 
 
-async def test_only_the_downstream_active_runs_the_link_and_its_successor_resumes_it(
-    tmp_path: Path, make_server: Any, make_pair: MakePair
-) -> None:
+async def federating_pair(make_server: Any, make_pair: MakePair) -> tuple[ServerProcess, Any]:
+    """A standalone central and a downstream pair federating ``market`` from it, serving,
+    with a queue ``eu-prices`` bound to ``eu.#`` on its ACTIVE (the primary)."""
     central = make_server("central", users=FED_USERS).start()
     await declare_exchange(central.url)
     london = make_pair(
@@ -373,13 +373,21 @@ async def test_only_the_downstream_active_runs_the_link_and_its_successor_resume
         },
     ).start()
     await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    primary, backup = london.primary, london.backup
+    primary = london.primary
     await declare_exchange(url_of(primary))
     connection = await aio_pika.connect(url_of(primary), timeout=10)
     async with connection:
         channel = await connection.channel()
         queue = await channel.declare_queue("eu-prices", durable=True)
         await queue.bind(EXCHANGE, "eu.#")
+    return central, london
+
+
+async def test_only_the_downstream_active_runs_the_link_and_its_successor_resumes_it(
+    tmp_path: Path, make_server: Any, make_pair: MakePair
+) -> None:
+    central, london = await federating_pair(make_server, make_pair)
+    primary, backup = london.primary, london.backup
     link = await wait_link(primary, running_with(1), "the ACTIVE's link running")
     assert link["buffer_queue"] == "federation: market central to backup+primary"
     await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
@@ -436,24 +444,8 @@ async def test_a_kill_of_the_downstream_active_while_it_drains_a_backlog_loses_n
     3,000 matching messages (they wait in the buffer queue); the pair comes back, its
     ACTIVE starts draining them, and is killed -9 half way. The backup, voted ACTIVE,
     takes the rest from the same buffer queue: every confirmed message arrives."""
-    central = make_server("central", users=FED_USERS).start()
-    await declare_exchange(central.url)
-    london = make_pair(
-        proxied=False,
-        federation={
-            "upstreams": {"central": {"urls": [url_of(central, EFA)]}},
-            "exchanges": [{"exchange": EXCHANGE, "upstream": "central"}],
-            **TIMINGS,
-        },
-    ).start()
-    await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    central, london = await federating_pair(make_server, make_pair)
     primary, backup = london.primary, london.backup
-    await declare_exchange(url_of(primary))
-    connection = await aio_pika.connect(url_of(primary), timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue("eu-prices", durable=True)
-        await queue.bind(EXCHANGE, "eu.#")
     await wait_link(primary, running_with(1), "the ACTIVE's link running")
     await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
     for server in (backup, primary):  # the whole pair down, cleanly
