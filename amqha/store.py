@@ -51,6 +51,7 @@ from amqha.core.changes import (
     Reset,
     RunWritten,
     Settled,
+    SnapshotPart,
     Unbound,
 )
 from amqha.wire import decode_field_table, field_table
@@ -212,13 +213,16 @@ def _decode_arguments(data: bytes) -> dict[str, Any]:
     return decode_field_table(data) if data else {}
 
 
-_NOT_KEPT = (Enqueued, PendingRun, RunWritten)
+_NOT_KEPT = (Enqueued, PendingRun, RunWritten, SnapshotPart)
+# The last entry of a write that needs no fsync of its own (see ``_needs_sync``).
+_NO_SYNC = (RunWritten, SnapshotPart)
 
 
 def _without_enqueued(changes: Iterable[Change]) -> Iterator[Change]:
     """The changes a failed write keeps for the next one, Batches unpacked. Pending runs
     go like messages; so does a ``RunWritten``: a run whose changes were not all written
-    stays, and is written again at open."""
+    stays, and is written again at open. A ``SnapshotPart`` goes too: what is kept is
+    written with an fsync."""
     for change in changes:
         if type(change) is Batch:
             yield from _without_enqueued(change.changes)
@@ -231,8 +235,10 @@ def _needs_sync(changes: Iterable[Any]) -> bool:
     holds wiring or a persistent message. Delivery marks and settles alone are made
     durable by the next such write (losing them redelivers, never loses: see
     docs/durability.md), so their commit skips the fsync (``synchronous=NORMAL``). So
-    does a pending run's changes: the run itself is on disk (``RunWritten`` ends them)."""
-    if isinstance(changes, (list, tuple)) and changes and type(changes[-1]) is RunWritten:
+    does a pending run's changes: the run itself is on disk (``RunWritten`` ends them);
+    and a snapshot's run before its last (``SnapshotPart`` ends it): the last one's fsync
+    covers it, and nothing waits for it before that."""
+    if isinstance(changes, (list, tuple)) and changes and type(changes[-1]) in _NO_SYNC:
         return False
     for change in changes:
         kind = type(change)
@@ -438,6 +444,8 @@ class _Write:
             db.execute(_ADD_RUN, change)
         elif kind is RunWritten:
             db.execute(_REMOVE_RUN, change)
+        elif kind is SnapshotPart:
+            pass  # only says the write needs no fsync of its own (``_needs_sync``)
         elif kind is Reset:
             # A snapshot follows in this stream: what the store held is replaced.
             db.execute("DELETE FROM runs")

@@ -162,8 +162,16 @@ class RunWritten(NamedTuple):
     seq: int
 
 
+class SnapshotPart(NamedTuple):
+    """Ends a snapshot's run before its last: its write commits without an fsync. Nothing
+    confirmed waits for it: the snapshot's last run commits with one, which makes every
+    write before it durable too (the WAL is one file, written in order), and a server
+    that crashes before that holds the data dir's ``incomplete`` mark and takes a new
+    snapshot (docs/durability.md, section 5)."""
+
+
 # What the change log carries: changes of state, and the store's own records.
-Entry = Change | PendingRun | RunWritten
+Entry = Change | PendingRun | RunWritten | SnapshotPart
 
 # The kinds a persistent store must have on disk before a confirm (Delivered, Redelivered
 # and Settled are made safe by the next write: losing them redelivers, never loses).
