@@ -363,20 +363,25 @@ class _Write:
             enqueued = kept
         if enqueued:
             queue_ids = self.queue_ids
-            rows: list[tuple[Any, ...]] = []
-            add = rows.append
+            # The rows' columns, one flat list; a queue's id looked up when the names
+            # differ from the message before (most of a write goes to one queue).
+            values: list[Any] = []
+            add = values.extend
+            vhost = name = None
+            queue_id: Any = None
             for message in enqueued:
-                key = message[:2]
-                queue_id = queue_ids.get(key, _UNKNOWN)
-                if queue_id is _UNKNOWN:
-                    queue_id = self.queue_id(key)
+                if message[1] is not name or message[0] is not vhost:
+                    vhost, name = key = message[:2]
+                    queue_id = queue_ids.get(key, _UNKNOWN)
+                    if queue_id is _UNKNOWN:
+                        queue_id = self.queue_id(key)
                 if queue_id is not None:
-                    add((queue_id, *message[2:7]))
-            at, count, size = 0, len(rows), INSERT_ROWS
+                    add((queue_id, message[2], message[3], message[4], message[5], message[6]))
+            at, count, size = 0, len(values) // 6, INSERT_ROWS
             while at < count:
                 while size > count - at:
                     size >>= 1
-                db.execute(_INSERTS[size], list(chain.from_iterable(rows[at : at + size])))
+                db.execute(_INSERTS[size], values[6 * at : 6 * (at + size)])
                 at += size
         counted = self.counted
         for (vhost, name, msg_id), count in self.redelivered.items():
