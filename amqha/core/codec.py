@@ -274,28 +274,38 @@ def _decode_messages(
     ``out``; (the offset after them, how many).
 
     The hot kind, read in one loop with local offsets. ``queues`` keeps the names of each
-    queue's prefix (kind, vhost, queue) already seen in this run: decoded once."""
+    queue's prefix (kind, vhost, queue) already seen in this run: decoded once. A message
+    whose prefix, address or header has the same bytes as the one before it shares that
+    one's object: compared in place, not copied (the messages of a run mostly go to one
+    queue, from one publisher, with the same properties)."""
     append = out.append
     ids, u32, tail = _ID_AND_SIZE.unpack_from, _U32.unpack_from, _ENQUEUED_TAIL.unpack_from
+    same = data.startswith
+    prefix = address = header = b""
+    vhost = queue = ""
     done = 0
     while done < limit and data[at] == 1:
         end = at + 2 + data[at + 1]
         end += 1 + data[end]
-        prefix = data[at:end]
-        names = queues.get(prefix)
-        if names is None:
-            vhost_end = at + 2 + data[at + 1]
-            names = queues[prefix] = (
-                data[at + 2 : vhost_end].decode(),
-                data[vhost_end + 1 : end].decode(),
-            )
-        vhost, queue = names
+        if end - at != len(prefix) or not same(prefix, at):
+            prefix = data[at:end]
+            names = queues.get(prefix)
+            if names is None:
+                vhost_end = at + 2 + data[at + 1]
+                names = queues[prefix] = (
+                    data[at + 2 : vhost_end].decode(),
+                    data[vhost_end + 1 : end].decode(),
+                )
+            vhost, queue = names
         msg_id, size = ids(data, end)
-        at = end + 12 + size
-        address = data[end + 12 : at]
+        end += 12
+        at = end + size
+        if size != len(address) or not same(address, end):
+            address = data[end:at]  # cut short by the run's end: the reads below fail
         (size,) = u32(data, at)
         at += 4
-        header = data[at : at + size]
+        if size != len(header) or not same(header, at):
+            header = data[at : at + size]
         at += size
         (size,) = u32(data, at)
         at += 4
