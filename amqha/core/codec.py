@@ -148,25 +148,39 @@ def encode(first_lsn: int, changes: list[Change]) -> bytes:
     out = [_HEAD.pack(VERSION, first_lsn, len(changes))]
     append = out.append
     prefixes: dict[tuple[str, str], bytes] = {}  # kind + vhost + queue, once per queue
+    # What the message before had: its names and prefix, its address and header with the
+    # header's size between them (most messages of a run share them), no deadline.
+    vhost = queue = None
+    prefix = middle = b""
+    address: bytes | None = None  # None: no message yet (b"" is an address)
+    header: bytes | None = None
+    pack_id, pack_u32 = _ID_AND_SIZE.pack, _U32.pack
+    no_deadline = (_ENQUEUED_TAIL.pack(math.nan, False), _ENQUEUED_TAIL.pack(math.nan, True))
     for change in changes:
         if type(change) is not Enqueued:
             _encode(change, out)
             continue
         # The hot kind, the same bytes as _encode writes, with fewer calls.
         c: Any = change
-        key = (c.vhost, c.queue)
-        prefix = prefixes.get(key)
-        if prefix is None:
-            prefix = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
-        address, header, body, deadline = c.address, c.header, c.body, c.deadline
+        if c.queue is not queue or c.vhost is not vhost:
+            vhost, queue = key = c.vhost, c.queue
+            prefix = prefixes.get(key)  # type: ignore[assignment]
+            if prefix is None:
+                prefix = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
+        this_address, this_header, body, deadline = c.address, c.header, c.body, c.deadline
+        if this_address != address or this_header != header:
+            address, header = this_address, this_header
+            middle = this_address + pack_u32(len(this_header)) + this_header
         append(prefix)
-        append(_ID_AND_SIZE.pack(c.msg_id, len(address)))
-        append(address)
-        append(_U32.pack(len(header)))
-        append(header)
-        append(_U32.pack(len(body)))
+        append(pack_id(c.msg_id, len(this_address)))
+        append(middle)
+        append(pack_u32(len(body)))
         append(body)
-        append(_ENQUEUED_TAIL.pack(math.nan if deadline is None else deadline, c.persistent))
+        append(
+            no_deadline[c.persistent]
+            if deadline is None
+            else _ENQUEUED_TAIL.pack(deadline, c.persistent)
+        )
     return b"".join(out)
 
 
