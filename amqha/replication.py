@@ -55,6 +55,7 @@ from .core.changes import (
     Reset,
     RunWritten,
     Settled,
+    SnapshotEnd,
     SnapshotPart,
     Unbound,
 )
@@ -667,10 +668,14 @@ class Follower:
         # the one the ack waits for. Applied in any case before the ack, before the next
         # run, and before this server leads (``settle``).
         # A snapshot's run before its last is written without an fsync: only the last
-        # one's ack counts (``core.sync.Leader``), its fsync covers every write before
-        # it, and a crash before it leaves the data dir's ``incomplete`` mark (on disk
-        # before the snapshot's first change): the snapshot is taken again.
-        lsn = broker.replicated([*changes, SnapshotPart()] if first == 0 and not end else changes)
+        # one's ack counts (``core.sync.Leader``), its write has an fsync whatever it
+        # holds, even nothing, which covers every write before it, and a crash before it
+        # leaves the data dir's ``incomplete`` mark (on disk before the snapshot's first
+        # change): the snapshot is taken again.
+        if first == 0:  # a snapshot's run (live runs start after its LSN)
+            lsn = broker.replicated([*changes, SnapshotEnd() if end else SnapshotPart()])
+        else:
+            lsn = broker.replicated(changes)
         self._unapplied.append((None, changes, broker.now()))
         self.applied += len(changes)
         self.runs += 1

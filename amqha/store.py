@@ -51,6 +51,7 @@ from amqha.core.changes import (
     Reset,
     RunWritten,
     Settled,
+    SnapshotEnd,
     SnapshotPart,
     Unbound,
 )
@@ -213,7 +214,7 @@ def _decode_arguments(data: bytes) -> dict[str, Any]:
     return decode_field_table(data) if data else {}
 
 
-_NOT_KEPT = (Enqueued, PendingRun, RunWritten, SnapshotPart)
+_NOT_KEPT = (Enqueued, PendingRun, RunWritten, SnapshotPart, SnapshotEnd)
 # The last entry of a write that needs no fsync of its own (see ``_needs_sync``).
 _NO_SYNC = (RunWritten, SnapshotPart)
 
@@ -221,7 +222,7 @@ _NO_SYNC = (RunWritten, SnapshotPart)
 def _without_enqueued(changes: Iterable[Change]) -> Iterator[Change]:
     """The changes a failed write keeps for the next one, Batches unpacked. Pending runs
     go like messages; so does a ``RunWritten``: a run whose changes were not all written
-    stays, and is written again at open. A ``SnapshotPart`` goes too: what is kept is
+    stays, and is written again at open. The snapshot's markers go too: what is kept is
     written with an fsync."""
     for change in changes:
         if type(change) is Batch:
@@ -237,7 +238,7 @@ def _needs_sync(changes: Iterable[Any]) -> bool:
     docs/durability.md), so their commit skips the fsync (``synchronous=NORMAL``). So
     does a pending run's changes: the run itself is on disk (``RunWritten`` ends them);
     and a snapshot's run before its last (``SnapshotPart`` ends it): the last one's fsync
-    covers it, and nothing waits for it before that."""
+    covers it, and nothing waits for it before that. A ``SnapshotEnd`` always needs one."""
     if isinstance(changes, (list, tuple)) and changes and type(changes[-1]) in _NO_SYNC:
         return False
     for change in changes:
@@ -449,8 +450,8 @@ class _Write:
             db.execute(_ADD_RUN, change)
         elif kind is RunWritten:
             db.execute(_REMOVE_RUN, change)
-        elif kind is SnapshotPart:
-            pass  # only says the write needs no fsync of its own (``_needs_sync``)
+        elif kind is SnapshotPart or kind is SnapshotEnd:
+            pass  # they only say whether the write needs an fsync (``_needs_sync``)
         elif kind is Reset:
             # A snapshot follows in this stream: what the store held is replaced.
             db.execute("DELETE FROM runs")
