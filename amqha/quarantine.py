@@ -111,7 +111,10 @@ def quarantine(
         (vhost.name, queue.name, message.msg_id, message.address, message.header, message.body)
         for vhost in vhosts.values()
         for queue in vhost.queues.values()
-        if queue.durable and queue.exclusive_owner is None
+        if queue.durable
+        and queue.exclusive_owner is None
+        # With no mark, a replicated queue keeps nothing: its messages are not listed.
+        and (first_id is not None or queue.name in vhost.unreplicated)
         for message, _ in queue.messages()
         if queue.name in vhost.unreplicated or (first_id is not None and message.msg_id >= first_id)
     ]

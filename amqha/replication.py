@@ -17,7 +17,8 @@ Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
   (``core.sync.Eligibility``). While catching up:
   decoded and handed to its own store; applied with ``core.apply`` (the same function as
   recovery) once the store's writer waits for the disk; acked on the socket once the
-  store has it. In sync, a live run is decoded (every run is validated before anything
+  store has it (a snapshot's runs before its last without an fsync: the last one's
+  covers them). In sync, a live run is decoded (every run is validated before anything
   of it is stored or acked), kept in the store as received (a pending run), acked once
   that is on disk, then applied and written as rows (no fsync: the run was on disk
   first): the rows are off the confirm's way.
@@ -54,6 +55,8 @@ from .core.changes import (
     Reset,
     RunWritten,
     Settled,
+    SnapshotEnd,
+    SnapshotPart,
     Unbound,
 )
 from .core.sync import Eligibility, Leader, Phase, SentRun
@@ -664,7 +667,15 @@ class Follower:
         # waits for the disk: the two share one interpreter lock, and the writer's part is
         # the one the ack waits for. Applied in any case before the ack, before the next
         # run, and before this server leads (``settle``).
-        lsn = broker.replicated(changes)
+        # A snapshot's run before its last is written without an fsync: only the last
+        # one's ack counts (``core.sync.Leader``), its write has an fsync whatever it
+        # holds, even nothing, which covers every write before it, and a crash before it
+        # leaves the data dir's ``incomplete`` mark (on disk before the snapshot's first
+        # change): the snapshot is taken again.
+        if first == 0:  # a snapshot's run (live runs start after its LSN)
+            lsn = broker.replicated([*changes, SnapshotEnd() if end else SnapshotPart()])
+        else:
+            lsn = broker.replicated(changes)
         self._unapplied.append((None, changes, broker.now()))
         self.applied += len(changes)
         self.runs += 1

@@ -51,6 +51,8 @@ from amqha.core.changes import (
     Reset,
     RunWritten,
     Settled,
+    SnapshotEnd,
+    SnapshotPart,
     Unbound,
 )
 from amqha.wire import decode_field_table, field_table
@@ -212,13 +214,16 @@ def _decode_arguments(data: bytes) -> dict[str, Any]:
     return decode_field_table(data) if data else {}
 
 
-_NOT_KEPT = (Enqueued, PendingRun, RunWritten)
+_NOT_KEPT = (Enqueued, PendingRun, RunWritten, SnapshotPart, SnapshotEnd)
+# The last entry of a write that needs no fsync of its own (see ``_needs_sync``).
+_NO_SYNC = (RunWritten, SnapshotPart)
 
 
 def _without_enqueued(changes: Iterable[Change]) -> Iterator[Change]:
     """The changes a failed write keeps for the next one, Batches unpacked. Pending runs
     go like messages; so does a ``RunWritten``: a run whose changes were not all written
-    stays, and is written again at open."""
+    stays, and is written again at open. The snapshot's markers go too: what is kept is
+    written with an fsync."""
     for change in changes:
         if type(change) is Batch:
             yield from _without_enqueued(change.changes)
@@ -231,8 +236,10 @@ def _needs_sync(changes: Iterable[Any]) -> bool:
     holds wiring or a persistent message. Delivery marks and settles alone are made
     durable by the next such write (losing them redelivers, never loses: see
     docs/durability.md), so their commit skips the fsync (``synchronous=NORMAL``). So
-    does a pending run's changes: the run itself is on disk (``RunWritten`` ends them)."""
-    if isinstance(changes, (list, tuple)) and changes and type(changes[-1]) is RunWritten:
+    does a pending run's changes: the run itself is on disk (``RunWritten`` ends them);
+    and a snapshot's run before its last (``SnapshotPart`` ends it): the last one's fsync
+    covers it, and nothing waits for it before that. A ``SnapshotEnd`` always needs one."""
+    if isinstance(changes, (list, tuple)) and changes and type(changes[-1]) in _NO_SYNC:
         return False
     for change in changes:
         kind = type(change)
@@ -357,20 +364,25 @@ class _Write:
             enqueued = kept
         if enqueued:
             queue_ids = self.queue_ids
-            rows: list[tuple[Any, ...]] = []
-            add = rows.append
+            # The rows' columns, one flat list; a queue's id looked up when the names
+            # differ from the message before (most of a write goes to one queue).
+            values: list[Any] = []
+            add = values.extend
+            vhost = name = None
+            queue_id: Any = None
             for message in enqueued:
-                key = message[:2]
-                queue_id = queue_ids.get(key, _UNKNOWN)
-                if queue_id is _UNKNOWN:
-                    queue_id = self.queue_id(key)
+                if message[1] is not name or message[0] is not vhost:
+                    vhost, name = key = message[:2]
+                    queue_id = queue_ids.get(key, _UNKNOWN)
+                    if queue_id is _UNKNOWN:
+                        queue_id = self.queue_id(key)
                 if queue_id is not None:
-                    add((queue_id, *message[2:7]))
-            at, count, size = 0, len(rows), INSERT_ROWS
+                    add((queue_id, message[2], message[3], message[4], message[5], message[6]))
+            at, count, size = 0, len(values) // 6, INSERT_ROWS
             while at < count:
                 while size > count - at:
                     size >>= 1
-                db.execute(_INSERTS[size], list(chain.from_iterable(rows[at : at + size])))
+                db.execute(_INSERTS[size], values[6 * at : 6 * (at + size)])
                 at += size
         counted = self.counted
         for (vhost, name, msg_id), count in self.redelivered.items():
@@ -438,6 +450,8 @@ class _Write:
             db.execute(_ADD_RUN, change)
         elif kind is RunWritten:
             db.execute(_REMOVE_RUN, change)
+        elif kind is SnapshotPart or kind is SnapshotEnd:
+            pass  # they only say whether the write needs an fsync (``_needs_sync``)
         elif kind is Reset:
             # A snapshot follows in this stream: what the store held is replaced.
             db.execute("DELETE FROM runs")

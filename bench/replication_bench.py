@@ -15,7 +15,7 @@ publisher confirms with a window of 100, loopback:
   PASSIVE's leg), so the PASSIVE's leg shows as latency; with 1000, what is left is
   the throughput cost of replicating;
 - ``catch_up``: a PASSIVE restarted while the ACTIVE holds N persistent messages, from
-  its start to in sync (msg/s, seconds).
+  its start to in sync (msg/s, seconds, the runs it took, each server's CPU seconds).
 
 Failover time with replication on is ``bench.failover_bench`` (a pair replicates by
 default). Prints JSON.
@@ -178,9 +178,14 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
             asyncio.run(until_in_sync(active, 600))
             pair.kill(pair.backup)
             started = time.monotonic()
-            pair.backup.start()
+            active_cpu = cpu_seconds(active.process.pid)
+            pair.backup.start(wait=False)
+            pair.backup.wait_ready(300)  # its store's recovery of its older copy first
             asyncio.run(until_in_sync(active, 1200))
             seconds = time.monotonic() - started
+            active_after = cpu_seconds(active.process.pid)
+            assert pair.backup.process is not None
+            passive_cpu = cpu_seconds(pair.backup.process.pid)
             follower = asyncio.run(follower_state(pair.backup))
             snapshot = follower.get("last_snapshot_seconds") or seconds
             result["catch_up"] = {
@@ -188,6 +193,14 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
                 "seconds_from_start": round(seconds, 2),
                 "snapshot_seconds": snapshot,
                 "msgs_per_s": round(count / snapshot),
+                "runs": follower.get("runs"),
+                # CPU seconds from the kill to in sync: on a shared machine these move
+                # less than the seconds do. The PASSIVE's include its recovery.
+                "active_cpu_s": None
+                if active_cpu is None or active_after is None
+                else round(active_after - active_cpu, 2),
+                "passive_cpu_s": None if passive_cpu is None else round(passive_cpu, 2),
+                "load_average": os.getloadavg(),
             }
         finally:
             solo.stop()

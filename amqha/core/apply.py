@@ -112,18 +112,24 @@ def apply_run(state: State, changes: list[Change], now: float) -> None:
     hot kind, ``Enqueued``, put on its queue without dispatch (the PASSIVE applies every
     message the ACTIVE takes; recovery every stored one)."""
     queues: dict[tuple[str, str], Any] = {}  # (vhost, queue) -> (queue or None, vhost)
+    last_vhost = last_queue = None  # the names of the message before, and its found
+    found: Any = None
     for change in changes:
         if type(change) is not Enqueued:
             apply(state, change, now)
             queues.clear()  # a declare or delete may have changed what a name means
+            last_vhost = last_queue = None
             continue
         c: Any = change
-        key = (c.vhost, c.queue)
-        found = queues.get(key)
-        if found is None:
-            vhost = state.vhost(c.vhost)
-            assert vhost.log is None, "apply() on a vhost that logs would emit the change again"
-            found = queues[key] = (vhost.queues.get(c.queue), vhost.ids)
+        vhost_name, queue_name = c.vhost, c.queue
+        if vhost_name is not last_vhost or queue_name is not last_queue:
+            key = (vhost_name, queue_name)
+            found = queues.get(key)
+            if found is None:
+                vhost = state.vhost(vhost_name)
+                assert vhost.log is None, "apply() on a vhost that logs would emit the change again"
+                found = queues[key] = (vhost.queues.get(queue_name), vhost.ids)
+            last_vhost, last_queue = vhost_name, queue_name
         queue, ids = found
         if queue is not None:
             queue.restore(Message(c.address, c.header, c.body, None, c.msg_id), c.deadline)
@@ -206,19 +212,23 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
             counts = list(getattr(queue, "deliveries", {}).items())
             contents.append((name, queue.name, queue.delivered_mark, queue.messages(), counts))
     yield from wiring
+    new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
     for vhost_name, queue_name, mark, messages, counts in contents:
         if mark:
             yield Delivered(vhost_name, queue_name, mark)
         for message, deadline in messages:
-            yield Enqueued(
-                vhost_name,
-                queue_name,
-                message.msg_id,
-                message.address,
-                message.header,
-                message.body,
-                deadline,
-                message.is_persistent(),
+            yield new(
+                Enqueued,
+                (
+                    vhost_name,
+                    queue_name,
+                    message.msg_id,
+                    message.address,
+                    message.header,
+                    message.body,
+                    deadline,
+                    message.is_persistent(),
+                ),
             )
         for msg_id, count in counts:
             yield Redelivered(vhost_name, queue_name, msg_id, count)

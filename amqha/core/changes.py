@@ -162,8 +162,22 @@ class RunWritten(NamedTuple):
     seq: int
 
 
+class SnapshotPart(NamedTuple):
+    """Ends a snapshot's run before its last: its write commits without an fsync. Nothing
+    confirmed waits for it: the snapshot's last run commits with one (``SnapshotEnd``),
+    which makes every write before it durable too (the WAL is one file, written in
+    order), and a server that crashes before that holds the data dir's ``incomplete``
+    mark and takes a new snapshot (docs/durability.md, section 5)."""
+
+
+class SnapshotEnd(NamedTuple):
+    """Ends a snapshot's last run: its write commits with an fsync whatever it holds (an
+    empty run, transient messages or delivery marks alone), so the snapshot is on disk
+    before its ack."""
+
+
 # What the change log carries: changes of state, and the store's own records.
-Entry = Change | PendingRun | RunWritten
+Entry = Change | PendingRun | RunWritten | SnapshotPart | SnapshotEnd
 
 # The kinds a persistent store must have on disk before a confirm (Delivered, Redelivered
 # and Settled are made safe by the next write: losing them redelivers, never loses).

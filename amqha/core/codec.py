@@ -148,25 +148,39 @@ def encode(first_lsn: int, changes: list[Change]) -> bytes:
     out = [_HEAD.pack(VERSION, first_lsn, len(changes))]
     append = out.append
     prefixes: dict[tuple[str, str], bytes] = {}  # kind + vhost + queue, once per queue
+    # What the message before had: its names and prefix, its address and header with the
+    # header's size between them (most messages of a run share them), no deadline.
+    vhost = queue = None
+    prefix = middle = b""
+    address: bytes | None = None  # None: no message yet (b"" is an address)
+    header: bytes | None = None
+    pack_id, pack_u32 = _ID_AND_SIZE.pack, _U32.pack
+    no_deadline = (_ENQUEUED_TAIL.pack(math.nan, False), _ENQUEUED_TAIL.pack(math.nan, True))
     for change in changes:
         if type(change) is not Enqueued:
             _encode(change, out)
             continue
         # The hot kind, the same bytes as _encode writes, with fewer calls.
         c: Any = change
-        key = (c.vhost, c.queue)
-        prefix = prefixes.get(key)
-        if prefix is None:
-            prefix = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
-        address, header, body, deadline = c.address, c.header, c.body, c.deadline
+        if c.queue is not queue or c.vhost is not vhost:
+            vhost, queue = key = c.vhost, c.queue
+            prefix = prefixes.get(key)  # type: ignore[assignment]
+            if prefix is None:
+                prefix = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
+        this_address, this_header, body, deadline = c.address, c.header, c.body, c.deadline
+        if this_address != address or this_header != header:
+            address, header = this_address, this_header
+            middle = this_address + pack_u32(len(this_header)) + this_header
         append(prefix)
-        append(_ID_AND_SIZE.pack(c.msg_id, len(address)))
-        append(address)
-        append(_U32.pack(len(header)))
-        append(header)
-        append(_U32.pack(len(body)))
+        append(pack_id(c.msg_id, len(this_address)))
+        append(middle)
+        append(pack_u32(len(body)))
         append(body)
-        append(_ENQUEUED_TAIL.pack(math.nan if deadline is None else deadline, c.persistent))
+        append(
+            no_deadline[c.persistent]
+            if deadline is None
+            else _ENQUEUED_TAIL.pack(deadline, c.persistent)
+        )
     return b"".join(out)
 
 
@@ -274,28 +288,38 @@ def _decode_messages(
     ``out``; (the offset after them, how many).
 
     The hot kind, read in one loop with local offsets. ``queues`` keeps the names of each
-    queue's prefix (kind, vhost, queue) already seen in this run: decoded once."""
+    queue's prefix (kind, vhost, queue) already seen in this run: decoded once. A message
+    whose prefix, address or header has the same bytes as the one before it shares that
+    one's object: compared in place, not copied (the messages of a run mostly go to one
+    queue, from one publisher, with the same properties)."""
     append = out.append
     ids, u32, tail = _ID_AND_SIZE.unpack_from, _U32.unpack_from, _ENQUEUED_TAIL.unpack_from
+    same = data.startswith
+    prefix = address = header = b""
+    vhost = queue = ""
     done = 0
     while done < limit and data[at] == 1:
         end = at + 2 + data[at + 1]
         end += 1 + data[end]
-        prefix = data[at:end]
-        names = queues.get(prefix)
-        if names is None:
-            vhost_end = at + 2 + data[at + 1]
-            names = queues[prefix] = (
-                data[at + 2 : vhost_end].decode(),
-                data[vhost_end + 1 : end].decode(),
-            )
-        vhost, queue = names
+        if end - at != len(prefix) or not same(prefix, at):
+            prefix = data[at:end]
+            names = queues.get(prefix)
+            if names is None:
+                vhost_end = at + 2 + data[at + 1]
+                names = queues[prefix] = (
+                    data[at + 2 : vhost_end].decode(),
+                    data[vhost_end + 1 : end].decode(),
+                )
+            vhost, queue = names
         msg_id, size = ids(data, end)
-        at = end + 12 + size
-        address = data[end + 12 : at]
+        end += 12
+        at = end + size
+        if size != len(address) or not same(address, end):
+            address = data[end:at]  # cut short by the run's end: the reads below fail
         (size,) = u32(data, at)
         at += 4
-        header = data[at : at + size]
+        if size != len(header) or not same(header, at):
+            header = data[at : at + size]
         at += size
         (size,) = u32(data, at)
         at += 4

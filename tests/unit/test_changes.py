@@ -424,6 +424,50 @@ def test_the_wire_format_round_trips_every_kind_and_refuses_garbage() -> None:
             codec.decode(broken)
 
 
+def test_messages_that_share_or_change_their_address_header_and_queue_round_trip() -> None:
+    """The fast paths keep what the message before had (its prefix, address and header):
+    every way of changing them, empty ones included, writes what the general encoder
+    writes and reads back equal; equal bytes come back as one shared object."""
+    shapes = [
+        ("/", "q", b"", b"", None),
+        ("/", "q", b"", b"", 1.5),
+        ("/", "q", b"a", b"", None),
+        ("/", "q", b"a", b"h", None),
+        ("/", "q", b"a", b"h", None),
+        ("/", "r", b"a", b"h", None),
+        ("v", "r", b"a", b"h", None),
+        ("v", "r", b"b", b"h", None),
+        ("v", "r", b"b", b"hh", None),
+        ("v", "r", b"", b"hh", None),
+    ]
+    changes: list[Any] = []
+    for msg_id, (vhost, queue, address, header, deadline) in enumerate(shapes, 1):
+        # Fresh objects each time: equal bytes, not the same object.
+        changes.append(
+            Enqueued(
+                vhost,
+                queue,
+                msg_id,
+                bytes(address),
+                bytes(header),
+                b"%d" % msg_id,
+                deadline,
+                msg_id % 2 == 0,
+            )
+        )
+        if msg_id == 7:
+            changes.append(Settled("v", "r", (1,), "ack"))
+    data = codec.encode(5, changes)
+    general: list[bytes] = [data[: codec._HEAD.size]]
+    for change in changes:
+        codec._encode(change, general)
+    assert b"".join(general) == data
+    first, decoded = codec.decode(data)
+    assert first == 5 and decoded == changes
+    assert decoded[3].header is decoded[4].header is decoded[5].header
+    assert decoded[3].address is decoded[4].address
+
+
 def test_a_run_with_a_change_this_server_cannot_apply_is_refused_whole() -> None:
     """A forged exchange of an unknown type made a store unrecoverable (KeyError at every
     start); a declared control exchange would replace the control plane."""

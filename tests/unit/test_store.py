@@ -33,6 +33,8 @@ from amqha.core.changes import (
     Redelivered,
     Reset,
     Settled,
+    SnapshotEnd,
+    SnapshotPart,
     Unbound,
 )
 from amqha.store import (
@@ -43,6 +45,8 @@ from amqha.store import (
     Store,
     StoreError,
     StoreFailure,
+    _needs_sync,
+    _without_enqueued,
 )
 from tests.support import ROOT
 
@@ -697,6 +701,69 @@ def test_a_corrupt_pending_run_is_refused_at_open_naming_the_file(path: Path) ->
     with pytest.raises(StoreError) as refused:
         Store.open(path)
     assert str(refused.value).startswith(f"{path}: not a readable store (pending run 1: ")
+
+
+# -- a PASSIVE's snapshot --------------------------------------------------------------------
+
+
+def test_a_snapshots_runs_before_its_last_commit_without_an_fsync_and_its_last_with_one(
+    path: Path,
+) -> None:
+    """``SnapshotPart`` ends each run of a snapshot but the last: those commits skip the
+    fsync; the last one's (``SnapshotEnd``) covers them all, and recovery reads the whole
+    snapshot."""
+    writer = Writer(path)
+    writer.write(queue("old"), message("old", 1))
+    assert writer.write(Reset(), queue("q"), message("q", 1), SnapshotPart()) is None
+    assert writer.store._synchronous == "NORMAL"
+    assert writer.write(message("q", 2), message("q", 3), SnapshotPart()) is None
+    assert writer.store._synchronous == "NORMAL"
+    assert writer.write(message("q", 4), SnapshotEnd()) is None
+    assert writer.store._synchronous == "FULL"
+    writer.close()
+    assert recovered(path) == [queue("q"), *(message("q", i) for i in range(1, 5))]
+
+
+@pytest.mark.parametrize(
+    "last_run",
+    [[], [Delivered("/", "q", 1)], [message("q", 2, persistent=False)]],
+    ids=["empty", "a delivery mark", "a transient message"],
+)
+def test_a_snapshots_last_run_has_an_fsync_whatever_it_holds(
+    path: Path, last_run: list[Change]
+) -> None:
+    """Alone, none of these would need one; after runs written without it, the last
+    run's ack must mean the whole snapshot is on disk."""
+    writer = Writer(path)
+    assert writer.write(Reset(), queue("q"), message("q", 1), SnapshotPart()) is None
+    assert writer.store._synchronous == "NORMAL"
+    assert writer.write(*last_run, SnapshotEnd()) is None
+    assert writer.store._synchronous == "FULL"
+    writer.close()
+    assert message("q", 1) in recovered(path)
+
+
+def test_a_snapshot_part_in_a_write_with_other_changes_does_not_skip_their_fsync(
+    path: Path,
+) -> None:
+    """The writer takes every submission queued into one transaction: one that needs an
+    fsync gets it, whatever else the transaction holds."""
+    writer = Writer(path)
+    writer.store.submit(1, [Reset(), queue("q"), message("q", 1), SnapshotPart()])
+    writer.store.submit(5, [message("q", 2)])
+    writer.lsn = 5
+    assert writer.wait(5) is None
+    assert writer.store._synchronous == "FULL"
+    writer.close()
+    assert recovered(path) == [queue("q"), message("q", 1), message("q", 2)]
+
+
+def test_what_a_failed_write_keeps_leaves_its_snapshot_part_out() -> None:
+    """The wiring a failed write keeps is written again with an fsync, whatever run it
+    came with."""
+    kept = list(_without_enqueued([queue("q"), message("q", 1), SnapshotPart(), SnapshotEnd()]))
+    assert kept == [queue("q")]
+    assert _needs_sync(kept)
 
 
 def test_a_reset_drops_pending_runs(path: Path) -> None:
