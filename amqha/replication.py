@@ -14,14 +14,14 @@ Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
 - The follower keeps a lean consuming link (``peering.ConsumerLink``) to the ACTIVE
   subscribed to the feed. Each run is handled in the socket's read, its MAC checked
   first; it is eligible to take over only from the ACTIVE's marker on
-  (``core.sync.Eligibility``). While catching up:
-  decoded and handed to its own store; applied with ``core.apply`` (the same function as
-  recovery) once the store's writer waits for the disk; acked on the socket once the
-  store has it (a snapshot's runs before its last without an fsync: the last one's
-  covers them). In sync, a live run is decoded (every run is validated before anything
-  of it is stored or acked), kept in the store as received (a pending run), acked once
-  that is on disk, then applied and written as rows (no fsync: the run was on disk
-  first): the rows are off the confirm's way.
+  (``core.sync.Eligibility``). Every run is decoded (so validated) before anything of
+  it is stored or acked, then kept in the store as received (a pending run: one row),
+  acked once that is written, and applied with ``core.apply`` (the same function as
+  recovery) and written as rows after, in order, paced by the store's writer. A live
+  run's row is written with an fsync; a snapshot's runs before its last without one
+  (the last one's covers them), and none of a snapshot is applied before its end is
+  on disk: what the ACTIVE waits for, while catching up and in sync, is the decode and
+  one row per run; the rows and the state are off its way.
 
 Must not know: the failover state machine (the pair tells the broker to lead or to
 follow: see ``Broker.lead``/``Broker.follow``), the store's files. See
@@ -72,6 +72,12 @@ RUN_CHANGES = 2000
 RUN_BYTES = 512 * 1024
 # Deliveries the follower lets the feed have in flight.
 FOLLOWER_PREFETCH = 16
+# Kept runs the follower applies ahead of the store writing their rows.
+APPLY_AHEAD = 2
+# A kept run's number in the store's runs table: never used twice by one process (the
+# table is this process's alone, and opening the store empties it), so that a run left
+# by an earlier follower never comes after a later one.
+_RUN_SEQS = itertools.count(1)
 # A subscriber this far behind (bytes of changes waiting for it) is dropped: it
 # subscribes again and catches up from a new snapshot instead of holding memory.
 MAX_BACKLOG_BYTES = 256 * 1024 * 1024
@@ -479,14 +485,21 @@ class Follower:
         self.runs = 0
         self.snapshot_started = 0.0
         self.last_snapshot_seconds: float | None = None
-        # Runs received and not applied yet, in order: (None, changes, now) for a run
-        # handed to the store as rows, (seq, changes, now) for one kept pending
-        # (its bytes on disk, its rows still to write). Every run is decoded, so
-        # validated, before anything of it is stored or acked.
-        self._unapplied: collections.deque[tuple[int | None, list[Change], float]] = (
+        # From a snapshot's end on disk to its last run applied (``_apply_next``).
+        self.applying_since: float | None = None
+        self.last_apply_seconds: float | None = None
+        # Runs kept in the store as received and not applied yet, in order:
+        # (seq, changes, now) for a live run (decoded on arrival, kept decoded), (seq,
+        # bytes, now) for a snapshot's run (decoded again when applied: held as bytes,
+        # it takes about 60% of the memory). Every run is decoded, so validated, before
+        # anything of it is stored or acked.
+        self._unapplied: collections.deque[tuple[int, list[Change] | bytes, float]] = (
             collections.deque()
         )
-        self._next_seq = 1
+        # A snapshot is arriving (from its first run to its end on disk): nothing is
+        # applied meanwhile, so the runs are stored and acked as fast as they come.
+        self._receiving_snapshot = False
+        self._writing = 0  # applied runs whose rows the store has not written yet
         self.pending_runs = 0  # runs kept as received, their changes not written yet
         self.refused_runs = 0  # runs that did not authenticate or validate
         # This server leads now (``detach``): nothing more from the feed is applied or acked.
@@ -529,36 +542,57 @@ class Follower:
         await self.link.stop()
 
     @property
-    def unsettled(self) -> bool:
-        """Whether a decoded run waits to be applied (read from the store's writer thread,
-        while the loop may empty the deque: hence the IndexError)."""
-        try:
-            return self._unapplied[0][0] is None
-        except IndexError:
-            return False
+    def unapplied_runs(self) -> int:
+        return len(self._unapplied)
 
-    def settle(self, decoded_only: bool = False) -> None:
-        """Apply, in order, the runs received and not applied yet; a pending run's
-        changes go to the store too. ``decoded_only`` (the store's commit hook): stop at
-        the first pending run, which is applied once its ack is written."""
+    def settle(self) -> None:
+        """Apply, in order, every run kept and not applied yet (before this server
+        leads: what it leads with holds every run it received)."""
         unapplied = self._unapplied
-        broker = self.broker
         while unapplied:
-            seq, run, now = unapplied[0]
-            if seq is not None and decoded_only:
-                return
-            unapplied.popleft()
-            if seq is None:
-                apply_run(broker, run, now)
-            else:
-                self._write_pending(seq, run, now)
+            self._apply_next()
 
-    def _write_pending(self, seq: int, changes: list[Change], now: float) -> None:
+    def _apply_next(self) -> int:
+        """Apply the oldest kept run: its changes to the state and to the store as rows,
+        with the run's removal (a write without an fsync: the run was on disk first).
+        Returns the LSN the store must pass for those rows."""
+        seq, run, now = self._unapplied.popleft()
+        changes = codec.decode(run)[1] if isinstance(run, bytes) else run
         self.pending_runs -= 1
-        broker = self.broker
         self.applied += len(changes)
-        broker.replicated([*changes, RunWritten(seq)])
+        broker = self.broker
+        lsn = broker.replicated([*changes, RunWritten(seq)])
         apply_run(broker, changes, now)
+        if not self._unapplied and self.applying_since is not None:
+            log.info(
+                "replication: every kept run applied, %.3f s after the snapshot's end was on disk",
+                time.monotonic() - self.applying_since,
+            )
+            self.last_apply_seconds = round(time.monotonic() - self.applying_since, 3)
+            self.applying_since = None
+        return lsn
+
+    def _drain(self) -> None:
+        """Apply kept runs in the background, in order: at most ``APPLY_AHEAD`` whose rows
+        the store has not written yet (the store's writer sets the pace), and none while
+        a snapshot arrives. Each step returns to the loop, so that runs still arriving
+        are stored and acked between two steps."""
+        if self.detached or self._receiving_snapshot:
+            return
+        while self._unapplied and self._writing < APPLY_AHEAD:
+            self._writing += 1
+            self.broker.when_safe(self._apply_next(), self._written)
+
+    def _written(self, ok: bool) -> None:
+        self._writing -= 1
+        if not ok and not self.detached:
+            # The run stays in the store's runs table, to be written at its next open,
+            # after runs written since: a new snapshot must replace it first (its Reset
+            # removes the runs kept before it). The state goes on in order meanwhile.
+            current = self.link.link
+            if current is not None:
+                self._store_failed(current)
+        self._drain()
 
     def _ended(self, reason: str) -> None:
         if self.eligibility.ended():
@@ -640,7 +674,6 @@ class Follower:
         """One run from the feed, in the socket's read (see the module docstring)."""
         if self.detached:
             return
-        broker = self.broker
         headers = properties.headers or {}
         marker = headers.get(IN_SYNC)
         end = bool(headers.get(SNAPSHOT_END))
@@ -657,57 +690,33 @@ class Follower:
             self._ended("a run from the ACTIVE that does not decode")
             link.close("a run that does not decode")
             return
-        if self.in_sync and first > 0:  # a live run (a snapshot's runs start at LSN 0)
-            self._keep(link, tag, body, changes)
-            return
-        self.settle()  # the runs before this one are applied first
         if changes and type(changes[0]) is Reset:  # a snapshot starts
             self._reset()
-        # To the store first, applied once the store's writer has written the rows and
-        # waits for the disk: the two share one interpreter lock, and the writer's part is
-        # the one the ack waits for. Applied in any case before the ack, before the next
-        # run, and before this server leads (``settle``).
-        # A snapshot's run before its last is written without an fsync: only the last
-        # one's ack counts (``core.sync.Leader``), its write has an fsync whatever it
-        # holds, even nothing, which covers every write before it, and a crash before it
-        # leaves the data dir's ``incomplete`` mark (on disk before the snapshot's first
-        # change): the snapshot is taken again.
-        if first == 0:  # a snapshot's run (live runs start after its LSN)
-            lsn = broker.replicated([*changes, SnapshotEnd() if end else SnapshotPart()])
-        else:
-            lsn = broker.replicated(changes)
-        self._unapplied.append((None, changes, broker.now()))
-        self.applied += len(changes)
-        self.runs += 1
+        self._keep(link, tag, body, changes, first == 0, end)
 
-        def stored(ok: bool) -> None:
-            if self.detached:
-                return
-            self.settle()
-            if not ok:
-                self._store_failed(link)
-                return
-            if end:
-                # Not yet in sync: the ACTIVE confirmed changes alone meanwhile, and says
-                # when this server holds them (its marker).
-                self.state = "closing"
-                self.last_snapshot_seconds = round(time.monotonic() - self.snapshot_started, 3)
-                log.info(
-                    "replication: snapshot applied in %s s; waiting for the ACTIVE's word",
-                    self.last_snapshot_seconds,
-                )
-            link.ack(tag)
+    def _keep(
+        self, link: Link, tag: int, body: bytes, changes: list[Change], snapshot: bool, end: bool
+    ) -> None:
+        """A run, decoded (so valid): kept in the store as received (one row), acked once
+        that is written, its changes applied and written as rows after (``_drain``).
 
-        broker.when_safe(lsn, stored)
-
-    def _keep(self, link: Link, tag: int, body: bytes, changes: list[Change]) -> None:
-        """A live run while in sync, decoded (so valid): kept as received, one row and
-        one fsync, acked once on disk; its changes are written as rows and applied after."""
+        A live run's row is written with an fsync. A snapshot's run before its last is
+        written without one: only the last one's ack counts (``core.sync.Leader``), its
+        write has an fsync whatever it holds, which covers every write before it, and a
+        crash before it leaves the data dir's ``incomplete`` mark (on disk before the
+        snapshot's first run): the snapshot is taken again. A snapshot's runs are
+        applied once its end is on disk, so that what the ACTIVE waits for (the end's
+        ack, then the marker) is the decode and one row per run."""
         broker = self.broker
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        lsn = broker.replicated([PendingRun(seq, body)])
-        self._unapplied.append((seq, changes, broker.now()))
+        seq = next(_RUN_SEQS)
+        if snapshot:
+            lsn = broker.replicated(
+                [PendingRun(seq, body), SnapshotEnd() if end else SnapshotPart()]
+            )
+            self._unapplied.append((seq, body, broker.now()))
+        else:
+            lsn = broker.replicated([PendingRun(seq, body)])
+            self._unapplied.append((seq, changes, broker.now()))
         self.pending_runs += 1
         self.runs += 1
 
@@ -717,8 +726,21 @@ class Follower:
             if not ok:
                 self._store_failed(link)
                 return
+            if end:
+                # Not yet in sync: the ACTIVE confirmed changes alone meanwhile, and says
+                # when this server holds them (its marker).
+                self.state = "closing"
+                self.last_snapshot_seconds = round(time.monotonic() - self.snapshot_started, 3)
+                self._receiving_snapshot = False
+                self.applying_since = time.monotonic()
+                log.info(
+                    "replication: snapshot on disk in %s s (%d runs to apply); waiting for "
+                    "the ACTIVE's word",
+                    self.last_snapshot_seconds,
+                    len(self._unapplied),
+                )
             link.ack(tag)
-            self.settle()  # this run's changes, and those before it, now
+            self._drain()
 
         broker.when_safe(lsn, kept)
 
@@ -733,6 +755,7 @@ class Follower:
     def _reset(self) -> None:
         self.snapshot_started = time.monotonic()
         self.state = "catching_up"
+        self._receiving_snapshot = True
         self._ended("a new snapshot from the ACTIVE")
         self.broker.before_reset()
 
@@ -744,6 +767,8 @@ class Follower:
             "applied_changes": self.applied,
             "runs": self.runs,
             "pending_runs": self.pending_runs,
+            "unapplied_runs": len(self._unapplied),
             "refused_runs": self.refused_runs,
             "last_snapshot_seconds": self.last_snapshot_seconds,
+            "last_apply_seconds": self.last_apply_seconds,
         }

@@ -419,8 +419,6 @@ class Broker:
             follower.settle()  # every run received is in the state this server leads with
             follower.detach()  # and nothing that arrives or completes later is acked
             self.loop.create_task(follower.stop())
-        if self.store is not None:
-            self.store.on_commit = None
         for vhost in self.vhosts.values():
             vhost.set_log(self.log)
             for queue in vhost.queues.values():
@@ -450,30 +448,15 @@ class Broker:
             self.config.name,
             self.config.failover.secret,
         )
-        self.store.on_commit = self._committing
         self.loop.create_task(self.follower.start())
 
     def following_in_sync(self) -> bool:
         follower = self.follower
         return follower.in_sync if follower is not None else True
 
-    def _committing(self) -> None:
-        """On the store's writer thread, as a commit starts: the follower applies the
-        decoded runs it stored meanwhile (see ``Follower.settle``)."""
-        follower = self.follower
-        if follower is not None and follower.unsettled:
-            # A closed loop: the server is gone and nothing waits any more.
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(self._settle_follower)
-
-    def _settle_follower(self) -> None:
-        if self.follower is not None:
-            self.follower.settle(decoded_only=True)
-
     def replicated(self, changes: list[Any]) -> int:
-        """Changes received from the ACTIVE: to the store, like ours (the follower applies
-        them once the writer waits for the disk). Returns the LSN the store must pass for
-        them."""
+        """Changes received from the ACTIVE (a kept run, or a kept run's changes): to the
+        store, like ours. Returns the LSN the store must pass for them."""
         log_ = self.log
         assert log_ is not None
         log_.extend(changes, True)

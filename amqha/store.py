@@ -163,6 +163,7 @@ _COUNTED_QUEUES = (
 _STORE_HIGH_ID = "UPDATE meta SET value = max(value, ?) WHERE key = 'max_msg_id'"
 _ADD_RUN = "INSERT OR REPLACE INTO runs VALUES (?, ?)"
 _REMOVE_RUN = "DELETE FROM runs WHERE seq = ?"
+_REMOVE_RUNS_BEFORE = "DELETE FROM runs WHERE seq < ?"
 
 
 def _insert_sql(rows: int) -> str:
@@ -289,6 +290,7 @@ class _Write:
         "redelivered",
         "counted",
         "high_id",
+        "run",
     )
 
     def __init__(
@@ -308,6 +310,9 @@ class _Write:
         self.redelivered: dict[Any, int] = {}
         self.counted = counted if counted is not None else set()
         self.high_id = high_id
+        # The pending run whose changes ``add`` writes now (they end with its
+        # ``RunWritten``), or None.
+        self.run: int | None = None
 
     def add(self, changes: Iterable[Any]) -> None:
         enqueue = self.enqueued.append
@@ -453,8 +458,14 @@ class _Write:
         elif kind is SnapshotPart or kind is SnapshotEnd:
             pass  # they only say whether the write needs an fsync (``_needs_sync``)
         elif kind is Reset:
-            # A snapshot follows in this stream: what the store held is replaced.
-            db.execute("DELETE FROM runs")
+            # A snapshot follows in this stream: what the store held is replaced. Written
+            # with a pending run's changes, so are the runs kept before that one (whose
+            # changes failed to write), not those after it: the snapshot's and what
+            # followed, kept and acked, their changes still to write. A Reset written
+            # again after a failed write keeps every run: its own is still there, and
+            # opening the store writes them all in order.
+            if self.run is not None:
+                db.execute(_REMOVE_RUNS_BEFORE, (self.run,))
             db.execute("DELETE FROM deliveries")
             self.counted.clear()
             db.execute("DELETE FROM messages")
@@ -472,10 +483,6 @@ class Store:
 
     ``commits`` counts the transactions committed, ``commit_seconds`` the time spent
     committing them (the fsyncs), ``failures`` the writes that failed.
-
-    ``on_commit``, if set, is called on the writer thread as each transaction's rows are
-    written and its commit starts: from there on the writer waits for the disk, and
-    holds no lock the caller's thread needs.
     """
 
     def __init__(self, path: str, db: sqlite3.Connection) -> None:
@@ -484,7 +491,6 @@ class Store:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._notify: Notify | None = None
-        self.on_commit: Callable[[], None] | None = None
         self._closed = False
         self._retained: list[Change] = []
         self._queue_ids: dict[Any, int | None] = {}
@@ -784,6 +790,8 @@ class Store:
         db.execute("BEGIN")
         changed = db.total_changes
         for changes in batches:
+            last = changes[-1] if changes else None
+            write.run = last.seq if type(last) is RunWritten else None
             write.add(changes)
         write.flush()
         high_id = write.high_id
@@ -793,9 +801,6 @@ class Store:
         if high_id > stored_high_id and db.total_changes != changed:
             db.execute(_STORE_HIGH_ID, (high_id,))
             stored_high_id = high_id
-        on_commit = self.on_commit
-        if on_commit is not None:
-            on_commit()
         started = time.perf_counter()
         db.execute("COMMIT")
         self.commit_seconds += time.perf_counter() - started

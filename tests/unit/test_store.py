@@ -766,13 +766,33 @@ def test_what_a_failed_write_keeps_leaves_its_snapshot_part_out() -> None:
     assert _needs_sync(kept)
 
 
-def test_a_reset_drops_pending_runs(path: Path) -> None:
+def test_a_reset_written_with_a_runs_changes_drops_the_runs_before_it_and_keeps_the_rest(
+    path: Path,
+) -> None:
+    """Run 1's changes failed to write (still kept); runs 2 (a snapshot's first, with its
+    Reset) and 3 were kept and acked. Run 2's changes drop run 1, never run 3, whose
+    changes are still to write: opening the store writes them."""
     writer = Writer(path)
-    writer.write(queue("q"), PendingRun(1, codec.encode(2, [message("q", 1)])))
+    writer.write(queue("q"), message("q", 1))
+    writer.write(PendingRun(1, codec.encode(2, [message("q", 2)])))
+    writer.write(PendingRun(2, codec.encode(0, [Reset(), queue("r"), message("r", 10)])))
+    writer.write(PendingRun(3, codec.encode(5, [message("r", 11)])))
+    writer.write(Reset(), queue("r"), message("r", 10), RunWritten(2))
+    writer.close()
+    assert rows(path, "SELECT seq FROM runs") == [(3,)]
+    assert recovered(path) == [queue("r"), message("r", 10), message("r", 11)]
+
+
+def test_a_reset_alone_keeps_every_pending_run(path: Path) -> None:
+    """A Reset written again after a failed write (without its run's end) drops no run:
+    its own run is still kept, and opening the store writes it and those after it."""
+    writer = Writer(path)
+    writer.write(PendingRun(4, codec.encode(0, [Reset(), queue("r")])))
+    writer.write(PendingRun(5, codec.encode(3, [message("r", 1)])))
     writer.write(Reset(), queue("r"))
     writer.close()
-    assert rows(path, "SELECT seq FROM runs") == []
-    assert recovered(path) == [queue("r")]
+    assert rows(path, "SELECT seq FROM runs") == [(4,), (5,)]
+    assert recovered(path) == [queue("r"), message("r", 1)]
 
 
 def test_a_version_1_store_gains_the_runs_table_at_open(path: Path) -> None:
