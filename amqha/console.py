@@ -818,9 +818,12 @@ def _replication_text(status: dict[str, Any]) -> str:
         if follower.get("in_sync"):
             text = "following, in sync"
         elif state == "closing":
-            text = "following, snapshot applied, not yet in sync"
+            text = "following, snapshot on disk, not yet in sync"
         else:
             text = f"following, {str(state).replace('_', ' ')}"
+        if follower.get("unapplied_runs"):
+            # Acked (on its disk) and still to apply: a takeover applies them first.
+            text += f", {follower['unapplied_runs']} runs to apply"
     else:
         text = ""
     quarantined = replication.get("quarantined") or []

@@ -541,10 +541,6 @@ class Follower:
     async def stop(self) -> None:
         await self.link.stop()
 
-    @property
-    def unapplied_runs(self) -> int:
-        return len(self._unapplied)
-
     def settle(self) -> None:
         """Apply, in order, every run kept and not applied yet (before this server
         leads: what it leads with holds every run it received)."""
@@ -665,7 +661,8 @@ class Follower:
             self.on_sync(
                 True,
                 f"in sync at LSN {sync_lsn}, {seconds} s after the snapshot started "
-                f"(snapshot applied in {self.last_snapshot_seconds} s)",
+                f"(snapshot on disk in {self.last_snapshot_seconds} s, "
+                f"{len(self._unapplied)} runs to apply)",
             )
 
     def _on_run(

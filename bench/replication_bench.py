@@ -15,7 +15,9 @@ publisher confirms with a window of 100, loopback:
   PASSIVE's leg), so the PASSIVE's leg shows as latency; with 1000, what is left is
   the throughput cost of replicating;
 - ``catch_up``: a PASSIVE restarted while the ACTIVE holds N persistent messages, from
-  its start to in sync (msg/s, seconds, the runs it took, each server's CPU seconds).
+  its start to in sync (msg/s, seconds, the runs it took, each server's CPU seconds),
+  then until it has applied every run it kept (``apply_seconds``: from the snapshot's
+  end on its disk; the PASSIVE's CPU seconds by then).
 
 Failover time with replication on is ``bench.failover_bench`` (a pair replicates by
 default). Prints JSON.
@@ -116,6 +118,17 @@ async def until_in_sync(server: ServerProcess, timeout: float) -> None:
     raise TimeoutError(f"no in-sync passive after {timeout} s")
 
 
+async def until_applied(server: ServerProcess, timeout: float) -> dict[str, Any]:
+    """The follower's status once it has applied every run it kept."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = await follower_state(server)
+        if state.get("unapplied_runs") == 0 and state.get("last_apply_seconds") is not None:
+            return state
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"runs still to apply after {timeout} s")
+
+
 def best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return max(rounds, key=lambda r: r["msgs_per_s"])
 
@@ -188,6 +201,7 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
             passive_cpu = cpu_seconds(pair.backup.process.pid)
             follower = asyncio.run(follower_state(pair.backup))
             snapshot = follower.get("last_snapshot_seconds") or seconds
+            applied = asyncio.run(until_applied(pair.backup, 1200))
             result["catch_up"] = {
                 "messages": count,
                 "seconds_from_start": round(seconds, 2),
@@ -200,6 +214,8 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
                 if active_cpu is None or active_after is None
                 else round(active_after - active_cpu, 2),
                 "passive_cpu_s": None if passive_cpu is None else round(passive_cpu, 2),
+                "apply_seconds": applied.get("last_apply_seconds"),
+                "passive_cpu_s_applied": round(cpu_seconds(pair.backup.process.pid) or 0, 2),
                 "load_average": os.getloadavg(),
             }
         finally:

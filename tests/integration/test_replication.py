@@ -507,6 +507,53 @@ async def test_a_server_killed_while_catching_up_never_leads_on_part_of_a_snapsh
     assert not (pair.primary.data_dir / "incomplete").exists()
 
 
+async def restart_into_applying(pair: Pair, server: Any, attempts: int = 5) -> bool:
+    """Restart ``server`` and return once it is in sync with runs of its snapshot still
+    to apply (True: on its disk, not yet in its state or its store's rows), or False
+    when every attempt had applied them all before it could be seen."""
+    for _ in range(attempts):
+        pair.kill(server)
+        server.start()
+        deadline = asyncio.get_running_loop().time() + 60
+        while asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(Exception):
+                follower = (await replication(pair, server)).get("follower") or {}
+                if follower.get("in_sync"):
+                    if follower.get("unapplied_runs"):
+                        return True
+                    break
+            await asyncio.sleep(0.005)
+    return False
+
+
+async def test_a_passive_killed_while_it_applies_its_snapshot_keeps_every_message(
+    make_pair: Any,
+) -> None:
+    """A PASSIVE acks a snapshot's runs once they are on its disk and applies them after:
+    in sync, it may still have most of them to apply. kill -9 of it then, and of the
+    ACTIVE: started alone, it writes the runs it kept when its store opens and,
+    promoted, serves every confirmed message from its own store."""
+    pair, ledger = await pair_with_a_backlog(make_pair)
+    assert await restart_into_applying(pair, pair.backup), "runs left to apply never seen"
+    pair.kill(pair.backup)
+    pair.kill(pair.primary)
+    pair.backup.start()
+    recovered = (await pair.status(pair.backup)).get("store", {}).get("recovered") or {}
+    assert recovered.get("pending_runs", 0) > 0, recovered
+    promoted = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "amqha", "console", "--server", url_of(pair.backup, ADMIN)]
+        + ["promote", "--force"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert promoted.returncode == 0, promoted.stderr
+    await pair.wait_states(None, "ACTIVE", timeout=30)
+    await assert_every_confirmed_message(pair, pair.backup.url, "big", ledger, 20_000)
+
+
 async def test_a_snapshot_of_large_messages_stays_within_what_the_passive_reads(
     make_pair: Any,
 ) -> None:

@@ -27,7 +27,11 @@ def test_each_phase_of_the_in_sync_rule_reads_as_what_it_is() -> None:
     assert _replication_text(follower(state="in_sync", in_sync=True)) == "following, in sync"
     assert (
         _replication_text(follower(state="closing", in_sync=False))
-        == "following, snapshot applied, not yet in sync"
+        == "following, snapshot on disk, not yet in sync"
+    )
+    assert (
+        _replication_text(follower(state="in_sync", in_sync=True, unapplied_runs=412))
+        == "following, in sync, 412 runs to apply"
     )
     assert (
         _replication_text(follower(state="catching_up", in_sync=False)) == "following, catching up"
