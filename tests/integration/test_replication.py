@@ -386,6 +386,20 @@ async def test_a_clean_stop_while_replicating_exits_cleanly_and_keeps_every_mess
     assert all("Traceback" not in server.log() for server in pair.servers)
 
 
+async def promote_force(server: Any) -> None:
+    """``amqha console promote --force`` on ``server``, as an operator would type it."""
+    promoted = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "amqha", "console", "--server", url_of(server, ADMIN)]
+        + ["promote", "--force"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert promoted.returncode == 0, promoted.stderr
+
+
 async def test_the_passives_own_disk_holds_every_confirmed_message(make_pair: Any) -> None:
     """A confirm means both stores have the message on disk. kill -9 of the PASSIVE
     under a confirming publisher (runs it acked may still wait to be written as rows),
@@ -409,16 +423,7 @@ async def test_the_passives_own_disk_holds_every_confirmed_message(make_pair: An
         await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
     pair.kill(pair.primary)
     pair.backup.start()
-    promoted = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "amqha", "console", "--server", url_of(pair.backup, ADMIN)]
-        + ["promote", "--force"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert promoted.returncode == 0, promoted.stderr
+    await promote_force(pair.backup)
     await pair.wait_states(None, "ACTIVE", timeout=20)
     remaining = [body for body, _ in await drain(pair.backup.url, "orders")]
     assert before_the_kill <= set(remaining), len(before_the_kill - set(remaining))
@@ -540,16 +545,7 @@ async def test_a_passive_killed_while_it_applies_its_snapshot_keeps_every_messag
     pair.backup.start()
     recovered = (await pair.status(pair.backup)).get("store", {}).get("recovered") or {}
     assert recovered.get("pending_runs", 0) > 0, recovered
-    promoted = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "amqha", "console", "--server", url_of(pair.backup, ADMIN)]
-        + ["promote", "--force"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert promoted.returncode == 0, promoted.stderr
+    await promote_force(pair.backup)
     await pair.wait_states(None, "ACTIVE", timeout=30)
     await assert_every_confirmed_message(pair, pair.backup.url, "big", ledger, 20_000)
 
