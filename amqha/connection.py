@@ -78,6 +78,8 @@ READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to
 READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
 READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
 READ_HELD_LOGIN = 16  # a login is being checked: frames behind Start-Ok wait for its answer
+# Holds that stop our reading of a live peer: while one holds, its silence is ours, not its.
+HEARTBEAT_PAUSING = READ_HELD_MEMORY | READ_HELD_PAIR | READ_HELD_LOGIN
 # READ_HELD_STORE (32, channel.py): a transaction's Commit-Ok waits for the store
 # Holds that may last: while one does, the broker watches the socket for the client's
 # going (asyncio sees a FIN or a reset only by reading).
@@ -119,6 +121,7 @@ class Connection(asyncio.Protocol):
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
         self.timer: asyncio.TimerHandle | None = None
+        self._heartbeat_due = 0.0  # when the heartbeat check was due (a late one: a freeze)
         self.close_timer: asyncio.TimerHandle | None = None
         self.bypasses_gate = False
         # A plain client is admitted at StartOk, where a refusal still reaches its user.
@@ -697,12 +700,21 @@ class Connection(asyncio.Protocol):
 
     def _schedule_heartbeat(self) -> None:
         if self.heartbeat:
-            self.timer = self.loop.call_later(self.heartbeat / 2, self._on_heartbeat_timer)
+            self._heartbeat_due = self.loop.time() + self.heartbeat / 2
+            self.timer = self.loop.call_at(self._heartbeat_due, self._on_heartbeat_timer)
 
     def _on_heartbeat_timer(self) -> None:
         if self.state >= CLOSED:
             return
         now = self.loop.time()
+        if now - self._heartbeat_due > self.heartbeat / 2 or self.read_holds & HEARTBEAT_PAUSING:
+            # Silence we caused is no evidence against the peer (docs/failover.md,
+            # "Freezes"): a timer this late means this process or its loop was stopped (a
+            # freeze, a stall), and what the peer sent meanwhile waits unread in our socket;
+            # a connection we stopped reading (the memory alarm, a pause of the pair) cannot
+            # be heard either. Its clock restarts instead, as RabbitMQ pauses the heartbeat
+            # monitor of a blocked connection.
+            self.last_received = now
         if now - self.last_received > 2 * self.heartbeat:
             log.info("%s: no traffic for %d s, peer presumed dead", self.peer, 2 * self.heartbeat)
             if self.transport is not None:

@@ -101,14 +101,51 @@ class Reconnecting:
             self._task = None
         await self._close()
 
+    def _own_cancel(self) -> bool:
+        """Whether a ``CancelledError`` seen now is this link being stopped. Anything else
+        that ends in one (aiormq resolves a connection it calls stuck, with no frame for
+        three heartbeats, with a ``CancelledError``) is a link that failed: the loop goes
+        on. A link ends only when its owner stops it (docs/failover.md, "Freezes")."""
+        task = asyncio.current_task()
+        return self._stopping or (task is not None and task.cancelling() > 0)
+
     async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self._connect_loop()
+            except asyncio.CancelledError:
+                if self._own_cancel():
+                    raise
+                reason = "the link was cancelled under it (declared stuck)"
+            except Exception as error:  # a bug in a callback must not end the link
+                reason = f"{type(error).__name__}: {error}"
+                log.exception("%s: link failed, reconnecting", self.name)
+            if self._stopping:
+                return
+            self.status.connected = False
+            with contextlib.suppress(Exception):
+                await self._close()
+            self.status.last_error = reason
+            log.warning("%s: link down (%s), reconnecting", self.name, reason)
+            if self.on_down is not None:
+                self.on_down(reason)
+            self._lost = True
+            await asyncio.sleep(self.backoff_initial)
+
+    async def _connect_loop(self) -> None:
         delay = self.backoff_initial
         while not self._stopping:
             self.status.attempts += 1
             try:
                 await self._open()
             except asyncio.CancelledError:
-                raise
+                if self._own_cancel():
+                    raise
+                await self._close()
+                self.status.last_error = "the connect was cancelled under it"
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
+                continue
             except Exception as error:
                 await self._close()
                 self.status.last_error = f"{type(error).__name__}: {error}"
@@ -257,7 +294,11 @@ class Peering(Reconnecting):
         try:
             await connection.closing
         except asyncio.CancelledError:
-            raise
+            if self._own_cancel():
+                raise
+            # aiormq's verdict on a connection with no frame for three heartbeats (a frozen
+            # or cut-off remote): the link is down, not this task cancelled.
+            return "no frame from the remote for three heartbeats: the link is stuck"
         except Exception as error:
             return f"{type(error).__name__}: {error}"
         return "closed"

@@ -65,6 +65,7 @@ class Link(asyncio.Protocol):
         self.frame_max = FRAME_MAX
         self.heartbeat = 0
         self.timer: asyncio.TimerHandle | None = None
+        self._heartbeat_due = 0.0  # when the heartbeat check was due (a late one: a freeze)
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
         # The delivery being read: [tag, properties, bytes expected, parts].
@@ -239,10 +240,15 @@ class Link(asyncio.Protocol):
 
     def _schedule_heartbeat(self) -> None:
         if self.heartbeat and not self.is_closed:
-            self.timer = self.loop.call_later(self.heartbeat / 2, self._on_heartbeat_timer)
+            self._heartbeat_due = self.loop.time() + self.heartbeat / 2
+            self.timer = self.loop.call_at(self._heartbeat_due, self._on_heartbeat_timer)
 
     def _on_heartbeat_timer(self) -> None:
         now = self.loop.time()
+        if now - self._heartbeat_due > self.heartbeat / 2:
+            # This process was stopped (a freeze): what the server sent meanwhile waits
+            # unread in the socket. Our silence is no evidence against it; count from now.
+            self.last_received = now
         if now - self.last_received > 2 * self.heartbeat:
             self.close(f"nothing heard for {2 * self.heartbeat} s (heartbeats)", abort=True)
             return

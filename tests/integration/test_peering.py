@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from typing import Any
 
@@ -172,3 +174,40 @@ async def test_delayed_link_still_delivers_in_order(make_server) -> None:
         finally:
             await peering.stop()
             await sink.close()
+
+
+async def test_a_link_declared_stuck_reconnects_after_the_remote_thaws(make_server) -> None:
+    """aiormq calls a connection stuck after three heartbeats with no frame and ends it with
+    a ``CancelledError``: a link that took that for its own stop never came back, and the
+    pair stayed deaf after a freeze (docs/failover.md, "Freezes"). Frozen past that limit
+    (heartbeat 1 s: stuck after 6 s), the remote is thawed: the link is up again and
+    carries messages."""
+    links: list[str] = []
+    server = make_server("remote").start()
+    peering = make_peering(server.port, links, heartbeat=1)
+    await peering.start()
+    frozen = False
+    try:
+        await until(lambda: peering.connected, 10, "link up")
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        frozen = True
+        # aiormq's own stuck verdict, 3 x (1 + 1) s after the last frame: the link goes down
+        # and keeps trying (each try times out against the frozen server).
+        await until(lambda: any(e.startswith("down: ") for e in links), 20, "link down (stuck)")
+        attempts = peering.status.attempts
+        await until(lambda: peering.status.attempts > attempts, 10, "keeps retrying")
+        os.kill(server.process.pid, signal.SIGCONT)
+        frozen = False
+        await until(lambda: peering.connected, 20, "link up again after the thaw")
+        assert links.count("up") >= 2
+        sink = await Sink(server, "peering-thaw").open()
+        try:
+            assert peering.publish("", b"thawed", routing_key=sink.name)
+            await sink.receive(b"thawed")
+        finally:
+            await sink.close()
+    finally:
+        if frozen and server.process is not None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        await peering.stop()
