@@ -1,5 +1,5 @@
 """The report on a real Spark standalone cluster: a master and one worker started from the
-pyspark install on loopback, the job submitted with the spark-submit command README gives.
+pyspark install on loopback, the job submitted with the spark-submit command docs/report-usage.md gives.
 The executors are given a Python that does not exist: the job must not need one. Its figures
 must be the same as on ``local[2]`` (the reference's). Skipped only where Java is missing."""
 
