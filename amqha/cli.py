@@ -309,7 +309,7 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
         relays[role] = _Relay(role, process)
     _say(f"primary pid {roles['primary'].pid}, backup pid {roles['backup'].pid}; Ctrl-C stops both")
 
-    stopping = threading.Event()  # set by SIGTERM: the servers' endings are then expected
+    stopping = threading.Event()  # set by SIGINT or SIGTERM: the servers' endings are expected
 
     def stop(*_: object) -> None:
         stopping.set()
@@ -320,6 +320,12 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
 
+    # SIGINT is handled here, not left to Python's KeyboardInterrupt: a command started in
+    # the background by a script inherits SIGINT ignored (the shell does that), and Python
+    # then never raises it; and an exception raised wherever the signal lands could skip
+    # the stop. The handler only sets the flag and signals the servers; the loop below
+    # sees the flag within one turn.
+    signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     written = False
     failed_start: str | None = None

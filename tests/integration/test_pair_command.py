@@ -55,9 +55,12 @@ class Output:
                 self.changed.wait(min(left, 1.0))
 
 
-def start_command(pair: Pair, *options: str) -> tuple[subprocess.Popen[str], Output]:
+def start_command(
+    pair: Pair, *options: str, sigint_ignored: bool = False
+) -> tuple[subprocess.Popen[str], Output]:
     """``amqha pair`` on the pair's two config files (neither server started by the test),
-    its pair file in the pair's folder."""
+    its pair file in the pair's folder. ``sigint_ignored``: started as a shell script's
+    background job is, with SIGINT ignored."""
     for server in pair.servers:
         server.workdir.mkdir(parents=True, exist_ok=True)
         server.config_path.write_text(yaml.safe_dump(server.config))
@@ -78,6 +81,9 @@ def start_command(pair: Pair, *options: str) -> tuple[subprocess.Popen[str], Out
         text=True,
         cwd=ROOT,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if sigint_ignored
+        else None,
     )
     output = Output(process)
     return process, output
@@ -162,6 +168,21 @@ def test_a_clean_stop_exits_zero(make_pair: MakePair) -> None:
         output.thread.join(WAIT)
         reports = [line for line in output.lines if line.startswith("amqha pair: ")]
         assert len(reports) == 1 and "primary pid" in reports[0], reports
+    finally:
+        stop_command(process)
+
+
+def test_ctrl_c_stops_a_command_started_with_sigint_ignored(make_pair: MakePair) -> None:
+    """A script's background job inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: the command handles SIGINT itself, stops both servers and exits 0."""
+    pair = make_pair(proxied=False)
+    process, output = start_command(pair, sigint_ignored=True)
+    try:
+        primary_pid, backup_pid = serving(pair, output)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=WAIT) == 0
+        for pid in (primary_pid, backup_pid):
+            assert not Path(f"/proc/{pid}").exists(), f"server {pid} still runs"
     finally:
         stop_command(process)
 
