@@ -9,9 +9,12 @@ name cannot be told from a wrong password by timing. Failed logins are logged, a
 ``LOG_BURST`` lines per ``LOG_WINDOW`` seconds, with a count of the ones left out.
 
 Bounds: scrypt checks run on ``CHECK_THREADS`` threads; at most ``MAX_PENDING`` logins wait
-for a check or a delayed refusal at once. Past that a login is refused at once, without a
-check, so a flood of attempts holds neither memory nor CPU (connections waiting here stop
-being read).
+for a check or a delayed refusal at once, and one source (an IPv4 address, an IPv6 /64:
+``source_of``) holds at most ``PER_SOURCE`` of them; the last ``RESERVE`` places go only to
+sources that hold fewer than ``RESERVE_BELOW``. Past its share a login is refused at once,
+without a check, so a flood of attempts holds neither memory nor CPU (connections waiting
+here stop being read) and cannot keep the logins of other sources out (docs/security.md,
+"Logins under a flood").
 
 Must not know: frames and connection states (``connection`` asks and closes), sockets.
 """
@@ -33,7 +36,10 @@ from .logtext import escaped
 log = logging.getLogger("amqha.auth")
 
 CHECK_THREADS = 2
-MAX_PENDING = 256
+MAX_PENDING = 1024
+PER_SOURCE = 64
+RESERVE = 256
+RESERVE_BELOW = 4
 LOG_BURST = 10
 LOG_WINDOW = 60.0
 
@@ -47,6 +53,20 @@ def is_loopback(address: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip.is_loopback
+
+
+def source_of(address: str) -> str:
+    """Whose login this is, for the per-source shares: the IPv4 address (IPv4-mapped
+    included), or the /64 of an IPv6 address (one host usually holds a whole /64)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+    return str(ip)
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,8 @@ class Authenticator:
         self.delay = config.failed_login_delay
         self.clock = clock
         self.pending = 0
+        # source_of(address) -> its logins pending (absent at 0)
+        self.pending_by_source: dict[str, int] = {}
         self.failed = 0
         self.limiter = LogLimiter()
         self._executor: ThreadPoolExecutor | None = None
@@ -103,9 +125,18 @@ class Authenticator:
     ) -> User | Refused:
         """The user, or why not (a refusal is returned only once its delay has passed)."""
         started = self.clock()
-        if self.pending >= MAX_PENDING:
+        source = source_of(address)
+        held = self.pending_by_source.get(source, 0)
+        if held >= PER_SOURCE:
+            return self._refused(
+                address, username, mechanism, "too many logins in progress from this address"
+            )
+        if self.pending >= MAX_PENDING or (
+            self.pending >= MAX_PENDING - RESERVE and held >= RESERVE_BELOW
+        ):
             return self._refused(address, username, mechanism, "too many logins in progress")
         self.pending += 1
+        self.pending_by_source[source] = held + 1
         try:
             user = self.users.get(username)
             verifier = self.verifiers.get(username, self._decoy)
@@ -132,6 +163,11 @@ class Authenticator:
             return refusal
         finally:
             self.pending -= 1
+            left = self.pending_by_source[source] - 1
+            if left:
+                self.pending_by_source[source] = left
+            else:
+                del self.pending_by_source[source]
 
     async def _check(self, verifier: Verifier, password: str) -> bool:
         if not verifier.costly:

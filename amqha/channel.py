@@ -316,6 +316,8 @@ class Channel:
             allowed = method.passive or (method.exclusive and not method.queue)  # type: ignore[attr-defined]
         elif kind is commands.Exchange.Declare:
             allowed = method.passive  # type: ignore[attr-defined]
+        elif kind is commands.Basic.Consume and method.queue == REPLY_TO:  # type: ignore[attr-defined]
+            allowed = True  # direct reply-to: this channel's own answers, no queue
         elif kind in (commands.Basic.Consume, commands.Basic.Get):
             allowed = (method.queue or self.last_queue) in self.connection.exclusive_queues  # type: ignore[attr-defined]
         if not allowed:

@@ -3,7 +3,9 @@
 Owns, server side: ``ConsoleService``, which consumes amq.console in-process and
 answers JSON requests (status, recover, promote, connections, queues, exchanges,
 bindings, events, controller stop|start, purge, delete, close-connection, federation
-list|add|remove) to the requester's own exclusive reply queue. amq.console is a control exchange: only users
+list|add|remove) to the requester's own direct reply-to address (``ConsoleClient``'s:
+no queue, so a vhost at its queue limit keeps its console) or exclusive reply queue.
+amq.console is a control exchange: only users
 tagged ``administrator`` may publish to it (the channel refuses others with 403),
 nothing can be bound to it, and the request is attributed to the user its connection
 authenticated as. The service checks that tag again itself before it runs any command,
@@ -42,6 +44,7 @@ import click
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
+from .channel import REPLY_TO
 from .core.message import Message
 from .core.vhost import CONSOLE_EXCHANGE
 from .federation.agent import Refused
@@ -101,8 +104,13 @@ class ConsoleService:
         user = connection.user.name
 
         def reply(answer: dict[str, Any]) -> None:
-            # Answers go only to a reply queue the asking connection owns: the console
-            # never writes into application queues.
+            # Answers go only to the asking connection's own direct reply-to address (what
+            # ConsoleClient uses: no queue, so no vhost's queue limit can stop the console)
+            # or to a reply queue it owns: the console never writes into application queues.
+            consumer = self.broker.reply_consumer(reply_to) if reply_to else None
+            if consumer is not None and consumer.channel.connection is connection:
+                self._reply_direct(consumer, reply_to, properties.correlation_id, answer)
+                return
             queue = connection.exclusive_queues.get(reply_to) if reply_to else None
             if queue is not None:
                 self._reply(queue, properties.correlation_id, answer)
@@ -140,14 +148,14 @@ class ConsoleService:
         reply(answer)
 
     def _reply(self, queue: Any, correlation_id: str | None, answer: dict[str, Any]) -> None:
-        body = json.dumps(answer, default=str).encode()
-        header = ContentHeader(
-            body_size=len(body),
-            properties=commands.Basic.Properties(
-                content_type="application/json", correlation_id=correlation_id
-            ),
-        ).marshal()
+        header, body = _answer_frames(correlation_id, answer)
         self.broker.enqueue(Message(address_of("", queue.name), header, body), (queue,))
+
+    def _reply_direct(
+        self, consumer: Any, address: str, correlation_id: str | None, answer: dict[str, Any]
+    ) -> None:
+        header, body = _answer_frames(correlation_id, answer)
+        consumer.deliver(None, Message(address_of("", address), header, body), False)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -625,6 +633,17 @@ def _errno_text(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
+def _answer_frames(correlation_id: str | None, answer: dict[str, Any]) -> tuple[bytes, bytes]:
+    body = json.dumps(answer, default=str).encode()
+    header = ContentHeader(
+        body_size=len(body),
+        properties=commands.Basic.Properties(
+            content_type="application/json", correlation_id=correlation_id
+        ),
+    ).marshal()
+    return header, body
+
+
 def _reply_text(error: BaseException) -> str:
     """The server's reply text out of an aiormq channel error (ACCESS_REFUSED - ...)."""
     text = str(error)
@@ -666,7 +685,9 @@ class ConsoleClient:
         # A channel the server closes (403 for a user who may not use the console) fails
         # the requests waiting on it at once, with the server's reason.
         self.channel.close_callbacks.add(self._on_channel_closed)
-        self.replies = await self.channel.declare_queue(exclusive=True)
+        # Direct reply-to: answers come without a reply queue, so a vhost at its queue
+        # limit still has a console (docs/operations.md, "Admin console").
+        self.replies = await self.channel.get_queue(REPLY_TO, ensure=False)
         await self.replies.consume(self._on_reply, no_ack=True)
         self.user = self.server.user
 

@@ -32,6 +32,7 @@ from amqha.federation import names
 
 from . import tls as tls_check
 from .passwords import BadHash, Verifier, parse_hash, plain
+from .vhostnames import vhost_name_problem
 
 ROLES = ("primary", "backup")
 # RabbitMQ's management tags (management, policymaker, monitoring, administrator), the
@@ -553,6 +554,10 @@ def _users(path: str, value: Any) -> tuple[User, ...]:
             except BadHash as error:
                 raise ConfigError(path, f"users[{index}].password_hash", str(error)) from None
         vhosts = section.get("vhosts", list, ["/"])
+        for vhost in vhosts:
+            problem = vhost_name_problem(vhost)
+            if problem is not None:
+                raise ConfigError(path, f"users[{index}].vhosts", problem)
         tags = section.get("tags", list, [])
         for tag in tags:
             if tag not in USER_TAGS:

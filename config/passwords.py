@@ -32,6 +32,10 @@ SCRYPT_P = 1
 # A config could name any cost; past this a single login would hold more memory than a
 # broker should spend on one (and hashlib refuses beyond its maxmem anyway).
 SCRYPT_MAX_MEMORY = 256 * 1024 * 1024
+# And at most this much work (n * r * p, four times the default's, about a second of
+# CPU): p multiplies the time without the memory, so the memory cap alone let one hash
+# cost 12 s (docs/security.md, "Password hashes").
+SCRYPT_MAX_WORK = 4 * (1 << SCRYPT_LN) * SCRYPT_R * SCRYPT_P
 SALT_BYTES = 16
 KEY_BYTES = 32
 
@@ -93,6 +97,13 @@ def parse_hash(text: str) -> Verifier:
             raise BadHash(
                 f"scrypt cost ln={ln},r={r} needs {_scrypt_memory(ln, r) >> 20} MiB per login "
                 f"(at most {SCRYPT_MAX_MEMORY >> 20} MiB)"
+            )
+        work = (1 << ln) * r * p
+        if work > SCRYPT_MAX_WORK:
+            raise BadHash(
+                f"scrypt cost ln={ln},r={r},p={p} is n*r*p = {work}, more than the "
+                f"{SCRYPT_MAX_WORK} accepted (4 times the default ln={SCRYPT_LN},"
+                f"r={SCRYPT_R},p={SCRYPT_P})"
             )
         try:
             salt, digest = _b64(match.group(4)), _b64(match.group(5))

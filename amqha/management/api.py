@@ -7,14 +7,15 @@ routes of docs/operations.md ("Management API"), the changes they make (purge, d
 close, definitions import) and the page at ``/``.
 
 Bounds: aiohttp parses requests with the limits of HANDLER_OPTIONS; a body is at most
-MAX_BODY (a definitions file); at most MAX_CONNECTIONS sockets are open (past that the
-oldest one that has sent no request is dropped for the newcomer), and a socket's first
-request must be in within REQUEST_TIMEOUT (``BoundedConnection``, as the metrics
-endpoint's); a successful login is remembered for LOGIN_CACHE_SECONDS
-(at most LOGIN_CACHE_SIZE of them) so the page's polling does not cost an scrypt check
-every two seconds; a refused one costs its sender ``auth.failed_login_delay``. The
-page's history reads at most HISTORY_BYTES of an event log, HISTORY_SECONDS back, and
-reads this server's again only when its log has changed (``timeline`` computes from it).
+MAX_BODY (a definitions file); the sockets are ``sockets``' (at most MAX_CONNECTIONS, a
+share per address, a socket that has not logged in closed after its answer, so none can
+keep an operator out); a change must pass ``guard`` (same origin, a JSON body); a
+successful login is remembered for LOGIN_CACHE_SECONDS (at most LOGIN_CACHE_SIZE of them)
+so the page's polling does not cost an scrypt check every two seconds; a refused one costs
+its sender ``auth.failed_login_delay``. A definitions file is parsed and checked off the
+event loop (its password hashes may cost scrypt), one import at a time. The page's
+history reads at most HISTORY_BYTES of an event log, HISTORY_SECONDS back, and reads this
+server's again only when its log has changed (``timeline`` computes from it).
 
 Must not know: how the model routes or stores (``core``), how failover decides (it reads
 the broker's ``gate.Pair``); what a user may see is ``access``, the JSON is ``shapes``.
@@ -26,7 +27,6 @@ import asyncio
 import base64
 import binascii
 import hashlib
-import json
 import logging
 import math
 import os
@@ -47,9 +47,11 @@ from config.tls import server_context
 from .. import __version__
 from ..console import read_events
 from ..core.message import Message
+from ..core.queue import new_queue
 from ..logtext import escaped
 from ..wire import address_of
-from . import access, definitions, shapes, timeline
+from . import access, definitions, guard, shapes, timeline
+from .sockets import REQUEST_TIMEOUT, ManagedSocket, SocketTable
 
 if TYPE_CHECKING:
     from ..host import ManagementSource
@@ -57,8 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqha.management")
 
 MAX_BODY = 16 * 1024 * 1024
-MAX_CONNECTIONS = 256
-REQUEST_TIMEOUT = 10.0
 LOGIN_CACHE_SECONDS = 60.0
 LOGIN_CACHE_SIZE = 1024
 SHUTDOWN_TIMEOUT = 0.5
@@ -91,43 +91,6 @@ def not_found(what: str = "Not Found") -> ApiError:
     return ApiError(404, "Object Not Found", what)
 
 
-class BoundedConnection(web.RequestHandler):
-    """aiohttp's HTTP/1.1 protocol for one socket of the listener, counted by the endpoint
-    (at most MAX_CONNECTIONS) and dropped if its first request is not in within
-    REQUEST_TIMEOUT; idle keep-alive connections are aiohttp's (keepalive_timeout)."""
-
-    __slots__ = ("endpoint", "asked", "timer")
-
-    def __init__(self, manager: web.Server, endpoint: ManagementEndpoint, **options: Any) -> None:
-        super().__init__(manager, **options)
-        self.endpoint = endpoint
-        self.asked = False
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.drop)
-        self.endpoint.opened(self)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.endpoint.closed(self)
-        super().connection_lost(exc)
-
-    def request_in(self) -> None:
-        if not self.asked:
-            self.asked = True
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-
-    def drop(self) -> None:
-        # abort, not close: close would wait for a client that does not read.
-        if self.transport is not None:
-            self.transport.abort()
-
-
 class ManagementEndpoint:
     """The listener; started with the broker when ``management.listen`` is set."""
 
@@ -145,8 +108,9 @@ class ManagementEndpoint:
         # (inode, size, since) -> this server's history, read once per change of its log.
         self.own_history: tuple[tuple[int, int, float], list[dict[str, Any]]] | None = None
         self.listener: asyncio.base_events.Server | None = None
-        # Open sockets, oldest first.
-        self.sockets: dict[BoundedConnection, None] = {}
+        self.sockets = SocketTable()
+        # One definitions import at a time (each may check password hashes off the loop).
+        self.importing = asyncio.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -169,7 +133,7 @@ class ManagementEndpoint:
         manager = self.runner.server
         assert manager is not None
         self.listener = await loop.create_server(
-            lambda: BoundedConnection(manager, self, loop=loop, **HANDLER_OPTIONS),
+            lambda: ManagedSocket(manager, self.sockets, loop=loop, **HANDLER_OPTIONS),
             self.config.host,
             self.config.port,
             ssl=context,
@@ -185,21 +149,6 @@ class ManagementEndpoint:
         assert self.listener is not None
         return int(self.listener.sockets[0].getsockname()[1])
 
-    def opened(self, connection: BoundedConnection) -> None:
-        if len(self.sockets) >= MAX_CONNECTIONS:
-            # A socket that has sent no request gives way to the newcomer: holding sockets
-            # open cannot keep an operator out.
-            silent = next((c for c in self.sockets if not c.asked), None)
-            if silent is None:
-                connection.drop()
-                return
-            self.sockets.pop(silent)
-            silent.drop()
-        self.sockets[connection] = None
-
-    def closed(self, connection: BoundedConnection) -> None:
-        self.sockets.pop(connection, None)
-
     async def stop(self) -> None:
         """Answers under way get SHUTDOWN_TIMEOUT to finish; then every socket is closed."""
         if self.session is not None:
@@ -211,8 +160,7 @@ class ManagementEndpoint:
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()
-        for connection in list(self.sockets):
-            connection.drop()
+        self.sockets.drop_all()
 
     # -- routes ---------------------------------------------------------------------------
 
@@ -267,12 +215,29 @@ class ManagementEndpoint:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every API route needs a management login; errors are RabbitMQ's JSON."""
-        if isinstance(request.protocol, BoundedConnection):
-            request.protocol.request_in()
+        """Every API route needs a management login; a change must pass ``guard``; errors
+        are RabbitMQ's JSON. A socket whose request did not log in closes after the answer
+        (``sockets``)."""
+        socket = request.protocol if isinstance(request.protocol, ManagedSocket) else None
+        if socket is not None:
+            socket.request_in()
+        logged_in = False
+        try:
+            response = await self._answer(request, handler)
+            logged_in = "user" in request
+        finally:
+            if socket is not None:
+                socket.busy = False
+        if socket is not None:
+            socket.answered(response, logged_in)
+        return response
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             if request.path.startswith("/api/"):
-                request["user"] = await self._login(request)
+                user = await self._login(request)
+                request["user"] = user
+                guard.check_change(request.method, request.headers, request.scheme)
             return await handler(request)
         except ApiError as error:
             headers = {}
@@ -283,6 +248,14 @@ class ManagementEndpoint:
                 status=error.status,
                 headers=headers,
             )
+        except guard.Forbidden as error:
+            return web.json_response(
+                {"error": error.error, "reason": error.reason}, status=error.status
+            )
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            return guard.error_body(error, request.method, request.path)
 
     async def _login(self, request: web.Request) -> Any:
         header = request.headers.get("Authorization")
@@ -513,15 +486,17 @@ class ManagementEndpoint:
         return _json([])
 
     async def aliveness(self, request: web.Request) -> web.StreamResponse:
-        """RabbitMQ's aliveness test: a message through the queue ``aliveness-test`` of
-        the vhost (declared non-durable, as RabbitMQ does), on a server that serves."""
+        """RabbitMQ's aliveness test: a message through a queue of the vhost, on a server
+        that serves. The queue is the check's own, made for it and in no vhost's table: an
+        application's queue named ``aliveness-test`` is never touched (RabbitMQ declares
+        and reads that name; docs/operations.md)."""
         vhost = self._vhost(request)
         _need(access.may_change_queue(request["user"], vhost.name))
         if not self.broker.pair.serving():
             return _json({"status": "failed", "reason": "this server is not serving"}, 503)
         now = time.time()
-        queue = vhost.declare_queue(ALIVENESS_QUEUE, None, now)
-        self.broker.enqueue(aliveness_message(), (queue,), vhost.name)
+        queue = new_queue(ALIVENESS_QUEUE, vhost=vhost.name)
+        vhost.enqueue(aliveness_message(), (queue,), now)
         got = queue.get(now, no_ack=True)
         if got is None or got[0].body != ALIVENESS_BODY:
             return _json({"status": "failed", "reason": "the test message did not come back"}, 503)
@@ -853,18 +828,21 @@ class ManagementEndpoint:
         _need(access.is_admin(request["user"]))
         if not self.broker.pair.serving():
             raise ApiError(503, "not_active", "this server is not serving: import on the ACTIVE")
-        try:
-            body = await request.json(loads=_loads)
-        except ValueError as error:
-            raise ApiError(400, "bad_request", f"not JSON: {error}") from None
-        try:
-            plan = definitions.plan_import(body, self.broker.config)
-        except definitions.Refused as error:
-            raise ApiError(error.status, "bad_request", str(error)) from None
-        try:
-            definitions.apply(plan, self.broker, time.time())
-        except definitions.Refused as error:
-            raise ApiError(error.status, "bad_request", str(error)) from None
+        text = await request.text()
+        async with self.importing:
+            # Parsed and checked off the loop: a large file, and the scrypt hashes it may
+            # carry (config.passwords caps their cost), must not hold up every client.
+            try:
+                plan = await asyncio.to_thread(_plan, text, self.broker.config)
+            except definitions.Refused as error:
+                raise ApiError(error.status, "bad_request", str(error)) from None
+            try:
+                # Against what the broker holds now, on the loop: nothing is applied
+                # unless all of it can be.
+                definitions.check_against(plan, self.broker.vhosts, self.broker.config)
+                definitions.apply(plan, self.broker, time.time())
+            except definitions.Refused as error:
+                raise ApiError(error.status, "bad_request", str(error)) from None
         log.info(
             "definitions imported by %s (management): %s",
             escaped(request["user"].name),
@@ -1030,5 +1008,11 @@ def _int_query(request: web.Request, name: str, default: int, low: int, high: in
     return max(low, min(high, value))
 
 
-def _loads(text: str) -> Any:
-    return json.loads(text)
+def _plan(text: str, config: Any) -> definitions.Plan:
+    """A definitions file's plan (on a worker thread): Refused if it is not JSON or not
+    importable."""
+    try:
+        body = guard.loads(text)
+    except ValueError as error:
+        raise definitions.Refused(f"not JSON: {error}") from None
+    return definitions.plan_import(body, config)

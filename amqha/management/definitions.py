@@ -2,8 +2,12 @@
 
 Owns: the export (users with RabbitMQ password hashes, vhosts, permissions, exchanges,
 queues, bindings) and the import: a file is checked whole before anything of it is
-applied, then its vhosts, exchanges, queues and bindings are declared through the model
-(durable ones reach the store and the PASSIVE as any declare does).
+applied, first alone (``plan_import``: pure, run off the event loop, since a password
+hash it carries may cost scrypt), then against what the broker holds
+(``check_against``: every declare equivalent to what exists, every binding's ends there
+or in the file, every vhost's queue limit kept), then its vhosts, exchanges, queues and
+bindings are declared through the model (durable ones reach the store and the PASSIVE
+as any declare does). A file that would fail any of it changes nothing.
 
 Users are the config file's (both servers of a pair read the same list; a user made on
 one server alone would not log in after a failover). So an import does not create or
@@ -14,8 +18,9 @@ that matches the file's hash, else the import is refused naming them, and
 user, with full rights: a file that gives narrower ones is refused rather than widened.
 
 Never importable, whatever the file says (docs/security.md): the pair's own users (tagged
-``peering``, or ``failover.peer_user``), the control plane (``amq.peer``,
-``amq.console``, any ``amq.`` name, bindings to or from them): 403.
+``peering``, or ``failover.peer_user``), the control plane (the control exchanges of
+``core.vhost.CONTROL_EXCHANGES``, any ``amq.`` name, bindings to or from them): 403; a
+vhost name with a control character (``config.vhostnames``): 400.
 
 Must not know: HTTP, sockets, the clock (``now`` is given).
 """
@@ -23,14 +28,18 @@ Must not know: HTTP, sockets, the clock (``now`` is given).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pamqp import exceptions
 
 from config.passwords import BadHash, hash_password, parse_hash
+from config.vhostnames import vhost_name_problem
 
+from ..core.queue import QueueArgumentError, new_queue
+from ..core.routing import arguments_size
+from ..core.vhost import ALTERNATE_EXCHANGE, CONTROL_EXCHANGES, STANDARD_EXCHANGES
 from ..wire import decode_field_table, field_table
 from . import access, shapes
 
@@ -40,7 +49,8 @@ ALGORITHMS = {
     "scrypt": "amqha_scrypt",
 }
 FULL = ".*"
-CONTROL = ("amq.peer", "amq.console")
+# The control plane's exchanges: the model's own list, so a new one is refused here too.
+CONTROL = frozenset(CONTROL_EXCHANGES)
 _OBJECT_KEYS = ("users", "vhosts", "permissions", "queues", "exchanges", "bindings")
 # Keys a RabbitMQ export has that amqha has nothing for: accepted when empty.
 _EMPTY_OK = ("topic_permissions", "parameters", "global_parameters", "policies")
@@ -186,6 +196,14 @@ def _text(item: dict[str, Any], key: str, where: str, default: str | None = None
     return value
 
 
+def _vhost(item: dict[str, Any], key: str, where: str, default: str | None = "/") -> str:
+    name = _text(item, key, where, default)
+    problem = vhost_name_problem(name)
+    if problem is not None:
+        raise Refused(f"{where}: '{key}': {problem}")
+    return name
+
+
 def _flag(item: dict[str, Any], key: str, where: str, default: bool) -> bool:
     value = item.get(key, default)
     if not isinstance(value, bool):
@@ -224,10 +242,7 @@ def _tags(item: dict[str, Any], where: str) -> set[str]:
 def _password_matches(configured: Any, given_hash: str) -> bool:
     if configured.password_hash is not None and configured.password_hash == given_hash:
         return True
-    try:
-        verifier = parse_hash(given_hash)
-    except BadHash:
-        return False
+    verifier = parse_hash(given_hash)  # BadHash: the caller names it
     # A RabbitMQ hash of the configured plain password: the same salt gives the same hash.
     return configured.password is not None and verifier.check(configured.password)
 
@@ -238,9 +253,14 @@ def _check_users(body: dict[str, Any], config: Any) -> int:
     if config.failover.peer is not None:
         internal.add(config.failover.peer_user)
     problems: list[str] = []
+    seen: set[str] = set()
     for index, item in enumerate(_list(body, "users")):
         where = f"users[{index}]"
         name = _text(item, "name", where)
+        if name in seen:
+            # Each entry may cost a password check: one per configured user at most.
+            raise Refused(f"{where}: user '{name}' is listed twice")
+        seen.add(name)
         tags = _tags(item, where)
         if name in internal or access.INTERNAL_TAG in tags:
             raise Refused(
@@ -257,7 +277,12 @@ def _check_users(body: dict[str, Any], config: Any) -> int:
                 f"'{name}' has tags {sorted(tags)} in the file, {sorted(user.tags)} in the config"
             )
         given = item.get("password_hash")
-        if given not in (None, "") and not _password_matches(user, str(given)):
+        try:
+            matches = given in (None, "") or _password_matches(user, str(given))
+        except BadHash as error:
+            problems.append(f"'{name}': its password_hash is refused: {error}")
+            continue
+        if not matches:
             problems.append(f"'{name}' has another password in the config")
     if problems:
         raise Refused(
@@ -267,7 +292,7 @@ def _check_users(body: dict[str, Any], config: Any) -> int:
         )
     for index, item in enumerate(_list(body, "permissions")):
         where = f"permissions[{index}]"
-        name, vhost = _text(item, "user", where), _text(item, "vhost", where)
+        name, vhost = _text(item, "user", where), _vhost(item, "vhost", where, None)
         if name in internal:
             raise Refused(f"{where}: user '{name}' is the pair's own login", 403)
         user = configured.get(name)
@@ -309,7 +334,7 @@ def plan_import(body: Any, config: Any) -> Plan:
             raise Refused(f"{key}: amqha has none; remove them from the file")
     plan = Plan(users_checked=_check_users(body, config))
     for index, item in enumerate(_list(body, "vhosts")):
-        plan.vhosts.append(_text(item, "name", f"vhosts[{index}]"))
+        plan.vhosts.append(_vhost(item, "name", f"vhosts[{index}]", None))
     for index, item in enumerate(_list(body, "exchanges")):
         where = f"exchanges[{index}]"
         name = _text(item, "name", where)
@@ -325,7 +350,7 @@ def plan_import(body: Any, config: Any) -> Plan:
             raise Refused(f"{where}: alternate-exchange '{alternate}' is the control plane", 403)
         plan.exchanges.append(
             {
-                "vhost": _text(item, "vhost", where, "/"),
+                "vhost": _vhost(item, "vhost", where),
                 "name": name,
                 "kind": kind,
                 "durable": _flag(item, "durable", where, True),
@@ -346,7 +371,7 @@ def plan_import(body: Any, config: Any) -> Plan:
             raise Refused(f"{where}: x-dead-letter-exchange '{dlx}' is the control plane", 403)
         plan.queues.append(
             {
-                "vhost": _text(item, "vhost", where, "/"),
+                "vhost": _vhost(item, "vhost", where),
                 "name": name,
                 "durable": _flag(item, "durable", where, True),
                 "auto_delete": _flag(item, "auto_delete", where, False),
@@ -371,7 +396,7 @@ def plan_import(body: Any, config: Any) -> Plan:
             continue  # the default exchange's bindings are implicit
         plan.bindings.append(
             {
-                "vhost": _text(item, "vhost", where, "/"),
+                "vhost": _vhost(item, "vhost", where),
                 "source": source,
                 "destination": destination,
                 "kind": kind,
@@ -380,6 +405,144 @@ def plan_import(body: Any, config: Any) -> Plan:
             }
         )
     return plan
+
+
+_STANDARD = frozenset(name for name, _ in STANDARD_EXCHANGES)
+
+
+def check_against(plan: Plan, vhosts: Mapping[str, Any], config: Any) -> None:
+    """Refused if applying ``plan`` to these vhosts would stop part way: a declare not
+    equivalent to what exists (or to an earlier entry of the file), a binding whose
+    source or destination is neither there nor in the file, arguments past
+    ``limits.max_arguments_size``, more queues in a vhost than ``limits.vhost.max_queues``.
+    Reads the model only (run it on the loop, right before ``apply``)."""
+    limit = config.limits.vhost.max_queues
+    max_size = config.limits.max_arguments_size
+    exchanges: dict[tuple[str, str], dict[str, Any]] = {}
+    for item in plan.exchanges:
+        key = (item["vhost"], item["name"])
+        where = f"exchange '{item['name']}' in vhost '{item['vhost']}'"
+        _check_size(item["arguments"], max_size, where)
+        vhost = vhosts.get(item["vhost"])
+        existing = vhost.exchanges.get(item["name"]) if vhost is not None else None
+        if existing is not None:
+            have = {
+                "type": existing.kind,
+                "durable": existing.durable,
+                "auto_delete": existing.auto_delete,
+                "internal": existing.internal,
+                ALTERNATE_EXCHANGE: existing.arguments.get(ALTERNATE_EXCHANGE),
+            }
+            _same(have, _exchange_fields(item), where, "exists with")
+        elif key in exchanges:
+            _same(_exchange_fields(exchanges[key]), _exchange_fields(item), where, "is earlier")
+        exchanges.setdefault(key, item)
+    queues: dict[tuple[str, str], dict[str, Any]] = {}
+    new: dict[str, int] = {}
+    for item in plan.queues:
+        key = (item["vhost"], item["name"])
+        where = f"queue '{item['name']}' in vhost '{item['vhost']}'"
+        _check_size(item["arguments"], max_size, where)
+        vhost = vhosts.get(item["vhost"])
+        existing = vhost.queues.get(item["name"]) if vhost is not None else None
+        if vhost is not None and existing is not None:
+            if item["name"] in vhost.hidden or existing.exclusive_owner is not None:
+                raise Refused(f"{where} is held by the server or a connection (exclusive)", 403)
+            have = {"durable": existing.durable, "auto_delete": existing.auto_delete}
+            have.update(_x_arguments(existing.arguments))
+            _same(have, _queue_fields(item), where, "exists with")
+        elif key in queues:
+            _same(_queue_fields(queues[key]), _queue_fields(item), where, "is earlier")
+        else:
+            try:
+                # A throwaway queue: its arguments are checked as a declare checks them.
+                new_queue(
+                    item["name"], item["durable"], None, item["auto_delete"], item["arguments"]
+                )
+            except QueueArgumentError as error:
+                raise Refused(f"{where}: {error}") from None
+            new[item["vhost"]] = new.get(item["vhost"], 0) + 1
+        queues.setdefault(key, item)
+    for name, count in sorted(new.items()):
+        vhost = vhosts.get(name)
+        held = len(vhost.queues) if vhost is not None else 0
+        if limit and held + count > limit:
+            raise Refused(
+                f"the file would make {count} new queues in vhost '{name}', which holds {held}: "
+                f"more than its queue limit (limits.vhost.max_queues: {limit}); nothing was "
+                "imported"
+            )
+    for item in plan.bindings:
+        where = (
+            f"binding of '{item['destination']}' to '{item['source']}' in vhost '{item['vhost']}'"
+        )
+        _check_size(item["arguments"], max_size, where)
+        vhost = vhosts.get(item["vhost"])
+        if not _exchange_there(item["source"], item["vhost"], vhost, exchanges):
+            raise Refused(f"{where}: no exchange '{item['source']}' there or in the file")
+        destination = item["destination"]
+        if item["kind"] == "exchange":
+            if not _exchange_there(destination, item["vhost"], vhost, exchanges):
+                raise Refused(f"{where}: no exchange '{destination}' there or in the file")
+            continue
+        if (item["vhost"], destination) in queues:
+            continue
+        queue = vhost.queues.get(destination) if vhost is not None else None
+        if vhost is None or queue is None:
+            raise Refused(f"{where}: no queue '{destination}' there or in the file")
+        if destination in vhost.hidden or queue.exclusive_owner is not None:
+            raise Refused(
+                f"{where}: queue '{destination}' is held by the server or a connection", 403
+            )
+
+
+def _exchange_there(name: str, vhost_name: str, vhost: Any, exchanges: Mapping[Any, Any]) -> bool:
+    if name in _STANDARD or (vhost_name, name) in exchanges:
+        return True
+    return vhost is not None and name in vhost.exchanges
+
+
+def _exchange_fields(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": item["kind"],
+        "durable": item["durable"],
+        "auto_delete": item["auto_delete"],
+        "internal": item["internal"],
+        ALTERNATE_EXCHANGE: item["arguments"].get(ALTERNATE_EXCHANGE),
+    }
+
+
+def _queue_fields(item: dict[str, Any]) -> dict[str, Any]:
+    fields = {"durable": item["durable"], "auto_delete": item["auto_delete"]}
+    fields.update(_x_arguments(item["arguments"]))
+    return fields
+
+
+def _x_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments a redeclare must repeat (as ``VHost.declare_queue`` compares them);
+    an absent x-queue-type is 'classic'."""
+    found = {key: value for key, value in arguments.items() if key.startswith("x-")}
+    kind = found.get("x-queue-type", "classic")
+    found["x-queue-type"] = kind.decode(errors="replace") if isinstance(kind, bytes) else kind
+    return found
+
+
+def _same(have: dict[str, Any], want: dict[str, Any], where: str, what: str) -> None:
+    for key in sorted(set(have) | set(want)):
+        if have.get(key) != want.get(key):
+            raise Refused(
+                f"{where} {what} {key} {have.get(key)!r}, the file says {want.get(key)!r} "
+                "(inequivalent): nothing was imported"
+            )
+
+
+def _check_size(arguments: dict[str, Any], limit: int, where: str) -> None:
+    size = arguments_size(arguments) if arguments else 0
+    if limit and size > limit:
+        raise Refused(
+            f"{where}: the arguments count {size} bytes, more than "
+            f"limits.max_arguments_size ({limit})"
+        )
 
 
 def apply(plan: Plan, broker: Any, now: float) -> None:

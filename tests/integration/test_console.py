@@ -286,7 +286,20 @@ def test_host_port_is_a_shorthand_for_admin_with_the_made_password(
     (tmp_path / "local" / "admin.password").write_text("admin\n")
     pair_file = tmp_path / "pair.json"
     pair_file.write_text(json.dumps({"servers": [broker.address], "config_dir": str(tmp_path)}))
+    name = f"shorthand-{time.monotonic_ns()}"
+
+    async def queue(delete: bool) -> None:
+        connection = await aio_pika.connect(broker.url)
+        async with connection:
+            channel = await connection.channel()
+            if delete:
+                await channel.queue_delete(name)
+            else:
+                await channel.declare_queue(name)
+
+    asyncio.run(queue(False))  # a queue to list (the console itself makes none)
     shorthand = run_console("--pair-file", str(pair_file), "--server", broker.address, "queues")
+    asyncio.run(queue(True))
     assert shorthand.returncode == 0, shorthand.stderr
     assert shorthand.stdout.splitlines()[0].split() == [
         "vhost",

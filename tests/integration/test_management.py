@@ -471,9 +471,10 @@ async def test_health_checks_standalone(make_server) -> None:
     assert (await api.get("/api/health/checks/amqha-active"))["status"] == "ok"
     status, body = await api.call("GET", "/api/health/checks/amqha-active-in-sync")
     assert status == 503 and "standalone" in body["reason"]
-    # RabbitMQ's aliveness test: a message through the vhost's aliveness-test queue.
+    # RabbitMQ's aliveness test: a message through a queue of the vhost, the check's own
+    # (it leaves no queue behind).
     assert await api.get("/api/aliveness-test/%2F") == {"status": "ok"}
-    assert (await api.get("/api/queues/%2F/aliveness-test"))["messages"] == 0
+    assert (await api.call("GET", "/api/queues/%2F/aliveness-test"))[0] == 404
     assert (await api.call("GET", "/api/aliveness-test/nowhere"))[0] == 404
     assert (await api.call("GET", "/api/aliveness-test/other", "mgmt"))[0] == 404
     assert await api.get("/api/policies") == []
@@ -631,7 +632,7 @@ async def test_management_over_tls(make_server, tmp_path) -> None:
 async def test_silent_sockets_do_not_keep_an_operator_out(make_server) -> None:
     """Past MAX_CONNECTIONS sockets that send nothing, the oldest silent one gives way to
     the newcomer; a socket whose request never comes is dropped after REQUEST_TIMEOUT."""
-    from amqha.management.api import MAX_CONNECTIONS, REQUEST_TIMEOUT
+    from amqha.management.sockets import MAX_CONNECTIONS, REQUEST_TIMEOUT
 
     _, api = managed(make_server)
     port = int(api.base.rsplit(":", 1)[1])

@@ -271,3 +271,64 @@ async def test_a_refused_user_name_cannot_forge_a_log_line(
     assert "\n" not in line and "\x1b" not in line
     assert "user 'x\\n2026-01-01 00:00:00,000 primary WARNING amqha.auth: forged\\x1b[2J'" in line
     authenticator.close()
+
+
+@pytest.mark.parametrize(
+    ("address", "source"),
+    [
+        ("192.0.2.7", "192.0.2.7"),
+        ("::ffff:192.0.2.7", "192.0.2.7"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:bbbb::9%eth0", "2001:db8:1:2::/64"),
+        ("not an address", "not an address"),
+    ],
+)
+def test_the_source_of_a_login(address: str, source: str) -> None:
+    assert auth.source_of(address) == source
+
+
+async def test_one_source_holds_its_share_and_others_still_log_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auth, "MAX_PENDING", 12)
+    monkeypatch.setattr(auth, "PER_SOURCE", 5)
+    monkeypatch.setattr(auth, "RESERVE", 4)
+    monkeypatch.setattr(auth, "RESERVE_BELOW", 2)
+    authenticator = make(delay=5.0)
+    flood = [
+        asyncio.ensure_future(authenticator.login("guest", "bad", "127.0.0.1", "PLAIN"))
+        for _ in range(20)
+    ]
+    await asyncio.sleep(0)
+    # The flood holds its share; the rest of it was refused at once, unchecked.
+    assert authenticator.pending == 5
+    refused = [f.result() for f in flood if f.done()]
+    assert len(refused) == 15
+    assert {r.reason for r in refused} == {"too many logins in progress from this address"}
+    # Another address logs in, and so do many more; past MAX_PENDING - RESERVE, only
+    # sources holding fewer than RESERVE_BELOW are let in.
+    assert isinstance(await authenticator.login("guest", "guest", "127.0.0.2", "PLAIN"), User)
+    others = [
+        asyncio.ensure_future(authenticator.login("guest", "bad", f"127.0.1.{i}", "PLAIN"))
+        for i in range(3)
+    ]
+    second = asyncio.ensure_future(authenticator.login("guest", "bad", "127.0.1.0", "PLAIN"))
+    await asyncio.sleep(0)
+    assert authenticator.pending == 9  # 5 + 3 + the second of 127.0.1.0
+    held = asyncio.ensure_future(authenticator.login("guest", "bad", "127.0.1.0", "PLAIN"))
+    await asyncio.sleep(0)
+    assert held.done() and held.result().reason == "too many logins in progress"
+    assert isinstance(await authenticator.login("guest", "guest", "127.0.2.1", "PLAIN"), User)
+    for future in [*flood, *others, second]:
+        future.cancel()
+    await asyncio.gather(*flood, *others, second, return_exceptions=True)
+    assert authenticator.pending == 0 and authenticator.pending_by_source == {}
+    authenticator.close()
+
+
+def test_scrypt_work_is_capped() -> None:
+    salt, digest = "AAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAA"
+    assert parse_hash(f"$scrypt$ln=17,r=8,p=1${salt}${digest}").ln == 17
+    for cost in ("ln=15,r=8,p=16", "ln=18,r=8,p=1", "ln=16,r=8,p=3"):
+        with pytest.raises(BadHash, match=r"n\*r\*p"):
+            parse_hash(f"$scrypt${cost}${salt}${digest}")

@@ -1,0 +1,166 @@
+"""The management listener's sockets: how many, whose, for how long, and which give way.
+
+Owns: ``ManagedSocket`` (aiohttp's HTTP/1.1 protocol for one socket, with its state: has
+it sent a request yet, is one being answered, did its last request log in), the
+``SocketTable`` that admits a newcomer or makes room for it (docs/security.md,
+"Management API: sockets"), and what a request that cannot be parsed costs: a short
+answer and at most LOG_BURST log lines per LOG_WINDOW, never a traceback.
+
+The rule: an operator who logs in is never kept out by sockets that have not logged in.
+
+- A socket that has not logged in is closed after its answer (``answered``): it holds a
+  place only while it sends a request or waits for the answer, never between requests.
+- Its first request must be in within REQUEST_TIMEOUT, else it is dropped.
+- One address holds at most PER_ADDRESS sockets that have not logged in; a newcomer past
+  that takes the place of that address's oldest one.
+- Past MAX_CONNECTIONS in all, a newcomer takes the place of the oldest socket that has
+  not logged in (one that is not being answered first); only when every socket has
+  logged in is the newcomer refused.
+- A socket whose last request logged in keeps its place between requests for aiohttp's
+  ``keepalive_timeout``.
+
+Must not know: routes, users, how a login is checked (the endpoint says ``answered``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+
+from ..auth import LogLimiter, source_of
+from ..logtext import escaped
+
+log = logging.getLogger("amqha.management")
+
+MAX_CONNECTIONS = 256
+PER_ADDRESS = 32
+REQUEST_TIMEOUT = 10.0
+LOG_BURST = 5
+LOG_WINDOW = 60.0
+
+
+class ManagedSocket(web.RequestHandler):
+    """One socket of the listener, counted by its ``SocketTable``."""
+
+    __slots__ = ("table", "source", "asked", "busy", "logged_in", "timer")
+
+    def __init__(self, manager: web.Server, table: SocketTable, **options: Any) -> None:
+        super().__init__(manager, **options)
+        self.table = table
+        self.source = ""
+        self.asked = False  # a whole request has come in
+        self.busy = False  # a request is being answered
+        self.logged_in = False  # the last request carried a good login (set on its login)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self.source = source_of(str(peer[0])) if peer else ""
+        self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.drop)
+        self.table.opened(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.table.closed(self)
+        super().connection_lost(exc)
+
+    def request_in(self) -> None:
+        """A request has been parsed: it is being answered."""
+        self.asked = True
+        self.busy = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def answered(self, response: web.StreamResponse, logged_in: bool) -> None:
+        """The answer is made; without a login the socket closes once it is sent."""
+        self.busy = False
+        self.logged_in = logged_in
+        if not self.logged_in:
+            response.force_close()
+
+    def drop(self) -> None:
+        # abort, not close: close would wait for a client that does not read.
+        if self.transport is not None:
+            self.transport.abort()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        # A request that cannot be parsed is the client's doing: one short line (at most
+        # LOG_BURST a minute, with a count of the ones left out), no traceback, no echo.
+        self.table.bad_request(request.remote, exc)
+        status = 431 if isinstance(exc, LineTooLong) else 400
+        reason = "request too large" if status == 431 else "bad request"
+        response = web.json_response({"error": "bad_request", "reason": reason}, status=status)
+        response.force_close()
+        return response
+
+
+class SocketTable:
+    """The open sockets, oldest first, and the rule that makes room for a newcomer."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS, per_address: int = PER_ADDRESS) -> None:
+        self.limit = limit
+        self.per_address = per_address
+        self.sockets: dict[ManagedSocket, None] = {}
+        self.limiter = LogLimiter(LOG_BURST, LOG_WINDOW)
+        self.bad_requests = 0
+
+    def __len__(self) -> int:
+        return len(self.sockets)
+
+    def opened(self, newcomer: ManagedSocket) -> None:
+        anonymous = [s for s in self.sockets if not s.logged_in]
+        same = [s for s in anonymous if s.source == newcomer.source]
+        if len(same) >= self.per_address:
+            self._evict(_oldest_idle_first(same))
+        if len(self.sockets) >= self.limit:
+            victim = _oldest_idle_first([s for s in self.sockets if not s.logged_in])
+            if victim is None:
+                # Every place is held by a socket that logged in.
+                newcomer.drop()
+                return
+            self._evict(victim)
+        self.sockets[newcomer] = None
+
+    def _evict(self, victim: ManagedSocket | None) -> None:
+        if victim is not None:
+            self.sockets.pop(victim, None)
+            victim.drop()
+
+    def closed(self, socket: ManagedSocket) -> None:
+        self.sockets.pop(socket, None)
+
+    def bad_request(self, remote: str | None, error: BaseException) -> None:
+        self.bad_requests += 1
+        logged, left_out = self.limiter.admit(time.monotonic())
+        if logged:
+            log.warning(
+                "management: a request from %s could not be parsed (%s)%s",
+                remote,
+                escaped(str(error)[:200]),
+                f"; {left_out} more not logged" if left_out else "",
+            )
+
+    def drop_all(self) -> None:
+        for socket in list(self.sockets):
+            socket.drop()
+
+
+def _oldest_idle_first(candidates: list[ManagedSocket]) -> ManagedSocket | None:
+    """The oldest socket not being answered, else the oldest of all (None if none)."""
+    return next((s for s in candidates if not s.busy), candidates[0] if candidates else None)
