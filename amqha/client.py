@@ -7,8 +7,13 @@ plain clients get), and fail over between the listed servers. The robust
 connection reconnects to whichever server is ACTIVE after a failover, and
 aio-pika restores its channels, queues and consumers there.
 
+``connect_robust``, ``Publisher`` and ``Consumer`` also leave a server that stops
+answering (a frozen one keeps its connections open): amqha.client_watch owns that rule,
+the heartbeat their URLs ask for by default, and ``silent_after``.
+
 Each failover is logged once, at INFO on ``amqha.client``: which server was lost,
-which one serves now and how long it took. The attempts in between are logged at
+which one serves now and how long it took, from the last frame heard from the lost
+one. The attempts in between are logged at
 DEBUG with the address each one tried; what aio-pika and aiormq log about a
 connection while it fails over is passed on at DEBUG only (see ``FailoverLog``), and a
 failover that lasts is reported at WARNING, with the last error, after ``warn_after``
@@ -53,10 +58,8 @@ from yarl import URL
 from amqha.client_watch import (
     DEFAULT_HEARTBEAT,
     DEFAULT_SILENT_AFTER,
-    ServerSilent,
-    Watch,
     WatchedTransport,
-    check_silent_after,
+    Watching,
     with_heartbeat,
 )
 from peering.agent import error_chain
@@ -468,10 +471,8 @@ class FailoverRobustConnection(aio_pika.RobustConnection):
         self.servers = servers
         self._attempt_redirects: list[str] = []
         self.failover = FailoverLog(name, warn_after)
-        self.silent_after = check_silent_after(silent_after)
+        self.watching = Watching(silent_after)
         self.wire = WatchedTransport()
-        self.watch: Watch | None = None
-        self.silence: ServerSilent | None = None
         super().__init__(servers.current(), **kwargs)
         self.kwargs["transport_factory"] = self.wire  # aio-pika passes it on to aiormq
 
@@ -484,31 +485,13 @@ class FailoverRobustConnection(aio_pika.RobustConnection):
     async def _on_connected(self) -> None:
         transport = self.transport
         if transport is not None:  # watched from now on: restoring channels can hang too
-            await self._unwatch()
-            self.silence = None
-            self.watch = Watch(
-                transport.connection,
-                self.wire,
-                self.silent_after,
-                address_of(self.url),
-                self._on_silent,
-            )
+            await self.watching.end()
+            self.watching.begin(transport.connection, self.wire, address_of(self.url))
         await super()._on_connected()  # the channels are restored by now
         self.failover.served(address_of(self.url))
 
-    def _on_silent(self, silence: ServerSilent) -> None:
-        self.silence = silence
-
-    async def _unwatch(self) -> float:
-        """Stop watching; how long ago the server last sent a byte."""
-        watch, self.watch = self.watch, None
-        if watch is None:
-            return 0.0
-        await watch.stop()
-        return watch.heard_ago()
-
     async def close(self, exc: aiormq.abc.ExceptionType | None = asyncio.CancelledError) -> None:
-        await self._unwatch()
+        await self.watching.end()
         await super().close(exc)
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
@@ -517,9 +500,8 @@ class FailoverRobustConnection(aio_pika.RobustConnection):
             error = closing.exception()
         except asyncio.CancelledError:
             error = None
-        heard_ago = await self._unwatch()
-        error = self.silence or error
-        self.silence = None
+        heard_ago, silence = await self.watching.end()
+        error = silence or error
         if not self._close_called:
             current = self.servers.current()
             if self.connected.is_set():
@@ -629,9 +611,7 @@ class _Link:
         silent_after: float = DEFAULT_SILENT_AFTER,
     ) -> None:
         self.servers = watched_servers(urls)
-        self.silent_after = check_silent_after(silent_after)
-        self.watch: Watch | None = None
-        self.silence: ServerSilent | None = None
+        self.watching = Watching(silent_after)
         self.setup = setup
         self.attempt_timeout = attempt_timeout
         self.connect_kwargs = connect_kwargs
@@ -702,8 +682,7 @@ class _Link:
             return False
         address = address_of(connection.url)  # type: ignore[attr-defined]
         underlying = connection.transport.connection  # type: ignore[attr-defined,union-attr]
-        self.silence = None
-        self.watch = Watch(underlying, wire, self.silent_after, address, self._on_silent)
+        self.watching.begin(underlying, wire, address, self.lost)
         try:
             channel = await connection.channel(publisher_confirms=self.publisher_confirms)
             self.underlay = await channel.get_underlay_channel()
@@ -712,7 +691,7 @@ class _Link:
             await self._on_channel(channel)
         except Exception as error:
             self.underlay = None
-            await self._unwatch()
+            await self.watching.end()
             if _alive(connection):
                 # The server answered the setup with an error: the application's to fix.
                 log.error(
@@ -728,7 +707,7 @@ class _Link:
             return False
         except BaseException:
             self.underlay = None
-            await self._unwatch()
+            await self.watching.end()
             await _drop(connection)
             raise
         self.connection, self.channel, self.server = connection, channel, address
@@ -739,18 +718,6 @@ class _Link:
 
     async def _on_channel(self, channel: aio_pika.abc.AbstractChannel) -> None:
         """What a fresh channel needs before it serves (qos, consume)."""
-
-    def _on_silent(self, silence: ServerSilent) -> None:
-        self.silence = silence
-        self.lost()
-
-    async def _unwatch(self) -> float:
-        """Stop watching; how long ago the server last sent a byte."""
-        watch, self.watch = self.watch, None
-        if watch is None:
-            return 0.0
-        await watch.stop()
-        return watch.heard_ago()
 
     async def _until_lost(self) -> None:
         """Until the connection or channel in use closes, ``lost()`` is called, or closing."""
@@ -767,10 +734,10 @@ class _Link:
                 future.cancel()
         self.serving.clear()
         self.underlay = None
-        heard_ago = await self._unwatch()
+        heard_ago, silence = await self.watching.end()
         if self.closing:
             return
-        error = self.silence or next(
+        error = silence or next(
             (f.exception() for f in done if not f.cancelled() and f.exception() is not None),
             None,
         )
@@ -805,7 +772,7 @@ class _Link:
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
-        await self._unwatch()
+        await self.watching.end()
         if self.connection is not None:
             await _drop(self.connection)
         self.serving.clear()
@@ -831,7 +798,8 @@ class Publisher(_Link):
     it (``Deduplicator``). At most ``max_pending`` messages are held; when that many
     wait for their confirm, ``send`` waits for one (``when_full="block"``) or raises
     ``PublisherFull`` (``"raise"``). A message the server nacks is not sent again: its
-    future fails with ``PublishRefused``.
+    future fails with ``PublishRefused``. A server that owes confirms and sends nothing
+    for ``silent_after`` s is left for the next listed one (docs/client.md).
 
         async with Publisher(urls, max_pending=1000) as publisher:
             await publisher.publish(b"body", routing_key="orders")  # returns once confirmed
@@ -1102,6 +1070,7 @@ class Consumer(_Link):
     nothing there): that message comes again from the new server, and with a
     ``dedupe`` the handled ones are acked without calling ``callback`` twice.
     ``setup`` runs on every new channel before consuming (declare the queue there).
+    A server silent past its heartbeat and ``silent_after`` is left (docs/client.md).
     """
 
     def __init__(

@@ -236,3 +236,41 @@ class Watch:
         await asyncio.gather(
             *(t for t in (self._task, self._probe) if t is not None), return_exceptions=True
         )
+
+
+class Watching:
+    """The watch of whichever connection its owner uses now: begun on each new one, ended
+    when that one is lost or closed."""
+
+    def __init__(self, silent_after: float) -> None:
+        self.silent_after = check_silent_after(silent_after)
+        self.watch: Watch | None = None
+        self._silence: ServerSilent | None = None
+
+    def begin(
+        self,
+        connection: aiormq.abc.AbstractConnection,
+        transport: WatchedTransport,
+        address: str,
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """Watch this connection; ``then`` is called when its server is found silent
+        (after its socket is cut)."""
+
+        def silent(silence: ServerSilent) -> None:
+            self._silence = silence
+            if then is not None:
+                then()
+
+        self._silence = None
+        self.watch = Watch(connection, transport, self.silent_after, address, silent)
+
+    async def end(self) -> tuple[float, ServerSilent | None]:
+        """Stop watching: how long ago the server last sent a byte, and the verdict if
+        the watch found it silent."""
+        watch, self.watch = self.watch, None
+        silence, self._silence = self._silence, None
+        if watch is None:
+            return 0.0, silence
+        await watch.stop()
+        return watch.heard_ago(), silence
