@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import aio_pika
 import pytest
 
-from amqha.client import Consumer, Publisher
+from amqha.client import Consumer, Publisher, connect_robust
 from tests.durability import drain
 from tests.integration.test_client_failover import Received, declare
 from tests.pairs import MakePair, Pair, poll
@@ -208,3 +208,68 @@ async def test_the_failover_line_counts_the_outage_from_the_last_frame_heard(
     # The last frame came before the stop; the line after the backup served: the outage
     # stated is at least the stop-to-line time (plus the line's rounding).
     assert stated + 0.0005 >= line.created - stopped_at, (stated, line.created - stopped_at)
+
+
+@pytest.mark.timeout(180)
+async def test_a_publisher_keeps_an_active_that_confirms_late_but_answers(
+    make_pair: MakePair,
+) -> None:
+    """The PASSIVE frozen: the ACTIVE holds its confirms until it finds its peer lost (a
+    timeout, 0.6 s). With ``silent_after`` shorter than that, the publisher's watch finds
+    the confirms late; its probe is answered, so it stays: a slow server is not a silent
+    one. (Without the probe it would leave the ACTIVE for a frozen server.)"""
+    pair = await healthy_pair(make_pair)
+    urls = [pair.primary.url, pair.backup.url]
+    async with Publisher(urls, setup=declare("late"), silent_after=0.4) as publisher:
+        sending = Confirmed(publisher, "late").start()
+        await poll(lambda: len(sending.confirmed) >= 50, 30, "confirms from the primary")
+        watch = publisher.watching.watch
+        assert watch is not None
+        with frozen(pair.backup) as stopped_at:
+            await poll(
+                lambda: any(t > stopped_at + 1.0 for t in sending.confirmed_at),
+                60,
+                "confirms from the primary alone",
+            )
+            await sending.stop()
+            await publisher.flush(60)
+        gaps = [b - a for a, b in zip(sending.confirmed_at, sending.confirmed_at[1:], strict=False)]
+        print(f"probes {watch.probes}, longest confirm gap {max(gaps):.3f} s")
+        assert watch.probes >= 1, "the confirms came late: the watch asked"
+        assert publisher.failovers == 0 and publisher.server == pair.primary.address
+    assert sending.confirmed == set(sending.sent)
+
+
+@pytest.mark.timeout(180)
+async def test_a_robust_connection_leaves_a_frozen_active(
+    make_pair: MakePair, logged: pytest.LogCaptureFixture
+) -> None:
+    """connect_robust with default settings, publishing with confirms on its channel:
+    the frozen primary is left, the backup takes over on its vote, aio-pika restores the
+    channel there and a publish is confirmed by the backup."""
+    pair = await healthy_pair(make_pair)
+    connection = await connect_robust([pair.primary.url, pair.backup.url], name="robust")
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("robust-freeze", durable=True)
+        publish = channel.default_exchange.publish
+        await publish(aio_pika.Message(b"before", delivery_mode=2), routing_key="robust-freeze")
+        with frozen(pair.primary):
+            # Held by the frozen primary; the connection is left, the publish fails.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    publish(aio_pika.Message(b"during"), routing_key="robust-freeze"), 30
+                )
+            await poll(lambda: failover_lines(logged.records, "robust"), 60, "the failover line")
+            await asyncio.wait_for(
+                publish(aio_pika.Message(b"after", delivery_mode=2), routing_key="robust-freeze"),
+                30,
+            )
+            assert pair.state(pair.backup) == "ACTIVE"
+            held = [body for body, _ in await drain(pair.backup.url, "robust-freeze")]
+    finally:
+        await connection.close()
+    [line] = failover_lines(logged.records, "robust")
+    match = FAILED_OVER.match(line.getMessage())
+    assert match is not None and match.group(2, 3) == (pair.primary.address, pair.backup.address)
+    assert b"before" in held and b"after" in held
