@@ -230,12 +230,11 @@ class Watch:
         return max(0.0, asyncio.get_running_loop().time() - self.transport.heard())
 
     async def stop(self) -> None:
-        for task in (self._task, self._probe):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(
-            *(t for t in (self._task, self._probe) if t is not None), return_exceptions=True
-        )
+        """Stop ticking. A probe still waiting for its answer is left to end with its
+        connection (cut, or closed by the owner next): cancelled, aiormq would warn of
+        the cancelled call."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 class Watching:

@@ -23,7 +23,7 @@ import pytest
 
 from amqha.client import Consumer, Publisher, connect_robust
 from tests.durability import drain
-from tests.integration.test_client_failover import Received, declare
+from tests.integration.test_client_failover import Received, declare, library_warnings
 from tests.pairs import MakePair, Pair, poll
 from tests.support import ServerProcess
 
@@ -208,6 +208,7 @@ async def test_the_failover_line_counts_the_outage_from_the_last_frame_heard(
     # The last frame came before the stop; the line after the backup served: the outage
     # stated is at least the stop-to-line time (plus the line's rounding).
     assert stated + 0.0005 >= line.created - stopped_at, (stated, line.created - stopped_at)
+    assert not library_warnings(logged.records)
 
 
 @pytest.mark.timeout(180)
@@ -273,3 +274,4 @@ async def test_a_robust_connection_leaves_a_frozen_active(
     match = FAILED_OVER.match(line.getMessage())
     assert match is not None and match.group(2, 3) == (pair.primary.address, pair.backup.address)
     assert b"before" in held and b"after" in held
+    assert not library_warnings(logged.records)
