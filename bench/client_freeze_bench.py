@@ -1,6 +1,6 @@
 """A frozen ACTIVE as a client sees it: SIGSTOP of the ACTIVE to the first confirm on the backup.
 
-    python -m bench.client_freeze_bench [--freezes N]
+    python -m bench.client_freeze_bench [--freezes N] [--silent-after S]
 
 The pair runs with the shipped timings and limits of config/primary.yaml and
 config/backup.yaml (heartbeat 0.2 s, timeout 0.6 s), on free loopback ports with
@@ -37,6 +37,7 @@ from typing import Any
 import aio_pika
 
 from amqha.client import Publisher
+from amqha.client_watch import DEFAULT_SILENT_AFTER
 from bench.failover_bench import percentile, shipped_pair
 from tests.durability import drain
 from tests.pairs import Pair, poll
@@ -93,7 +94,7 @@ class Sending:
         await asyncio.wait_for(self.task, ROUND_TIMEOUT)
 
 
-def run(freezes: int = 20) -> dict[str, Any]:
+def run(freezes: int = 20, silent_after: float = DEFAULT_SILENT_AFTER) -> dict[str, Any]:
     handler = StatedOutages()
     client_log = logging.getLogger("amqha.client")
     quiet = [logging.getLogger(name) for name in ("aio_pika", "aiormq")]
@@ -105,7 +106,7 @@ def run(freezes: int = 20) -> dict[str, Any]:
         logger.setLevel(logging.CRITICAL)
     try:
         with tempfile.TemporaryDirectory(prefix="amqha-client-freeze-bench-") as workdir:
-            return asyncio.run(_run(freezes, Path(workdir), handler))
+            return asyncio.run(_run(freezes, Path(workdir), handler, silent_after))
     finally:
         client_log.removeHandler(handler)
         client_log.propagate = True
@@ -117,14 +118,17 @@ async def _declare(channel: aio_pika.abc.AbstractChannel) -> None:
     await channel.declare_queue(QUEUE, durable=True, arguments={"x-max-length": 100_000})
 
 
-async def _run(freezes: int, workdir: Path, handler: StatedOutages) -> dict[str, Any]:
+async def _run(
+    freezes: int, workdir: Path, handler: StatedOutages, silent_after: float
+) -> dict[str, Any]:
     pair, timings = shipped_pair(workdir)
     samples: list[dict[str, Any]] = []
     missing = None
     try:
         pair.start()
         await pair.wait_states("ACTIVE", "PASSIVE", timeout=ROUND_TIMEOUT)
-        async with Publisher([s.url for s in pair.servers], setup=_declare) as publisher:
+        urls = [s.url for s in pair.servers]
+        async with Publisher(urls, setup=_declare, silent_after=silent_after) as publisher:
             sending = Sending(publisher)
             for number in range(freezes):
                 samples.append(await _one_freeze(pair, publisher, sending))
@@ -144,6 +148,7 @@ async def _run(freezes: int, workdir: Path, handler: StatedOutages) -> dict[str,
     times = [s["confirmed_s"] for s in samples]
     result: dict[str, Any] = {
         "freezes": freezes,
+        "silent_after_s": silent_after,
         "heartbeat_s": timings["heartbeat"],
         "timeout_s": timings["timeout"],
         "samples_s": [round(value, 4) for value in times],
@@ -200,8 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.client_freeze_bench", description=__doc__
     )
     parser.add_argument("--freezes", type=int, default=20, help="SIGSTOP rounds (default 20)")
+    parser.add_argument(
+        "--silent-after",
+        type=float,
+        default=DEFAULT_SILENT_AFTER,
+        help=f"the publisher's silent_after (default {DEFAULT_SILENT_AFTER})",
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.freezes), indent=2))
+    print(json.dumps(run(args.freezes, args.silent_after), indent=2))
     return 0
 
 
