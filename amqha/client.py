@@ -7,8 +7,13 @@ plain clients get), and fail over between the listed servers. The robust
 connection reconnects to whichever server is ACTIVE after a failover, and
 aio-pika restores its channels, queues and consumers there.
 
+``connect_robust``, ``Publisher`` and ``Consumer`` also leave a server that stops
+answering (a frozen one keeps its connections open): amqha.client_watch owns that rule,
+the heartbeat their URLs ask for by default, and ``silent_after``.
+
 Each failover is logged once, at INFO on ``amqha.client``: which server was lost,
-which one serves now and how long it took. The attempts in between are logged at
+which one serves now and how long it took, from the last frame heard from the lost
+one. The attempts in between are logged at
 DEBUG with the address each one tried; what aio-pika and aiormq log about a
 connection while it fails over is passed on at DEBUG only (see ``FailoverLog``), and a
 failover that lasts is reported at WARNING, with the last error, after ``warn_after``
@@ -50,6 +55,13 @@ import aiormq
 from pamqp import base, commands
 from yarl import URL
 
+from amqha.client_watch import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_SILENT_AFTER,
+    WatchedTransport,
+    Watching,
+    with_heartbeat,
+)
 from peering.agent import error_chain
 
 log = logging.getLogger("amqha.client")
@@ -154,6 +166,14 @@ class ServerList:
         self.position = (self.position + 1) % len(self.urls)
 
 
+def watched_servers(urls: Sequence[str | URL] | str) -> ServerList:
+    """The listed servers, each URL asking for a heartbeat unless it names one."""
+    listed = [urls] if isinstance(urls, str) else urls
+    if not listed:
+        raise ValueError("give at least one server URL")
+    return ServerList([with_heartbeat(URL(str(url)), DEFAULT_HEARTBEAT) for url in listed])
+
+
 def address_of(url: URL) -> str:
     """``host:port`` of a server URL (an IPv6 host in brackets), as log lines name it."""
     host = url.host or ""
@@ -203,11 +223,13 @@ class FailoverLog:
     def quiet(self) -> bool:
         return self.started is not None
 
-    def lost(self, address: str, error: BaseException | None) -> None:
-        """The server this client was using is gone."""
+    def lost(self, address: str, error: BaseException | None, heard_ago: float = 0.0) -> None:
+        """The server this client was using is gone; it last sent a frame ``heard_ago`` s
+        ago, where the failover's clock starts (a frozen server fell silent before the
+        client noticed)."""
         if self.started is not None:
             return
-        self.started = self.clock()
+        self.started = self.clock() - heard_ago
         self.lost_address = address
         self.last_error = f"{address}: {_describe(error)}"
         log.debug("%s: lost %s (%s)", self.name, address, _describe(error))
@@ -345,11 +367,16 @@ for _name, _highest in QUIETED_LOGGERS.items():
     logging.getLogger(_name).addFilter(QuietDuringFailover(_highest))
 
 
-def _recorded(made: list[aio_pika.Connection]) -> Any:
-    """A connection class for ``aio_pika.connect`` that keeps each connection it makes."""
+def _recorded(
+    made: list[aio_pika.Connection], transport_factory: aiormq.TransportFactory | None = None
+) -> Any:
+    """A connection class for ``aio_pika.connect`` that keeps each connection it makes
+    (and gives aiormq the transport factory, which aio-pika does not pass on)."""
 
     def make(*args: Any, **kwargs: Any) -> aio_pika.Connection:
         connection = aio_pika.Connection(*args, **kwargs)
+        if transport_factory is not None:
+            connection.kwargs["transport_factory"] = transport_factory
         made.append(connection)
         return connection
 
@@ -364,13 +391,16 @@ async def connect(
     attempt_timeout: float = 5.0,
     client_properties_extra: dict[str, Any] | None = None,
     failover: FailoverLog | None = None,
+    transport_factory: aiormq.TransportFactory | None = None,
     **kwargs: Any,
 ) -> aio_pika.abc.AbstractConnection:
     """Connect to whichever listed server is ACTIVE, following redirects, for up to ``retry_for`` s.
 
     Each failed attempt is reported to ``failover`` (a log of its own when not given),
     which the caller tells when the server it reached serves (``FailoverLog.served``).
-    A ``ServerList`` given as ``urls`` carries on from the server it was at.
+    A ``ServerList`` given as ``urls`` carries on from the server it was at. The
+    connection is a plain aio-pika one: not watched, and with the URL's heartbeat (put
+    one there: docs/client.md, "A silent server").
     """
     servers = (
         urls
@@ -394,7 +424,7 @@ async def connect(
                 url,
                 client_properties=properties,
                 timeout=attempt_timeout,
-                connection_class=_recorded(made),
+                connection_class=_recorded(made, transport_factory),
                 **kwargs,
             )
             if own_log:
@@ -426,15 +456,25 @@ class FailoverRobustConnection(aio_pika.RobustConnection):
     aio-pika calls ``_on_connection_close`` after every failed attempt and every lost
     connection; that is where the next server is chosen (the redirect target, or the
     next one in the list). aio-pika's own loop then reconnects after ``reconnect_interval``.
+    Each connection is watched (amqha.client_watch): a server silent for
+    ``silent_after`` s has its socket cut, which aio-pika sees as a lost connection.
     """
 
     def __init__(
-        self, servers: ServerList, name: str = "connection", warn_after: float = 10.0, **kwargs: Any
+        self,
+        servers: ServerList,
+        name: str = "connection",
+        warn_after: float = 10.0,
+        silent_after: float = DEFAULT_SILENT_AFTER,
+        **kwargs: Any,
     ) -> None:
         self.servers = servers
         self._attempt_redirects: list[str] = []
         self.failover = FailoverLog(name, warn_after)
+        self.watching = Watching(silent_after)
+        self.wire = WatchedTransport()
         super().__init__(servers.current(), **kwargs)
+        self.kwargs["transport_factory"] = self.wire  # aio-pika passes it on to aiormq
 
     async def connect(self, timeout: Any = None) -> None:
         # The reconnect task inherits this context: every attempt it makes reports here.
@@ -443,8 +483,16 @@ class FailoverRobustConnection(aio_pika.RobustConnection):
         await super().connect(timeout)
 
     async def _on_connected(self) -> None:
+        transport = self.transport
+        if transport is not None:  # watched from now on: restoring channels can hang too
+            await self.watching.end()
+            self.watching.begin(transport.connection, self.wire, address_of(self.url))
         await super()._on_connected()  # the channels are restored by now
         self.failover.served(address_of(self.url))
+
+    async def close(self, exc: aiormq.abc.ExceptionType | None = asyncio.CancelledError) -> None:
+        await self.watching.end()
+        await super().close(exc)
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
         error: BaseException | None
@@ -452,10 +500,12 @@ class FailoverRobustConnection(aio_pika.RobustConnection):
             error = closing.exception()
         except asyncio.CancelledError:
             error = None
+        heard_ago, silence = await self.watching.end()
+        error = silence or error
         if not self._close_called:
             current = self.servers.current()
             if self.connected.is_set():
-                self.failover.lost(address_of(current), error)
+                self.failover.lost(address_of(current), error, heard_ago)
                 self.servers.lost(current, error)
             else:
                 target = redirect_target(error, self._attempt_redirects)
@@ -473,17 +523,21 @@ async def connect_robust(
     client_properties_extra: dict[str, Any] | None = None,
     name: str = "connection",
     warn_after: float = 10.0,
+    silent_after: float = DEFAULT_SILENT_AFTER,
     **kwargs: Any,
 ) -> aio_pika.abc.AbstractRobustConnection:
     """A robust connection over the pair: reconnects to the ACTIVE server after a failover.
 
     ``name`` starts its log lines; a failover still going on after ``warn_after`` s is
-    reported at WARNING (docs/client.md)."""
-    servers = ServerList([urls] if isinstance(urls, str) else urls)
+    reported at WARNING. A URL without a heartbeat asks for ``DEFAULT_HEARTBEAT`` s; a
+    server that owes a frame and sends none for ``silent_after`` s is left
+    (docs/client.md, "A silent server")."""
+    servers = watched_servers(urls)
     connection = FailoverRobustConnection(
         servers,
         name=name,
         warn_after=warn_after,
+        silent_after=silent_after,
         client_properties=client_properties(client_properties_extra),
         reconnect_interval=reconnect_interval,
         fail_fast=False,
@@ -541,8 +595,8 @@ def _as_message(
 
 class _Link:
     """The loop of a Publisher or Consumer over connections: connect to the ACTIVE, open
-    a channel and run on it until it is lost, connect again (the failover logged once);
-    until closed."""
+    a channel and run on it until it is lost (or its server falls silent: see
+    amqha.client_watch), connect again (the failover logged once); until closed."""
 
     publisher_confirms = False
 
@@ -554,8 +608,10 @@ class _Link:
         attempt_timeout: float,
         warn_after: float,
         connect_kwargs: dict[str, Any],
+        silent_after: float = DEFAULT_SILENT_AFTER,
     ) -> None:
-        self.servers = ServerList([urls] if isinstance(urls, str) else urls)
+        self.servers = watched_servers(urls)
+        self.watching = Watching(silent_after)
         self.setup = setup
         self.attempt_timeout = attempt_timeout
         self.connect_kwargs = connect_kwargs
@@ -612,17 +668,21 @@ class _Link:
 
     async def _open(self) -> bool:
         """One connection and channel to the ACTIVE; False when they failed (reported)."""
+        wire = WatchedTransport()
         try:
             connection = await connect(
                 self.servers,
                 retry_for=max(self.attempt_timeout, 1.0),
                 attempt_timeout=self.attempt_timeout,
                 failover=self.failover,
+                transport_factory=wire,
                 **self.connect_kwargs,
             )
         except ConnectionError:
             return False
         address = address_of(connection.url)  # type: ignore[attr-defined]
+        underlying = connection.transport.connection  # type: ignore[attr-defined,union-attr]
+        self.watching.begin(underlying, wire, address, self.lost)
         try:
             channel = await connection.channel(publisher_confirms=self.publisher_confirms)
             self.underlay = await channel.get_underlay_channel()
@@ -631,6 +691,7 @@ class _Link:
             await self._on_channel(channel)
         except Exception as error:
             self.underlay = None
+            await self.watching.end()
             if _alive(connection):
                 # The server answered the setup with an error: the application's to fix.
                 log.error(
@@ -646,6 +707,7 @@ class _Link:
             return False
         except BaseException:
             self.underlay = None
+            await self.watching.end()
             await _drop(connection)
             raise
         self.connection, self.channel, self.server = connection, channel, address
@@ -672,9 +734,10 @@ class _Link:
                 future.cancel()
         self.serving.clear()
         self.underlay = None
+        heard_ago, silence = await self.watching.end()
         if self.closing:
             return
-        error = next(
+        error = silence or next(
             (f.exception() for f in done if not f.cancelled() and f.exception() is not None),
             None,
         )
@@ -695,7 +758,7 @@ class _Link:
             await _drop(self.connection)
             await asyncio.sleep(1.0)
             return
-        self.failover.lost(self.server or "?", error)
+        self.failover.lost(self.server or "?", error, heard_ago)
         self.servers.lost(self.connection.url, error)  # type: ignore[attr-defined]
         await _drop(self.connection)
 
@@ -709,6 +772,7 @@ class _Link:
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
+        await self.watching.end()
         if self.connection is not None:
             await _drop(self.connection)
         self.serving.clear()
@@ -734,7 +798,8 @@ class Publisher(_Link):
     it (``Deduplicator``). At most ``max_pending`` messages are held; when that many
     wait for their confirm, ``send`` waits for one (``when_full="block"``) or raises
     ``PublisherFull`` (``"raise"``). A message the server nacks is not sent again: its
-    future fails with ``PublishRefused``.
+    future fails with ``PublishRefused``. A server that owes confirms and sends nothing
+    for ``silent_after`` s is left for the next listed one (docs/client.md).
 
         async with Publisher(urls, max_pending=1000) as publisher:
             await publisher.publish(b"body", routing_key="orders")  # returns once confirmed
@@ -755,6 +820,7 @@ class Publisher(_Link):
         name: str = "publisher",
         attempt_timeout: float = 5.0,
         warn_after: float = 10.0,
+        silent_after: float = DEFAULT_SILENT_AFTER,
         **connect_kwargs: Any,
     ) -> None:
         if not isinstance(max_pending, int) or max_pending < 1:
@@ -763,7 +829,9 @@ class Publisher(_Link):
             )
         if when_full not in ("block", "raise"):
             raise ValueError(f'when_full must be "block" or "raise", not {when_full!r}')
-        super().__init__(urls, name, setup, attempt_timeout, warn_after, connect_kwargs)
+        super().__init__(
+            urls, name, setup, attempt_timeout, warn_after, connect_kwargs, silent_after
+        )
         self.max_pending = max_pending
         self.when_full = when_full
         self.persistent = persistent
@@ -1002,6 +1070,7 @@ class Consumer(_Link):
     nothing there): that message comes again from the new server, and with a
     ``dedupe`` the handled ones are acked without calling ``callback`` twice.
     ``setup`` runs on every new channel before consuming (declare the queue there).
+    A server silent past its heartbeat and ``silent_after`` is left (docs/client.md).
     """
 
     def __init__(
@@ -1016,10 +1085,17 @@ class Consumer(_Link):
         name: str | None = None,
         attempt_timeout: float = 5.0,
         warn_after: float = 10.0,
+        silent_after: float = DEFAULT_SILENT_AFTER,
         **connect_kwargs: Any,
     ) -> None:
         super().__init__(
-            urls, name or f"consumer of {queue}", setup, attempt_timeout, warn_after, connect_kwargs
+            urls,
+            name or f"consumer of {queue}",
+            setup,
+            attempt_timeout,
+            warn_after,
+            connect_kwargs,
+            silent_after,
         )
         self.queue = queue
         self.callback = callback

@@ -4,8 +4,8 @@
 
 Modules: ``bench.broker_bench``, ``bench.durable_bench`` and ``bench.federation_bench``
 (amqha beside RabbitMQ: the second on a durable queue with persistent messages, the third
-through a federated exchange), ``bench.failover_bench`` and
-``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench`` and
+through a federated exchange), ``bench.failover_bench``,
+``bench.client_freeze_bench`` and ``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench`` and
 ``bench.store_bench`` (``run(sizes) -> dict``). A module
 that is not there is skipped and said so; one that fails is reported with its error,
 and the others still run. The JSON goes to stdout and to ``bench/out/latest.json``;
@@ -37,6 +37,7 @@ BENCHES = {
     "store": "bench.store_bench",
     "replication": "bench.replication_bench",
     "federation": "bench.federation_bench",
+    "client_freeze": "bench.client_freeze_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 
