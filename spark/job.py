@@ -287,6 +287,7 @@ _SPECIAL_FIELDS = (
     "kind",
     "link",
     "upstream",
+    "gap",
 )
 _BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 
@@ -661,7 +662,7 @@ def compute(
         pairs=summaries,
         daily=small["daily"],
         takeover_delays=[
-            i["takeover_delay_s"] for i in small["incidents"] if i["outcome"] == "takeover"
+            f["takeover_delay_s"] for f in small["failovers"] if f["takeover_delay_s"] is not None
         ],
         slo=slo,
     )

@@ -60,6 +60,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("kind", "string"),
     ("link", "string"),
     ("upstream", "string"),
+    ("gap", "double"),
 )
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -161,6 +162,7 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("trigger", "string"),
             ("cause", "string"),
             ("evidence", "string"),
+            ("gap_s", "double"),
             ("lost_ts", "double"),
             ("detection_delay_s", "double"),
             ("takeover_delay_s", "double"),
@@ -284,7 +286,16 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
 
 OUTCOMES = ("takeover", "already_active", "survivor_down", "unresolved")
 # Why a failover happened (docs/report.md, "Failovers"), in the order the rules are tried.
-CAUSES = ("manual", "stopped", "cut link", "crash", "silence", "dual active", "unknown")
+CAUSES = (
+    "manual",
+    "freeze",
+    "stopped",
+    "cut link",
+    "crash",
+    "silence",
+    "dual active",
+    "unknown",
+)
 MANUAL_TRIGGERS = ("HANDOVER", "PROMOTE", "FORCE_PROMOTE")
 
 
@@ -768,12 +779,20 @@ def _key(row: Mapping) -> str:
     return "" if row.get("incident") is None else f" [#{row['incident']}]"
 
 
+def _why(row: Mapping) -> str:
+    """A failover's evidence and a freeze's gap, in brackets after its cause."""
+    said = [row["evidence"]] if row.get("evidence") else []
+    if row.get("gap_s") is not None:
+        said.append(f"gap {_seconds(row['gap_s'])}")
+    return f" ({', '.join(said)})" if said else ""
+
+
 def failover_text(row: Mapping) -> str:
     """One failover on one line: its key, when, who, why, and what clients saw."""
     text = (
         f"#{row['incident']} {iso(row['start'])} .. {iso(row['end'])}"
         f" {row['from_node']} -> {row['to_node']} {row['cause']}"
-        + (f" ({row['evidence']})" if row["evidence"] else "")
+        + _why(row)
         + f", client outage {_seconds(row['outage_s'])}"
     )
     if row["uncertain"]:
@@ -941,6 +960,12 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
     return lines
 
 
+def _takeovers_of(takeovers: int, failovers: int) -> str:
+    """How many failovers the takeover figures cover: those a loss led to (the others, a
+    manual one or a dual active, have no loss to time them from)."""
+    return f"{takeovers} of {failovers} failover(s), those with a peer lost"
+
+
 def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> str:
     """The human summary printed on stdout: each pair in detail when there are few, then the
     fleet."""
@@ -996,7 +1021,7 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
     lines.append(
         f"  takeover    p50 {_seconds(delays['p50'])} p90 {_seconds(delays['p90'])}"
         f" p99 {_seconds(delays['p99'])} max {_seconds(delays['max'])}"
-        f" ({delays['count']} takeover(s))"
+        f" ({_takeovers_of(delays['count'], failovers['count'])})"
     )
     if len(pairs) > 1:
         lines.append("  worst pairs")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark.model import iso
+from spark.model import _takeovers_of, iso
 
 Table = tuple[list[str], list[list[str]]]  # header, rows of cells
 
@@ -104,7 +104,7 @@ def document(
     top.lines.append(
         f"Takeover delay p50 {_s(delays['p50'])} s, p90 {_s(delays['p90'])} s,"
         f" p99 {_s(delays['p99'])} s, max {_s(delays['max'])} s"
-        f" ({delays['count']} takeover(s))."
+        f" ({_takeovers_of(delays['count'], fleet['failovers']['count'])})."
     )
     if fleet["no_data_pairs"]:
         top.lines.append(
