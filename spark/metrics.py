@@ -649,6 +649,18 @@ def pair_report(
         ("incidents", "lost_ts", "lost_ts"),
     ):
         _keyed(tables[table], tables["failovers"], start, end)
+    # A dual active that began after its takeover (a frozen ACTIVE that woke and served on)
+    # is the spell of the last failover before it with dual-active time of its own.
+    for row in tables["dual_active"]:
+        if row["incident"] is None:
+            row["incident"] = max(
+                (
+                    f["incident"]
+                    for f in tables["failovers"]
+                    if f["dual_active_s"] and f["end"] < row["end"]
+                ),
+                default=None,
+            )
 
     dual_events: dict[str, int] = defaultdict(int)
     # The witness (docs/failover.md): takeovers it agreed to, and the times an ACTIVE stopped

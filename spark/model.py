@@ -779,7 +779,7 @@ def _key(row: Mapping) -> str:
     return "" if row.get("incident") is None else f" [#{row['incident']}]"
 
 
-def _why(row: Mapping) -> str:
+def failover_why(row: Mapping) -> str:
     """A failover's evidence and a freeze's gap, in brackets after its cause."""
     said = [row["evidence"]] if row.get("evidence") else []
     if row.get("gap_s") is not None:
@@ -792,7 +792,7 @@ def failover_text(row: Mapping) -> str:
     text = (
         f"#{row['incident']} {iso(row['start'])} .. {iso(row['end'])}"
         f" {row['from_node']} -> {row['to_node']} {row['cause']}"
-        + _why(row)
+        + failover_why(row)
         + f", client outage {_seconds(row['outage_s'])}"
     )
     if row["uncertain"]:
@@ -940,7 +940,7 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
             "quarantines",
             lambda r: (
                 f"      quarantine {iso(r['ts'])} {r['node']}: {r['messages']} message(s)"
-                f" in {r['path']}"
+                f" in {r['path']}" + (f" ({r['replayed']})" if r.get("replayed") else "")
             ),
         )
     )
@@ -960,7 +960,7 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
     return lines
 
 
-def _takeovers_of(takeovers: int, failovers: int) -> str:
+def takeovers_of(takeovers: int, failovers: int) -> str:
     """How many failovers the takeover figures cover: those a loss led to (the others, a
     manual one or a dual active, have no loss to time them from)."""
     return f"{takeovers} of {failovers} failover(s), those with a peer lost"
@@ -1021,7 +1021,7 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
     lines.append(
         f"  takeover    p50 {_seconds(delays['p50'])} p90 {_seconds(delays['p90'])}"
         f" p99 {_seconds(delays['p99'])} max {_seconds(delays['max'])}"
-        f" ({_takeovers_of(delays['count'], failovers['count'])})"
+        f" ({takeovers_of(delays['count'], failovers['count'])})"
     )
     if len(pairs) > 1:
         lines.append("  worst pairs")

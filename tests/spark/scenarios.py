@@ -603,3 +603,22 @@ def zombie_day() -> tuple[Server, Server]:
     primary.record(130.0, "stopped", "ACTIVE", 4, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
     backup.record(130.0, "stopped", "PASSIVE", 4, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
     return _in_order(primary, backup)
+
+
+def flapping() -> tuple[Server, Server]:
+    """_start, then seven handovers a second apart from 10 s (the ACTIVE steps down, the
+    other is ACTIVE 0.05 s later: seven manual failovers whose labels would cover each
+    other), a crash of the ACTIVE backup at 40 s (refused, the primary ACTIVE at 40.5 s).
+    Both stop at 60 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    servers, epoch = [primary, backup], 1
+    for k in range(7):
+        old, new = servers[k % 2], servers[(k + 1) % 2]
+        old.transition(10.0 + k, "ACTIVE", "PASSIVE", epoch, "MANUAL_RECOVER", "hand over")
+        epoch += 1
+        new.transition(10.05 + k, "PASSIVE", "ACTIVE", epoch, "HANDOVER", "handed over")
+    primary.heard(40.2, "peer_lost", "PASSIVE", epoch, backup, "ACTIVE", 39.9, "refused")
+    primary.transition(40.5, "PASSIVE", "ACTIVE", epoch + 1, "CLIENT_REQUEST", "client vote")
+    primary.record(60.0, "stopped", "ACTIVE", epoch + 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    return primary, backup

@@ -257,6 +257,8 @@ def test_cli_draws_each_pair_and_writes_the_pages(tmp_path: Path, spark_session)
     assert not (out / "timeline.png").exists()
     md = (out / "summary.md").read_text()
     assert "| eu-1 | 6 |" in md and "cut link" in md
+    assert "## Dual active" in md and "| eu-2 | 1 |" in md and "| 5.020 |" in md
+    assert "## Quarantines" in md and "Dual active" in (out / "report.html").read_text()
     page = (out / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == 3 and "cut link" in page
     with open(out / "failovers" / "failovers.csv", newline="") as stream:
