@@ -81,7 +81,7 @@ class _Marks:
                 event = r["event"]
                 marks.alive[node].append(r["ts"] - d)
                 peer, seen = r.get("peer"), r.get("last_seen")
-                if peer in offsets and peer != node and seen is not None:
+                if isinstance(peer, str) and peer in offsets and peer != node and seen is not None:
                     marks.alive[peer].append(seen - offsets[peer].seconds)
                 if event in ("transition", "stopped"):
                     marks.ends.setdefault((node, r["ts"]), r)
@@ -180,6 +180,7 @@ def _failover(
     own = [loss for loss in losses if loss[1]]
     loss = max(own or losses, default=None, key=lambda x: x[0])
     lost_ts = loss[0] if loss else None
+    lost_at = math.inf if lost_ts is None else lost_ts
     evidence = loss[3].get("evidence") if loss else None
     # A freeze of the old ACTIVE that the takeover happened in (or, with a loss, that lasted
     # until the loss): it served nothing from the freeze's start, its last heartbeat tick.
@@ -206,7 +207,7 @@ def _failover(
         # A crash or a cut: it served at least until its last sign of life, at most until
         # it was known gone: the loss, or its own restart.
         earliest = last_alive
-        bounds = [(lost_ts, loss[2])] if loss and lost_ts > earliest else []
+        bounds = [(lost_at, loss[2])] if loss and lost_at > earliest else []
         starts = marks.starts.get(old.node, [])
         k = bisect.bisect_right(starts, earliest)
         if k < len(starts):
@@ -220,7 +221,7 @@ def _failover(
         cause = "freeze"
     elif ended is not None and ended["event"] == "stopped" and old.end <= taken:
         cause = "stopped"
-    elif loss is not None and old.end > lost_ts:
+    elif loss is not None and old.end > lost_at:
         cause = "cut link"  # it logged on after the loss: alive, not restarted
     elif loss is not None:
         cause = "crash" if evidence == "refused" else "silence"

@@ -1,8 +1,10 @@
 """Every figure of one pair, from that pair's few points and records.
 
 Owns: per-node state runs, outages and dual-active spells with their ranges over the clock
-offsets' intervals, unprotected time (an ACTIVE with no in-sync PASSIVE), incidents,
-recoveries, misconfigurations, quarantines, time in state and the daily rows, split at UTC midnight of the pair's reference clock. The input is small: each node's
+offsets' intervals (a server's freezes are no ACTIVE time), unprotected time (an ACTIVE with
+no in-sync PASSIVE), incidents, recoveries, misconfigurations, quarantines, time in state and
+the daily rows, split at UTC midnight of the pair's reference clock; the failover rows are
+``spark.failovers``', the interval sets ``spark.spans``'. The input is small: each node's
 non-bulk records, and points in which runs of redirects and refusals may be reduced to their
 first and last (``spark.job`` reduces them; ``spark.reference`` passes them all, and the two
 must agree). Also the whole report from every record held in memory (``Collected``), which is
@@ -783,6 +785,16 @@ def pair_report(
     first = min(pts[0][0] - offsets[n].seconds for n, pts in pair.points.items())
     last = max(pts[-1][0] - offsets[n].seconds for n, pts in pair.points.items())
     no_data = until < first or since > last
+    # Each server's freezes (its paused gaps) in the window: no ACTIVE time (above).
+    freezes = sorted(
+        (
+            {"node": node, "start": max(at(node, s), since), "end": min(at(node, e), until)}
+            for node in nodes
+            for s, e in frozen_spans(pair.records[node])
+            if min(at(node, e), until) > max(at(node, s), since)
+        ),
+        key=lambda f: (f["start"], f["node"]),
+    )
     warnings = list(clocks.warnings)
     if no_data:
         warnings.append(
@@ -795,6 +807,7 @@ def pair_report(
         dual_events.clear()
         bulk_by_day = {}
         recorded = False
+        freezes = []
         witness = {"agreed_takeovers": 0, "fences": 0}
     else:
         if since < first - 1.0:
@@ -843,6 +856,11 @@ def pair_report(
         "unprotected": _unprotected_summary(unprotected_rows, tables["daily"], length)
         if recorded
         else dict.fromkeys(UNPROTECTED_KEYS, None) | {"recorded": False},
+        "freezes": {
+            "count": len(freezes),
+            "seconds": sum(f["end"] - f["start"] for f in freezes),
+            "listed": freezes,
+        },
         "quarantines": {
             "count": len(quarantines),
             "messages": sum(q["messages"] or 0 for q in quarantines),

@@ -875,6 +875,12 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
         + f" ({dual['events']} dual_active event(s))"
     )
     lines.append(f"    unprotected {_unprotected_text(p['unprotected'])}")
+    freezes = p.get("freezes") or {}
+    if freezes.get("count"):
+        lines.append(
+            f"    freezes     {freezes['count']}, {freezes['seconds']:.3f}s in all (paused gaps:"
+            " a process that stood still serves nothing)"
+        )
     quarantines = p["quarantines"]
     if quarantines["count"]:
         lines.append(

@@ -1,7 +1,7 @@
 """The report as pages for people: ``summary.md`` and a self-contained ``report.html``.
 
 Owns: the summary and the small tables laid out as one document (warnings first, the fleet,
-each pair, every failover, the pictures), rendered as Markdown and as HTML whose pictures are
+each pair, every failover, every dual-active spell, every quarantine, the pictures), rendered as Markdown and as HTML whose pictures are
 embedded as base64 ``data:`` URIs, so the one file can be mailed or attached to a ticket.
 Computes nothing (the figures are ``spark.metrics``'), reads no file but the pictures it is
 given; must not know Spark.
@@ -60,7 +60,8 @@ GLOSSARY = (
     "**Timelines**: a lane per server coloured by state; the service row red where no server"
     " was ACTIVE and purple where two were; `#n` above it numbers the failovers as in the"
     " table, with their cause and client outage; the hatched orange spans, labelled with"
-    " their length, are unprotected time; a star is a `console recover` (hollow when"
+    " their length, are unprotected time; a dark dotted band on a lane is a freeze (the"
+    " process stood still: it served nothing); a star is a `console recover` (hollow when"
     " refused); short spans are drawn wider than their length so that they show.",
 )
 

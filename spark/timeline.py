@@ -1,10 +1,12 @@
 """The report's pictures: ``timeline.png`` of one pair and ``fleet.png``.
 
 Owns: drawing, with matplotlib's Agg backend, a pair's servers' states over the window as
-coloured bands (an ACTIVE with no in-sync PASSIVE striped in its lane), a "service" band with client-visible outages and dual-active spells (uncertain
-ones hatched), the incidents (peer last seen, peer lost, survivor ACTIVE; close ones clustered
-into one numbered marker) and redirects + refusals over time; and the fleet's availability per
-pair per day as a heat map, worst pair first. It draws the small tables it is given and
+coloured bands (an ACTIVE with no in-sync PASSIVE striped in its lane, a freeze dotted), a
+"service" band with client-visible outages and dual-active spells (uncertain ones hatched),
+the labels above it laid out so that none covers another, the incidents (peer last seen,
+peer lost, survivor ACTIVE; close ones clustered into one numbered marker) and redirects +
+refusals over time; and the fleet's availability per pair per day as a heat map, worst pair
+first. It draws the small tables it is given and
 computes nothing; it must not know Spark. matplotlib is imported on first use (``warm_up``),
 so that a report can load it while its JVM starts.
 """
@@ -154,6 +156,19 @@ def figure(
                     alpha=0.5 if uncertain else 1.0,
                     hatch="xx" if uncertain else "\\\\",
                 )
+    # Freezes: the lane's upper half dotted dark where the process stood still.
+    for node in nodes:
+        frozen = [f for f in (summary.get("freezes") or {}).get("listed", ()) if f["node"] == node]
+        if frozen:
+            top.broken_barh(
+                _spans(frozen, minimum),
+                (y[node], 0.35),
+                facecolors="#333333",
+                edgecolor="white",
+                linewidth=0,
+                alpha=0.55,
+                hatch="..",
+            )
     service = y["service"]
     top.broken_barh([(_x(lo), span / DAY)], (service - 0.35, 0.7), facecolors=SERVING)
     for table, colour in (("outages", OUTAGE), ("dual_active", DUAL)):
@@ -194,12 +209,12 @@ def figure(
     # Failovers, numbered as in the failovers table: the loss and the new ACTIVE on its lane
     # (their labels are in the band above the service row).
     for f in tables.get("failovers", ()):
-        row = y.get(f["to_node"])
-        if row is None:
+        lane = y.get(f["to_node"])
+        if lane is None:
             continue
         if f["lost_ts"] is not None:
-            top.plot(_x(f["lost_ts"]), row + 0.45, "kx", ms=6, mew=1.5)
-        top.plot(_x(f["end"]), row + 0.45, "k^", ms=6)
+            top.plot(_x(f["lost_ts"]), lane + 0.45, "kx", ms=6, mew=1.5)
+        top.plot(_x(f["end"]), lane + 0.45, "k^", ms=6)
         top.axvline(_x(f["end"]), color="k", lw=0.6, ls=":", alpha=0.5)
     # Console recovers: a star on the server it was typed on (hollow when refused).
     for r in tables.get("recoveries", ()):
@@ -239,6 +254,7 @@ def figure(
         Patch(facecolor=OUTAGE, label="outage (no ACTIVE)"),
         Patch(facecolor=DUAL, label="dual active"),
         Patch(facecolor=UNPROTECTED, hatch="\\\\", label="ACTIVE, no in-sync PASSIVE"),
+        Patch(facecolor="#333333", alpha=0.55, hatch="..", label="frozen (paused)"),
         Patch(facecolor="#dddddd", hatch="xx", label="uncertain (clock offset)"),
         Line2D([], [], color="k", marker="x", ls="", mew=1.5, label="peer lost"),
         Line2D([], [], color="k", marker="^", ls="", label="#n failover: new ACTIVE"),

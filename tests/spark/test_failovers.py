@@ -142,6 +142,14 @@ def test_every_takeover_has_one_row_and_the_counts_agree(tmp_path: Path) -> None
     assert "failovers   3: freeze 2, stopped 1" in text
     assert "(3 of 3 failover(s), those with a peer lost)" in text
     assert "freeze (silence, gap 20.000s)" in text
+    freezes = pair["freezes"]
+    same(
+        [(f["node"], f["start"] - T0, f["end"] - T0) for f in freezes["listed"]],
+        [("primary", 10.0, 30.0), ("backup", 100.0, 120.02)],
+        "freezes",
+    )
+    same(freezes["seconds"], 40.02, "freezes")
+    assert "freezes     2, 40.020s in all" in text
     total = pair["dual_active"]["seconds"]
     same(total, 30.0, "dual active")
     assert all(f["dual_active_s"] <= total for f in rows)
