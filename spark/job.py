@@ -39,7 +39,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark import jvm, pages, parquet, timeline
+from spark import jvm, pages, parquet, replayed, timeline
 from spark.metrics import Collected, PairInput, pair_clocks, pair_report, record_key, report_of
 from spark.model import (
     CORRUPT_COLUMN,
@@ -287,6 +287,7 @@ _SPECIAL_FIELDS = (
     "kind",
     "link",
     "upstream",
+    "gap",
 )
 _BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 
@@ -661,7 +662,7 @@ def compute(
         pairs=summaries,
         daily=small["daily"],
         takeover_delays=[
-            i["takeover_delay_s"] for i in small["incidents"] if i["outcome"] == "takeover"
+            f["takeover_delay_s"] for f in small["failovers"] if f["takeover_delay_s"] is not None
         ],
         slo=slo,
     )
@@ -859,6 +860,7 @@ def write_report(
     days: dict[str, list[str]] = defaultdict(list)
     for row in report.tables["daily"]:
         days[row["pair"]].append(row["day"])
+    replayed.annotate(report.summary, report.tables)
     progress(f"writing {len(TABLES)} tables")
     for name in TABLES:
         _write_table(report, name, out, days)

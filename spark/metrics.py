@@ -1,8 +1,10 @@
 """Every figure of one pair, from that pair's few points and records.
 
 Owns: per-node state runs, outages and dual-active spells with their ranges over the clock
-offsets' intervals, unprotected time (an ACTIVE with no in-sync PASSIVE), incidents,
-recoveries, misconfigurations, quarantines, time in state and the daily rows, split at UTC midnight of the pair's reference clock. The input is small: each node's
+offsets' intervals (a server's freezes are no ACTIVE time), unprotected time (an ACTIVE with
+no in-sync PASSIVE), incidents, recoveries, misconfigurations, quarantines, time in state and
+the daily rows, split at UTC midnight of the pair's reference clock; the failover rows are
+``spark.failovers``', the interval sets ``spark.spans``'. The input is small: each node's
 non-bulk records, and points in which runs of redirects and refusals may be reduced to their
 first and last (``spark.job`` reduces them; ``spark.reference`` passes them all, and the two
 must agree). Also the whole report from every record held in memory (``Collected``), which is
@@ -16,10 +18,12 @@ import math
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark.failovers import failovers as failover_rows
+from spark.failovers import frozen_spans
 from spark.model import (
     CAUSES,
     CLOCK_RESOLUTION_S,
@@ -29,7 +33,6 @@ from spark.model import (
     LINK_DOWN_KINDS,
     LINK_FAILED,
     LINK_UP,
-    MANUAL_TRIGGERS,
     MINUTE,
     OUT_OF_SYNC,
     OUTCOMES,
@@ -57,9 +60,14 @@ from spark.model import (
     report_window,
     unnamed_pair,
 )
+from spark.spans import Span, minus
+from spark.spans import clip as _clip
+from spark.spans import counted as _counted
+from spark.spans import measure as _measure
+from spark.spans import shift as _shift
+from spark.spans import union as _union
 
 Point = tuple[float, int, str, str]  # (ts, rank, event, state): also the order inside a node
-Span = tuple[float, float]
 Row = dict[str, Any]
 _RECOVER = re.compile(RECOVER_COMMAND)
 
@@ -125,54 +133,6 @@ def pair_clocks(
     window = report_window(since, until, first, last)
     assert window is not None  # a pair has points
     return PairClocks(reference, offsets, warnings, window)
-
-
-# ---------------------------------------------------------------- interval sets
-
-
-def _union(spans: Iterable[Span]) -> list[Span]:
-    merged: list[Span] = []
-    for start, end in sorted(s for s in spans if s[1] > s[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
-    return [(max(s, lo), min(e, hi)) for s, e in spans if min(e, hi) > max(s, lo)]
-
-
-def _measure(spans: Iterable[Span]) -> float:
-    return sum(e - s for s, e in spans)
-
-
-def _counted(sets: Sequence[Sequence[Span]], window: Span, wanted: Callable[[int], bool]) -> list:
-    """Maximal spans of the window where the number of sets covering a time is ``wanted``."""
-    delta: dict[float, int] = defaultdict(int)
-    delta[window[0]] += 0
-    delta[window[1]] += 0
-    for spans in sets:
-        for s, e in spans:
-            delta[s] += 1
-            delta[e] -= 1
-    times = sorted(delta)
-    found: list[Span] = []
-    count = 0
-    for t, t_next in zip(times, times[1:], strict=False):
-        count += delta[t]
-        if not wanted(count) or t_next <= window[0] or t >= window[1]:
-            continue
-        if found and found[-1][1] == t:
-            found[-1] = (found[-1][0], t_next)
-        else:
-            found.append((t, t_next))
-    return _clip(found, *window)
-
-
-def _shift(x: float, by: float) -> float:
-    return x if math.isinf(x) else x - by
 
 
 # ---------------------------------------------------------------- state runs
@@ -420,190 +380,6 @@ def _unprotected(
     return rows, by_day
 
 
-# ---------------------------------------------------------------- failovers
-
-
-@dataclass
-class _Run:
-    """An ACTIVE run of one node: on the reference clock (``start``, ``end``) and on the
-    node's own (``raw_end``)."""
-
-    node: str
-    start: float
-    end: float
-    raw_start: float
-    raw_end: float
-
-
-def _spread(o: Offset, known: bool) -> tuple[float, float]:
-    """How far below and above the point used the node's offset may lie."""
-    if known or o.known:
-        return 0.0, 0.0
-    return o.seconds - o.lower, o.upper - o.seconds
-
-
-@dataclass
-class _Marks:
-    """The records the failover rules read, indexed once per pair: on each node's own clock
-    the transitions and stops by time; on the reference clock the losses (``peer_lost``),
-    the witness fences and the starts, in time order."""
-
-    ends: dict[tuple[str, float], Row]
-    losses: list[tuple[float, str, Row]]
-    fences: dict[str, list[float]]
-    starts: dict[str, list[float]]
-
-    @classmethod
-    def of(cls, records: Mapping[str, Sequence[Row]], offsets: Mapping[str, Offset]) -> _Marks:
-        marks = cls({}, [], defaultdict(list), defaultdict(list))
-        for node, rows in records.items():
-            d = offsets[node].seconds
-            for r in rows:
-                event = r["event"]
-                if event in ("transition", "stopped"):
-                    marks.ends.setdefault((node, r["ts"]), r)
-                elif event == "peer_lost":
-                    marks.losses.append((r["ts"] - d, node, r))
-                elif event == "witness_fence" and r.get("reason") is not None:
-                    marks.fences[node].append(r["ts"] - d)
-                elif event == "started":
-                    marks.starts[node].append(r["ts"] - d)
-        marks.losses.sort(key=lambda x: (x[0], x[1]))
-        return marks
-
-    def between(self, times: Sequence[float], lo: float, hi: float) -> list[float]:
-        return list(times[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)])
-
-
-def _failovers(
-    name: str,
-    nodes: Sequence[str],
-    runs: Mapping[str, Sequence[tuple[str, float, float]]],
-    records: Mapping[str, Sequence[Row]],
-    offsets: Mapping[str, Offset],
-    window: Span,
-    known: bool,
-) -> list[Row]:
-    """One row per failover: a server becoming ACTIVE by a transition when the ACTIVE before
-    it (the ACTIVE run that started last) was another server's. Its client-visible outage
-    runs from the last moment the old ACTIVE could confirm to the new one's transition, as
-    the logs bound it; its cause is read from how the old run ended and from the loss the
-    new ACTIVE logged (docs/report.md, "Failovers")."""
-    since, until = window
-    marks = _Marks.of(records, offsets)
-    active: list[_Run] = []
-    for node in nodes:
-        d = offsets[node].seconds
-        for state, s, e in runs[node]:
-            if state == "ACTIVE":
-                active.append(_Run(node, _shift(s, d), _shift(e, d), s, e))
-    active.sort(key=lambda r: (r.start, r.node))
-    rows: list[Row] = []
-    for old, new in zip(active, active[1:], strict=False):
-        if old.node == new.node or not since <= new.start <= until:
-            continue
-        opened = marks.ends.get((new.node, new.raw_start))
-        if opened is None or opened["event"] != "transition":
-            continue
-        rows.append(_failover(name, old, new, opened, marks, offsets, window, known))
-    for number, row in enumerate(rows, 1):
-        row["incident"] = number
-    return rows
-
-
-def _failover(
-    name: str,
-    old: _Run,
-    new: _Run,
-    opened: Row,
-    marks: _Marks,
-    offsets: Mapping[str, Offset],
-    window: Span,
-    known: bool,
-) -> Row:
-    since, until = window
-    mine, theirs = offsets[new.node], offsets[old.node]
-    taken = new.start
-    # How the old run ended: a transition or a stop it wrote (exact), or its last sign of
-    # life (a crash, a freeze or a cut: it may have served a while after).
-    ended = marks.ends.get((old.node, old.raw_end))
-    last_alive = min(old.end, until)
-    # The loss that led to it: the new ACTIVE's last peer_lost about the old in its run
-    # (another server's if it logged none).
-    i = bisect.bisect_left(marks.losses, old.start, key=lambda x: x[0])
-    j = bisect.bisect_right(marks.losses, taken, key=lambda x: x[0])
-    losses = [
-        (ts, node == new.node, node, r)
-        for ts, node, r in marks.losses[i:j]
-        if node != old.node and r.get("peer") == old.node
-    ]
-    own = [loss for loss in losses if loss[1]]
-    loss = max(own or losses, default=None, key=lambda x: x[0])
-    lost_ts = loss[0] if loss else None
-    evidence = loss[3].get("evidence") if loss else None
-    # A witness fence stops the old ACTIVE confirming before its run ends.
-    fenced = marks.between(marks.fences.get(old.node, []), old.start, min(last_alive, taken))
-    served_to = min([last_alive, *fenced])
-    # The latest it can have confirmed: exact when it said so (a transition, a stop, a fence),
-    # else until it was known gone: the loss, or its own restart.
-    if ended is not None or fenced or old.end > taken:
-        latest, latest_on = served_to, old.node
-    else:
-        bounds = [(lost_ts, loss[2])] if loss and lost_ts > served_to else []
-        starts = marks.starts.get(old.node, [])
-        k = bisect.bisect_right(starts, served_to)
-        if k < len(starts):
-            bounds.append((starts[k], old.node))
-        latest, latest_on = min(bounds, default=(taken, new.node))
-        latest = min(latest, taken)
-    trigger = opened.get("trigger")
-    if trigger in MANUAL_TRIGGERS or (ended and ended.get("trigger") == "MANUAL_RECOVER"):
-        cause = "manual"
-    elif ended is not None and ended["event"] == "stopped" and old.end <= taken:
-        cause = "stopped"
-    elif loss is not None and old.end > lost_ts:
-        cause = "cut link"  # it logged on after the loss: alive, not restarted
-    elif loss is not None:
-        cause = "crash" if evidence == "refused" else "silence"
-    elif old.end > taken:
-        cause = "dual active"
-    else:
-        cause = "unknown"
-    outage = max(0.0, taken - served_to)
-    below_new, above_new = _spread(mine, known)
-    below_old, above_old = _spread(theirs, known)
-    most = outage + below_new + above_old
-    least = max(0.0, taken - latest)
-    if latest_on != new.node:  # two clocks: the least moves with both offsets
-        least = max(0.0, least - above_new - below_old)
-    least = min(least, outage)
-    start = min(served_to, taken, lost_ts if lost_ts is not None else math.inf)
-    detection = None
-    if lost_ts is not None and not fenced and ended is None and old.end <= lost_ts:
-        detection = lost_ts - served_to
-    return {
-        "pair": name,
-        "day": day_of(max(start, since)),
-        "incident": 0,  # numbered once all are found
-        "start": start,
-        "end": taken,
-        "from_node": old.node,
-        "to_node": new.node,
-        "epoch": opened.get("epoch"),
-        "trigger": trigger,
-        "cause": cause,
-        "evidence": evidence,
-        "lost_ts": lost_ts,
-        "detection_delay_s": detection,
-        "takeover_delay_s": None if lost_ts is None else taken - lost_ts,
-        "outage_s": outage,
-        "min_outage_s": least,
-        "max_outage_s": most if math.isfinite(most) else None,
-        "dual_active_s": max(0.0, min(old.end, until) - taken),
-        "uncertain": not math.isfinite(most) or most - least > CLOCK_RESOLUTION_S,
-    }
-
-
 # ---------------------------------------------------------------- federation links
 
 
@@ -773,7 +549,11 @@ def pair_report(
         o = offsets[node]
         if known:  # within the resolution: the offsets used are the offsets
             o = Offset(o.seconds, o.source, o.seconds, o.seconds)
-        active = [(s, e) for state, s, e in runs[node] if state == "ACTIVE"]
+        # A frozen ACTIVE serves nothing: its freezes are outages (or not dual active).
+        active = minus(
+            [(s, e) for state, s, e in runs[node] if state == "ACTIVE"],
+            frozen_spans(pair.records[node]),
+        )
         point_sets.append(
             _clip([(_shift(s, o.seconds), _shift(e, o.seconds)) for s, e in active], since, until)
         )
@@ -859,7 +639,9 @@ def pair_report(
                 }
             )
 
-    tables["failovers"] = _failovers(name, nodes, runs, pair.records, offsets, clocks.window, known)
+    tables["failovers"] = failover_rows(
+        name, nodes, runs, pair.records, offsets, clocks.window, known, dual
+    )
     tables["federation_links"] = federation_links(
         name, pair.records, runs, offsets, clocks.window, days
     )
@@ -869,6 +651,18 @@ def pair_report(
         ("incidents", "lost_ts", "lost_ts"),
     ):
         _keyed(tables[table], tables["failovers"], start, end)
+    # A dual active that began after its takeover (a frozen ACTIVE that woke and served on)
+    # is the spell of the last failover before it with dual-active time of its own.
+    for row in tables["dual_active"]:
+        if row["incident"] is None:
+            row["incident"] = max(
+                (
+                    f["incident"]
+                    for f in tables["failovers"]
+                    if f["dual_active_s"] and f["end"] < row["end"]
+                ),
+                default=None,
+            )
 
     dual_events: dict[str, int] = defaultdict(int)
     # The witness (docs/failover.md): takeovers it agreed to, and the times an ACTIVE stopped
@@ -991,6 +785,16 @@ def pair_report(
     first = min(pts[0][0] - offsets[n].seconds for n, pts in pair.points.items())
     last = max(pts[-1][0] - offsets[n].seconds for n, pts in pair.points.items())
     no_data = until < first or since > last
+    # Each server's freezes (its paused gaps) in the window: no ACTIVE time (above).
+    freezes = sorted(
+        (
+            {"node": node, "start": max(at(node, s), since), "end": min(at(node, e), until)}
+            for node in nodes
+            for s, e in frozen_spans(pair.records[node])
+            if min(at(node, e), until) > max(at(node, s), since)
+        ),
+        key=lambda f: (f["start"], f["node"]),
+    )
     warnings = list(clocks.warnings)
     if no_data:
         warnings.append(
@@ -1003,6 +807,7 @@ def pair_report(
         dual_events.clear()
         bulk_by_day = {}
         recorded = False
+        freezes = []
         witness = {"agreed_takeovers": 0, "fences": 0}
     else:
         if since < first - 1.0:
@@ -1051,6 +856,11 @@ def pair_report(
         "unprotected": _unprotected_summary(unprotected_rows, tables["daily"], length)
         if recorded
         else dict.fromkeys(UNPROTECTED_KEYS, None) | {"recorded": False},
+        "freezes": {
+            "count": len(freezes),
+            "seconds": sum(f["end"] - f["start"] for f in freezes),
+            "listed": freezes,
+        },
         "quarantines": {
             "count": len(quarantines),
             "messages": sum(q["messages"] or 0 for q in quarantines),
@@ -1278,7 +1088,7 @@ def report_of(
         pairs=summaries,
         daily=tables["daily"],
         takeover_delays=[
-            i["takeover_delay_s"] for i in tables["incidents"] if i["outcome"] == "takeover"
+            f["takeover_delay_s"] for f in tables["failovers"] if f["takeover_delay_s"] is not None
         ],
         slo=slo,
     )

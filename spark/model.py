@@ -60,6 +60,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("kind", "string"),
     ("link", "string"),
     ("upstream", "string"),
+    ("gap", "double"),
 )
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -161,6 +162,7 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("trigger", "string"),
             ("cause", "string"),
             ("evidence", "string"),
+            ("gap_s", "double"),
             ("lost_ts", "double"),
             ("detection_delay_s", "double"),
             ("takeover_delay_s", "double"),
@@ -284,7 +286,16 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
 
 OUTCOMES = ("takeover", "already_active", "survivor_down", "unresolved")
 # Why a failover happened (docs/report.md, "Failovers"), in the order the rules are tried.
-CAUSES = ("manual", "stopped", "cut link", "crash", "silence", "dual active", "unknown")
+CAUSES = (
+    "manual",
+    "freeze",
+    "stopped",
+    "cut link",
+    "crash",
+    "silence",
+    "dual active",
+    "unknown",
+)
 MANUAL_TRIGGERS = ("HANDOVER", "PROMOTE", "FORCE_PROMOTE")
 
 
@@ -768,12 +779,20 @@ def _key(row: Mapping) -> str:
     return "" if row.get("incident") is None else f" [#{row['incident']}]"
 
 
+def failover_why(row: Mapping) -> str:
+    """A failover's evidence and a freeze's gap, in brackets after its cause."""
+    said = [row["evidence"]] if row.get("evidence") else []
+    if row.get("gap_s") is not None:
+        said.append(f"gap {_seconds(row['gap_s'])}")
+    return f" ({', '.join(said)})" if said else ""
+
+
 def failover_text(row: Mapping) -> str:
     """One failover on one line: its key, when, who, why, and what clients saw."""
     text = (
         f"#{row['incident']} {iso(row['start'])} .. {iso(row['end'])}"
         f" {row['from_node']} -> {row['to_node']} {row['cause']}"
-        + (f" ({row['evidence']})" if row["evidence"] else "")
+        + failover_why(row)
         + f", client outage {_seconds(row['outage_s'])}"
     )
     if row["uncertain"]:
@@ -856,6 +875,12 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
         + f" ({dual['events']} dual_active event(s))"
     )
     lines.append(f"    unprotected {_unprotected_text(p['unprotected'])}")
+    freezes = p.get("freezes") or {}
+    if freezes.get("count"):
+        lines.append(
+            f"    freezes     {freezes['count']}, {freezes['seconds']:.3f}s in all (paused gaps:"
+            " a process that stood still serves nothing)"
+        )
     quarantines = p["quarantines"]
     if quarantines["count"]:
         lines.append(
@@ -921,7 +946,7 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
             "quarantines",
             lambda r: (
                 f"      quarantine {iso(r['ts'])} {r['node']}: {r['messages']} message(s)"
-                f" in {r['path']}"
+                f" in {r['path']}" + (f" ({r['replayed']})" if r.get("replayed") else "")
             ),
         )
     )
@@ -939,6 +964,12 @@ def _pair_text(p: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> list[str]
         f" misconfigurations {p['misconfigurations']}"
     )
     return lines
+
+
+def takeovers_of(takeovers: int, failovers: int) -> str:
+    """How many failovers the takeover figures cover: those a loss led to (the others, a
+    manual one or a dual active, have no loss to time them from)."""
+    return f"{takeovers} of {failovers} failover(s), those with a peer lost"
 
 
 def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> str:
@@ -996,7 +1027,7 @@ def render_text(summary: Mapping, tables: Mapping[str, Sequence[Mapping]]) -> st
     lines.append(
         f"  takeover    p50 {_seconds(delays['p50'])} p90 {_seconds(delays['p90'])}"
         f" p99 {_seconds(delays['p99'])} max {_seconds(delays['max'])}"
-        f" ({delays['count']} takeover(s))"
+        f" ({takeovers_of(delays['count'], failovers['count'])})"
     )
     if len(pairs) > 1:
         lines.append("  worst pairs")

@@ -1,7 +1,7 @@
 """The report as pages for people: ``summary.md`` and a self-contained ``report.html``.
 
 Owns: the summary and the small tables laid out as one document (warnings first, the fleet,
-each pair, every failover, the pictures), rendered as Markdown and as HTML whose pictures are
+each pair, every failover, every dual-active spell, every quarantine, the pictures), rendered as Markdown and as HTML whose pictures are
 embedded as base64 ``data:`` URIs, so the one file can be mailed or attached to a ticket.
 Computes nothing (the figures are ``spark.metrics``'), reads no file but the pictures it is
 given; must not know Spark.
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark.model import iso
+from spark.model import failover_why, iso, takeovers_of
 
 Table = tuple[list[str], list[list[str]]]  # header, rows of cells
 
@@ -38,7 +38,9 @@ GLOSSARY = (
     " (the short outage at the start of a pair's logs). The Pairs table's range is the"
     " availability the servers' clock offsets allow; blank when the clocks leave no doubt.",
     "**Cause** of a failover: `crash` (the old ACTIVE's process was gone: with `refused`, the"
-    " survivor found its port refusing), `silence` (nothing heard from it for the peer"
+    " survivor found its port refusing), `freeze` (the old ACTIVE's process was stopped"
+    " without dying, a VM paused or SIGSTOP: it logged the gap when it ran again, shown after"
+    " the cause), `silence` (nothing heard from it for the peer"
     " timeout; it may have been frozen or cut off), `cut link` (both servers lived through it:"
     " the link between them was cut; clients on the old ACTIVE's side may have been served"
     " by both, shown as dual active), `manual` (`console recover` or `promote`), `stopped` (the"
@@ -48,12 +50,18 @@ GLOSSARY = (
     " **Takeover**: from `peer lost` to the survivor becoming ACTIVE (the takeover"
     " percentiles count these, so manual failovers are not in them). **Failbacks**: `console"
     " recover` commands that handed the service back to the primary.",
+    "**Dual active**: two servers ACTIVE at once, each confirming its own clients: what one"
+    " accepted alone is quarantined when they meet. **Quarantine**: the messages a server"
+    " accepted that its peer never had, kept in the file named for `amqha quarantine replay`;"
+    " whether they were replayed is what the report's host sees of that file (a replay"
+    " writes no log record).",
     "**Unprotected**: an ACTIVE with no in-sync PASSIVE (what it confirms is on one disk"
     " only). `not recorded`: the logs have no sync records, so no figure (not 0).",
     "**Timelines**: a lane per server coloured by state; the service row red where no server"
     " was ACTIVE and purple where two were; `#n` above it numbers the failovers as in the"
     " table, with their cause and client outage; the hatched orange spans, labelled with"
-    " their length, are unprotected time; a star is a `console recover` (hollow when"
+    " their length, are unprotected time; a dark dotted band on a lane is a freeze (the"
+    " process stood still: it served nothing); a star is a `console recover` (hollow when"
     " refused); short spans are drawn wider than their length so that they show.",
 )
 
@@ -99,12 +107,14 @@ def document(
         f" outages {fleet['outage_seconds']:.3f} s; dual active"
         f" {fleet['dual_active_seconds']:.3f} s; {fleet['failovers']['count']} failover(s)"
         + (f" ({by_cause})" if by_cause else "")
-        + f", client outage {fleet['failovers']['outage_seconds']:.3f} s in all."
+        + f", client outage {fleet['failovers']['outage_seconds']:.3f} s in all;"
+        f" {fleet['quarantines']['count']} quarantine(s),"
+        f" {fleet['quarantines']['messages']} message(s) quarantined."
     )
     top.lines.append(
         f"Takeover delay p50 {_s(delays['p50'])} s, p90 {_s(delays['p90'])} s,"
         f" p99 {_s(delays['p99'])} s, max {_s(delays['max'])} s"
-        f" ({delays['count']} takeover(s))."
+        f" ({takeovers_of(delays['count'], fleet['failovers']['count'])})."
     )
     if fleet["no_data_pairs"]:
         top.lines.append(
@@ -141,6 +151,7 @@ def document(
                 str(p["failovers"]["count"]),
                 _s(p["failovers"]["outage_seconds"]),
                 _s(p["dual_active"]["seconds"]),
+                str(p["quarantines"]["messages"]),
                 "not recorded" if not u["recorded"] else _s(u["seconds"]),
                 str(p["manual_recoveries"]["manual_recover_transitions"]),
             ]
@@ -157,6 +168,7 @@ def document(
                 "failovers",
                 "client outage s",
                 "dual active s",
+                "quarantined",
                 "unprotected s",
                 "failbacks",
             ],
@@ -169,10 +181,12 @@ def document(
     failovers.lines.append(
         "One row per failover, numbered per pair as on the timelines (# is the `incident` key"
         " of failovers.csv, outages.csv and incidents.csv, files written beside this page)."
-        " Client outage: from the last moment the old ACTIVE could confirm to the new"
-        " ACTIVE's takeover. When no log says when the old ACTIVE died (a crash), it is the"
-        " longest the logs allow, and the range gives the shortest and the longest. A dash:"
-        " does not apply (no dual active; no detection or takeover in a manual failover)."
+        " Client outage: what the logs prove, from the latest moment the old ACTIVE could"
+        " have confirmed (its transition or stop, the gap's start of a freeze, the survivor's"
+        " loss of a crashed one) to the new ACTIVE's takeover; the range runs to the longest"
+        " the logs allow (from the old ACTIVE's last sign of life) when the two differ. A"
+        " client that reconnects late sees more. A dash: does not apply (no dual active; no"
+        " detection or takeover in a manual failover)."
     )
     failovers.tables.append(
         (
@@ -198,7 +212,7 @@ def document(
                     iso(f["end"]),
                     f["from_node"],
                     f["to_node"],
-                    f["cause"] + (f" ({f['evidence']})" if f["evidence"] else ""),
+                    f["cause"] + failover_why(f),
                     _s(f["outage_s"]),
                     _range(f["min_outage_s"], f["max_outage_s"]) if f["uncertain"] else NA,
                     _s(f["dual_active_s"]) if f["dual_active_s"] else NA,
@@ -210,10 +224,71 @@ def document(
         )
     )
     sections.append(failovers)
+    sections.append(_dual_active(pairs, tables))
+    sections.append(_quarantines(tables))
     sections.append(Section("How to read this", lines=list(GLOSSARY)))
     if pictures:
         sections.append(Section("Pictures", pictures=list(pictures)))
     return sections
+
+
+def _dual_active(
+    pairs: Mapping[str, Mapping[str, Any]], tables: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> Section:
+    section = Section("Dual active")
+    section.lines.append(
+        "Every spell with two servers ACTIVE at once (dual_active.csv), with the failover it"
+        " followed (#). Per pair: "
+        + "; ".join(
+            f"{name} {p['dual_active']['count']} spell(s), {p['dual_active']['seconds']:.3f} s"
+            for name, p in pairs.items()
+        )
+        + "."
+    )
+    section.tables.append(
+        (
+            ["pair", "#", "start (UTC)", "end (UTC)", "seconds", "range s"],
+            [
+                [
+                    d["pair"],
+                    NA if d["incident"] is None else str(d["incident"]),
+                    iso(d["start"]),
+                    iso(d["end"]),
+                    _s(d["duration_s"]),
+                    _range(d["min_duration_s"], d["max_duration_s"]) if d["uncertain"] else NA,
+                ]
+                for d in tables.get("dual_active", ())
+            ],
+        )
+    )
+    return section
+
+
+def _quarantines(tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> Section:
+    section = Section("Quarantines")
+    rows = tables.get("quarantines", ())
+    section.lines.append(
+        f"{len(rows)} quarantine file(s), {sum(q['messages'] or 0 for q in rows)} message(s):"
+        " what a server had accepted that its peer never had, kept for `amqha quarantine"
+        " replay FILE --url URL` (quarantines.csv)."
+    )
+    section.tables.append(
+        (
+            ["pair", "time (UTC)", "server", "messages", "file", "replayed"],
+            [
+                [
+                    q["pair"],
+                    iso(q["ts"]),
+                    q["node"],
+                    NA if q["messages"] is None else str(q["messages"]),
+                    q["path"] or NA,
+                    q.get("replayed") or NA,
+                ]
+                for q in rows
+            ],
+        )
+    )
+    return section
 
 
 def _md_cell(text: str) -> str:

@@ -1,10 +1,12 @@
 """The report's pictures: ``timeline.png`` of one pair and ``fleet.png``.
 
 Owns: drawing, with matplotlib's Agg backend, a pair's servers' states over the window as
-coloured bands (an ACTIVE with no in-sync PASSIVE striped in its lane), a "service" band with client-visible outages and dual-active spells (uncertain
-ones hatched), the incidents (peer last seen, peer lost, survivor ACTIVE; close ones clustered
-into one numbered marker) and redirects + refusals over time; and the fleet's availability per
-pair per day as a heat map, worst pair first. It draws the small tables it is given and
+coloured bands (an ACTIVE with no in-sync PASSIVE striped in its lane, a freeze dotted), a
+"service" band with client-visible outages and dual-active spells (uncertain ones hatched),
+the labels above it laid out so that none covers another, the incidents (peer last seen,
+peer lost, survivor ACTIVE; close ones clustered into one numbered marker) and redirects +
+refusals over time; and the fleet's availability per pair per day as a heat map, worst pair
+first. It draws the small tables it is given and
 computes nothing; it must not know Spark. matplotlib is imported on first use (``warm_up``),
 so that a report can load it while its JVM starts.
 """
@@ -72,6 +74,19 @@ def render(
     tables: Mapping[str, Sequence[Mapping[str, Any]]],
     activity: Sequence[Mapping[str, Any]],
 ) -> None:
+    """The pair's timeline as a PNG file."""
+    fig, tight = figure(summary, tables, activity)
+    fig.savefig(path, dpi=110, bbox_inches="tight" if tight else None)
+    _pyplot().close(fig)
+
+
+def figure(
+    summary: Mapping[str, Any],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+    activity: Sequence[Mapping[str, Any]],
+) -> tuple[Any, bool]:
+    """The pair's timeline as a matplotlib figure, and whether to save it cut to its
+    drawing (the picture has a legend below its axes)."""
     import matplotlib.dates as mdates
     from matplotlib.collections import PolyCollection
     from matplotlib.lines import Line2D
@@ -91,9 +106,7 @@ def render(
             fontsize=14,
         )
         ax.set_axis_off()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return
+        return fig, False
 
     lo, hi = window["since"], window["until"]
     span = max(hi - lo, 1e-3)
@@ -102,11 +115,14 @@ def render(
     minimum = span / DAY * MIN_WIDTH
     rows = [*reversed(nodes), "service"]
     y = {name: i for i, name in enumerate(rows)}
+    labels = _band_labels(tables, span)
+    lines = 1 + max((line for *_, line in labels), default=0)
+    height = 2.2 + 0.75 * len(rows) + LINE_POINTS / 72 * max(0, lines - 3)
     fig, (top, bottom) = plt.subplots(
         2,
         1,
         sharex=True,
-        figsize=(14, 2.2 + 0.75 * len(rows)),
+        figsize=(14, height),
         gridspec_kw={"height_ratios": [len(rows), 1.6], "hspace": 0.08},
     )
 
@@ -140,6 +156,19 @@ def render(
                     alpha=0.5 if uncertain else 1.0,
                     hatch="xx" if uncertain else "\\\\",
                 )
+    # Freezes: the lane's upper half dotted dark where the process stood still.
+    for node in nodes:
+        frozen = [f for f in (summary.get("freezes") or {}).get("listed", ()) if f["node"] == node]
+        if frozen:
+            top.broken_barh(
+                _spans(frozen, minimum),
+                (y[node], 0.35),
+                facecolors="#333333",
+                edgecolor="white",
+                linewidth=0,
+                alpha=0.55,
+                hatch="..",
+            )
     service = y["service"]
     top.broken_barh([(_x(lo), span / DAY)], (service - 0.35, 0.7), facecolors=SERVING)
     for table, colour in (("outages", OUTAGE), ("dual_active", DUAL)):
@@ -154,17 +183,17 @@ def render(
             )
     for start, width in _spans(tables["outages"], minimum):
         top.axvspan(start, start + width, color=OUTAGE, alpha=0.12, lw=0)
-    # An outage a failover explains is labelled with the failover (below); the others (the
-    # pair's first start, an outage nobody ended) with their length, in the band on top.
-    alone = [o for o in tables["outages"] if o.get("incident") is None]
-    for outage in alone if len(alone) <= LABELLED else ():
+    # The labels in the band above the service row (failovers, and outages no failover
+    # explains), each on the lowest line where it overlaps no other.
+    for x, text, colour, size, line in labels:
         top.annotate(
-            _short(outage["duration_s"]),
-            (_x(outage["start"]), service + 0.35),
-            xytext=(1, 30),
+            text,
+            (x, service + 0.35),
+            xytext=(0, 2 + LINE_POINTS * line),
             textcoords="offset points",
-            fontsize=7,
-            color=OUTAGE,
+            ha="left",
+            fontsize=size,
+            color=colour,
         )
     spans = tables.get("unprotected", ())
     for i, row in enumerate(spans if len(spans) <= LABELLED else ()):
@@ -177,31 +206,16 @@ def render(
             color="#7a3e00",
         )
 
-    # Failovers, numbered as in the failovers table: the loss and the new ACTIVE on its lane,
-    # the number (with the cause and the client outage when there are few) in the band above
-    # the service row, staggered over three lines.
-    failovers = tables.get("failovers", ())
-    few = len(failovers) <= LABELLED
-    for i, f in enumerate(failovers):
-        row = y.get(f["to_node"])
-        if row is None:
+    # Failovers, numbered as in the failovers table: the loss and the new ACTIVE on its lane
+    # (their labels are in the band above the service row).
+    for f in tables.get("failovers", ()):
+        lane = y.get(f["to_node"])
+        if lane is None:
             continue
         if f["lost_ts"] is not None:
-            top.plot(_x(f["lost_ts"]), row + 0.45, "kx", ms=6, mew=1.5)
-        top.plot(_x(f["end"]), row + 0.45, "k^", ms=6)
+            top.plot(_x(f["lost_ts"]), lane + 0.45, "kx", ms=6, mew=1.5)
+        top.plot(_x(f["end"]), lane + 0.45, "k^", ms=6)
         top.axvline(_x(f["end"]), color="k", lw=0.6, ls=":", alpha=0.5)
-        text = f"#{f['incident']}"
-        if few:
-            text += f" {f['cause']} {_short(f['outage_s'])}"
-        top.annotate(
-            text,
-            (_x(f["end"]), service + 0.35),
-            xytext=(0, 2 + 9 * (i % 3)),
-            textcoords="offset points",
-            ha="left" if few else "center",
-            fontsize=7 if few else 6,
-            color="#b00000" if f["outage_s"] else "black",
-        )
     # Console recovers: a star on the server it was typed on (hollow when refused).
     for r in tables.get("recoveries", ()):
         if r["event"] != "console" or r["node"] not in y:
@@ -218,7 +232,7 @@ def render(
         )
 
     top.set_yticks(range(len(rows)), rows)
-    top.set_ylim(-0.6, len(rows) + 0.6)
+    top.set_ylim(-0.6, _band_top(service, lines, len(rows), height))
     top.set_xlim(_x(lo), _x(lo) + span / DAY)
     availability = summary["availability"]
     top.set_title(
@@ -240,6 +254,7 @@ def render(
         Patch(facecolor=OUTAGE, label="outage (no ACTIVE)"),
         Patch(facecolor=DUAL, label="dual active"),
         Patch(facecolor=UNPROTECTED, hatch="\\\\", label="ACTIVE, no in-sync PASSIVE"),
+        Patch(facecolor="#333333", alpha=0.55, hatch="..", label="frozen (paused)"),
         Patch(facecolor="#dddddd", hatch="xx", label="uncertain (clock offset)"),
         Line2D([], [], color="k", marker="x", ls="", mew=1.5, label="peer lost"),
         Line2D([], [], color="k", marker="^", ls="", label="#n failover: new ACTIVE"),
@@ -275,8 +290,60 @@ def render(
     bottom.xaxis.set_major_locator(locator)
     bottom.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     fig.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=7, fontsize=8)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    return fig, True
+
+
+LINE_POINTS = 9  # from one line of labels to the next, in points
+AXES_INCHES = 14 * 0.775  # the timeline's plotting width (the figure's, less its margins)
+CHAR_WIDTH = 0.62  # a character's width in its font's size, a little more than DejaVu's mean
+
+
+def label_lines(starts: Sequence[float], widths: Sequence[float], gap: float) -> list[int]:
+    """The line of each label (0 the lowest): in order of their starts, each goes on the
+    lowest line whose last label ends at least ``gap`` before it, or on a new line."""
+    ends: list[float] = []
+    lines = [0] * len(starts)
+    for i in sorted(range(len(starts)), key=lambda i: (starts[i], i)):
+        line = next((k for k, end in enumerate(ends) if starts[i] >= end + gap), len(ends))
+        if line == len(ends):
+            ends.append(-math.inf)
+        ends[line] = starts[i] + widths[i]
+        lines[i] = line
+    return lines
+
+
+def _band_labels(
+    tables: Mapping[str, Sequence[Mapping[str, Any]]], span: float
+) -> list[tuple[float, str, str, int, int]]:
+    """The band's labels as (x, text, colour, font size, line): each failover's number,
+    with its cause and client outage when there are few, at its takeover; and the length
+    of each outage no failover explains (the pair's first start, one nobody ended)."""
+    failovers = tables.get("failovers", ())
+    few = len(failovers) <= LABELLED
+    found = []
+    for f in failovers:
+        text = f"#{f['incident']}"
+        if few:
+            text += f" {f['cause']} {_short(f['outage_s'])}"
+        colour = "#b00000" if f["outage_s"] else "black"
+        found.append((_x(f["end"]), text, colour, 7 if few else 6))
+    alone = [o for o in tables.get("outages", ()) if o.get("incident") is None]
+    for o in alone if len(alone) <= LABELLED else ():
+        found.append((_x(o["start"]), _short(o["duration_s"]), OUTAGE, 7))
+    per_point = span / DAY / (AXES_INCHES * 72)  # date units a point of width takes
+    widths = [len(text) * size * CHAR_WIDTH * per_point for _, text, _, size in found]
+    lines = label_lines([x for x, *_ in found], widths, gap=3 * per_point)
+    return [(*label, line) for label, line in zip(found, lines, strict=True)]
+
+
+def _band_top(service: int, lines: int, rows: int, height: float) -> float:
+    """The top of the lanes' y axis: room above the service row for ``lines`` lines of
+    labels. The axes are about 0.77 of the figure's height (matplotlib's margins), the lanes
+    ``rows`` parts of ``rows + 1.6``; a data unit is ``points / (top + 0.6)`` points."""
+    points = 72 * 0.77 * height * rows / (rows + 1.6)
+    need = (2 + LINE_POINTS * lines + 4) / points  # the labels' height in axes fractions
+    base = service + 0.35
+    return max(rows - 0.4, (base + 0.6 * need) / (1 - need))
 
 
 def _short(seconds: float | None) -> str:

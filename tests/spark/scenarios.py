@@ -517,3 +517,108 @@ def federation_midnight() -> tuple[Server, Server]:
     backup.record(MIDNIGHT + 99, "stopped", "PASSIVE", 1, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
     primary.record(MIDNIGHT + 100, "stopped", "ACTIVE", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
     return _in_order(primary, backup)
+
+
+# ---------------------------------------------------------------- freezes
+# A frozen process (SIGSTOP, a VM paused) writes nothing; when it runs again its heartbeat
+# thread finds the gap in its ticks and writes ``paused`` with it, often after the records
+# the thaw's first messages caused (docs/failover.md, "Freezes").
+BACKUP_QUARANTINE = "/var/lib/amqha/backup/quarantine/1700000062-backup.sqlite"
+
+
+def _paused(server: Server, at: float, state: str, epoch: int, frozen_at: float) -> None:
+    server.record(at, "paused", state, epoch, gap=round(at - frozen_at, 3))
+
+
+def frozen_active() -> tuple[Server, Server]:
+    """The ACTIVE primary is frozen from 10 s (its last tick; its last state message left at
+    9.95 s) to 30 s. The backup loses it by silence at 13 s and a client's vote makes it
+    ACTIVE at 14 s. At the thaw the primary hears the higher epoch and steps down (30.01 s),
+    then writes ``paused`` (30.02 s, gap 20.02 s). Both stop at 40 s. A freeze with its gap:
+    client outage 10 .. 14 (4.0 s proven, 4.05 s at most), no dual active (the primary
+    served nothing frozen, and stepped down as it woke)."""
+    primary, backup = pair()
+    _start(primary, backup)
+    primary.sync(9.0, "ACTIVE", 1, "in_sync", "snapshot of 3 changes applied")
+    backup.heard(13.0, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.95, evidence="silence")
+    backup.transition(14.0, "PASSIVE", "ACTIVE", 2, "CLIENT_REQUEST", "client vote")
+    backup.record(
+        30.005, "dual_active", "ACTIVE", 2, peer="primary", peer_epoch=1, reason="we stay"
+    )
+    primary.record(
+        30.01, "dual_active", "PASSIVE", 2, peer="backup", peer_epoch=2, reason="we yield"
+    )
+    primary.transition(30.01, "ACTIVE", "PASSIVE", 2, "PEER_ACTIVE", "higher epoch 2")
+    _paused(primary, 30.02, "PASSIVE", 2, frozen_at=10.0)
+    primary.record(40.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(40.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
+
+
+def zombie_day() -> tuple[Server, Server]:
+    """Freezes, a zombie, a restart and a SIGTERM (three takeovers, three rows):
+
+    - 10 .. 30 s the ACTIVE primary is frozen (last message 9.95 s); the backup loses it at
+      13 s and is voted ACTIVE at 14 s (epoch 2): #1, a freeze, outage 10 .. 14.
+    - At 30 s the primary thaws (``paused``, gap 20 s), hears nothing from the backup (its
+      link is stuck), loses it at 30.6 s and serves on in epoch 1: dual active 30 .. 60.
+    - At 60 s the backup is restarted (SIGTERM while ACTIVE: ``stopped``; the primary is
+      ACTIVE already, so no takeover); it starts at 62 s, follows the primary (PASSIVE at
+      62.5 s) and quarantines the 3,152 messages it confirmed alone (62.6 s).
+    - At 80 s the primary is stopped with SIGTERM; its port refuses, the backup logs the
+      loss at 80.2 s and is voted ACTIVE at 80.5 s (epoch 3): #2, stopped, 0.5 s exact.
+    - The primary restarts at 85 s and follows (PASSIVE 85.51 s). 100 .. 120 s the ACTIVE
+      backup is frozen (last message 99.95 s); the primary loses it at 103 s and is voted
+      ACTIVE at 104 s (epoch 4): #3, a freeze, outage 100 .. 104. The thawed backup yields
+      at 120.01 s and writes ``paused`` at 120.02 s.
+    - Both stop at 130 s. Dual active: 30 s in all, all of it #1's."""
+    primary, backup = pair()
+    _start(primary, backup)
+    backup.heard(13.0, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.95, evidence="silence")
+    backup.transition(14.0, "PASSIVE", "ACTIVE", 2, "CLIENT_REQUEST", "client vote")
+    _paused(primary, 30.0, "ACTIVE", 1, frozen_at=10.0)
+    primary.heard(30.6, "peer_lost", "ACTIVE", 1, backup, "PASSIVE", sent=9.9, evidence="silence")
+    backup.record(60.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    backup.record(62.0, "started", "BACKUP", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    backup.heard(62.4, "peer_up", "BACKUP", 2, primary, "ACTIVE", sent=62.3)
+    primary.heard(62.45, "peer_up", "ACTIVE", 1, backup, "BACKUP", sent=62.35)
+    backup.transition(62.5, "BACKUP", "PASSIVE", 2, "PEER_ACTIVE", "the primary is ACTIVE")
+    backup.record(
+        62.6, "quarantine", "PASSIVE", 2, messages=3152, path=BACKUP_QUARANTINE, queues=["q"]
+    )
+    primary.record(80.0, "stopped", "ACTIVE", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.heard(80.2, "peer_lost", "PASSIVE", 2, primary, "ACTIVE", sent=79.9, evidence="refused")
+    backup.transition(80.5, "PASSIVE", "ACTIVE", 3, "CLIENT_REQUEST", "client vote")
+    primary.record(85.0, "started", "PRIMARY", 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.heard(85.45, "peer_up", "ACTIVE", 3, primary, "PRIMARY", sent=85.4)
+    primary.heard(85.5, "peer_up", "PRIMARY", 1, backup, "ACTIVE", sent=85.45)
+    primary.transition(85.51, "PRIMARY", "PASSIVE", 3, "PEER_ACTIVE", "backup took over")
+    primary.heard(103.0, "peer_lost", "PASSIVE", 3, backup, "ACTIVE", sent=99.95)
+    primary.transition(104.0, "PASSIVE", "ACTIVE", 4, "CLIENT_REQUEST", "client vote")
+    backup.record(
+        120.01, "dual_active", "PASSIVE", 4, peer="primary", peer_epoch=4, reason="we yield"
+    )
+    backup.transition(120.01, "ACTIVE", "PASSIVE", 4, "PEER_ACTIVE", "higher epoch 4")
+    _paused(backup, 120.02, "PASSIVE", 4, frozen_at=100.0)
+    primary.record(130.0, "stopped", "ACTIVE", 4, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(130.0, "stopped", "PASSIVE", 4, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
+
+
+def flapping() -> tuple[Server, Server]:
+    """_start, then seven handovers a second apart from 10 s (the ACTIVE steps down, the
+    other is ACTIVE 0.05 s later: seven manual failovers whose labels would cover each
+    other), a crash of the ACTIVE backup at 40 s (refused, the primary ACTIVE at 40.5 s).
+    Both stop at 60 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    servers, epoch = [primary, backup], 1
+    for k in range(7):
+        old, new = servers[k % 2], servers[(k + 1) % 2]
+        old.transition(10.0 + k, "ACTIVE", "PASSIVE", epoch, "MANUAL_RECOVER", "hand over")
+        epoch += 1
+        new.transition(10.05 + k, "PASSIVE", "ACTIVE", epoch, "HANDOVER", "handed over")
+    primary.heard(40.2, "peer_lost", "PASSIVE", epoch, backup, "ACTIVE", 39.9, "refused")
+    primary.transition(40.5, "PASSIVE", "ACTIVE", epoch + 1, "CLIENT_REQUEST", "client vote")
+    primary.record(60.0, "stopped", "ACTIVE", epoch + 1, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    return primary, backup

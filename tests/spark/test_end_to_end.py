@@ -1,28 +1,44 @@
-"""``amqha report`` on the logs a real pair wrote through a kill -9 failover and a recovery.
+"""``amqha report`` on the logs a real pair wrote through a kill -9, a recovery, a freeze and
+a SIGTERM, under a confirming publisher.
 
-Two real ``amqha`` processes; the primary is killed with SIGKILL, a client's connect makes
-the backup ACTIVE, the primary restarts PASSIVE, ``console recover`` hands the service
-back. Then the real command line runs the Spark job on both servers' event logs.
+Two real ``amqha`` processes: the primary is killed with SIGKILL and a client's connect
+makes the backup ACTIVE; the primary restarts PASSIVE and ``console recover`` hands the
+service back; the primary is frozen (SIGSTOP) and a client's vote makes the backup ACTIVE,
+the primary thaws and steps down; the ACTIVE backup is stopped with SIGTERM and a client's
+vote makes the primary ACTIVE. A publisher confirms throughout, knocking on both servers;
+none of its confirmed messages may be missing at the end. Then the real command line runs
+the Spark job on both servers' event logs: every takeover has its row, with its cause and
+bounds that hold the outage the test saw.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import aio_pika
 import pytest
 
 from amqha.console import ConsoleClient
-from tests.pairs import ADMIN, MakePair, client_vote, url_of
+from failover.events import read_events
+from spark.model import CLOCK_RESOLUTION_S
+from tests.durability import Ledger, drain, keep_publishing
+from tests.pairs import ADMIN, MakePair, client_vote, poll, url_of
 from tests.support import ROOT
+
+QUEUE = "e2e-report"
 
 
 @pytest.mark.spark
-async def test_report_shows_the_failover_and_the_recovery(
+async def test_report_shows_each_takeover_with_its_cause_and_outage(
     make_pair: MakePair, tmp_path: Path
 ) -> None:
     # Peered through proxies: a proxy accepts while its server is down, so the backup has no
@@ -30,13 +46,56 @@ async def test_report_shows_the_failover_and_the_recovery(
     # way, as this report reads it; and stopping the pair at the end is no second incident.
     pair = make_pair().start()
     await pair.wait_states("ACTIVE", "PASSIVE")
-    pair.kill(pair.primary)
-    assert (await client_vote([pair.backup]))["name"] == "backup"
-    pair.primary.start()
-    await pair.wait_states("PASSIVE", "ACTIVE")
-    async with ConsoleClient(url_of(pair.backup, ADMIN)) as admin:
-        assert (await admin.call("recover"))["state"] == "PASSIVE"
-    await pair.wait_states("ACTIVE", "PASSIVE")
+    connection = await aio_pika.connect(pair.primary.url)
+    async with connection:
+        await (await connection.channel()).declare_queue(QUEUE, durable=True)
+    ledger, stop = Ledger(), asyncio.Event()
+    urls = [pair.primary.url, pair.backup.url]
+    publisher = asyncio.create_task(keep_publishing(urls, QUEUE, ledger, "m", stop))
+
+    def confirmed_by(name: str, since: float) -> bool:
+        return any(ts > since and server == name for ts, server in ledger.confirm_times)
+
+    try:
+        await poll(lambda: confirmed_by("primary", 0), 15, "a confirm by the primary")
+        # 1. kill -9 of the ACTIVE primary: the backup takes over (silence, through proxies).
+        killed = pair.kill(pair.primary).before
+        assert (await client_vote([pair.backup]))["name"] == "backup"
+        pair.primary.start()
+        await pair.wait_states("PASSIVE", "ACTIVE")
+        # 2. The failback from the console.
+        async with ConsoleClient(url_of(pair.backup, ADMIN)) as admin:
+            assert (await admin.call("recover"))["state"] == "PASSIVE"
+        await pair.wait_states("ACTIVE", "PASSIVE")
+        back = time.time()
+        await poll(lambda: confirmed_by("primary", back), 15, "the primary serving")
+        # 3. The ACTIVE primary frozen: a client's vote makes the backup ACTIVE; thawed, the
+        # primary hears the higher epoch and steps down.
+        assert pair.primary.process is not None
+        frozen = time.time()
+        os.kill(pair.primary.process.pid, signal.SIGSTOP)
+        try:
+            assert (await client_vote([pair.backup]))["name"] == "backup"
+            await asyncio.sleep(1.0)  # frozen well past the takeover
+        finally:
+            os.kill(pair.primary.process.pid, signal.SIGCONT)
+        thawed = time.time()
+        await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+        await poll(lambda: confirmed_by("backup", thawed), 30, "the backup serving")
+        # 4. SIGTERM of the ACTIVE backup: its clean stop, then a client's vote.
+        stopped = time.time()
+        pair.backup.terminate()
+        assert (await client_vote([pair.primary]))["name"] == "primary"
+        await poll(lambda: confirmed_by("primary", stopped), 30, "the primary serving again")
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(publisher, 15)
+    # Nothing confirmed is lost: every confirmed message is on the ACTIVE primary.
+    remaining = [body for body, _ in await drain(pair.primary.url, QUEUE)]
+    lost, invented = ledger.check(remaining)
+    assert ledger.confirmed and not lost and not invented, (len(lost), len(invented))
+    logs = {s.name: read_events(s.events_path) for s in pair.servers}
     pair.stop()
 
     out = tmp_path / "report"
@@ -52,25 +111,60 @@ async def test_report_shows_the_failover_and_the_recovery(
     (summary,) = report["pairs"].values()  # the servers name no pair: one, after them
     assert summary["pair"] == "backup+primary"
     assert sorted(summary["nodes"]) == ["backup", "primary"]
-    # The kill: the backup lost the primary, then took over through the client vote.
-    assert summary["incidents"]["count"] == 1
-    assert summary["incidents"]["by_outcome"]["takeover"] == 1
-    with open(out / "incidents" / "incidents.csv", newline="") as stream:
-        (incident,) = list(csv.DictReader(stream))
-    assert (incident["node"], incident["peer"], incident["trigger"]) == (
-        "backup",
-        "primary",
-        "CLIENT_REQUEST",
-    )
-    detection = float(incident["detection_delay_s"])
-    assert detection >= pair.timeout  # lost only once silent for a whole timeout
-    assert float(incident["takeover_delay_s"]) >= 0
-    # The recovery, and no dual active anywhere.
+    with open(out / "failovers" / "failovers.csv", newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    print(json.dumps(rows, indent=1))  # shown when the test fails
+    # Every transition to ACTIVE after the pair's first start is one row, in order.
+    transitions = sorted(
+        (r["ts"], node)
+        for node, records in logs.items()
+        for r in records
+        if r["event"] == "transition" and r["to"] == "ACTIVE"
+    )[1:]
+    assert [(float(r["end"]), r["to_node"]) for r in rows] == transitions
+    assert [(r["from_node"], r["to_node"], r["cause"]) for r in rows] == [
+        ("primary", "backup", "silence"),
+        ("backup", "primary", "manual"),
+        ("primary", "backup", "freeze"),
+        ("backup", "primary", "stopped"),
+    ]
+    assert summary["failovers"]["count"] == 4
+    assert report["fleet"]["takeover_delay_s"]["count"] == 3  # all but the manual one
+    # The outage the logs prove, and the longest they allow, hold what happened: the kill
+    # and the SIGTERM at the test's clock (the same clock), the freeze to within a heartbeat
+    # (the process stopped between its last tick, where the gap starts, and the next).
+    crash, _, freeze, term = rows
+    slack = CLOCK_RESOLUTION_S
+    seen = float(crash["end"]) - killed
+    assert float(crash["outage_s"]) - slack <= seen <= float(crash["max_outage_s"]) + slack
+    assert crash["uncertain"] == "True" and crash["evidence"] == "silence"
+    seen = float(freeze["end"]) - frozen
+    gap = float(freeze["gap_s"])
+    assert gap >= float(freeze["end"]) - frozen  # frozen through its takeover
+    assert float(freeze["outage_s"]) - pair.heartbeat - slack <= seen
+    assert seen <= float(freeze["max_outage_s"]) + slack
+    # A clean stop is exact: from its `stopped` record, after the test's SIGTERM.
+    assert stopped <= float(term["start"]) < float(term["end"])
+    assert float(term["outage_s"]) == float(term["end"]) - float(term["start"])
+    # The frozen time is not dual active: the primary served nothing frozen, and stepped
+    # down as it woke; what dual active there is belongs to the rows.
+    dual = summary["dual_active"]["seconds"]
+    assert dual < gap
+    assert abs(sum(float(r["dual_active_s"]) for r in rows) - dual) <= 1e-6
+    # The kill's loss, the freeze's, the SIGTERM's.
+    assert summary["incidents"]["by_outcome"]["takeover"] >= 3
     recoveries = summary["manual_recoveries"]
     assert (recoveries["recover_commands"], recoveries["handovers"]) == (1, 1)
-    # Loopback clocks are one clock: whatever the offsets' intervals, never dual active.
-    assert summary["dual_active"]["max_seconds"] == 0
     assert summary["state_seconds"]["primary"]["DOWN"] > 0
     assert 0 < summary["availability"] < 1
-    assert "backup lost primary" in result.stdout
+    assert "freeze (silence, gap" in result.stdout and "stopped (" in result.stdout
+    assert "| freeze (silence, gap" in (out / "summary.md").read_text()
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(
+        "measured: kill -> takeover",
+        round(float(crash["end"]) - killed, 3),
+        "freeze -> takeover",
+        round(float(freeze["end"]) - frozen, 3),
+        "sigterm -> takeover",
+        round(float(term["end"]) - stopped, 3),
+    )

@@ -8,6 +8,7 @@ Times are seconds after ``T0``; the stories are in ``tests.spark.scenarios``.
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,11 @@ FAILOVERS = {
     # The process is gone (its port refused): it served until its last message at most
     # and was gone by the loss.
     "killed_refused": [
-        ("crash", "refused", "primary", "backup", 9.5, 10.5, 1.0, 0.3, 1.0, 0.0),
+        ("crash", "refused", "primary", "backup", 9.5, 10.5, 0.3, 0.3, 1.0, 0.0),
     ],
     # A host gone dark: only silence; it may have served until the loss at 12.5 s.
     "host_silent": [
-        ("silence", "silence", "primary", "backup", 9.5, 14.0, 4.5, 1.5, 4.5, 0.0),
+        ("silence", "silence", "primary", "backup", 9.5, 14.0, 1.5, 1.5, 4.5, 0.0),
     ],
     # Both alive: the primary logs on through the loss and serves; no outage, dual active.
     "link_cut_silence": [
@@ -50,14 +51,25 @@ FAILOVERS = {
     ],
     # A loss logged before the field existed is a timeout: the only way there was.
     "console_recovery": [
-        ("silence", None, "primary", "backup", 9.5, 14.0, 4.5, 1.5, 4.5, 0.0),
+        ("silence", None, "primary", "backup", 9.5, 14.0, 1.5, 1.5, 4.5, 0.0),
         ("manual", None, "backup", "primary", 45.01, 45.05, 0.04, 0.04, 0.04, 0.0),
+    ],
+    # Frozen, not dead: it served nothing from its last tick (10 s), the gap's start.
+    "frozen_active": [
+        ("freeze", "silence", "primary", "backup", 9.95, 14.0, 4.0, 4.0, 4.05, 0.0),
+    ],
+    # Every takeover a row: two freezes and the SIGTERM between them; the zombie's dual
+    # active (30 .. 60) is the first freeze's, never more than the pair's.
+    "zombie_day": [
+        ("freeze", "silence", "primary", "backup", 9.95, 14.0, 4.0, 4.0, 4.05, 30.0),
+        ("stopped", "refused", "primary", "backup", 80.0, 80.5, 0.5, 0.5, 0.5, 0.0),
+        ("freeze", None, "backup", "primary", 99.95, 104.0, 4.0, 4.0, 4.05, 0.0),
     ],
     "three_recovers": [
         row
         for k in range(3)
         for row in (
-            ("crash", "refused", "primary", "backup", 100 * k + 9.5, 100 * k + 10.5, 1.0, 0.3)
+            ("crash", "refused", "primary", "backup", 100 * k + 9.5, 100 * k + 10.5, 0.3, 0.3)
             + (1.0, 0.0),
             ("manual", None, "backup", "primary", 100 * k + 45.01, 100 * k + 45.05, 0.04)
             + (0.04, 0.04, 0.0),
@@ -102,6 +114,54 @@ def test_each_cause_has_its_known_answer(name: str, tmp_path: Path) -> None:
     daily = report.tables["daily"]
     same(sum(d["client_outage_s"] for d in daily), sum(f["outage_s"] for f in rows), "daily")
     assert sum(d["failovers"] for d in daily) == len(rows)
+
+
+def test_every_takeover_has_one_row_and_the_counts_agree(tmp_path: Path) -> None:
+    """Each transition to ACTIVE after the pair's first start is one row, whoever was ACTIVE
+    just before (a freeze's zombie, a SIGTERM between two freezes); the summary, the days and
+    the takeover figures count the same rows; a row's dual active is its own spell's."""
+    servers = scenarios.zombie_day()
+    paths = [str(server.write(tmp_path)) for server in servers]
+    report = reference.compute(paths, estimate_skew=False)
+    rows = report.tables["failovers"]
+    transitions = sorted(
+        (round(r["ts"] - T0, 3), r["node"])
+        for server in servers
+        for r in map(json.loads, server.lines)
+        if r["event"] == "transition" and r["to"] == "ACTIVE" and r["trigger"] != "PEER_BACKUP"
+    )
+    assert sorted((round(f["end"] - T0, 3), f["to_node"]) for f in rows) == transitions
+    pair = report.summary["pairs"][PAIR]
+    assert pair["failovers"]["count"] == len(rows) == 3
+    assert pair["failovers"]["by_cause"]["freeze"] == 2
+    assert pair["failovers"]["by_cause"]["stopped"] == 1
+    assert sum(d["failovers"] for d in report.tables["daily"]) == len(rows)
+    delays = report.summary["fleet"]["takeover_delay_s"]
+    assert delays["count"] == sum(1 for f in rows if f["takeover_delay_s"] is not None) == 3
+    text = render_text(report.summary, report.tables)
+    assert "failovers   3: freeze 2, stopped 1" in text
+    assert "(3 of 3 failover(s), those with a peer lost)" in text
+    assert "freeze (silence, gap 20.000s)" in text
+    freezes = pair["freezes"]
+    same(
+        [(f["node"], f["start"] - T0, f["end"] - T0) for f in freezes["listed"]],
+        [("primary", 10.0, 30.0), ("backup", 100.0, 120.02)],
+        "freezes",
+    )
+    same(freezes["seconds"], 40.02, "freezes")
+    assert "freezes     2, 40.020s in all" in text
+    total = pair["dual_active"]["seconds"]
+    same(total, 30.0, "dual active")
+    assert all(f["dual_active_s"] <= total for f in rows)
+    same(sum(f["dual_active_s"] for f in rows), total, "dual active of the rows")
+    # The frozen ACTIVE served nothing: each freeze up to its takeover is an outage of its
+    # failover (the frozen primary's gap after the takeover is not dual active).
+    outages = [(o["start"] - T0, o["end"] - T0, o["incident"]) for o in report.tables["outages"]]
+    same(
+        outages,
+        [(0.0, 1.01, None), (10.0, 14.0, 1), (80.0, 80.5, 2), (100.0, 104.0, 3)],
+        "outages",
+    )
 
 
 def test_outages_and_incidents_carry_the_failover_key(tmp_path: Path) -> None:
@@ -205,6 +265,8 @@ def test_cli_draws_each_pair_and_writes_the_pages(tmp_path: Path, spark_session)
     assert not (out / "timeline.png").exists()
     md = (out / "summary.md").read_text()
     assert "| eu-1 | 6 |" in md and "cut link" in md
+    assert "## Dual active" in md and "| eu-2 | 1 |" in md and "| 5.020 |" in md
+    assert "## Quarantines" in md and "Dual active" in (out / "report.html").read_text()
     page = (out / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == 3 and "cut link" in page
     with open(out / "failovers" / "failovers.csv", newline="") as stream:
