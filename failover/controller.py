@@ -834,6 +834,8 @@ class FailoverController:
                 "reachable": self.witness_view.reachable(now, self.timeout),
                 "agrees_peer_gone": machine.witness_agrees,
                 "fenced": self.witness_fenced,
+                # Per witness: why it is not heard (None: it answers), docs/failover.md.
+                "witnesses": self.witness_client.status(),
             },
         }
 
