@@ -27,6 +27,7 @@ from .core import feedauth
 from .core.confirms import Confirms
 from .core.message import Message
 from .core.queue import Queue, QueueArgumentError, consumer_priority
+from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
 
 if TYPE_CHECKING:
     from .host import ChannelHost, ChannelOwner
@@ -373,6 +374,13 @@ class Channel:
             if filled is not payload:
                 pending.decoded = None  # decoded from the header before it was rewritten
                 payload = filled
+        if LINK_HEADER_MARK in payload and not self.connection.federation_linked:
+            # The path and probe headers a federation link acts on come only from a link's
+            # own connection (docs/security.md, "Federation names").
+            stripped = wire.without_headers(payload, LINK_HEADERS)
+            if stripped is not payload:
+                pending.decoded = None
+                payload = stripped
         pending.header = payload
         pending.body_size = body_size
         if body_size == 0:

@@ -235,6 +235,13 @@ class Broker:
         restart and on the peer (timers convert to the loop's clock)."""
         return time.time()
 
+    def _buffer_guard(self, queue: str, connection: object) -> str | None:
+        """Why ``connection`` may not touch federation buffer queue ``queue`` (only the
+        link that proved the queue's downstream name may), or None."""
+        if self.upstream is None:
+            return "only its own federation link may use it"
+        return self.upstream.buffer_refusal(queue, connection)
+
     def vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
@@ -243,6 +250,7 @@ class Broker:
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
             vhost.on_queue_deleted = self._queue_deleted
+            vhost.guard = self._buffer_guard
             for exchange, receiver in self.control_everywhere.items():
                 vhost.set_control_receiver(exchange, receiver)
             self.vhosts[name] = vhost

@@ -81,8 +81,9 @@ class Link:
         return await asyncio.wait_for(future, WAIT)
 
     async def hello(self, name: str, id_: str, server: str, exchange: str = "x") -> dict:
+        """``id_``: the place; its claim key is made from it (docs/security.md)."""
         return await self.ask(
-            op="hello", name=name, id=id_, server=server, exchange=exchange, vhost="/"
+            op="hello", name=name, key=id_ * 4, server=server, exchange=exchange, vhost="/"
         )
 
     async def close(self) -> None:
@@ -167,7 +168,8 @@ async def test_a_pair_announces_its_name_and_records_refused_hellos(make_pair) -
     kinds = {r["kind"]: r for r in records()}
     assert set(kinds) == {"duplicate_name", "self_link"}
     assert kinds["duplicate_name"]["name"] == "london"
-    assert kinds["duplicate_name"]["id"] == "2" * 16
+    # The record names the refused claim by a fingerprint, never by its key.
+    assert kinds["duplicate_name"]["id"] == names.claim_token("2" * 64)[:16]
     assert kinds["duplicate_name"]["user"] == "efa"
 
 
@@ -192,11 +194,11 @@ async def test_hello_duplicate_names_and_a_pairs_other_server(make_server) -> No
         assert itself["ok"] is False
         assert itself["error"].startswith("link to itself: ")
         duplicate = await rival.hello("london", "2" * 16, "elsewhere")
-        assert duplicate == {
-            "ok": False,
-            "error": "duplicate name: 'london' is already linked here from another place "
-            f"(id {'1' * 16})",
-        }
+        assert duplicate["ok"] is False
+        assert duplicate["error"].startswith("duplicate name: 'london' is claimed here")
+        assert "1" * 16 not in duplicate["error"]  # nothing of the holder's
+        unproven = await rival.ask(op="hello", name="paris", server="s", exchange="e")
+        assert unproven["ok"] is False and "no 'key'" in unproven["error"]
         bad = await rival.ask(op="hello", name="no such.name", id="x", server="s", exchange="e")
         assert bad["ok"] is False and "not a valid name" in bad["error"]
         assert (await rival.ask(op="nothing"))["ok"] is False
@@ -227,7 +229,10 @@ async def test_hello_duplicate_names_and_a_pairs_other_server(make_server) -> No
                 break
             await asyncio.sleep(0.05)
         assert await freed()
-        assert (await later.hello("london", "2" * 16, "elsewhere"))["ok"] is True
+        # The name stays claimed once its links are gone: another place is refused, the
+        # holder's key still works.
+        assert (await later.hello("london", "2" * 16, "elsewhere"))["ok"] is False
+        assert (await later.hello("london", "1" * 16, "ldn-c"))["ok"] is True
     finally:
         for link in (first, rival, successor, later):
             await link.close()

@@ -236,3 +236,46 @@ async def test_a_witness_on_another_secret_is_named_misconfigured_not_healthy(
     # Throttled: a handful of lines, not one per heartbeat.
     await asyncio.sleep(3)
     assert len(pair.log_lines(pair.primary, "misconfigured")) <= 2
+
+
+async def test_with_a_witness_a_rejecting_firewall_between_the_servers_makes_no_second_active(
+    make_pair: MakePair, witnesses: list[Witness], tmp_path: Path
+) -> None:
+    """The peer link goes through proxies that are then shut: the backup's link drops and
+    the primary's port, as the backup reaches it, refuses (what a firewall's TCP-reset or
+    ICMP reject looks like: evidence of death). The witness still hears the primary: the
+    backup counts its peer lost, yet refuses every client's vote; the primary keeps
+    serving and confirming, and nothing it confirmed is lost."""
+    witness = Witness(tmp_path / "witness", PAIR_SECRET).start()
+    witnesses.append(witness)
+    address = f"127.0.0.1:{witness.port}"
+    pair = make_pair(proxied=True, heartbeat=0.2, timeout=1.0)
+    for server in pair.servers:
+        server.config["failover"] = {**server.config["failover"], "witness": [address]}
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=60)
+    await pair.wait_in_sync(pair.backup, timeout=60)
+    connection = await aiormq.connect(pair.primary.url)
+    await (await connection.channel()).queue_declare("kept", durable=True)
+    await connection.close()
+    ledger = Ledger()
+
+    for proxy in pair.proxies:
+        proxy.stop()  # its port now refuses: the kernel answers with a reset
+    lost = await poll(lambda: records(pair, pair.backup, "peer_lost"), 60, "a peer_lost record")
+    assert lost[0]["evidence"] == "refused"
+    # Clients knock on the backup for several timeouts: every vote is refused.
+    for _ in range(10):
+        with pytest.raises(Exception):  # noqa: B017 - refused, whatever the client's error
+            await client_vote([pair.backup], retry_for=0.5)
+    refusals = records(pair, pair.backup, "refuse")
+    assert refusals and all("witness" in r["reason"] for r in refusals)
+    assert pair.state(pair.backup) == "PASSIVE"
+    assert not [t for t in records(pair, pair.backup, "transition") if t["to"] == "ACTIVE"]
+    # The primary, heard by the witness, serves on and confirms.
+    await publish_confirmed(pair.primary.url, "kept", ledger, "k", asyncio.Event(), limit=100)
+    assert len(ledger.confirmed) == 100
+    assert pair.state(pair.primary) == "ACTIVE"
+    remaining = [body for body, _ in await drain(pair.primary.url, "kept")]
+    lost_messages, invented = ledger.check(remaining)
+    assert not lost_messages and not invented
