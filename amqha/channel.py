@@ -703,7 +703,7 @@ class Channel:
         if method.queue == FEED_QUEUE:
             self._consume_feed(tag, method)
             return
-        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection, True)
         try:
             priority = consumer_priority(method.arguments, queue.name)
         except QueueArgumentError as error:
@@ -822,7 +822,7 @@ class Channel:
             self.reply(commands.Basic.Cancel(tag, nowait=True))
 
     def on_basic_get(self, method: commands.Basic.Get) -> None:
-        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection, True)
         got = queue.get(self.broker.now(), method.no_ack)
         if got is None:
             self.reply(commands.Basic.GetEmpty())

@@ -511,7 +511,9 @@ class Connection(asyncio.Protocol):
 
     async def _login(self, username: str, password: str, mechanism: str) -> None:
         try:
-            result = await self.broker.authenticate(username, password, self.address, mechanism)
+            result = await self.broker.authenticate(
+                username, password, self.address, mechanism, self.nonce
+            )
         except Exception:
             # E.g. a check still queued when shutdown stopped the checking threads.
             log.exception(

@@ -1,6 +1,7 @@
 """The keys derived from the pair's shared secret, one per use (docs/security.md, "Keys").
 
-Owns: HKDF (RFC 5869) with SHA-256 over ``failover.secret``, and the label of each use. A
+Owns: HKDF (RFC 5869) with SHA-256 over ``failover.secret``, the label of each use, and
+the peering login's proof (a challenge-response on the peer's Connection.Start nonce). A
 key made for one use never verifies another's messages: a witness, which holds the pair's
 secret to answer pings, learns nothing it could sign a state message or a peering login
 with, and a signature captured on one channel means nothing on another. Both servers and
@@ -20,6 +21,26 @@ _SALT = b"amqha pair secret v1"
 WITNESS = "witness datagrams"
 PEER_MESSAGES = "peer state messages"
 PEERING_LOGIN = "peering login"
+
+
+# A peering login's password field when it carries a proof rather than a password.
+PROOF_PREFIX = "amqha-proof:"
+
+
+def peering_login_proof(secret: bytes, server_nonce: bytes, user: str) -> str:
+    """What a server sends as its peering login's password: HMAC-SHA256 with the peering
+    login key over the nonce the peer gave at Connection.Start and the user name. It
+    proves the pair's secret for this connection only; the password is never sent."""
+    key = derive(secret, PEERING_LOGIN)
+    mac = hmac.new(key, b"amqha peering login\x00" + server_nonce + user.encode(), hashlib.sha256)
+    return PROOF_PREFIX + mac.hexdigest()
+
+
+def peering_login_holds(secret: bytes, server_nonce: bytes, user: str, given: str) -> bool:
+    if not secret or not server_nonce:
+        return False
+    expected = peering_login_proof(secret, server_nonce, user)
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace"))
 
 
 @functools.lru_cache(maxsize=32)

@@ -186,10 +186,11 @@ class VHost:
         self._has_exchange_destinations: set[str] = set()
         self.on_queue_deleted: Callable[[Queue], None] | None = None
         # Who may touch a federation buffer queue (its name starts ``names.BUFFER_PREFIX``):
-        # ``guard(name, owner)`` is why ``owner`` (a client's connection) may not, or None.
-        # The server's own callers (owner None: the console, the API) are not asked.
-        # Unset: no client may (docs/federation.md, "Buffer queues").
-        self.guard: Callable[[str, object], str | None] | None = None
+        # ``guard(name, owner, reading)`` is why ``owner`` (a client's connection) may not,
+        # or None; ``reading``: it would take messages (consume, get). The server's own
+        # callers (owner None: the console, the API) are not asked. Unset: no client may
+        # (docs/federation.md, "Buffer queues").
+        self.guard: Callable[[str, object, bool], str | None] | None = None
 
     # -- the change stream ----------------------------------------------------------
 
@@ -370,25 +371,26 @@ class VHost:
 
     # -- queues --------------------------------------------------------------------
 
-    def get_queue(self, name: str, owner: object | None = None) -> Queue:
+    def get_queue(self, name: str, owner: object | None = None, reading: bool = False) -> Queue:
         """A queue a client (or an administrator's console or API) names: never a
-        hidden one, and a federation buffer queue only to its own link."""
+        hidden one, and a federation buffer queue only to its own link (``reading``: to
+        take its messages)."""
         queue = self.queues.get(name)
         if queue is not None and name in self.hidden:
             raise _hidden_refusal(name)
-        self._check_guard(name, owner)
+        self._check_guard(name, owner, reading)
         if queue is None:
             raise exceptions.AMQPNotFound(f"NOT_FOUND - no queue '{name}' in vhost '{self.name}'")
         self._check_owner(queue, owner)
         return queue
 
-    def _check_guard(self, name: str, owner: object | None) -> None:
+    def _check_guard(self, name: str, owner: object | None, reading: bool = False) -> None:
         if owner is None or not name.startswith(names.BUFFER_PREFIX):
             return
         why = (
             "only its own federation link may use it"
             if self.guard is None
-            else self.guard(name, owner)
+            else self.guard(name, owner, reading)
         )
         if why is not None:
             raise exceptions.AMQPAccessRefused(

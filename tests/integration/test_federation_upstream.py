@@ -279,6 +279,8 @@ async def test_the_bindings_of_a_buffer_queue_and_nothing_else(make_server) -> N
     try:
         channel = link.channel
         await channel.exchange_declare("market", exchange_type="topic", durable=True)
+        # Only london's link (its proven hello said) may use london's buffer queue.
+        assert (await link.hello("london", "1" * 16, "ldn", "market"))["ok"] is True
         await channel.queue_declare(buffer, durable=True)
         await channel.queue_bind(buffer, "market", routing_key="a.#")
         await channel.queue_bind(buffer, "market", routing_key="b", arguments=path)
@@ -292,17 +294,16 @@ async def test_the_bindings_of_a_buffer_queue_and_nothing_else(make_server) -> N
         plain = await link.ask(op="bindings", vhost="/", queue="plain")
         assert plain["ok"] is False and "not a federation buffer queue" in plain["error"]
         hidden = await link.ask(op="bindings", vhost="/", queue=FORWARD)
-        assert hidden["ok"] is False and "NOT_FOUND" in hidden["error"]
-        missing = await link.ask(op="bindings", vhost="/", queue=buffer + "x")
-        assert missing["ok"] is False and "NOT_FOUND" in missing["error"]
+        assert hidden["ok"] is False and "ACCESS_REFUSED" in hidden["error"]
+        missing = names.buffer_queue_name("market", "another", "london")
+        missing_answer = await link.ask(op="bindings", vhost="/", queue=missing)
+        assert missing_answer["ok"] is False and "NOT_FOUND" in missing_answer["error"]
+        # Another place's buffer queue: not this connection's to read.
+        paris = await link.ask(op="bindings", vhost="/", queue=buffer.replace("london", "paris"))
+        assert paris["ok"] is False and "ACCESS_REFUSED" in paris["error"]
     finally:
         await link.close()
     # A buffer queue in a vhost the asking user may not read.
-    guest = await aiormq.connect(url(server, "guest").removesuffix("/") + "/other")
-    try:
-        await (await guest.channel()).queue_declare(buffer, durable=True)
-    finally:
-        await guest.close()
     link = await Link.open(server)
     try:
         other = await link.ask(op="bindings", vhost="other", queue=buffer)
@@ -536,6 +537,7 @@ async def test_a_buffer_queue_without_a_consumer_is_reported_once_as_an_orphan(
     buffer = names.buffer_queue_name("market", "fed", "london")
     link = await Link.open(server)
     try:
+        assert (await link.hello("london", "1" * 16, "ldn", "market"))["ok"] is True
         await link.channel.queue_declare(buffer, durable=True)
         await link.channel.queue_declare("plain", durable=True)
 
