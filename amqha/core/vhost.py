@@ -12,6 +12,10 @@ bind, unbind, consume, get, purge, delete: 403; the default exchange and dead le
 not reach it; listings leave it out). A forward puts every message routed through an
 exchange on a hidden queue too, unless its ``x-amqha-path`` says it came from there.
 
+Buffer queues (docs/federation.md, "Buffer queues"): a queue named ``federation: ...``
+is reached by a client only as ``guard`` allows (its own link; an administrator to
+repair it), by no route otherwise, and never through the default exchange.
+
 Must not know: channels, sockets, the clock (``now`` is passed in, wall-clock seconds),
 the store. An exclusive queue's owner is an opaque object (the connection) compared by
 identity.

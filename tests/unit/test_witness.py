@@ -254,3 +254,16 @@ async def test_a_witness_that_cannot_be_reached_is_logged_once_not_every_heartbe
     assert len(said) == 1 and "no-such-host.invalid:7000" in said[0].getMessage()
     assert client.endpoints == [None]
     client.close()
+
+
+def test_a_peering_login_proof_holds_for_its_nonce_user_and_secret_only() -> None:
+    from failover import keys
+
+    proof = keys.peering_login_proof(SECRET, b"n" * 16, "peering")
+    assert proof.startswith(keys.PROOF_PREFIX)
+    assert keys.peering_login_holds(SECRET, b"n" * 16, "peering", proof)
+    assert not keys.peering_login_holds(SECRET, b"m" * 16, "peering", proof)  # another nonce
+    assert not keys.peering_login_holds(SECRET, b"n" * 16, "other", proof)
+    assert not keys.peering_login_holds(b"another secret", b"n" * 16, "peering", proof)
+    assert not keys.peering_login_holds(SECRET, b"", "peering", proof)
+    assert SECRET.decode() not in proof
