@@ -173,9 +173,11 @@ async def test_a_replayed_ping_of_a_frozen_active_does_not_keep_it_in_office(
                             relay.replay(data)
                     await asyncio.sleep(0.05)
 
+            frozen_at = time.monotonic()
             replaying = asyncio.create_task(replay())
             took_over = await client_vote([pair.backup], retry_for=30)
             assert not replaying.done(), "the takeover came only after the replay ended"
+            print(f"replaced {time.monotonic() - frozen_at:.1f} s after the freeze, replayed")
         finally:
             if replaying is not None:
                 replaying.cancel()
