@@ -27,6 +27,7 @@ from .core import feedauth
 from .core.confirms import Confirms
 from .core.message import Message
 from .core.queue import Queue, QueueArgumentError, consumer_priority
+from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
 
 if TYPE_CHECKING:
     from .host import ChannelHost, ChannelOwner
@@ -375,6 +376,13 @@ class Channel:
             if filled is not payload:
                 pending.decoded = None  # decoded from the header before it was rewritten
                 payload = filled
+        if LINK_HEADER_MARK in payload and not self.connection.federation_linked:
+            # The path and probe headers a federation link acts on come only from a link's
+            # own connection (docs/security.md, "Federation names").
+            stripped = wire.without_headers(payload, LINK_HEADERS)
+            if stripped is not payload:
+                pending.decoded = None
+                payload = stripped
         pending.header = payload
         pending.body_size = body_size
         if body_size == 0:
@@ -697,7 +705,7 @@ class Channel:
         if method.queue == FEED_QUEUE:
             self._consume_feed(tag, method)
             return
-        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection, True)
         try:
             priority = consumer_priority(method.arguments, queue.name)
         except QueueArgumentError as error:
@@ -816,7 +824,7 @@ class Channel:
             self.reply(commands.Basic.Cancel(tag, nowait=True))
 
     def on_basic_get(self, method: commands.Basic.Get) -> None:
-        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection)
+        queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection, True)
         got = queue.get(self.broker.now(), method.no_ack)
         if got is None:
             self.reply(commands.Basic.GetEmpty())

@@ -101,6 +101,9 @@ class Connection(asyncio.Protocol):
         self.heartbeat = 0
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: dict[str, Queue] = {}
+        # A federation link's connection (its proven hello accepted here): it alone may
+        # publish the headers a link acts on (amqha/federation/upstream.py).
+        self.federation_linked = False
         self.user: Any = None
         self.vhost: VHost = None  # type: ignore[assignment]
         self.client_properties: dict[str, Any] = {}
@@ -508,7 +511,9 @@ class Connection(asyncio.Protocol):
 
     async def _login(self, username: str, password: str, mechanism: str) -> None:
         try:
-            result = await self.broker.authenticate(username, password, self.address, mechanism)
+            result = await self.broker.authenticate(
+                username, password, self.address, mechanism, self.nonce
+            )
         except Exception:
             # E.g. a check still queued when shutdown stopped the checking threads.
             log.exception(

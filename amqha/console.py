@@ -432,6 +432,7 @@ EXIT_NOT_IN_SYNC = 4  # the pair serves, but its PASSIVE does not hold everythin
 EXIT_NOT_AUTHORISED = 5  # logged in, but not allowed: not an administrator, vhost refused
 EXIT_AUTH_FAILED = 6  # the login itself was refused: wrong user name or password
 EXIT_SPLIT = 7  # two servers ACTIVE at once
+EXIT_WITNESS = 8  # the pair serves, but a witness does not answer or fails verification
 
 # Every error code the console prints (JSON ``error.code``), with its exit status.
 ERROR_EXITS = {
@@ -450,6 +451,7 @@ ERROR_EXITS = {
     "access_refused": EXIT_NOT_AUTHORISED,
     "not_authorised": EXIT_NOT_AUTHORISED,
     "split": EXIT_SPLIT,
+    "witness_unheard": EXIT_WITNESS,
 }
 
 # The file `amqha pair` writes with the addresses it started the servers on, and where
@@ -815,7 +817,20 @@ def _sync_health(statuses: list[dict[str, Any]]) -> tuple[str, str]:
             )
         if status.get("state") == "PASSIVE" and not status.get("in_sync", True):
             return "not_in_sync", f"not in sync: {status.get('name')} is PASSIVE and behind"
+    for status in statuses:
+        for problem in _witness_problems(status):
+            return "witness_unheard", problem
     return "healthy", "healthy: one ACTIVE, its PASSIVE in sync"
+
+
+def _witness_problems(status: dict[str, Any]) -> list[str]:
+    """A server's witnesses that do not answer it, or whose answers fail verification."""
+    witnesses = (status.get("witness") or {}).get("witnesses") or []
+    return [
+        f"{status.get('name')}'s witness {w.get('address')} {w['problem']}"
+        for w in witnesses
+        if isinstance(w, dict) and w.get("problem")
+    ]
 
 
 def _replication_text(status: dict[str, Any]) -> str:
@@ -877,6 +892,8 @@ def _print_status(results: list[tuple[Server, Any]], verdict: tuple[str, str]) -
         )
         if status.get("takeover"):
             click.echo(f"{'':24} {status.get('name')}: {status['takeover']}")
+        for problem in _witness_problems(status):
+            click.echo(f"{'':24} {problem}")
     click.echo(f"pair: {verdict[1]}")
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 from pamqp.header import ContentHeader
 
+from failover import keys
 from peering import ConsumerLink, Link, LinkClosed
 
 from .core import codec, feedauth
@@ -513,6 +514,7 @@ class Follower:
             on_up=self._subscribed,
             on_cancelled=self._cancelled,
             consume_arguments=self._consume_arguments,
+            login_proof=self._login_proof,
             max_body=max_run_bytes(broker.config.limits.max_message_size),
             client_properties={"product": "amqha replication", "amqha_node": name},
             **connect_options,
@@ -602,6 +604,14 @@ class Follower:
         self.state = "catching_up"
         if self.eligibility.subscribed():
             self.on_sync(False, "subscribed again to the ACTIVE's feed: catching up")
+
+    def _login_proof(self, server_properties: dict[str, Any]) -> str:
+        """The peering login answers the ACTIVE's nonce: its password is never sent
+        (docs/security.md, "Logins")."""
+        server_nonce = feedauth.parse_nonce(server_properties.get(feedauth.NONCE_PROPERTY))
+        if server_nonce is None:
+            raise LinkClosed("the server gave no nonce: not an amqha server that can feed us")
+        return keys.peering_login_proof(self.secret, server_nonce, self.link.user)
 
     def _consume_arguments(self, link: Link, server_properties: dict[str, Any]) -> dict[str, Any]:
         """At Connection.Start: prove the pair's secret, bound to the server's nonce, and

@@ -43,6 +43,7 @@ from pamqp import commands, exceptions
 from config import ServerConfig, User
 from config.loader import format_host_port
 from config.tls import server_context
+from failover import keys
 
 from . import __version__, wire
 from .auth import Authenticator, Refused
@@ -235,6 +236,17 @@ class Broker:
         restart and on the peer (timers convert to the loop's clock)."""
         return time.time()
 
+    def _buffer_guard(self, queue: str, connection: object, reading: bool) -> str | None:
+        """Why ``connection`` may not touch federation buffer queue ``queue``, or None: its
+        messages (``reading``) are only for the link that proved the queue's downstream
+        name; an administrator may also repair or remove it (docs/federation.md)."""
+        user = getattr(connection, "user", None)
+        if not reading and user is not None and "administrator" in user.tags:
+            return None
+        if self.upstream is None:
+            return "only its own federation link may use it"
+        return self.upstream.buffer_refusal(queue, connection)
+
     def vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
@@ -243,15 +255,26 @@ class Broker:
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
             vhost.on_queue_deleted = self._queue_deleted
+            vhost.guard = self._buffer_guard
             for exchange, receiver in self.control_everywhere.items():
                 vhost.set_control_receiver(exchange, receiver)
             self.vhosts[name] = vhost
         return vhost
 
     async def authenticate(
-        self, username: str, password: str, address: str, mechanism: str
+        self, username: str, password: str, address: str, mechanism: str, nonce: bytes = b""
     ) -> User | Refused:
-        """The user, or a refusal once its delay has passed (see ``auth``)."""
+        """The user, or a refusal once its delay has passed (see ``auth``). A peering
+        user may prove the pair's secret on this connection's ``nonce`` instead of sending
+        its password (docs/security.md, "Logins")."""
+        if password.startswith(keys.PROOF_PREFIX):
+            user = self._users.get(username)
+            if (
+                user is not None
+                and "peering" in user.tags
+                and keys.peering_login_holds(self.config.failover.secret, nonce, username, password)
+            ):
+                return user
         return await self.auth.login(username, password, address, mechanism)
 
     def user_known(self, username: str) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, cast
 from pamqp import commands, constants, decode, exceptions
 from pamqp import encode as pamqp_encode
 from pamqp.base import Frame as Method
+from pamqp.header import ContentHeader
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -322,6 +323,18 @@ _PROPERTY_NAMES = tuple(
     (name, commands.Basic.Properties.flags[name], commands.Basic.Properties.amqp_type(name))
     for name in commands.Basic.Properties.__slots__
 )
+
+
+def without_headers(header_payload: bytes, keys: frozenset[str]) -> bytes:
+    """The content header with none of the headers named ``keys`` (the same bytes if it
+    has none of them); the other properties as they were."""
+    properties = decode_properties(header_payload)
+    headers = properties.headers
+    if not headers or not keys.intersection(headers):
+        return header_payload
+    properties.headers = {k: v for k, v in headers.items() if k not in keys} or None
+    (body_size,) = struct.unpack_from(">Q", header_payload, 4)
+    return ContentHeader(body_size=body_size, properties=properties).marshal()
 
 
 def decode_properties(header_payload: bytes) -> commands.Basic.Properties:

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 from amqha import __version__
+from amqha.core import feedauth
 from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
 from amqha.gate import ACCEPT, Accept, ConsoleRefused, Member, Redirect, not_active_text
@@ -37,7 +38,7 @@ from config import ServerConfig
 from config.tls import client_context
 from peering import Peering
 
-from . import fsm, peer_message
+from . import fsm, keys, peer_message
 from .epoch import load_epoch, store_epoch
 from .events import EventLog, RecordThrottle
 from .heartbeat import Heartbeat
@@ -187,6 +188,18 @@ class FailoverController:
             client_properties={"product": "amqha peering", "amqha_node": self.config.name},
             ssl_context=None if peer_tls is None else client_context(peer_tls, self.config.source),
             server_hostname=None if peer_tls is None else peer_tls.server_name,
+            login_proof=self._peering_login_proof,
+        )
+
+    def _peering_login_proof(self, server_properties: dict[str, Any]) -> str:
+        """The peering login never sends its password: it proves the pair's secret on the
+        peer's Connection.Start nonce (docs/security.md, "Logins"). A server with no
+        nonce gets nothing (whatever listens there is not our peer)."""
+        nonce = feedauth.parse_nonce(server_properties.get(feedauth.NONCE_PROPERTY))
+        if nonce is None:
+            raise ConnectionError("the peer gave no login nonce: not logging in to it")
+        return keys.peering_login_proof(
+            self.config.failover.secret, nonce, self.config.failover.peer_user
         )
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -834,6 +847,8 @@ class FailoverController:
                 "reachable": self.witness_view.reachable(now, self.timeout),
                 "agrees_peer_gone": machine.witness_agrees,
                 "fenced": self.witness_fenced,
+                # Per witness: why it is not heard (None: it answers), docs/failover.md.
+                "witnesses": self.witness_client.status(),
             },
         }
 

@@ -441,7 +441,10 @@ def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
     if now < machine.peer_expiry or machine.misconfigured is not None:
         return Outcome(machine, decision=_not_serving(machine, now))
     why = _PEER_GONE_VOTE if machine.peer_gone else "no peer heard for a timeout: client vote"
-    if machine.witnessed and not machine.peer_gone:
+    # With a witness, evidence of death does not skip it: a firewall that answers with TCP
+    # resets looks like a dead process from here while the witness still hears the peer
+    # serving (docs/failover.md, "Evidence").
+    if machine.witnessed:
         if not machine.witness_agrees:
             return Outcome(machine, decision=Refuse(_WITNESS_DISAGREES))
         why += ", the witness agrees"

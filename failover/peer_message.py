@@ -1,7 +1,7 @@
 """The amq.peer state message: encoding, signing, and validating it as data from the network.
 
-Owns: the message's JSON fields, its signature (HMAC-SHA256 with the pair's shared secret
-over the message type and the body, carried in the ``amqha-mac`` header), and every check a
+Owns: the message's JSON fields, its signature (HMAC-SHA256 over the message type and the
+body, with the key ``keys.PEER_MESSAGES`` derived from the pair's shared secret, carried in the ``amqha-mac`` header), and every check a
 received message must pass before the state machine sees it: the signature, the types and
 ranges of the fields (an epoch is an integer in [0, 2**63) and at most ``EPOCH_STEP_MAX``
 above the highest epoch this server knows), ``listen`` among the addresses the config names
@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import fsm
+from . import fsm, keys
 
 STATE_TYPE = "amqha.peer.state"
 HANDOVER_TYPE = "amqha.peer.handover"
@@ -69,7 +69,9 @@ class StateMessage:
 
 
 def signature(secret: bytes, kind: str, body: bytes) -> str:
-    return hmac.new(secret, kind.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+    """``secret``: the pair's; the message is signed with the key derived for state messages."""
+    key = keys.derive(secret, keys.PEER_MESSAGES)
+    return hmac.new(key, kind.encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
 def encode(secret: bytes, kind: str, fields: dict[str, Any]) -> tuple[bytes, str, dict[str, Any]]:

@@ -1,12 +1,19 @@
 """The witness: a third party that tells a dead peer from a cut link (docs/failover.md,
 "The witness").
 
-Owns: the two datagrams of the witness protocol and their signature (HMAC-SHA256 with the
-pair's shared secret), and ``WitnessView``, what the answers of one or more witnesses say
-taken together. Each server sends its witnesses a ping every heartbeat (its name, state and
-epoch, a fresh nonce); a witness answers with how long ago it last heard each other server
-of the pair, and what that server said then. A witness that has never heard a server
-counts it silent since the witness started.
+Owns: the two datagrams of the witness protocol and their signature (HMAC-SHA256 with
+``keys.WITNESS``, a key derived from the pair's shared secret: never the secret itself),
+the freshness of a ping (``Sender``), and ``WitnessView``, what the answers of one or more
+witnesses say taken together. Each server sends its witnesses a ping every heartbeat (its
+name, state and epoch, a fresh nonce, its boot and a sequence number that grows within the
+boot, and the challenge of the witness's latest answer); a witness answers with how long
+ago it last heard each other server of the pair, and what that server said then. A
+witness that has never heard a server counts it silent since the witness started.
+
+A ping counts as hearing its sender only if it is fresh: it echoes one of the last
+challenges the witness gave that sender, and its sequence number is above every one the
+witness counted for that boot. A ping captured and sent again, now or after a restart of
+either side, is answered but never heard (docs/failover.md, "The witness").
 
 The rules the answers serve (the controller applies them; the state machine holds the
 verdict): a PASSIVE takes over by client vote only if a majority of the witnesses has not
@@ -22,16 +29,28 @@ Must not know: sockets, asyncio, clocks, logging. Pure: values in, values out.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-MAGIC = b"AW1"
+from . import keys
+
+MAGIC = b"AW2"  # AW1 signed with the pair's secret itself and had no freshness
+# A witness's note that it refused a ping it could not verify: unsigned (it holds no key
+# the asker would accept), so a server only reports it, never acts on it.
+REFUSAL = b"AWR"
+REFUSAL_TEXT = 120
 MAC_BYTES = 32
 MAX_DATAGRAM = 4096
 _CONTEXT = b"amqha-witness\x00"
+# The challenges a witness gave a server that a ping may still echo: one is given per ping
+# heard, so a ping captured this many heard pings ago is stale whatever it carries.
+CHALLENGES = 4
+# The boots of one server whose highest sequence number a witness remembers.
+BOOTS = 4
 
 
 class BadDatagram(ValueError):
@@ -48,6 +67,9 @@ class Ping:
     # A server that is not ACTIVE asks whether its peer has been silent this long; a
     # witness that answers yes records that it did (the peer is then "overtaken").
     silent_for: float = 0.0
+    boot: str = ""  # one value per run of the sender: seq restarts with it
+    seq: int = 0  # grows by one per ping within a boot
+    echo: str = ""  # the challenge of the witness's latest answer to the sender ("" none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +92,22 @@ class Answer:
     # followed), and the asker has not stepped down since: it must not serve on the
     # witness's word alone any more.
     overtaken: bool = False
+    challenge: str = ""  # what the asker's next ping echoes
+    counted: bool = True  # the ping was fresh: the witness heard the asker
 
 
 def _sign(secret: bytes, body: bytes) -> bytes:
-    return MAGIC + hmac.new(secret, _CONTEXT + body, hashlib.sha256).digest() + body
+    key = keys.derive(secret, keys.WITNESS)
+    return MAGIC + hmac.new(key, _CONTEXT + body, hashlib.sha256).digest() + body
 
 
 def _open(secret: bytes, data: bytes) -> dict[str, Any]:
+    """``secret``: the pair's; datagrams are signed with the key derived for the witness."""
     if len(data) > MAX_DATAGRAM or not data.startswith(MAGIC):
         raise BadDatagram("not a witness datagram")
     mac, body = data[len(MAGIC) : len(MAGIC) + MAC_BYTES], data[len(MAGIC) + MAC_BYTES :]
-    expected = hmac.new(secret, _CONTEXT + body, hashlib.sha256).digest()
+    key = keys.derive(secret, keys.WITNESS)
+    expected = hmac.new(key, _CONTEXT + body, hashlib.sha256).digest()
     if not hmac.compare_digest(mac, expected):
         raise BadDatagram("bad signature")
     try:
@@ -90,6 +117,18 @@ def _open(secret: bytes, data: bytes) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise BadDatagram("not an object")
     return fields
+
+
+def encode_refusal(reason: str) -> bytes:
+    return REFUSAL + reason.encode("ascii", "replace")[:REFUSAL_TEXT]
+
+
+def parse_refusal(data: bytes) -> str | None:
+    """The reason a witness gave for refusing our ping, or None if ``data`` is no refusal."""
+    if not data.startswith(REFUSAL) or len(data) > len(REFUSAL) + REFUSAL_TEXT:
+        return None
+    text = data[len(REFUSAL) :].decode("ascii", "replace")
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _field(fields: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
@@ -103,6 +142,7 @@ def encode_ping(secret: bytes, ping: Ping) -> bytes:
     body: dict[str, Any] = {"k": "ping", "pair": ping.pair, "name": ping.name}
     body["state"] = ping.state
     body |= {"epoch": ping.epoch, "nonce": ping.nonce, "silent_for": ping.silent_for}
+    body |= {"boot": ping.boot, "seq": ping.seq, "echo": ping.echo}
     return _sign(secret, json.dumps(body, separators=(",", ":")).encode())
 
 
@@ -116,6 +156,9 @@ def parse_ping(secret: bytes, data: bytes) -> Ping:
     silent_for = float(_field(fields, "silent_for", (int, float)))
     if not 0.0 <= silent_for < 1e6:
         raise BadDatagram("silent_for out of range")
+    seq = _field(fields, "seq", int)
+    if not 0 <= seq < 2**63:
+        raise BadDatagram("seq out of range")
     return Ping(
         _field(fields, "pair", str)[:200],
         _field(fields, "name", str)[:200],
@@ -123,6 +166,9 @@ def parse_ping(secret: bytes, data: bytes) -> Ping:
         epoch,
         _field(fields, "nonce", str)[:64],
         silent_for,
+        _field(fields, "boot", str)[:64],
+        seq,
+        _field(fields, "echo", str)[:64],
     )
 
 
@@ -134,6 +180,7 @@ def encode_answer(secret: bytes, answer: Answer) -> bytes:
     body: dict[str, Any] = {"k": "answer", "pair": answer.pair, "to": answer.to}
     body["nonce"] = answer.nonce
     body |= {"uptime": round(answer.uptime, 4), "peers": peers, "overtaken": answer.overtaken}
+    body |= {"challenge": answer.challenge, "counted": answer.counted}
     return _sign(secret, json.dumps(body, separators=(",", ":")).encode())
 
 
@@ -157,6 +204,9 @@ def parse_answer(secret: bytes, data: bytes) -> Answer:
     overtaken = fields.get("overtaken")
     if not isinstance(overtaken, bool):
         raise BadDatagram("overtaken: wrong type")
+    counted = fields.get("counted")
+    if not isinstance(counted, bool):
+        raise BadDatagram("counted: wrong type")
     return Answer(
         _field(fields, "pair", str),
         _field(fields, "to", str),
@@ -164,7 +214,39 @@ def parse_answer(secret: bytes, data: bytes) -> Answer:
         max(0.0, float(uptime)),
         peers,
         overtaken,
+        _field(fields, "challenge", str)[:64],
+        counted,
     )
+
+
+@dataclass
+class Sender:
+    """What a witness keeps of one server to tell its fresh pings from stale ones."""
+
+    challenges: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=CHALLENGES)
+    )
+    boots: dict[str, int] = field(default_factory=dict)  # boot -> highest seq heard
+
+    def fresh(self, ping: Ping) -> bool:
+        """The ping echoes a challenge still current and is newer than any heard of its
+        boot. A replay fails one or the other: the same ping again repeats a sequence
+        number already heard, an older one echoes a challenge given ``CHALLENGES`` heard
+        pings ago, or one this witness (restarted since) never gave."""
+        if not ping.echo or ping.echo not in self.challenges:
+            return False
+        return ping.seq > self.boots.get(ping.boot, -1)
+
+    def heard(self, ping: Ping, challenge: str) -> None:
+        """A fresh ping: its sequence number is spent, and a new challenge is current."""
+        self.boots.pop(ping.boot, None)
+        self.boots[ping.boot] = ping.seq
+        while len(self.boots) > BOOTS:
+            del self.boots[next(iter(self.boots))]
+        self.challenges.append(challenge)
+
+    def latest(self) -> str | None:
+        return self.challenges[-1] if self.challenges else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,6 +197,39 @@ class Reconnecting:
             self.on_gone()
 
 
+class _Response:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def marshal(self) -> str:
+        return self.text
+
+
+class _Proof:
+    """A PLAIN login whose password field is a proof made from the Connection.Start."""
+
+    name = "PLAIN"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def value(self, connection: Any) -> _Response:
+        return _Response(self.text)
+
+
+class _ProvingConnection(aiormq.Connection):
+    """aiormq's connection, with a login that answers the server's Connection.Start
+    (``login_proof(server_properties)``) instead of sending the URL's password."""
+
+    login_proof: Callable[[dict[str, Any]], str]
+
+    def _credentials_class(self, start_frame: Any) -> Any:
+        if "PLAIN" not in (start_frame.mechanisms or "").split():
+            raise aiormq.exceptions.AuthenticationError(start_frame.mechanisms, ["PLAIN"])
+        proof = self.login_proof(dict(start_frame.server_properties or {}))
+        return _Proof(f"\0{self.url.user or 'guest'}\0{proof}")
+
+
 class Peering(Reconnecting):
     """A robust directed connection to ``url``; ``publish`` is fire-and-forget.
 
@@ -218,14 +251,18 @@ class Peering(Reconnecting):
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
         on_channel: Callable[[aiormq.abc.AbstractChannel], Awaitable[None]] | None = None,
+        login_proof: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
-        """``ssl_context``: connect with TLS (``url`` then says amqps); ``server_hostname``:
+        """``login_proof(server_properties)``: what the login sends instead of the URL's
+        password (docs/security.md, "Logins"); ``ssl_context``: connect with TLS (``url``
+        then says amqps); ``server_hostname``:
         the name checked in the remote's certificate, if not the host of ``url``;
         ``on_channel``: awaited with each new link's channel before it counts as up (to
         subscribe, say); if it fails, the link is retried like a failed connect."""
         super().__init__(url, name, backoff_initial, backoff_max, connect_timeout, on_up, on_down)
         self.heartbeat = heartbeat
         self.on_channel = on_channel
+        self.login_proof = login_proof
         self.client_properties = {"connection_name": name, **(client_properties or {})}
         # What the remote announced in Connection.Start on the current link, for callers to vet.
         self.server_properties: dict[str, Any] = {}
@@ -273,14 +310,21 @@ class Peering(Reconnecting):
             self.status.published += 1
 
     async def _open(self) -> None:
-        connection = await bounded(
-            aiormq.connect(
-                f"{self.url}{'&' if '?' in self.url else '?'}heartbeat={self.heartbeat}",
-                client_properties=self.client_properties,
-                **self._connect_options,
-            ),
-            self.connect_timeout,
-        )
+        url = f"{self.url}{'&' if '?' in self.url else '?'}heartbeat={self.heartbeat}"
+        if self.login_proof is not None:
+            proving = _ProvingConnection(
+                url, client_properties=self.client_properties, **self._connect_options
+            )
+            proving.login_proof = self.login_proof
+            await bounded(proving.connect(), self.connect_timeout)
+            connection: aiormq.abc.AbstractConnection = proving
+        else:
+            connection = await bounded(
+                aiormq.connect(
+                    url, client_properties=self.client_properties, **self._connect_options
+                ),
+                self.connect_timeout,
+            )
         self._connection = connection
         channel = await bounded(connection.channel(), self.connect_timeout)
         if self.on_channel is not None:

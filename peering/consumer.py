@@ -194,11 +194,14 @@ class Link(asyncio.Protocol):
             raise LinkClosed(f"the server offers no PLAIN login (only {mechanisms})")
         if owner.consume_arguments is not None:
             self.consume_arguments = owner.consume_arguments(self, start.server_properties or {})
+        password = owner.password
+        if owner.login_proof is not None:  # never the password: a proof on the server's nonce
+            password = owner.login_proof(start.server_properties or {})
         self._send(
             commands.Connection.StartOk(
                 client_properties=owner.client_properties,
                 mechanism="PLAIN",
-                response=f"\0{owner.user}\0{owner.password}",
+                response=f"\0{owner.user}\0{password}",
                 locale="en_US",
             ),
             0,
@@ -326,6 +329,7 @@ class ConsumerLink(Reconnecting):
         on_cancelled: Callable[[], None] | None = None,
         consume_arguments: Callable[[Link, dict[str, Any]], dict[str, Any]] | None = None,
         max_body: int = 1 << 30,
+        login_proof: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
@@ -334,6 +338,9 @@ class ConsumerLink(Reconnecting):
         self.on_subscribed = on_up
         self.on_cancelled = on_cancelled
         self.consume_arguments = consume_arguments
+        # ``login_proof(server_properties)``: what Start-Ok sends instead of the password
+        # (it may raise ``LinkClosed``): the peering login (docs/security.md, "Logins").
+        self.login_proof = login_proof
         self.max_body = max_body
         self.host = parts.hostname
         self.port = parts.port or (5671 if parts.scheme == "amqps" else 5672)

@@ -51,6 +51,7 @@ class FakeActive:
         self.follow_up = follow_up
         self.secret = secret
         self.received: list[str] = []
+        self.logins: list[str] = []  # each Connection.StartOk's response, as sent
         # (subscription, delivery tag) -> the body sent, and the ones the PASSIVE acked.
         self.sent: dict[tuple[int, int], bytes] = {}
         self.acked: list[tuple[int, int]] = []
@@ -134,6 +135,8 @@ class FakeActive:
                     writer.write(frame.marshal(ContentBody(body), channel))
 
         if isinstance(method, commands.Connection.StartOk):
+            response = method.response
+            self.logins.append(response.decode() if isinstance(response, bytes) else response)
             send(commands.Connection.Tune(channel_max=2, frame_max=131072, heartbeat=0))
         elif isinstance(method, commands.Connection.Open):
             send(commands.Connection.OpenOk())

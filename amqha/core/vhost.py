@@ -12,6 +12,10 @@ bind, unbind, consume, get, purge, delete: 403; the default exchange and dead le
 not reach it; listings leave it out). A forward puts every message routed through an
 exchange on a hidden queue too, unless its ``x-amqha-path`` says it came from there.
 
+Buffer queues (docs/federation.md, "Buffer queues"): a queue named ``federation: ...``
+is reached by a client only as ``guard`` allows (its own link; an administrator to
+repair it), by no route otherwise, and never through the default exchange.
+
 Must not know: channels, sockets, the clock (``now`` is passed in, wall-clock seconds),
 the store. An exclusive queue's owner is an opaque object (the connection) compared by
 identity.
@@ -99,6 +103,8 @@ class DefaultExchange(DirectExchange):
         queue = self._queues.get(routing_key)
         if queue is None or (self._hidden and routing_key in self._hidden):
             return ()
+        if routing_key.startswith(names.BUFFER_PREFIX):
+            return ()  # a federation buffer queue takes only what its bindings route
         return (queue,)
 
 
@@ -183,6 +189,12 @@ class VHost:
         # them needs the recursive walk, all others take the one-hop fast path.
         self._has_exchange_destinations: set[str] = set()
         self.on_queue_deleted: Callable[[Queue], None] | None = None
+        # Who may touch a federation buffer queue (its name starts ``names.BUFFER_PREFIX``):
+        # ``guard(name, owner, reading)`` is why ``owner`` (a client's connection) may not,
+        # or None; ``reading``: it would take messages (consume, get). The server's own
+        # callers (owner None: the console, the API) are not asked. Unset: no client may
+        # (docs/federation.md, "Buffer queues").
+        self.guard: Callable[[str, object, bool], str | None] | None = None
 
     # -- the change stream ----------------------------------------------------------
 
@@ -363,16 +375,32 @@ class VHost:
 
     # -- queues --------------------------------------------------------------------
 
-    def get_queue(self, name: str, owner: object | None = None) -> Queue:
+    def get_queue(self, name: str, owner: object | None = None, reading: bool = False) -> Queue:
         """A queue a client (or an administrator's console or API) names: never a
-        hidden one."""
+        hidden one, and a federation buffer queue only to its own link (``reading``: to
+        take its messages)."""
         queue = self.queues.get(name)
         if queue is not None and name in self.hidden:
             raise _hidden_refusal(name)
+        self._check_guard(name, owner, reading)
         if queue is None:
             raise exceptions.AMQPNotFound(f"NOT_FOUND - no queue '{name}' in vhost '{self.name}'")
         self._check_owner(queue, owner)
         return queue
+
+    def _check_guard(self, name: str, owner: object | None, reading: bool = False) -> None:
+        if owner is None or not name.startswith(names.BUFFER_PREFIX):
+            return
+        why = (
+            "only its own federation link may use it"
+            if self.guard is None
+            else self.guard(name, owner, reading)
+        )
+        if why is not None:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - queue '{name}' in vhost '{self.name}' is a federation "
+                f"buffer queue: {why}"
+            )
 
     @staticmethod
     def _check_owner(queue: Queue, owner: object | None) -> None:
@@ -405,6 +433,7 @@ class VHost:
             )
         elif name in self.hidden:
             raise _hidden_refusal(name)
+        self._check_guard(name, owner)
         arguments = arguments or {}
         if HIDDEN in arguments:
             raise exceptions.AMQPAccessRefused(
@@ -579,6 +608,7 @@ class VHost:
             return 0
         if name in self.hidden:
             raise _hidden_refusal(name)
+        self._check_guard(name, owner)
         self._check_owner(queue, owner)
         if if_unused and queue.consumers:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - queue '{name}' in use")
@@ -665,6 +695,7 @@ class VHost:
         queue = self.queues.get(queue_name)
         if queue_name in self.hidden:
             raise _hidden_refusal(queue_name)
+        self._check_guard(queue_name, owner)
         if queue is not None:
             self._check_owner(queue, owner)
         if exchange is None or queue is None:

@@ -413,6 +413,8 @@ class Federation:
     async def _delete(self, pending: runtime.PendingDeletion, urls: tuple[str, ...]) -> str | None:
         """Delete a buffer queue upstream; None when done (and no longer due), else why
         not (it stays due)."""
+        if not self.id:  # the delete proves the name too (docs/security.md)
+            self.id = self.config.federation_id
         link = self._link(pending.spec, "console", urls)
         try:
             await link.delete_upstream_queue(pending.queue)

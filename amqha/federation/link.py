@@ -234,6 +234,7 @@ class Link:
             async with asyncio.timeout(timeout):
                 connection = await self._connect(timeout)
                 try:
+                    await self._hello(connection)  # only the link's own may delete it
                     channel = await connection.channel()
                     await channel.queue_delete(queue)
                 finally:
@@ -465,12 +466,16 @@ class Link:
         self._answers.put_nowait(answer if isinstance(answer, dict) else {"ok": False})
 
     async def _hello(self, connection: aiormq.abc.AbstractConnection) -> None:
+        # The proof of our name is bound to the upstream, by the global name it gave at
+        # Connection.Start (docs/security.md, "Federation names").
+        told = (connection.server_properties or {}).get("amqha-name")
+        upstream = told.decode() if isinstance(told, bytes) else str(told or self.upstream_name)
         answer = await self._ask(
             connection,
             {
                 "op": "hello",
                 "name": self.local_name,
-                "id": self.federation_id,
+                "key": names.claim_key(self.federation_id, upstream),
                 "server": self.broker.config.name,
                 "exchange": self.spec.exchange,
                 "vhost": self.spec.vhost,
@@ -703,6 +708,9 @@ class Link:
             return
         headers[names.PATH_HEADER] = path
         properties.headers = None
+        # Who published upstream is the upstream's word, not ours to vouch for: cleared,
+        # as RabbitMQ's federation does by default (docs/federation.md, "The link").
+        properties.user_id = None
         body = delivered.body
         header = with_headers(
             ContentHeader(body_size=len(body), properties=properties).marshal(), headers

@@ -25,6 +25,10 @@ FAILED = "failed"
 # A link with no probe back for this many probe intervals is stalled.
 PROBE_INTERVALS = 3
 PROBE_HEADER = "amqha-probe"
+# The headers a link acts on (docs/federation.md, "Loops and hops", "The link"): only a
+# link's own connection may publish them; the server strips them from anyone else's.
+LINK_HEADERS = frozenset({names.PATH_HEADER, PROBE_HEADER})
+LINK_HEADER_MARK = b"amqha"  # in every one of their names: the cheap test on a publish
 
 
 def frozen(value: Any) -> Hashable:

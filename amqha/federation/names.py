@@ -1,9 +1,11 @@
 """The names a federation depends on, and the path a message or binding carries (pure).
 
 Owns: what a server or pair name may be, the global name and federation id of a server,
-the names of a link's buffer queue (upstream) and hidden forward queue (downstream), and
-the ``x-amqha-path`` rule that stops loops and enforces ``max_hops``
-(docs/federation.md, "Names", "Loops and hops").
+the proof a link gives of its place's name (a claim key per upstream, and the token an
+upstream keeps of it), the names of a link's buffer queue (upstream) and hidden forward
+queue (downstream), and the ``x-amqha-path`` rule that stops loops and enforces
+``max_hops`` (docs/federation.md, "Names", "Loops and hops"; docs/security.md,
+"Federation names").
 
 Must not know: sockets, the broker, clocks.
 """
@@ -47,9 +49,37 @@ def default_pair_name(server: str, peer: str) -> str:
     return "+".join(sorted((server, peer)))
 
 
+CLAIM_LABEL = b"amqha federation claim\x00"
+
+
 def federation_id(secret: bytes) -> str:
-    """A pair's federation id: the same on both of its servers, unlike anyone else's."""
-    return hmac.new(secret, ID_LABEL, hashlib.sha256).hexdigest()[:16]
+    """A pair's federation id: the same on both of its servers, unlike anyone else's. It is
+    the place's secret for its names (``claim_key``): never sent, never shown."""
+    return hmac.new(secret, ID_LABEL, hashlib.sha256).hexdigest()[:32]
+
+
+def claim_key(federation_id: str, upstream: str) -> str:
+    """What a link sends in its hello to upstream ``upstream`` (by the global name that
+    upstream gives at Connection.Start): proof that it speaks for its place. One per
+    upstream, so an upstream cannot reuse what it was sent to claim the name elsewhere."""
+    return hmac.new(federation_id.encode(), CLAIM_LABEL + upstream.encode(), "sha256").hexdigest()
+
+
+def claim_token(key: str) -> str:
+    """What an upstream keeps of a claim key and compares: a hash (showing it proves
+    nothing; only the key's holder can claim the name)."""
+    return hashlib.sha256(b"amqha claim token\x00" + key.encode()).hexdigest()
+
+
+def parse_buffer_queue(name: str) -> tuple[str, str, str] | None:
+    """(exchange, upstream, downstream) of a buffer queue's name, or None if ``name`` is
+    not one (exchange names have no spaces, nor do global names)."""
+    if not name.startswith(BUFFER_PREFIX):
+        return None
+    parts = name[len(BUFFER_PREFIX) :].split(" ")
+    if len(parts) != 4 or parts[2] != "to" or not all(parts):
+        return None
+    return parts[0], parts[1], parts[3]
 
 
 def generated_queue_name(global_name: str, token: str) -> str:

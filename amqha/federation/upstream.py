@@ -1,8 +1,10 @@
 """The upstream side of federation: what this server answers on ``amq.federation``.
 
 Owns: the requests other places' links send here (``hello``, ``bindings``), the
-registry of the global names linked here (one federation id per name: a second place
-claiming a linked name is refused, docs/federation.md "Duplicate names"), the refusals'
+registry of the global names linked here (one claim per name, proven by a key only the
+place holds: a second place claiming a name is refused and learns nothing of the holder,
+docs/federation.md "Duplicate names", docs/security.md "Federation names"), who may touch
+a buffer queue (only a connection linked for the queue's downstream name), the refusals'
 event records, and the buffer queues left without a consumer (orphans). ``amq.federation``
 is a control exchange: only users tagged ``federation`` may publish there (the channel
 refuses others with 403); the service checks the tag again, and answers only to the
@@ -38,6 +40,13 @@ ORPHAN_AFTER = 300.0
 ORPHAN_CHECK = 10.0
 # At most one log line of each kind of refusal this often (the event log has its own throttle).
 LOG_INTERVAL = 1.0
+# A name stays claimed this long after its last link closed (a link reconnecting, or the
+# pair's other server taking over, finds it still its own), and at most this many names
+# are claimed with no link (the oldest such claim goes first).
+CLAIM_HOLD = 3600.0
+MAX_IDLE_CLAIMS = 10_000
+# Links one connection may hold (a link's connection holds one; more is a flood).
+MAX_LINKS_PER_CONNECTION = 16
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +60,7 @@ class Link:
     """One connection that said hello."""
 
     name: str  # the global name it claims
-    id: str  # its federation id
+    token: str  # the hash of its claim key (names.claim_token): same place, same token
     server: str  # the server it runs on
     exchange: str
     vhost: str
@@ -61,7 +70,7 @@ class Link:
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "id": self.id,
+            "id": self.token[:16],  # a fingerprint of the claim: proves nothing
             "server": self.server,
             "exchange": self.exchange,
             "vhost": self.vhost,
@@ -72,18 +81,22 @@ class Link:
 
 
 class Registry:
-    """The links connected here, by global name: one federation id per name (pure)."""
+    """The links connected here, by global name: one claim per name (pure; the caller
+    passes the time)."""
 
     def __init__(self, own_name: str) -> None:
         self.own_name = own_name
         self.links: dict[str, list[Link]] = {}
+        # name -> (token, when its last link closed; None while linked)
+        self.claims: dict[str, tuple[str, float | None]] = {}
 
-    def hello(self, link: Link) -> tuple[str | None, str | None, list[Link]]:
-        """(refusal kind, refusal text, links to close). A name linked from another place
-        (another id) is refused and the links there are untouched. With the same name and
-        id, the link is accepted; the older connections it replaces are returned: those of
-        the pair's other server (after its failover, the old ACTIVE's links are stale) and
-        an older connection of the same link (same server, exchange and vhost)."""
+    def hello(self, link: Link, now: float = 0.0) -> tuple[str | None, str | None, list[Link]]:
+        """(refusal kind, refusal text, links to close). A name claimed by another place
+        (another token: it does not hold the key) is refused, and the refusal says nothing
+        of the holder; the links there are untouched. With the same name and token, the
+        link is accepted; the older connections it replaces are returned: those of the
+        pair's other server (after its failover, the old ACTIVE's links are stale) and an
+        older connection of the same link (same server, exchange and vhost)."""
         if link.name == self.own_name:
             return (
                 "self_link",
@@ -91,14 +104,33 @@ class Registry:
                 [],
             )
         present = self.links.get(link.name, [])
-        other = next((known for known in present if known.id != link.id), None)
-        if other is not None:
+        claim = self.claims.get(link.name)
+        if claim is not None and claim[1] is not None and now - claim[1] >= CLAIM_HOLD:
+            claim = None  # held long enough with no link: free again
+        if claim is not None and claim[0] != link.token:
             return (
                 "duplicate_name",
-                f"duplicate name: '{link.name}' is already linked here from another place "
-                f"(id {other.id})",
+                f"duplicate name: '{link.name}' is claimed here by another place (a link "
+                "proves its name with its place's key: is this place's global name unique?)",
                 [],
             )
+        mine = [
+            known
+            for known in (k for links in self.links.values() for k in links)
+            if known.connection is link.connection
+        ]
+        again = any(
+            (known.name, known.exchange, known.vhost) == (link.name, link.exchange, link.vhost)
+            for known in mine
+        )
+        if not again and len(mine) >= MAX_LINKS_PER_CONNECTION:
+            return (
+                "too_many_links",
+                f"too many links on one connection: at most {MAX_LINKS_PER_CONNECTION}",
+                [],
+            )
+        self.claims.pop(link.name, None)
+        self.claims[link.name] = (link.token, None)
         replaced = [
             known
             for known in present
@@ -120,8 +152,9 @@ class Registry:
         self.links[link.name] = [*kept, link]
         return None, None, replaced
 
-    def forget(self, connection: Any) -> list[Link]:
-        """The connection closed: its links go."""
+    def forget(self, connection: Any, now: float = 0.0) -> list[Link]:
+        """The connection closed: its links go; a name left with no link stays claimed
+        for ``CLAIM_HOLD``."""
         gone = []
         for name in list(self.links):
             kept = [link for link in self.links[name] if link.connection is not connection]
@@ -130,7 +163,21 @@ class Registry:
                 self.links[name] = kept
             else:
                 del self.links[name]
+                claim = self.claims.get(name)
+                if claim is not None:
+                    self.claims[name] = (claim[0], now)
+        idle = [name for name, (_, since) in self.claims.items() if since is not None]
+        for name in idle[: max(0, len(idle) - MAX_IDLE_CLAIMS)]:
+            del self.claims[name]
         return gone
+
+    def linked_for(self, connection: Any, name: str, exchange: str, vhost: str) -> bool:
+        """``connection`` said a hello, proven, for ``name``'s link of ``exchange`` in
+        ``vhost``: the buffer queue of that link is its own."""
+        return any(
+            link.connection is connection and (link.exchange, link.vhost) == (exchange, vhost)
+            for link in self.links.get(name, ())
+        )
 
     def describe(self) -> list[dict[str, Any]]:
         return [link.describe() for name in sorted(self.links) for link in self.links[name]]
@@ -245,7 +292,7 @@ class UpstreamService:
             self.broker.enqueue(message, (queue,), connection.vhost.name)
 
     def on_hello(self, request: dict[str, Any], connection: Any) -> dict[str, Any]:
-        fields = {key: _text(request, key) for key in ("name", "id", "server", "exchange")}
+        fields = {key: _text(request, key) for key in ("name", "server", "exchange")}
         fields["vhost"] = _text(request, "vhost", "/")
         for key, problem in (
             ("name", names.global_name_problem(fields["name"])),
@@ -253,14 +300,25 @@ class UpstreamService:
         ):
             if problem is not None:
                 raise BadRequest(f"bad hello: {key}: {problem}")
-        link = Link(connection=connection, since=self.clock(), **fields)
-        kind, text, replaced = self.registry.hello(link)
+        if "key" not in request:
+            raise BadRequest(
+                "bad hello: no 'key' (the proof of the place's name, docs/security.md "
+                '"Federation names"): is the downstream of an earlier version?'
+            )
+        key = _text(request, "key")
+        if len(key) < 32:
+            raise BadRequest("bad hello: 'key' is too short to prove anything")
+        token = names.claim_token(key)
+        link = Link(connection=connection, since=self.clock(), token=token, **fields)
+        known = self.registry.linked_for(connection, link.name, link.exchange, link.vhost)
+        kind, text, replaced = self.registry.hello(link, time.monotonic())
         if kind is not None:
             assert text is not None
             self._refused(kind, text, link)
             return {"ok": False, "error": text}
+        connection.federation_linked = True
         for old in replaced:
-            self.registry.forget(old.connection)
+            self.registry.forget(old.connection, time.monotonic())
             log.info(
                 "federation: %s replaces the link from %s (%s): closing the older connection",
                 escaped(f"'{link.name}' from {link.server}"),
@@ -271,12 +329,30 @@ class UpstreamService:
                 f"CONNECTION_FORCED - replaced by a newer link of '{link.name}' "
                 f"(server {link.server})"
             )
+        if known:
+            return {"ok": True, "name": self.registry.own_name}  # said again: nothing new
         log.info(
             "federation: %s linked for exchange %s",
-            escaped(f"'{link.name}' (server {link.server}, id {link.id})"),
+            escaped(f"'{link.name}' (server {link.server}, id {link.token[:16]})"),
             escaped(f"'{link.exchange}' in vhost '{link.vhost}'"),
         )
         return {"ok": True, "name": self.registry.own_name}
+
+    def buffer_refusal(self, queue: str, connection: Any) -> str | None:
+        """Why ``connection`` may not touch buffer queue ``queue`` (declare, consume, get,
+        purge, delete, bind, unbind), or None: only a connection whose hello, proven by its
+        place's key, claimed the queue's downstream name for its exchange and vhost."""
+        parsed = names.parse_buffer_queue(queue)
+        if parsed is None:
+            return "not a link's buffer queue name; no client may use it"
+        exchange, _, downstream = parsed
+        vhost = getattr(getattr(connection, "vhost", None), "name", None)
+        if vhost is not None and self.registry.linked_for(connection, downstream, exchange, vhost):
+            return None
+        return (
+            f"only the link of '{downstream}' for exchange '{exchange}' may use it (a "
+            f"connection that said its proven hello on {FEDERATION_EXCHANGE})"
+        )
 
     def _refused(self, kind: str, text: str, link: Link) -> None:
         self.refused[kind] = self.refused.get(kind, 0) + 1
@@ -295,7 +371,7 @@ class UpstreamService:
                 {
                     "kind": kind,
                     "name": link.name,
-                    "id": link.id,
+                    "id": link.token[:16],
                     "server": link.server,
                     "exchange": link.exchange,
                     "vhost": link.vhost,
@@ -318,6 +394,9 @@ class UpstreamService:
             raise BadRequest(
                 f"ACCESS_REFUSED - user '{connection.user.name}' may not read vhost '{vhost_name}'"
             )
+        refusal = self.buffer_refusal(queue_name, connection)
+        if refusal is not None:
+            raise BadRequest(f"ACCESS_REFUSED - queue '{queue_name}': {refusal}")
         queue = vhost.queues.get(queue_name)
         if queue is None or vhost.hidden_queue(queue_name) is not None:
             raise BadRequest(f"NOT_FOUND - no queue '{queue_name}' in vhost '{vhost_name}'")
@@ -335,7 +414,7 @@ class UpstreamService:
     # -- connections and orphans ---------------------------------------------------------
 
     def _connection_closed(self, connection: Any) -> None:
-        for link in self.registry.forget(connection):
+        for link in self.registry.forget(connection, time.monotonic()):
             log.info(
                 "federation: link of %s closed", escaped(f"'{link.name}' (server {link.server})")
             )

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..federation.names import BUFFER_PREFIX
+
 MANAGEMENT_TAGS = frozenset({"management", "policymaker", "monitoring", "administrator"})
 MONITOR_TAGS = frozenset({"monitoring", "administrator"})
 INTERNAL_TAG = "peering"
@@ -60,10 +62,13 @@ def visible_vhosts(user: Any, vhosts: Iterable[str]) -> list[str]:
     return [name for name in vhosts if sees_vhost(user, name)]
 
 
-def may_change_queue(user: Any, vhost: str) -> bool:
+def may_change_queue(user: Any, vhost: str, queue: str = "") -> bool:
     """Purge or delete a queue: an administrator anywhere, any other management user in
     the vhosts it may use (RabbitMQ: configure permission there; amqha's users have full
-    permissions on their vhosts)."""
+    permissions on their vhosts). A federation buffer queue (``federation: ...``) holds
+    another place's messages: only an administrator (an orphan's cleanup)."""
+    if queue.startswith(BUFFER_PREFIX):
+        return is_admin(user)
     return is_admin(user) or vhost in user.vhosts
 
 

@@ -534,8 +534,8 @@ class ManagementEndpoint:
         ]
         return _json(shape)
 
-    def _may_change(self, request: web.Request, vhost: Any) -> None:
-        _need(access.may_change_queue(request["user"], vhost.name))
+    def _may_change(self, request: web.Request, vhost: Any, queue: str = "") -> None:
+        _need(access.may_change_queue(request["user"], vhost.name, queue))
         if not self.broker.pair.serving():
             status = self.broker.pair.status()
             peer = status.get("peer") or {}
@@ -549,7 +549,7 @@ class ManagementEndpoint:
 
     async def delete_queue(self, request: web.Request) -> web.StreamResponse:
         vhost, queue = self._queue(request)
-        self._may_change(request, vhost)
+        self._may_change(request, vhost, queue.name)
         if request.query.get("if-empty") == "true" and queue.message_count:
             raise ApiError(
                 400, "bad_request", f"PRECONDITION_FAILED - queue '{queue.name}' not empty"
@@ -570,7 +570,7 @@ class ManagementEndpoint:
 
     async def purge_queue(self, request: web.Request) -> web.StreamResponse:
         vhost, queue = self._queue(request)
-        self._may_change(request, vhost)
+        self._may_change(request, vhost, queue.name)
         count = queue.purge()
         log.info(
             "queue '%s' in vhost '%s' purged of %d messages by %s (management)",

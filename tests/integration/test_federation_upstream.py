@@ -81,8 +81,9 @@ class Link:
         return await asyncio.wait_for(future, WAIT)
 
     async def hello(self, name: str, id_: str, server: str, exchange: str = "x") -> dict:
+        """``id_``: the place; its claim key is made from it (docs/security.md)."""
         return await self.ask(
-            op="hello", name=name, id=id_, server=server, exchange=exchange, vhost="/"
+            op="hello", name=name, key=id_ * 4, server=server, exchange=exchange, vhost="/"
         )
 
     async def close(self) -> None:
@@ -167,7 +168,8 @@ async def test_a_pair_announces_its_name_and_records_refused_hellos(make_pair) -
     kinds = {r["kind"]: r for r in records()}
     assert set(kinds) == {"duplicate_name", "self_link"}
     assert kinds["duplicate_name"]["name"] == "london"
-    assert kinds["duplicate_name"]["id"] == "2" * 16
+    # The record names the refused claim by a fingerprint, never by its key.
+    assert kinds["duplicate_name"]["id"] == names.claim_token("2" * 64)[:16]
     assert kinds["duplicate_name"]["user"] == "efa"
 
 
@@ -192,11 +194,11 @@ async def test_hello_duplicate_names_and_a_pairs_other_server(make_server) -> No
         assert itself["ok"] is False
         assert itself["error"].startswith("link to itself: ")
         duplicate = await rival.hello("london", "2" * 16, "elsewhere")
-        assert duplicate == {
-            "ok": False,
-            "error": "duplicate name: 'london' is already linked here from another place "
-            f"(id {'1' * 16})",
-        }
+        assert duplicate["ok"] is False
+        assert duplicate["error"].startswith("duplicate name: 'london' is claimed here")
+        assert "1" * 16 not in duplicate["error"]  # nothing of the holder's
+        unproven = await rival.ask(op="hello", name="paris", server="s", exchange="e")
+        assert unproven["ok"] is False and "no 'key'" in unproven["error"]
         bad = await rival.ask(op="hello", name="no such.name", id="x", server="s", exchange="e")
         assert bad["ok"] is False and "not a valid name" in bad["error"]
         assert (await rival.ask(op="nothing"))["ok"] is False
@@ -227,7 +229,10 @@ async def test_hello_duplicate_names_and_a_pairs_other_server(make_server) -> No
                 break
             await asyncio.sleep(0.05)
         assert await freed()
-        assert (await later.hello("london", "2" * 16, "elsewhere"))["ok"] is True
+        # The name stays claimed once its links are gone: another place is refused, the
+        # holder's key still works.
+        assert (await later.hello("london", "2" * 16, "elsewhere"))["ok"] is False
+        assert (await later.hello("london", "1" * 16, "ldn-c"))["ok"] is True
     finally:
         for link in (first, rival, successor, later):
             await link.close()
@@ -274,6 +279,8 @@ async def test_the_bindings_of_a_buffer_queue_and_nothing_else(make_server) -> N
     try:
         channel = link.channel
         await channel.exchange_declare("market", exchange_type="topic", durable=True)
+        # Only london's link (its proven hello said) may use london's buffer queue.
+        assert (await link.hello("london", "1" * 16, "ldn", "market"))["ok"] is True
         await channel.queue_declare(buffer, durable=True)
         await channel.queue_bind(buffer, "market", routing_key="a.#")
         await channel.queue_bind(buffer, "market", routing_key="b", arguments=path)
@@ -287,17 +294,16 @@ async def test_the_bindings_of_a_buffer_queue_and_nothing_else(make_server) -> N
         plain = await link.ask(op="bindings", vhost="/", queue="plain")
         assert plain["ok"] is False and "not a federation buffer queue" in plain["error"]
         hidden = await link.ask(op="bindings", vhost="/", queue=FORWARD)
-        assert hidden["ok"] is False and "NOT_FOUND" in hidden["error"]
-        missing = await link.ask(op="bindings", vhost="/", queue=buffer + "x")
-        assert missing["ok"] is False and "NOT_FOUND" in missing["error"]
+        assert hidden["ok"] is False and "ACCESS_REFUSED" in hidden["error"]
+        missing = names.buffer_queue_name("market", "another", "london")
+        missing_answer = await link.ask(op="bindings", vhost="/", queue=missing)
+        assert missing_answer["ok"] is False and "NOT_FOUND" in missing_answer["error"]
+        # Another place's buffer queue: not this connection's to read.
+        paris = await link.ask(op="bindings", vhost="/", queue=buffer.replace("london", "paris"))
+        assert paris["ok"] is False and "ACCESS_REFUSED" in paris["error"]
     finally:
         await link.close()
     # A buffer queue in a vhost the asking user may not read.
-    guest = await aiormq.connect(url(server, "guest").removesuffix("/") + "/other")
-    try:
-        await (await guest.channel()).queue_declare(buffer, durable=True)
-    finally:
-        await guest.close()
     link = await Link.open(server)
     try:
         other = await link.ask(op="bindings", vhost="other", queue=buffer)
@@ -531,6 +537,7 @@ async def test_a_buffer_queue_without_a_consumer_is_reported_once_as_an_orphan(
     buffer = names.buffer_queue_name("market", "fed", "london")
     link = await Link.open(server)
     try:
+        assert (await link.hello("london", "1" * 16, "ldn", "market"))["ok"] is True
         await link.channel.queue_declare(buffer, durable=True)
         await link.channel.queue_declare("plain", durable=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from typing import Any
+from urllib.parse import quote
 
 import aiormq
 import pytest
@@ -213,3 +214,35 @@ async def test_an_in_sync_passive_acks_no_live_run_that_does_not_validate(make_p
     assert "Traceback" not in pair.backup.log()
 
     await primary_back_with_every_message(pair, ledger, 300)
+
+
+async def test_no_server_on_the_peers_address_learns_the_peering_password(
+    make_pair: Any,
+) -> None:
+    """The audit's listener: with peer TLS off, whatever listened on the peer's address got
+    the peering password in clear from the PASSIVE's login. Now the primary killed and a
+    fake server on its address, the backup's logins there (its peer link and its
+    replication link) carry a proof bound to the fake's nonce, never the password; the
+    proof, replayed to the real primary (another nonce), is refused; the pair resumes with
+    every confirmed message."""
+    pair, ledger = await in_sync_then_primary_killed(make_pair, 200)
+    password = pair.primary.password("peering", "peering")
+    async with FakeActive(pair.primary.port, lambda key: []) as fake:
+        await poll(lambda: len(fake.logins) >= 3, 30, "the backup logging in to the fake")
+    proofs = []
+    for response in fake.logins:
+        _, user, given = response.split("\0")
+        assert user == "peering" and given != password, response
+        assert given.startswith("amqha-proof:")
+        proofs.append(given)
+    pair.primary.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    for proof in proofs[:2]:
+        with pytest.raises(aiormq.exceptions.AMQPConnectionError):
+            connection = await aiormq.connect(
+                f"amqp://peering:{quote(proof, safe='')}@{pair.primary.address}/"
+            )
+            await connection.close()
+    await wait_in_sync(pair, pair.primary)
+    await kill_the_primary_and_vote(pair)
+    await assert_every_confirmed_message(pair, pair.backup.url, "orders", ledger, 200)

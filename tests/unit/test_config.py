@@ -1053,7 +1053,7 @@ def test_a_pairs_federation_id_comes_from_its_secret(tmp_path: Path) -> None:
         write(tmp_path, with_change("failover", "secret", "another secret, 16+ chars"), "o.yaml")
     )
     assert primary.federation_id == backup.federation_id != other.federation_id
-    assert len(primary.federation_id) == 16 and int(primary.federation_id, 16) >= 0
+    assert len(primary.federation_id) == 32 and int(primary.federation_id, 16) >= 0
     assert not (tmp_path / "federation.id").exists()
 
 

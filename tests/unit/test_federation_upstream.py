@@ -6,7 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from amqha.federation.upstream import Link, OrphanWatch, Registry
+from amqha.federation import names
+from amqha.federation.upstream import CLAIM_HOLD, Link, OrphanWatch, Registry
 
 
 def link(name: str, id_: str, server: str, exchange: str = "x", connection: Any = None) -> Link:
@@ -27,9 +28,8 @@ def test_a_name_linked_from_another_place_is_refused_and_the_first_link_kept() -
     assert registry.hello(first) == (None, None, [])
     kind, text, closed = registry.hello(link("london", "2222222222222222", "s9"))
     assert kind == "duplicate_name" and closed == []
-    assert text == (
-        "duplicate name: 'london' is already linked here from another place (id 1111111111111111)"
-    )
+    assert text is not None and text.startswith("duplicate name: 'london' is claimed here")
+    assert "1111111111111111" not in text  # nothing of the holder's is disclosed
     assert registry.links["london"] == [first]
 
 
@@ -64,13 +64,46 @@ def test_a_reconnected_link_replaces_its_own_older_connection() -> None:
     assert registry.hello(same)[2] == [] and registry.links["london"] == [same]
 
 
-def test_links_go_with_their_connection_and_free_the_name() -> None:
+def test_links_go_with_their_connection_and_the_name_is_held_for_a_while() -> None:
+    """A name with no link stays its place's for CLAIM_HOLD: a link reconnecting finds it,
+    another place does not get it meanwhile; after that it is free."""
     registry = Registry("central")
     first = link("london", "1" * 16, "s1")
-    registry.hello(first)
-    assert registry.forget(first.connection) == [first]
+    registry.hello(first, now=100.0)
+    assert registry.forget(first.connection, now=200.0) == [first]
     assert registry.links == {}
-    assert registry.hello(link("london", "2" * 16, "s9"))[0] is None
+    assert registry.hello(link("london", "2" * 16, "s9"), now=200.0 + CLAIM_HOLD - 1)[0] == (
+        "duplicate_name"
+    )
+    assert registry.hello(link("london", "1" * 16, "s2"), now=200.0 + CLAIM_HOLD - 1)[0] is None
+    again = registry.links["london"][0]
+    registry.forget(again.connection, now=300.0)
+    assert registry.hello(link("london", "2" * 16, "s9"), now=300.0 + CLAIM_HOLD)[0] is None
+
+
+def test_a_buffer_queue_belongs_to_the_connection_linked_for_its_downstream() -> None:
+    registry = Registry("central")
+    first = link("london", "1" * 16, "s1", "market")
+    registry.hello(first)
+    assert registry.linked_for(first.connection, "london", "market", "/")
+    assert not registry.linked_for(first.connection, "london", "rpc", "/")
+    assert not registry.linked_for(first.connection, "paris", "market", "/")
+    assert not registry.linked_for(object(), "london", "market", "/")
+    assert names.parse_buffer_queue(names.buffer_queue_name("market", "central", "london")) == (
+        "market",
+        "central",
+        "london",
+    )
+    for bad in ("federation: market to central", "federation: a b c d", "x", "federation: "):
+        assert names.parse_buffer_queue(bad) is None
+
+
+def test_a_claim_key_is_per_upstream_and_its_token_proves_nothing_shown() -> None:
+    key = names.claim_key("place-secret", "central")
+    assert key != names.claim_key("place-secret", "elsewhere")
+    assert key != names.claim_key("another-place", "central")
+    token = names.claim_token(key)
+    assert token != key and names.claim_token(token) != token
 
 
 def test_an_orphan_is_reported_once_after_the_delay_and_forgotten_with_a_consumer() -> None:

@@ -1380,9 +1380,9 @@ def test_passive_with_a_witness_takes_over_only_when_the_witness_agrees() -> Non
     assert not disagrees.machine.witness_agrees
     assert step(disagrees.machine, Event.CLIENT_REQUEST, EXPIRED).machine.state is State.PASSIVE
 
-    # Evidence of death needs no witness: the peer's own host answered.
+    # Evidence of death does not skip the witness (see the tests at the end of this file).
     gone = step(machine, Event.PEER_GONE, NOW).machine
-    assert step(gone, Event.CLIENT_REQUEST, NOW).machine.state is State.ACTIVE
+    assert step(gone, Event.CLIENT_REQUEST, NOW).machine.state is State.PASSIVE
 
     # Still within the timeout, the witness's word alone changes nothing.
     early = step(agrees.machine, Event.CLIENT_REQUEST, NOW)
@@ -1438,3 +1438,44 @@ def test_the_vote_outlook_says_what_the_next_client_would_do_to_a_passive() -> N
     assert vote_outlook(ours(Role.PRIMARY, State.ACTIVE), EXPIRED) is None
     # The outlook changes nothing: the same vote still takes over.
     assert step(passive, Event.CLIENT_REQUEST, EXPIRED).machine.state is State.ACTIVE
+
+
+# --- evidence with a witness: a refused port never outvotes a witness that hears the peer ---
+
+
+def _witnessed_passive() -> Machine:
+    return replace(
+        ours(Role.BACKUP, State.PASSIVE, epoch=3, peer=peer(Role.PRIMARY, State.ACTIVE, 3)),
+        witnessed=True,
+    )
+
+
+def test_with_a_witness_evidence_of_death_alone_takes_no_vote() -> None:
+    """A firewall's reset looks like a dead process: the peer counts as lost at once, but
+    while the witness still hears it (or cannot be reached) no client makes us ACTIVE."""
+    gone = step(_witnessed_passive(), Event.PEER_GONE, NOW).machine
+    assert gone.peer_gone and not gone.peer_alive(NOW)
+    for machine in (gone, step(gone, Event.WITNESS_DISAGREES, NOW).machine):
+        refused = step(machine, Event.CLIENT_REQUEST, NOW)
+        assert refused.machine.state is State.PASSIVE and refused.transition is None
+        assert isinstance(refused.decision, Refuse)
+        assert "witness" in refused.decision.reason
+
+
+def test_with_a_witness_evidence_and_its_agreement_take_the_vote() -> None:
+    """The peer's port refuses and the witness has not heard it for twice the timeout: the
+    vote goes through, saying both."""
+    gone = step(_witnessed_passive(), Event.PEER_GONE, NOW).machine
+    agrees = step(gone, Event.WITNESS_AGREES, NOW).machine
+    voted = step(agrees, Event.CLIENT_REQUEST, NOW)
+    assert voted.machine.state is State.ACTIVE and voted.transition is not None
+    assert voted.transition.reason == (
+        "the peer's process is gone (its link dropped, its port refuses): client vote, "
+        "the witness agrees"
+    )
+
+
+def test_without_a_witness_evidence_still_takes_the_vote_at_once() -> None:
+    machine = replace(_witnessed_passive(), witnessed=False)
+    gone = step(machine, Event.PEER_GONE, NOW).machine
+    assert step(gone, Event.CLIENT_REQUEST, NOW).machine.state is State.ACTIVE

@@ -165,7 +165,11 @@ def test_the_default_exchange_and_dead_letters_do_not_reach_it(node: Node) -> No
 def test_a_client_queue_holding_the_name_keeps_it_and_the_forward_is_refused() -> None:
     vhost = VHost("/", lambda: WALL, global_name=LOCAL)
     vhost.declare_exchange("rpc", "direct")
-    squatter = vhost.declare_queue(FORWARD, OWNER, WALL, durable=True)
+    # A client cannot take a federation name at all (docs/federation.md, "Buffer queues")...
+    with pytest.raises(exceptions.AMQPAccessRefused, match="federation buffer queue"):
+        vhost.declare_queue(FORWARD, OWNER, WALL, durable=True)
+    # ...and one made otherwise (an import, an older version's) keeps it.
+    squatter = vhost.declare_queue(FORWARD, None, WALL, durable=True)
     with pytest.raises(ValueError, match="not hidden"):
         vhost.set_forward("rpc", FORWARD, UPSTREAM, LOCAL, 1)
     assert vhost.queues[FORWARD] is squatter and not vhost.hidden and not vhost.forwards

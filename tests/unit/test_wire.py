@@ -757,3 +757,26 @@ def test_stored_and_content_header_tables_have_no_entry_cap() -> None:
     assert wire.decode_field_table(wire.field_table(big)) == big
     payload = header_payload(commands.Basic.Properties(headers=big), b"")
     assert wire.decode_properties(payload).headers == big
+
+
+def test_without_headers_drops_only_the_named_headers() -> None:
+    from amqha.wire import decode_properties, without_headers
+
+    properties = commands.Basic.Properties(
+        headers={"x-amqha-path": ["london"], "amqha-probe": "p", "app": 1},
+        correlation_id="c",
+        delivery_mode=2,
+    )
+    payload = ContentHeader(body_size=7, properties=properties).marshal()
+    keys = frozenset({"x-amqha-path", "amqha-probe"})
+    stripped = without_headers(payload, keys)
+    decoded = decode_properties(stripped)
+    assert decoded.headers == {"app": 1}
+    assert (decoded.correlation_id, decoded.delivery_mode) == ("c", 2)
+    assert stripped[4:12] == payload[4:12]  # the body size kept
+    plain = ContentHeader(body_size=7, properties=commands.Basic.Properties(headers={"a": 1}))
+    assert without_headers(plain.marshal(), keys) == plain.marshal()
+    only = ContentHeader(
+        body_size=0, properties=commands.Basic.Properties(headers={"amqha-probe": "x"})
+    )
+    assert decode_properties(without_headers(only.marshal(), keys)).headers is None

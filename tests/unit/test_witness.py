@@ -21,10 +21,89 @@ SECRET = b"witness-test-secret"
 
 
 def test_a_ping_and_an_answer_go_through_signed() -> None:
-    ping = Ping("a+b", "a", "ACTIVE", 3, "n1")
+    ping = Ping("a+b", "a", "ACTIVE", 3, "n1", 0.0, "boot1", 7, "c1")
     assert parse_ping(SECRET, encode_ping(SECRET, ping)) == ping
-    answer = Answer("a+b", "a", "n1", 12.5, {"b": PeerSeen(0.25, "PASSIVE", 3)})
+    answer = Answer("a+b", "a", "n1", 12.5, {"b": PeerSeen(0.25, "PASSIVE", 3)}, False, "c2")
     assert parse_answer(SECRET, encode_answer(SECRET, answer)) == answer
+
+
+def test_datagrams_are_signed_with_a_key_derived_from_the_secret_not_the_secret() -> None:
+    """A witness holds the pair's secret, but its datagrams' MAC is made with the key derived
+    for the witness: neither the secret itself nor the state messages' key verifies it."""
+    import hashlib
+    import hmac
+
+    from failover import keys, peer_message
+
+    data = encode_ping(SECRET, Ping("a+b", "a", "ACTIVE", 3, "n1"))
+    mac, body = data[3:35], data[35:]
+    witness_key = keys.derive(SECRET, keys.WITNESS)
+    assert mac == hmac.new(witness_key, b"amqha-witness\x00" + body, hashlib.sha256).digest()
+    for other in (SECRET, keys.derive(SECRET, keys.PEER_MESSAGES)):
+        assert mac != hmac.new(other, b"amqha-witness\x00" + body, hashlib.sha256).digest()
+    assert len({witness_key, keys.derive(SECRET, keys.PEER_MESSAGES), SECRET}) == 3
+    assert keys.derive(b"another secret", keys.WITNESS) != witness_key
+    # State messages: signed with their own derived key, not the pair's secret.
+    signed = peer_message.signature(SECRET, "t", b"{}")
+    assert signed != hmac.new(SECRET, b"t\n{}", hashlib.sha256).hexdigest()
+
+
+def test_a_replayed_ping_is_answered_but_never_heard() -> None:
+    """A ping captured and sent again (the same one, or an older one of the same boot, or
+    one of an earlier boot) never counts as hearing its sender: its age at the witness keeps
+    growing while the real server is silent (a frozen ACTIVE is not vouched for)."""
+    clock, sent = Clock(), Sent()
+    witness = WitnessServer(SECRET, clock)
+    witness.transport = sent  # type: ignore[assignment]
+    captured = []
+    challenge = ""
+    for seq in range(1, 8):  # boot 1 pings, every one captured on the way
+        ping = Ping("a+b", "a", "ACTIVE", 1, f"n{seq}", 0.0, "boot1", seq, challenge)
+        captured.append(encode_ping(SECRET, ping))
+        witness.datagram_received(captured[-1], None)
+        challenge = parse_answer(SECRET, sent.datagrams[-1]).challenge
+    assert witness.pings == 6  # the first only fetched a challenge
+    clock.now += 5.0  # a is frozen; its pings are replayed, newest first, then all again
+    for data in [*reversed(captured), *captured]:
+        witness.datagram_received(data, None)
+        assert not parse_answer(SECRET, sent.datagrams[-1]).counted
+    assert witness.pings == 6
+    assert ask(witness, sent, "b", "PASSIVE", 1).peers["a"].age == pytest.approx(5.0)
+    # A restarted witness gave none of these challenges: still nothing heard.
+    fresh = WitnessServer(SECRET, clock)
+    fresh.transport = sent  # type: ignore[assignment]
+    for data in captured:
+        fresh.datagram_received(data, None)
+    assert fresh.pings == 0 and fresh.seen == {}
+    # The real server, on its next ping (echoing the challenge it holds), is heard again.
+    ping = Ping("a+b", "a", "ACTIVE", 1, "n8", 0.0, "boot1", 8, challenge)
+    witness.datagram_received(encode_ping(SECRET, ping), None)
+    assert parse_answer(SECRET, sent.datagrams[-1]).counted
+    assert witness.seen[("a+b", "a")][0] == clock.now
+
+
+def test_a_restarted_server_is_heard_on_its_new_boot_and_its_old_pings_stay_stale() -> None:
+    clock, sent = Clock(), Sent()
+    witness = WitnessServer(SECRET, clock)
+    witness.transport = sent  # type: ignore[assignment]
+    old = []
+    challenge = ""
+    for seq in range(1, 4):
+        old.append(
+            encode_ping(SECRET, Ping("a+b", "a", "ACTIVE", 1, "n", 0.0, "b1", seq, challenge))
+        )
+        witness.datagram_received(old[-1], None)
+        challenge = parse_answer(SECRET, sent.datagrams[-1]).challenge
+    # The server restarts: a new boot, seq from 1, no challenge yet.
+    challenge = ""
+    for seq in range(1, 8):
+        ping = Ping("a+b", "a", "PASSIVE", 1, "n", 0.0, "b2", seq, challenge)
+        witness.datagram_received(encode_ping(SECRET, ping), None)
+        challenge = parse_answer(SECRET, sent.datagrams[-1]).challenge
+    heard = witness.pings
+    for data in old:  # the previous boot's pings echo challenges long replaced
+        witness.datagram_received(data, None)
+    assert witness.pings == heard and witness.seen[("a+b", "a")][1] == "PASSIVE"
 
 
 @pytest.mark.parametrize(
@@ -62,12 +141,23 @@ class Sent:
         self.datagrams.append(data)
 
 
+# Per server name: (seq, the challenge to echo), as a server's witness client keeps them.
+_CLIENTS: dict[tuple[int, str], list] = {}
+
+
 def ask(
     witness: WitnessServer, sent: Sent, name: str, state: str, epoch: int, silent_for: float = 0.0
 ) -> Answer:
-    ping = Ping("a+b", name, state, epoch, "n", silent_for)
-    witness.datagram_received(encode_ping(SECRET, ping), None)
-    return parse_answer(SECRET, sent.datagrams[-1])
+    """A fresh ping from ``name`` (the first one of a server only fetches a challenge)."""
+    client = _CLIENTS.setdefault((id(witness), name), [0, ""])
+    while True:
+        client[0] += 1
+        ping = Ping("a+b", name, state, epoch, "n", silent_for, "boot-" + name, *client)
+        witness.datagram_received(encode_ping(SECRET, ping), None)
+        answer = parse_answer(SECRET, sent.datagrams[-1])
+        client[1] = answer.challenge
+        if answer.counted:
+            return answer
 
 
 def test_the_witness_answers_how_long_ago_it_heard_the_other_server() -> None:
@@ -80,8 +170,9 @@ def test_the_witness_answers_how_long_ago_it_heard_the_other_server() -> None:
     assert ask(witness, sent, "b", "PASSIVE", 1).peers == {"a": PeerSeen(0.5, "ACTIVE", 1)}
     clock.now += 2.0
     assert ask(witness, sent, "a", "ACTIVE", 1).peers["b"].age == pytest.approx(2.0)
+    answered = len(sent.datagrams)
     witness.datagram_received(b"junk", None)
-    assert witness.refused == 1 and len(sent.datagrams) == 3  # junk is never answered
+    assert witness.refused == 1 and len(sent.datagrams) == answered  # junk is never answered
 
 
 def answer(age: float | None, uptime: float = 100.0, state: str = "ACTIVE", epoch: int = 1):
@@ -163,3 +254,16 @@ async def test_a_witness_that_cannot_be_reached_is_logged_once_not_every_heartbe
     assert len(said) == 1 and "no-such-host.invalid:7000" in said[0].getMessage()
     assert client.endpoints == [None]
     client.close()
+
+
+def test_a_peering_login_proof_holds_for_its_nonce_user_and_secret_only() -> None:
+    from failover import keys
+
+    proof = keys.peering_login_proof(SECRET, b"n" * 16, "peering")
+    assert proof.startswith(keys.PROOF_PREFIX)
+    assert keys.peering_login_holds(SECRET, b"n" * 16, "peering", proof)
+    assert not keys.peering_login_holds(SECRET, b"m" * 16, "peering", proof)  # another nonce
+    assert not keys.peering_login_holds(SECRET, b"n" * 16, "other", proof)
+    assert not keys.peering_login_holds(b"another secret", b"n" * 16, "peering", proof)
+    assert not keys.peering_login_holds(SECRET, b"", "peering", proof)
+    assert SECRET.decode() not in proof
