@@ -73,7 +73,7 @@ FRAMES_PER_CLOCK_READ = 64
 LARGE_FRAME = 1024
 
 # Why the socket is not being read; reading resumes when no reason is left.
-READ_HELD_MEMORY = 1  # the memory watermark is reached and this connection publishes
+READ_HELD_MEMORY = 1  # the alarm is on and this connection publishes (docs/limits.md)
 READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to it
 READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
 READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
@@ -117,6 +117,12 @@ class Connection(asyncio.Protocol):
         self.buffered = 0  # len(self.buffer) as last counted by broker.count_input
         self.counted = False  # counted in the broker's per-vhost and per-user connections
         self.published = False
+        # The pair's own link (a peering login): never held by the alarm (docs/limits.md).
+        self.pair_link = False
+        # Has published a message (to an exchange that is not a control exchange): told
+        # Connection.Blocked when the alarm begins; ``told_blocked`` until Unblocked.
+        self.publishes_messages = False
+        self.told_blocked = False
         self.confirm_channels: set[Channel] = set()
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
@@ -190,12 +196,37 @@ class Connection(asyncio.Protocol):
         self.wake_consumers()
 
     def mark_publisher(self) -> None:
-        """The first Basic.Publish: from now on this connection is read only while the
-        memory watermark allows and its socket drains."""
+        """The first Basic.Publish: from now on this connection is read only while its
+        socket drains (the alarm holds it at a publish: ``hold_for_memory``)."""
         self.published = True
-        self.broker.throttle(self)
         if self.write_paused:
             self.hold_reading(READ_HELD_OUTPUT, True)
+
+    def hold_for_memory(self) -> None:
+        """A publish of a message while the alarm is on: nothing more is read until it
+        clears (docs/limits.md, "What the alarm holds"). The pair's own links never are."""
+        if not self.pair_link:
+            self.tell_blocked(self.broker.block_reason())
+            self.hold_reading(READ_HELD_MEMORY, True)
+
+    def tell_blocked(self, reason: str | None) -> None:
+        """Connection.Blocked with ``reason``, or Unblocked (None) after a Blocked, to a
+        client that announced the capability."""
+        blocked = reason is not None
+        if blocked == self.told_blocked:
+            return
+        self.told_blocked = blocked
+        if self.capability("connection.blocked"):
+            method = (
+                commands.Connection.Blocked(reason)
+                if reason is not None
+                else commands.Connection.Unblocked()
+            )
+            self.send(wire.method_frame(0, method))
+
+    def publishing(self) -> bool:
+        """In the middle of a publish of a message (its content not all read yet)."""
+        return self.published and any(channel.publishing() for channel in self.channels.values())
 
     def hold_reading(self, reason: int, hold: bool) -> None:
         """Stop or restart reading the socket for one reason; it is read while none holds."""
@@ -525,6 +556,7 @@ class Connection(asyncio.Protocol):
             return
         self.user = result
         self.bypasses_gate = bool({"peering", "administrator"} & set(result.tags))
+        self.pair_link = "peering" in result.tags
         if not self.bypasses_gate and not self.capability("connection.redirect"):
             # Clients read a Close sent in reply to Open as a framing error and lose its
             # text; a Close before Tune reaches their user as a plain 320 with the reason.

@@ -13,8 +13,10 @@ Memory: what the process holds for its clients is counted as it changes, never b
 walking queues or connections: message bytes plus a per-message overhead
 (``Message.held``), arguments of bindings, exchanges and queues (``ArgumentBytes``),
 partial frames and content being assembled, output held for sockets that do not drain,
-and a fixed cost per queue, connection, channel and priority lane in use. When that passes ``limits.memory_high_watermark`` publishers are blocked
-(Connection.Blocked, and their sockets are no longer read) until it falls below.
+and a fixed cost per queue, connection, channel and priority lane in use. When that passes ``limits.memory_high_watermark`` the alarm is on until
+it falls below: a connection that publishes a message is told (Connection.Blocked) and
+no longer read; consumers, requests to the control plane and the pair's own links never
+are (docs/limits.md, "What the alarm holds").
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
 failover state machine (it only ever sees the ``gate.Pair`` interface).
@@ -38,13 +40,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pamqp import commands, exceptions
+from pamqp import exceptions
 
 from config import ServerConfig, User
 from config.loader import format_host_port
 from config.tls import server_context
 
-from . import __version__, wire
+from . import __version__
 from .auth import Authenticator, Refused
 from .connection import CLOSED, OPEN, READ_HELD_MEMORY, Connection
 from .console import ConsoleService
@@ -667,26 +669,35 @@ class Broker:
         for connection in list(self.connections):
             self._apply_block(connection)
 
+    def block_reason(self) -> str:
+        return "low on memory" if self.memory_over else "message store cannot write"
+
     def _apply_block(self, connection: Connection) -> None:
-        if connection.transport is None or connection.state != OPEN:
+        """The alarm began or ended: a connection that has published messages is told
+        (Connection.Blocked, if it announced the capability) and held or released. One
+        that never did (a consumer, the console, a federation link's requests) is not
+        told: clients such as aio-pika open no channel while told blocked. The pair's own
+        links are neither told nor held (docs/limits.md, "What the alarm holds")."""
+        if connection.transport is None or connection.state != OPEN or connection.pair_link:
             return
-        if connection.capability("connection.blocked"):
-            reason = "low on memory" if self.memory_over else "message store cannot write"
-            method = (
-                commands.Connection.Blocked(reason)
-                if self.blocked
-                else commands.Connection.Unblocked()
-            )
-            connection.send(wire.method_frame(0, method))
+        if connection.publishes_messages or not self.blocked:
+            connection.tell_blocked(self.block_reason() if self.blocked else None)
         self.throttle(connection)
 
     def throttle(self, connection: Connection) -> None:
-        """While blocked, stop reading connections that publish.
+        """While blocked, stop reading a connection in the middle of a publish (a body
+        still being read); any other is held at its next publish of a message
+        (``Connection.hold_for_memory``). Unblocked, every one is read again.
 
-        Connections that only consume keep being read: their acks and gets are what
-        drains the queues below the watermark again.
+        A connection that only consumes, or only asks the control plane (the console,
+        a federation link's requests, the pair's state), keeps being read: acks are what
+        drains the queues below the watermark, and the pair must keep hearing itself.
         """
-        connection.hold_reading(READ_HELD_MEMORY, self.blocked and connection.published)
+        if self.blocked:
+            if connection.publishing():
+                connection.hold_for_memory()
+        else:
+            connection.hold_reading(READ_HELD_MEMORY, False)
 
     def watch_unread(self, connection: Connection, watch: bool) -> None:
         if not watch:

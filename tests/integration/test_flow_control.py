@@ -1,0 +1,165 @@
+"""The memory alarm against real processes (docs/limits.md, "What the alarm holds"): it
+holds clients that publish, never the pair's own links nor the control plane; a blocked
+publisher stays connected; a federation link takes no more than its server's memory
+allows, and drains an upstream held by its own buffer queue; bindings count."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import aio_pika
+import aiormq
+import pytest
+from pamqp import commands
+
+from amqha.console import ConsoleClient
+from tests.durability import PERSISTENT, Ledger, drain
+from tests.pairs import ADMIN, Knocker, MakePair, hold, poll, url_of
+from tests.support import ServerProcess
+
+MiB = 1024 * 1024
+BODY = 64 * 1024
+ALARM = "memory watermark reached"
+CLEARED = "memory watermark cleared"
+
+
+class FloodPublisher:
+    """Publishes persistent ``BODY``-byte messages with confirms, ``window`` at a time,
+    through one aiormq connection (which announces connection.blocked) until stopped or
+    ``limit`` messages were confirmed; the ledger says what was confirmed."""
+
+    def __init__(
+        self, url: str, exchange: str, routing_key: str, limit: int = 1_000_000, window: int = 20
+    ) -> None:
+        self.url = url
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.limit = limit
+        self.window = window
+        self.ledger = Ledger()
+        self.stopping = asyncio.Event()
+        self.connection: aiormq.abc.AbstractConnection | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.error: BaseException | None = None
+
+    async def start(self) -> FloodPublisher:
+        self.connection = await aiormq.connect(self.url)
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        assert self.connection is not None
+        try:
+            channel = await self.connection.channel(publisher_confirms=True)
+            number = 0
+            while not self.stopping.is_set() and len(self.ledger.confirmed) < self.limit:
+                bodies = [
+                    f"{number + i:08d}".encode().ljust(BODY, b".") for i in range(self.window)
+                ]
+                number += self.window
+                self.ledger.sent.update(bodies)
+                results = await asyncio.gather(
+                    *(
+                        channel.basic_publish(
+                            body,
+                            exchange=self.exchange,
+                            routing_key=self.routing_key,
+                            properties=PERSISTENT,
+                        )
+                        for body in bodies
+                    )
+                )
+                for body, result in zip(bodies, results, strict=True):
+                    if isinstance(result, commands.Basic.Ack):
+                        self.ledger.confirmed.add(body)
+                    else:
+                        self.ledger.nacked.add(body)
+        except BaseException as error:  # noqa: BLE001 - the test reads it
+            self.error = error
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 60)
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.connection.close(), 5)
+
+
+def logged(server: ServerProcess, needle: str) -> int:
+    return server.log().count(needle)
+
+
+async def console_answers(server: ServerProcess) -> dict[str, Any]:
+    async with asyncio.timeout(10), ConsoleClient(url_of(server, ADMIN)) as console:
+        return dict(await console.call("status"))
+
+
+# -- the pair ---------------------------------------------------------------------------
+
+
+async def test_both_servers_over_their_watermark_keep_hearing_each_other(
+    make_pair: MakePair, caplog: pytest.LogCaptureFixture
+) -> None:
+    """guest floods a durable queue with no consumer; replication puts the same bytes on
+    the backup (its watermark is the lower, so it crosses first), then the primary
+    crosses its own. Both stay over for longer than the pair's timeout many times over and
+    than twice the publisher's heartbeat: the servers keep hearing each other, a client
+    knocking at the backup is refused, the console answers, the publisher stays connected
+    and blocked; a consumer drains, the publisher resumes, nothing confirmed is lost."""
+    caplog.set_level(logging.WARNING, logger="aiormq.connection")
+    pair = make_pair(limits={"memory_high_watermark": "32MiB"})
+    pair.backup.config["limits"] = {"memory_high_watermark": "16MiB"}
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    primary, backup = pair.primary, pair.backup
+    connection = await aio_pika.connect(primary.url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue("flood", durable=True)
+    # A heartbeat of 2 s: a connection judged dead for the silence of being held would
+    # be closed after 4 s.
+    publisher = await FloodPublisher(primary.url + "?heartbeat=2", "", "flood").start()
+    try:
+        await poll(
+            lambda: logged(backup, ALARM) and logged(primary, ALARM),
+            90,
+            "both servers over their watermark",
+        )
+        assert "was blocked by" in caplog.text
+        confirmed_blocked = len(publisher.ledger.confirmed)
+        with Knocker(backup, interval=0.1) as knocker:
+            await hold(
+                lambda: not logged(backup, CLEARED) and not logged(primary, CLEARED),
+                8.0,
+                "both servers still over their watermark",
+            )
+            for server in (primary, backup):
+                status = await console_answers(server)
+                assert status["serving"] is (server is primary)
+        events = [e["event"] for server in pair.servers for e in pair.events(server)]
+        assert "peer_lost" not in events
+        assert pair.states() == ("ACTIVE", "PASSIVE")
+        assert knocker.answers and knocker.let_in == 0, knocker.answers[-3:]
+        assert publisher.task is not None and not publisher.task.done(), publisher.error
+        assert publisher.connection is not None and not publisher.connection.is_closed
+        assert "was unblocked" not in caplog.text
+        assert len(publisher.ledger.confirmed) - confirmed_blocked < 2 * publisher.window
+
+        # A consumer drains: memory falls, the publisher is unblocked and goes on.
+        drained = [body for body, _ in await drain(primary.url, "flood")]
+        await poll(lambda: "was unblocked" in caplog.text, 30, "Connection.Unblocked")
+        resumed = len(publisher.ledger.confirmed)
+        await poll(lambda: len(publisher.ledger.confirmed) >= resumed + 100, 60, "confirms again")
+        await publisher.stop()
+        drained += [body for body, _ in await drain(primary.url, "flood")]
+    finally:
+        await publisher.stop()
+    assert publisher.error is None
+    lost = publisher.ledger.confirmed - set(drained)
+    assert not lost, f"{len(lost)} confirmed messages lost"
+    assert pair.states() == ("ACTIVE", "PASSIVE")
+    assert "peer_lost" not in [e["event"] for s in pair.servers for e in pair.events(s)]
