@@ -13,7 +13,8 @@ Memory: what the process holds for its clients is counted as it changes, never b
 walking queues or connections: message bytes plus a per-message overhead
 (``Message.held``), arguments of bindings, exchanges and queues (``ArgumentBytes``),
 partial frames and content being assembled, output held for sockets that do not drain,
-and a fixed cost per queue, connection, channel and priority lane in use. When that passes ``limits.memory_high_watermark`` the alarm is on until
+a fixed cost per queue, connection, channel and priority lane in use, and each
+binding's cost. When that passes ``limits.memory_high_watermark`` the alarm is on until
 it falls below: a connection that publishes a message is told (Connection.Blocked) and
 no longer read; consumers, requests to the control plane and the pair's own links never
 are (docs/limits.md, "What the alarm holds").

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import aio_pika
@@ -17,8 +18,9 @@ from pamqp import commands
 
 from amqha.console import ConsoleClient
 from tests.durability import PERSISTENT, Ledger, drain
+from tests.integration.protocol_support import RawClient, fresh_scrape
 from tests.pairs import ADMIN, Knocker, MakePair, hold, poll, url_of
-from tests.support import ServerProcess
+from tests.support import ServerProcess, free_port
 
 MiB = 1024 * 1024
 BODY = 64 * 1024
@@ -163,3 +165,53 @@ async def test_both_servers_over_their_watermark_keep_hearing_each_other(
     assert not lost, f"{len(lost)} confirmed messages lost"
     assert pair.states() == ("ACTIVE", "PASSIVE")
     assert "peer_lost" not in [e["event"] for s in pair.servers for e in pair.events(s)]
+
+
+# -- bindings ------------------------------------------------------------------------------
+
+
+def used_and_alarm(metrics_port: int) -> tuple[float, float]:
+    figures = fresh_scrape(metrics_port)
+    return (
+        figures[("amqha_memory_used_bytes", ())],
+        figures[("rabbitmq_alarms_memory_used_watermark", ())],
+    )
+
+
+def test_many_bindings_raise_the_memory_alarm(make_server: Any) -> None:
+    """20,000 plain bindings (no arguments) on a 16 MiB watermark raise the alarm; their
+    queue deleted, it clears."""
+    metrics_port = free_port()
+    server = make_server(
+        "bindings",
+        limits={"memory_high_watermark": "16MiB"},
+        metrics={"listen": f"127.0.0.1:{metrics_port}"},
+    ).start()
+    with RawClient(server.port) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.call(1, commands.Queue.Declare(queue="bound"), commands.Queue.DeclareOk)
+        for start in range(0, 20_000, 1000):
+            client.send(
+                1,
+                *(
+                    commands.Queue.Bind(
+                        queue="bound", exchange="amq.direct", routing_key=f"k{i}", nowait=True
+                    )
+                    for i in range(start, start + 1000)
+                ),
+            )
+        client.call(
+            1, commands.Queue.Declare(queue="bound", passive=True), commands.Queue.DeclareOk
+        )
+        wait_alarm(metrics_port, 1)
+        assert logged(server, ALARM) == 1
+        client.call(1, commands.Queue.Delete(queue="bound"), commands.Queue.DeleteOk)
+        wait_alarm(metrics_port, 0)
+
+
+def wait_alarm(metrics_port: int, value: int) -> None:
+    deadline = time.monotonic() + 30
+    while used_and_alarm(metrics_port)[1] != value:
+        assert time.monotonic() < deadline, f"alarm not {value} after 30 s"
+        time.sleep(0.1)
