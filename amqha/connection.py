@@ -14,6 +14,9 @@ unwritten, deliveries to this connection stop and, if it publishes, it is no lon
 read (its Basic.Returns and confirms are what backs up) until the socket drains.
 While it is not read for such a reason, the broker polls its socket for the client's
 FIN or reset (``hung_up``), which asyncio would only see by reading.
+The memory alarm holds a connection at a publish of a message (``hold_for_memory``) and
+tells it Connection.Blocked; the pair's own links never (docs/limits.md, "What the
+alarm holds"); a held connection's heartbeat clock waits while it is held.
 Reading is bounded too: one read's frames are handled for at most FRAME_BUDGET
 seconds; the rest waits for the next turn of the loop, with the socket unread, so
 other connections and timers run in between.
