@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
-from . import wire
+from . import flow, wire
 from .core import feedauth
 from .core.confirms import Confirms
 from .core.message import Message
@@ -336,7 +336,7 @@ class Channel:
             if self.broker.blocked:
                 # Held after this publish, until the alarm clears; a request to the
                 # control plane (console, federation, the pair) never is (docs/limits.md).
-                connection.hold_for_memory()
+                flow.hold(connection, self.broker.block_reason())
             if connection.bypasses_gate and not self.broker.pair.serving():
                 raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, "Basic.Publish"))
         if exchange.internal:

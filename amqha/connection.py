@@ -14,9 +14,8 @@ unwritten, deliveries to this connection stop and, if it publishes, it is no lon
 read (its Basic.Returns and confirms are what backs up) until the socket drains.
 While it is not read for such a reason, the broker polls its socket for the client's
 FIN or reset (``hung_up``), which asyncio would only see by reading.
-The memory alarm holds a connection at a publish of a message (``hold_for_memory``) and
-tells it Connection.Blocked; the pair's own links never (docs/limits.md, "What the
-alarm holds"); a held connection's heartbeat clock waits while it is held.
+The memory alarm holds a connection at a publish of a message (``flow``); a held
+connection's heartbeat clock waits while it is held.
 Reading is bounded too: one read's frames are handled for at most FRAME_BUDGET
 seconds; the rest waits for the next turn of the loop, with the socket unread, so
 other connections and timers run in between.
@@ -40,6 +39,7 @@ from .auth import Refused
 from .channel import CLOSING as CHANNEL_CLOSING
 from .channel import READ_HELD_STORE, Channel
 from .core import feedauth
+from .flow import READ_HELD_MEMORY
 from .gate import ACCEPT, Redirect, not_active_text
 from .logtext import escaped
 
@@ -76,7 +76,7 @@ FRAMES_PER_CLOCK_READ = 64
 LARGE_FRAME = 1024
 
 # Why the socket is not being read; reading resumes when no reason is left.
-READ_HELD_MEMORY = 1  # the alarm is on and this connection publishes (docs/limits.md)
+# READ_HELD_MEMORY (1, flow.py): the alarm is on and this connection publishes messages
 READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to it
 READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
 READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
@@ -200,36 +200,10 @@ class Connection(asyncio.Protocol):
 
     def mark_publisher(self) -> None:
         """The first Basic.Publish: from now on this connection is read only while its
-        socket drains (the alarm holds it at a publish: ``hold_for_memory``)."""
+        socket drains (the memory alarm holds it at a publish: ``flow.hold``)."""
         self.published = True
         if self.write_paused:
             self.hold_reading(READ_HELD_OUTPUT, True)
-
-    def hold_for_memory(self) -> None:
-        """A publish of a message while the alarm is on: nothing more is read until it
-        clears (docs/limits.md, "What the alarm holds"). The pair's own links never are."""
-        if not self.pair_link:
-            self.tell_blocked(self.broker.block_reason())
-            self.hold_reading(READ_HELD_MEMORY, True)
-
-    def tell_blocked(self, reason: str | None) -> None:
-        """Connection.Blocked with ``reason``, or Unblocked (None) after a Blocked, to a
-        client that announced the capability."""
-        blocked = reason is not None
-        if blocked == self.told_blocked:
-            return
-        self.told_blocked = blocked
-        if self.capability("connection.blocked"):
-            method = (
-                commands.Connection.Blocked(reason)
-                if reason is not None
-                else commands.Connection.Unblocked()
-            )
-            self.send(wire.method_frame(0, method))
-
-    def publishing(self) -> bool:
-        """In the middle of a publish of a message (its content not all read yet)."""
-        return self.published and any(channel.publishing() for channel in self.channels.values())
 
     def hold_reading(self, reason: int, hold: bool) -> None:
         """Stop or restart reading the socket for one reason; it is read while none holds."""

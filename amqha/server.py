@@ -47,9 +47,9 @@ from config import ServerConfig, User
 from config.loader import format_host_port
 from config.tls import server_context
 
-from . import __version__
+from . import __version__, flow
 from .auth import Authenticator, Refused
-from .connection import CLOSED, OPEN, READ_HELD_MEMORY, Connection
+from .connection import CLOSED, OPEN, Connection
 from .console import ConsoleService
 from .core.apply import apply_run
 from .core.changes import ChangeLog
@@ -674,31 +674,9 @@ class Broker:
         return "low on memory" if self.memory_over else "message store cannot write"
 
     def _apply_block(self, connection: Connection) -> None:
-        """The alarm began or ended: a connection that has published messages is told
-        (Connection.Blocked, if it announced the capability) and held or released. One
-        that never did (a consumer, the console, a federation link's requests) is not
-        told: clients such as aio-pika open no channel while told blocked. The pair's own
-        links are neither told nor held (docs/limits.md, "What the alarm holds")."""
-        if connection.transport is None or connection.state != OPEN or connection.pair_link:
-            return
-        if connection.publishes_messages or not self.blocked:
-            connection.tell_blocked(self.block_reason() if self.blocked else None)
-        self.throttle(connection)
-
-    def throttle(self, connection: Connection) -> None:
-        """While blocked, stop reading a connection in the middle of a publish (a body
-        still being read); any other is held at its next publish of a message
-        (``Connection.hold_for_memory``). Unblocked, every one is read again.
-
-        A connection that only consumes, or only asks the control plane (the console,
-        a federation link's requests, the pair's state), keeps being read: acks are what
-        drains the queues below the watermark, and the pair must keep hearing itself.
-        """
-        if self.blocked:
-            if connection.publishing():
-                connection.hold_for_memory()
-        else:
-            connection.hold_reading(READ_HELD_MEMORY, False)
+        """The alarm began or ended: ``flow`` says whom it tells and holds."""
+        if connection.transport is not None and connection.state == OPEN:
+            flow.alarm(connection, self.block_reason() if self.blocked else None)
 
     def watch_unread(self, connection: Connection, watch: bool) -> None:
         if not watch:
