@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
-from . import wire
+from . import flow, wire
 from .core import feedauth
 from .core.confirms import Confirms
 from .core.message import Message
@@ -334,8 +334,14 @@ class Channel:
         if not connection.published:
             connection.mark_publisher()
         exchange = self.vhost.get_exchange(publish.exchange)
-        if connection.bypasses_gate and not exchange.control and not self.broker.pair.serving():
-            raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, "Basic.Publish"))
+        if not exchange.control:
+            connection.publishes_messages = True
+            if self.broker.blocked:
+                # Held after this publish, until the alarm clears; a request to the
+                # control plane (console, federation, the pair) never is (docs/limits.md).
+                flow.hold(connection, self.broker.block_reason())
+            if connection.bypasses_gate and not self.broker.pair.serving():
+                raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, "Basic.Publish"))
         if exchange.internal:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"
@@ -425,6 +431,11 @@ class Channel:
         self.broker.count_input(len(payload))
         if received == pending.body_size:
             self._complete(pending, b"".join(pending.parts))
+
+    def publishing(self) -> bool:
+        """A publish of a message whose content is still being read."""
+        pending = self.pending
+        return pending is not None and not pending.exchange.control
 
     def _drop_pending(self) -> None:
         pending = self.pending

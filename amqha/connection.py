@@ -14,6 +14,8 @@ unwritten, deliveries to this connection stop and, if it publishes, it is no lon
 read (its Basic.Returns and confirms are what backs up) until the socket drains.
 While it is not read for such a reason, the broker polls its socket for the client's
 FIN or reset (``hung_up``), which asyncio would only see by reading.
+The memory alarm holds a connection at a publish of a message (``flow``); a held
+connection's heartbeat clock waits while it is held.
 Reading is bounded too: one read's frames are handled for at most FRAME_BUDGET
 seconds; the rest waits for the next turn of the loop, with the socket unread, so
 other connections and timers run in between.
@@ -37,6 +39,7 @@ from .auth import Refused
 from .channel import CLOSING as CHANNEL_CLOSING
 from .channel import READ_HELD_STORE, Channel
 from .core import feedauth
+from .flow import READ_HELD_MEMORY
 from .gate import ACCEPT, Redirect, not_active_text
 from .logtext import escaped
 
@@ -73,7 +76,7 @@ FRAMES_PER_CLOCK_READ = 64
 LARGE_FRAME = 1024
 
 # Why the socket is not being read; reading resumes when no reason is left.
-READ_HELD_MEMORY = 1  # the memory watermark is reached and this connection publishes
+# READ_HELD_MEMORY (1, flow.py): the alarm is on and this connection publishes messages
 READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to it
 READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
 READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
@@ -120,6 +123,12 @@ class Connection(asyncio.Protocol):
         self.buffered = 0  # len(self.buffer) as last counted by broker.count_input
         self.counted = False  # counted in the broker's per-vhost and per-user connections
         self.published = False
+        # The pair's own link (a peering login): never held by the alarm (docs/limits.md).
+        self.pair_link = False
+        # Has published a message (to an exchange that is not a control exchange): told
+        # Connection.Blocked when the alarm begins; ``told_blocked`` until Unblocked.
+        self.publishes_messages = False
+        self.told_blocked = False
         self.confirm_channels: set[Channel] = set()
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
@@ -193,10 +202,9 @@ class Connection(asyncio.Protocol):
         self.wake_consumers()
 
     def mark_publisher(self) -> None:
-        """The first Basic.Publish: from now on this connection is read only while the
-        memory watermark allows and its socket drains."""
+        """The first Basic.Publish: from now on this connection is read only while its
+        socket drains (the memory alarm holds it at a publish: ``flow.hold``)."""
         self.published = True
-        self.broker.throttle(self)
         if self.write_paused:
             self.hold_reading(READ_HELD_OUTPUT, True)
 
@@ -530,6 +538,7 @@ class Connection(asyncio.Protocol):
             return
         self.user = result
         self.bypasses_gate = bool({"peering", "administrator"} & set(result.tags))
+        self.pair_link = "peering" in result.tags
         if not self.bypasses_gate and not self.capability("connection.redirect"):
             # Clients read a Close sent in reply to Open as a framing error and lose its
             # text; a Close before Tune reaches their user as a plain 320 with the reason.

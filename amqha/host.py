@@ -69,6 +69,10 @@ class ChannelHost(Protocol):
 
     def check_memory(self) -> None: ...
 
+    def block_reason(self) -> str:
+        """Why publishers are blocked, as Connection.Blocked says it."""
+        ...
+
     def count_input(self, delta: int) -> None:
         """Bytes of partial frames and bodies being assembled, counted against the
         memory watermark (negative: released)."""
@@ -164,8 +168,6 @@ class ConnectionHost(Protocol):
         ...
 
     def hold(self, connection: Any) -> None: ...
-
-    def throttle(self, connection: Any) -> None: ...
 
     def watch_unread(self, connection: Any, watch: bool) -> None: ...
 

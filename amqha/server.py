@@ -13,8 +13,11 @@ Memory: what the process holds for its clients is counted as it changes, never b
 walking queues or connections: message bytes plus a per-message overhead
 (``Message.held``), arguments of bindings, exchanges and queues (``ArgumentBytes``),
 partial frames and content being assembled, output held for sockets that do not drain,
-and a fixed cost per queue, connection, channel and priority lane in use. When that passes ``limits.memory_high_watermark`` publishers are blocked
-(Connection.Blocked, and their sockets are no longer read) until it falls below.
+a fixed cost per queue, connection, channel and priority lane in use, and each
+binding's cost. When that passes ``limits.memory_high_watermark`` the alarm is on until
+it falls below: a connection that publishes a message is told (Connection.Blocked) and
+no longer read; consumers, requests to the control plane and the pair's own links never
+are (docs/limits.md, "What the alarm holds").
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
 failover state machine (it only ever sees the ``gate.Pair`` interface).
@@ -38,16 +41,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pamqp import commands, exceptions
+from pamqp import exceptions
 
 from config import ServerConfig, User
 from config.loader import format_host_port
 from config.tls import server_context
 from failover import keys
 
-from . import __version__, wire
+from . import __version__, flow
 from .auth import Authenticator, Refused
-from .connection import CLOSED, OPEN, READ_HELD_MEMORY, Connection
+from .connection import CLOSED, OPEN, Connection
 from .console import ConsoleService
 from .core.apply import apply_run
 from .core.changes import ChangeLog
@@ -690,26 +693,13 @@ class Broker:
         for connection in list(self.connections):
             self._apply_block(connection)
 
+    def block_reason(self) -> str:
+        return "low on memory" if self.memory_over else "message store cannot write"
+
     def _apply_block(self, connection: Connection) -> None:
-        if connection.transport is None or connection.state != OPEN:
-            return
-        if connection.capability("connection.blocked"):
-            reason = "low on memory" if self.memory_over else "message store cannot write"
-            method = (
-                commands.Connection.Blocked(reason)
-                if self.blocked
-                else commands.Connection.Unblocked()
-            )
-            connection.send(wire.method_frame(0, method))
-        self.throttle(connection)
-
-    def throttle(self, connection: Connection) -> None:
-        """While blocked, stop reading connections that publish.
-
-        Connections that only consume keep being read: their acks and gets are what
-        drains the queues below the watermark again.
-        """
-        connection.hold_reading(READ_HELD_MEMORY, self.blocked and connection.published)
+        """The alarm began or ended: ``flow`` says whom it tells and holds."""
+        if connection.transport is not None and connection.state == OPEN:
+            flow.alarm(connection, self.block_reason() if self.blocked else None)
 
     def watch_unread(self, connection: Connection, watch: bool) -> None:
         if not watch:

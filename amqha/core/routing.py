@@ -56,10 +56,19 @@ def _count_down(counts: dict[Hashable, int], destination: Hashable) -> bool:
 
 class ArgumentBytes:
     """The argument bytes (``arguments_size``) held by every live binding, exchange and
-    queue of this process: each adds its own when made and takes them back in its
-    finaliser, as messages do in ``Message.held``. The memory watermark reads it."""
+    queue of this process, and each binding's own cost (``BINDING_COST`` and its routing
+    key): each adds its own when made and takes them back in its finaliser, as messages
+    do in ``Message.held``. The memory watermark reads it."""
 
     held = 0
+
+
+# What one binding holds beyond its arguments: the binding, its key in the exchange's
+# table and its entries in the routing index (tracemalloc over 50,000 bindings: 440 B on
+# a fanout or headers exchange, 705 B on a direct one, 1,169 B on a topic one with a
+# path of its own), plus its routing key's length. 400,000 bindings used to hold 370 MB
+# that nothing counted.
+BINDING_COST = 1024
 
 
 def _frozen(value: Any) -> Hashable:
@@ -79,7 +88,7 @@ def binding_key(destination: Hashable, routing_key: str, arguments: dict[str, An
 
 
 class Binding:
-    """One binding; its arguments count in ``ArgumentBytes`` while it lives."""
+    """One binding; it counts in ``ArgumentBytes`` while it lives."""
 
     __slots__ = ("destination", "routing_key", "arguments", "size")
 
@@ -87,7 +96,9 @@ class Binding:
         self.destination = destination
         self.routing_key = routing_key
         self.arguments = arguments
-        self.size = arguments_size(arguments) if arguments else 0
+        self.size = (
+            BINDING_COST + len(routing_key) + (arguments_size(arguments) if arguments else 0)
+        )
         ArgumentBytes.held += self.size
 
     def __del__(self) -> None:

@@ -3,8 +3,10 @@
 Owns: connecting to the upstream (its URLs in turn, a PASSIVE's ``NOT_ACTIVE`` redirect
 followed, heartbeats on), the hello and the binding reconcile on ``amq.federation``, the
 buffer queue, pipelined binds, consuming with a prefetch, routing each delivery into the
-local exchange in process, acking upstream (``delivery: confirm``) once the local server
-holds it safe, probes, and the link's status (docs/federation.md, "The link").
+local exchange in process, acking upstream (``delivery: confirm`` once the local server
+holds it safe, ``drop`` once routed; no acks while the local alarm is on), the outbound
+connection that carries what the link publishes upstream (probes, forwarded messages),
+and the link's status (docs/federation.md, "The link" and "Flow control").
 
 What a link decides (its bindings, its state, its retry delay, when it is stalled) is
 ``model``'s; this module does it.
@@ -70,6 +72,12 @@ def _release(sleeper: asyncio.Future[None]) -> None:
 
 def _released(sleeper: asyncio.Future[None], _: Any) -> None:
     _release(sleeper)
+
+
+def _probe_done(task: asyncio.Future[Any]) -> None:
+    """A probe that failed went with its connection: the link's loop notices that."""
+    if not task.cancelled():
+        task.exception()
 
 
 class LinkFailure(Exception):
@@ -148,6 +156,13 @@ class Link:
         self.confirmed: dict[Any, model.UpstreamBinding] = {}  # bound upstream, as known
         self._task: asyncio.Task[None] | None = None
         self._connection: aiormq.abc.AbstractConnection | None = None
+        # What the link publishes upstream (probes, forwarded messages) goes on a
+        # connection of its own: the upstream's alarm holds a connection that publishes,
+        # never the one that takes messages down and acks them (docs/federation.md,
+        # "Flow control").
+        self._outbound: aiormq.abc.AbstractConnection | None = None
+        self._probing: asyncio.Future[Any] | None = None
+        self._target: URL | None = None  # the URL the link's connection took
         self._session = 0
         self._watched: tuple[int, int] | None = None  # (id, version) of the exchange seen
         self._next_watch = 0.0  # perf_counter time before which changes wait (a storm)
@@ -250,13 +265,15 @@ class Link:
         if exchange is not None:
             exchange.watchers.discard(self._poke)
         connection, self._connection = self._connection, None
+        outbound, self._outbound = self._outbound, None
         self._session += 1  # what the old connection left in flight is forgotten
         self._inflight.clear()
         if self.forwarder is not None:
             self.forwarder.down()
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), ANSWER_TIMEOUT)
+        for each in (outbound, connection):
+            if each is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(each.close(), ANSWER_TIMEOUT)
 
     def _poke(self) -> None:
         """Work for the running link: it wakes now rather than at its next tick."""
@@ -313,19 +330,8 @@ class Link:
                 if target is None:
                     break
                 try:
-                    options: dict[str, Any] = {}
-                    if self.tls is not None and target.scheme == "amqps":
-                        options["context"] = self.tls
                     connection = await asyncio.wait_for(
-                        aiormq.connect(
-                            target,
-                            **options,
-                            client_properties={
-                                "connection_name": f"federation {self.spec.exchange} "
-                                f"{self.local_name} <- {self.spec.upstream}"
-                            },
-                        ),
-                        timeout,
+                        aiormq.connect(target, **self._connect_options(target)), timeout
                     )
                 except asyncio.CancelledError:
                     raise
@@ -335,8 +341,20 @@ class Link:
                     target = None if redirect is None else _with_address(url, redirect)
                     continue
                 self.server = self.last_server = f"{target.host}:{target.port}"
+                self._target = target
                 return connection
         raise LinkFailure(last)
+
+    def _connect_options(self, target: URL) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "client_properties": {
+                "connection_name": f"federation {self.spec.exchange} "
+                f"{self.local_name} <- {self.spec.upstream}"
+            }
+        }
+        if self.tls is not None and target.scheme == "amqps":
+            options["context"] = self.tls
+        return options
 
     async def _session_run(self) -> None:
         self._broken = None
@@ -367,22 +385,38 @@ class Link:
         self.buffer_depth = declared.message_count
         self._watch_bindings(force=True)
         await self._reconcile(channel, connection)
-        if self.confirm:
-            await channel.basic_qos(prefetch_count=self.prefetch)
+        # Both kinds of link ack, and never more than ``prefetch`` are unacked: the
+        # downstream's credit (docs/federation.md, "Flow control").
+        await channel.basic_qos(prefetch_count=self.prefetch)
         self._ack_upto = self._acked = 0
         await channel.basic_consume(
-            self.buffer_queue,
-            functools.partial(self._delivered, session=session),
-            no_ack=not self.confirm,
+            self.buffer_queue, functools.partial(self._delivered, session=session)
         )
+        outbound = await self._open_outbound()
         now = self.broker.now()
         self.state.running(now)
         self.probes.up(now)
         self.last_error = None
         if self.forwarder is not None:
-            await self._forward_through(connection)
+            await self._forward_through(outbound)
         self._event("link_up", server=self.server, upstream_name=self.upstream_name)
-        await self._serve(connection, channel, session)
+        await self._serve(connection, channel, await outbound.channel(publisher_confirms=False))
+
+    async def _open_outbound(self) -> aiormq.abc.AbstractConnection:
+        """The connection for what the link publishes upstream, to the server the link
+        took (a pair's ACTIVE)."""
+        url = self._target
+        assert url is not None
+        try:
+            outbound = await asyncio.wait_for(
+                aiormq.connect(url, **self._connect_options(url)), CONNECT_TIMEOUT
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            raise LinkFailure(f"outbound connection: {_reason(error)}") from None
+        self._outbound = outbound
+        return outbound
 
     def _set_forward(self) -> None:
         """With ``forward: true``, what is published to the local exchange is also kept on
@@ -606,7 +640,7 @@ class Link:
         self,
         connection: aiormq.abc.AbstractConnection,
         channel: aiormq.abc.AbstractChannel,
-        session: int,
+        outbound: aiormq.abc.AbstractChannel,
     ) -> None:
         """Until the connection goes: acks, binding changes, probes, reconciles."""
         loop = asyncio.get_running_loop()
@@ -632,8 +666,11 @@ class Link:
                 raise LinkFailure(self._broken)
             if closing.done():
                 break
+            if outbound.is_closed:
+                raise LinkFailure("the outbound connection closed")
             # While this server blocks publishers (memory), what came down stays unacked:
-            # the upstream stops at the prefetch and keeps the rest.
+            # the upstream stops at the prefetch and keeps the rest (both kinds of link:
+            # docs/federation.md, "Flow control").
             if self._ack_upto > self._acked and not self.broker.blocked:
                 upto = self._ack_upto
                 await channel.basic_ack(upto, multiple=True)
@@ -643,7 +680,7 @@ class Link:
             now = loop.time()
             if now >= next_probe:
                 next_probe = now + self.probe_every
-                await self._probe(channel)
+                self._probe(outbound)
             if now >= next_reconcile:
                 next_reconcile = now + self.reconcile_every
                 await self._reconcile(channel, connection)
@@ -651,13 +688,20 @@ class Link:
         if error is not None:
             raise LinkFailure(_reason(error))
 
-    async def _probe(self, channel: aiormq.abc.AbstractChannel) -> None:
-        await channel.basic_publish(
-            b"",
-            exchange=self.spec.exchange,
-            routing_key=self.probe_key,
-            properties=spec.Basic.Properties(headers={model.PROBE_HEADER: self.probe_key}),
+    def _probe(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """A probe, sent beside the loop: while the upstream's alarm holds the outbound
+        connection it waits there (and the link shows stalled), and acks still flow."""
+        if self._probing is not None and not self._probing.done():
+            return
+        self._probing = asyncio.ensure_future(
+            channel.basic_publish(
+                b"",
+                exchange=self.spec.exchange,
+                routing_key=self.probe_key,
+                properties=spec.Basic.Properties(headers={model.PROBE_HEADER: self.probe_key}),
+            )
         )
+        self._probing.add_done_callback(_probe_done)
         self.probes.sent_one()
 
     async def _delivered(self, delivered: DeliveredMessage, session: int) -> None:
@@ -670,8 +714,7 @@ class Link:
         assert isinstance(deliver, spec.Basic.Deliver)
         tag = deliver.delivery_tag
         entry = [tag, False]
-        if self.confirm:
-            self._inflight.append(entry)
+        self._inflight.append(entry)
         try:
             self._take(delivered, deliver, entry, session)
         except Exception as error:  # a header this server cannot take: counted, not routed
@@ -723,6 +766,9 @@ class Link:
         before = log_.sync_lsn if log_ is not None else 0
         accepted = vhost.enqueue(message, queues, now) if queues else True
         message.decoded = None
+        broker = self.broker
+        if not broker.blocked and Message.held > broker.message_budget:
+            broker.check_memory()  # as a publish does: acks stop at once past the watermark
         if not accepted:
             self.counters.drop("rejected")
         if self.confirm and log_ is not None and log_.sync_lsn != before:
@@ -742,7 +788,7 @@ class Link:
 
     def _settle(self, entry: list[Any], session: int) -> None:
         """One delivery done here: the upstream may be acked up to the first not done."""
-        if not self.confirm or session != self._session:
+        if session != self._session:
             return
         entry[1] = True
         inflight = self._inflight
