@@ -416,6 +416,10 @@ class Link:
         except Exception as error:
             raise LinkFailure(f"outbound connection: {_reason(error)}") from None
         self._outbound = outbound
+        # Probes and forwarded messages carry the headers the upstream trusts only from a
+        # proven link connection: this one proves it belongs to our link (it joins the
+        # link, it does not replace it).
+        await self._hello(outbound, outbound=True)
         return outbound
 
     def _set_forward(self) -> None:
@@ -499,22 +503,30 @@ class Link:
             answer = {"ok": False, "error": "an answer that is not JSON"}
         self._answers.put_nowait(answer if isinstance(answer, dict) else {"ok": False})
 
-    async def _hello(self, connection: aiormq.abc.AbstractConnection) -> None:
+    async def _hello(
+        self, connection: aiormq.abc.AbstractConnection, outbound: bool = False
+    ) -> None:
+        """Say who we are on ``connection``; ``outbound``: the link's second connection,
+        which joins the link its first connection said a hello for."""
         # The proof of our name is bound to the upstream, by the global name it gave at
         # Connection.Start (docs/security.md, "Federation names").
         told = (connection.server_properties or {}).get("amqha-name")
         upstream = told.decode() if isinstance(told, bytes) else str(told or self.upstream_name)
-        answer = await self._ask(
-            connection,
-            {
-                "op": "hello",
-                "name": self.local_name,
-                "key": names.claim_key(self.federation_id, upstream),
-                "server": self.broker.config.name,
-                "exchange": self.spec.exchange,
-                "vhost": self.spec.vhost,
-            },
-        )
+        request: dict[str, Any] = {
+            "op": "hello",
+            "name": self.local_name,
+            "key": names.claim_key(self.federation_id, upstream),
+            "server": self.broker.config.name,
+            "exchange": self.spec.exchange,
+            "vhost": self.spec.vhost,
+        }
+        if outbound:
+            request["outbound"] = True
+        answer = await self._ask(connection, request)
+        if outbound:
+            if answer is not None and not answer.get("ok"):
+                raise LinkFailure(str(answer.get("error") or "outbound hello refused"))
+            return
         self.control = answer is not None
         if answer is None:
             return

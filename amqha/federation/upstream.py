@@ -171,6 +171,20 @@ class Registry:
             del self.claims[name]
         return gone
 
+    def proven(self, link: Link) -> bool:
+        """``link``'s name is linked here now, for its exchange and vhost, by the holder of
+        the same key."""
+        claim = self.claims.get(link.name)
+        return (
+            claim is not None
+            and claim[0] == link.token
+            and any(
+                (known.exchange, known.vhost, known.token)
+                == (link.exchange, link.vhost, link.token)
+                for known in self.links.get(link.name, ())
+            )
+        )
+
     def linked_for(self, connection: Any, name: str, exchange: str, vhost: str) -> bool:
         """``connection`` said a hello, proven, for ``name``'s link of ``exchange`` in
         ``vhost``: the buffer queue of that link is its own."""
@@ -310,6 +324,15 @@ class UpstreamService:
             raise BadRequest("bad hello: 'key' is too short to prove anything")
         token = names.claim_token(key)
         link = Link(connection=connection, since=self.clock(), token=token, **fields)
+        if request.get("outbound") is True:
+            # A link's second connection (what it publishes: probes, forwarded messages):
+            # trusted with the link's headers once it proves the key of a link that is up,
+            # and never counted as a link of its own (it replaces nothing).
+            if not self.registry.proven(link):
+                self._refused("outbound", "outbound hello: no link of this name is up here", link)
+                return {"ok": False, "error": "outbound hello: no link of this name is up here"}
+            connection.federation_linked = True
+            return {"ok": True, "name": self.registry.own_name}
         known = self.registry.linked_for(connection, link.name, link.exchange, link.vhost)
         kind, text, replaced = self.registry.hello(link, time.monotonic())
         if kind is not None:
