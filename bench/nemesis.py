@@ -592,6 +592,9 @@ def main() -> None:
     )
     parser.add_argument("--keep-dir", type=Path, help="where failed runs' directories go")
     options = parser.parse_args()
+    # A SIGTERM (CI's time bound) ends the run through its cleanup: processes stopped,
+    # namespaces removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
