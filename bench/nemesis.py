@@ -7,7 +7,7 @@ Owns: running one run per seed: the pair (each server on a test host of its own 
 network namespace, tests/sites.py, or on loopback where namespaces cannot be made), the
 workload (``--publishers`` ``amqha.client.Publisher``s, confirms on, persistent, each
 message with a unique id, and ``--consumers`` acking ``amqha.client.Consumer``s on
-several durable queues), applying the schedule (bench/nemesis_plan.py), healing, the
+four durable queues; a fifth is read only at the end), applying the schedule (bench/nemesis_plan.py), healing, the
 drain and the quarantine read at the end, and one JSON document per run. The verdict is
 bench/nemesis_check.py's. A run whose checker finds a message lost or unexpected (or that
 cannot finish) keeps both servers' logs, event logs and stores in a directory it prints,
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -54,7 +55,10 @@ from tests.pairs import PAIR_SECRET, Pair, poll
 from tests.sites import HEARTBEAT, TIMEOUT, Site
 from tests.support import ROOT, ServerProcess, free_port
 
-QUEUES = tuple(f"nemesis-{n}" for n in range(4))
+# Four queues with consumers, and one that only the drain at the end reads: a backlog at
+# rest in the stores through every fault.
+CONSUMED = tuple(f"nemesis-{n}" for n in range(4))
+QUEUES = (*CONSUMED, "nemesis-backlog")
 STEP = 120.0  # bound on each wait for a process or the pair to move
 
 
@@ -301,7 +305,7 @@ class Workload:
         self.readers = [
             Consumer(
                 self.urls,
-                QUEUES[n % len(QUEUES)],
+                CONSUMED[n % len(CONSUMED)],
                 self._handler(f"consumer {n}"),
                 prefetch=20,
                 setup=declare,
@@ -309,7 +313,9 @@ class Workload:
             )
             for n in range(self.consumers)
         ]
-        await asyncio.gather(*(c.start(STEP) for c in (*self.senders, *self.readers)))
+        await asyncio.gather(
+            *(p.start(STEP) for p in self.senders), *(c.start(STEP) for c in self.readers)
+        )
         self.tasks = [
             asyncio.ensure_future(self._publish(n, p)) for n, p in enumerate(self.senders)
         ]
@@ -339,18 +345,23 @@ class Workload:
             self.history.sent[message_id] = False
             try:
                 future = await publisher.send(
-                    aio_pika.Message(message_id.encode(), message_id=message_id), queue
+                    aio_pika.Message(
+                        message_id.encode(),
+                        message_id=message_id,
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    ),
+                    queue,
                 )
             except Exception:
                 self.history.failed.add(message_id)  # closed while waiting for room
                 return
             future.add_done_callback(
-                lambda f, i=message_id, n=failovers, p=publisher: self._settled(f, i, n, p)
+                functools.partial(self._settled, message_id, failovers, publisher)
             )
             await asyncio.sleep(1 / self.rate)
 
     def _settled(
-        self, future: asyncio.Future[None], message_id: str, failovers: int, publisher: Publisher
+        self, message_id: str, failovers: int, publisher: Publisher, future: asyncio.Future[None]
     ) -> None:
         if future.cancelled() or future.exception() is not None:
             self.history.failed.add(message_id)
@@ -446,6 +457,9 @@ async def run(options: Options) -> dict[str, Any]:
         result.update(await _exercise(cluster, options, faults))
     except Exception as error:
         result["error"] = f"{type(error).__name__}: {error}"
+    except asyncio.CancelledError:
+        say(f"run with seed {options.seed} stopped: its logs and stores are in {workdir}")
+        raise
     finally:
         if cluster is not None:
             with contextlib.suppress(Exception):
@@ -542,7 +556,7 @@ def _figures(
         "dual_active_records": sum(
             1 for s in pair.servers for e in pair.events(s) if e["event"] == "dual_active"
         ),
-        "dual_confirm_s": round(checker.dual_confirm_seconds(*by_server), 3),
+        "dual_confirm_s": round(checker.dual_confirm_seconds(by_server[0], by_server[1]), 3),
         "unavailable_s": round(checker.unavailable_seconds(every, started, faulted), 3),
         "client_failovers": sum(c.failovers for c in (*workload.senders, *workload.readers)),
     }
@@ -564,6 +578,20 @@ def seeds(text: str) -> list[int]:
         else:
             raise argparse.ArgumentTypeError(f"a seed is a whole number or 'random', not {part!r}")
     return out
+
+
+async def stoppable(options: Options) -> dict[str, Any]:
+    """``run``; a SIGTERM or SIGINT (CI's time bound, Ctrl-C) cancels it, so that its
+    processes are stopped and its namespaces removed before the command exits."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        return await run(options)
+    except asyncio.CancelledError:
+        say("stopped by a signal")
+        sys.exit(143)
 
 
 def main() -> None:
@@ -592,9 +620,6 @@ def main() -> None:
     )
     parser.add_argument("--keep-dir", type=Path, help="where failed runs' directories go")
     options = parser.parse_args()
-    # A SIGTERM (CI's time bound) ends the run through its cleanup: processes stopped,
-    # namespaces removed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
@@ -604,7 +629,7 @@ def main() -> None:
     for seed in options.seed:
         say(f"run: seed {seed}, {options.duration:.0f} s of faults")
         result = asyncio.run(
-            run(
+            stoppable(
                 Options(
                     duration=options.duration,
                     seed=seed,
