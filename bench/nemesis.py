@@ -150,18 +150,22 @@ class Cluster:
 
     # -- faults on processes -------------------------------------------------------------
 
-    def witness_pid(self) -> int | None:
+    def witness_process(self) -> subprocess.Popen[bytes] | None:
+        """The witness's process while it runs."""
         process = self.site.witness if self.site is not None else None
         if self.local_witness is not None:
             process = self.local_witness.process
-        return process.pid if process is not None and process.poll() is None else None
+        return process if process is not None and process.poll() is None else None
+
+    def witness_pid(self) -> int | None:
+        process = self.witness_process()
+        return process.pid if process is not None else None
 
     def kill_witness(self) -> None:
-        pid = self.witness_pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        process = self.witness_process()
+        if process is not None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
 
     def restart_witness(self) -> None:
         if self.site is not None:
