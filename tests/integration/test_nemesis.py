@@ -21,10 +21,10 @@ async def test_a_short_fixed_schedule_loses_nothing(tmp_path: Path) -> None:
     assert result["lost"] == 0 and result["unexpected"] == 0, result["samples"]
     assert result["confirmed"] > 1000 and result["delivered"] >= result["confirmed"]
     applied = result["schedule"]
-    assert [(f["kind"], f["server"]) for f in applied] == [
-        ("freeze", "primary"),
-        ("kill", "primary"),
-    ]
+    # The freeze hits the primary; the kill whichever is ACTIVE after it (clients that
+    # notice a silent server vote the backup in during the freeze).
+    assert [f["kind"] for f in applied] == ["freeze", "kill"]
+    assert applied[0]["server"] == "primary" and applied[1]["server"] in ("primary", "backup")
     assert all("healed_at" in f and "error" not in f for f in applied)
     assert result["takeovers"] >= 1  # the kill: the backup takes over, or the restart leads
     assert result["settled"] and result["passed"] and "kept" not in result
