@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench bench-federation compat demo report clean venv soak soak-backlog simulate partitions
+.PHONY: run test unit lint bench bench-federation compat demo report clean venv soak soak-backlog simulate partitions nemesis
 
 venv: $(STAMP)
 
@@ -45,7 +45,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check amqha peering failover spark config tests bench
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
-	$(BIN)/mypy failover/fsm.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation
+	$(BIN)/mypy failover/fsm.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation bench/nemesis_check.py bench/nemesis_plan.py
 
 ## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
 soak: $(STAMP)
@@ -55,6 +55,17 @@ soak: $(STAMP)
 ## moments (while the restarted PASSIVE catches up, within 0.5 s of its in sync, later); JSON.
 soak-backlog: $(STAMP)
 	$(BIN)/python -m bench.soak --kills 100 --backlog 300000
+
+## A seeded fault schedule with a checker (Jepsen's way): 10 publishers and 10 consumers on a
+## pair while kill -9, SIGSTOP/SIGCONT (0.1 s up to a quarter of DURATION, at most 120 s) and
+## partitions (network namespaces: root; skipped, saying why, without) hit both servers for
+## DURATION s; then heal, drain, check. One JSON line per run (lost, duplicated, unexpected,
+## takeovers, dual-active and unavailable seconds, the schedule); SEED=N, random or 1,2,random;
+## WITNESS=1 adds a witness. A failed run keeps its logs and stores and prints where.
+DURATION ?= 600
+SEED ?= random
+nemesis: $(STAMP)
+	$(BIN)/python -m bench.nemesis --duration $(DURATION) --seed $(SEED) $(if $(WITNESS),--witness)
 
 ## The replication protocol's deterministic simulator: SCHEDULES seeded schedules of kill -9,
 ## dropped links and slow or failing disks; JSON with the failing seeds and schedules/s.
