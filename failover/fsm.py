@@ -70,6 +70,18 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   no witness: the peer's own host has answered. The controller feeds the verdict in
   (WITNESS_AGREES / WITNESS_DISAGREES) from fresh answers only, and fences an ACTIVE that
   has lost both its peer and its witnesses (failover/witness.py).
+- The rule after a freeze (PAUSED, docs/failover.md "Freezes"). A server that finds itself
+  frozen past its timeout trusts no silence measured across the freeze: its peer counts as
+  alive for a timeout plus the time the peer's link to us needs to come back after our
+  thaw (`reconnect`: its connect timeout and its longest backoff), and evidence and a
+  witness's verdict from before the freeze are dropped. An ACTIVE is fenced (`thawed`:
+  `Fence`, no client read, no confirm) until (a) a peer state message echoes one we sent
+  after the thaw (`PeerInfo.echo` >= `thaw_seq`): then the table has run on it and we
+  serve if still ACTIVE; (b) PEER_GONE; or (c) a client's vote passes the rules a PASSIVE
+  with a silent peer follows (silence counted from the thaw, the witness agreeing where
+  there is one, not misconfigured): it serves on in its epoch. Hearing its peer in an
+  epoch above its own, in any state and in any message, it has been overtaken: it yields
+  (the peer led after it). A timeout passing alone never lifts the fence.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -107,6 +119,7 @@ class Event(StrEnum):
     PEER_GONE = "PEER_GONE"
     WITNESS_AGREES = "WITNESS_AGREES"
     WITNESS_DISAGREES = "WITNESS_DISAGREES"
+    PAUSED = "PAUSED"  # this process was frozen past its timeout; `now` is the thaw
 
 
 # The event a peer's state message raises: named here, not by coincidence of enum values.
@@ -131,6 +144,9 @@ class PeerInfo:
     epoch: int
     listen: str  # the host:port clients should use to reach the peer
     in_sync: bool = True  # the peer holds everything its ACTIVE confirmed (replication)
+    # The sequence number of our own latest state message (this boot of ours) the peer says
+    # it has heard; 0: none. An echo at or above `Machine.thaw_seq` is news after a thaw.
+    echo: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +178,13 @@ class Machine:
     # majority of the witnesses has not heard the peer for twice the timeout.
     witnessed: bool = False
     witness_agrees: bool = False
+    # The rule after a freeze: how long the peer's link to us may take to come back after
+    # we thaw (its connect timeout and longest backoff; the controller sets it), the thaw
+    # time of the freeze that fences this ACTIVE (None: not fenced; only ever set while
+    # ACTIVE), and the first sequence number of our state messages sent after that thaw.
+    reconnect: float = 0.0
+    thawed: float | None = None
+    thaw_seq: int = 0
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
@@ -175,6 +198,11 @@ class Machine:
     def peer_alive(self, now: float) -> bool:
         """Whether a correctly configured peer has been heard within the last timeout."""
         return self.peer is not None and now < self.peer_expiry
+
+    @property
+    def fenced(self) -> bool:
+        """An ACTIVE thawed from a freeze that has not yet earned serving again."""
+        return self.thawed is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +281,29 @@ class LogMisconfigured:
     reason: str
 
 
-Action = PersistEpoch | SendHandover | RedirectClients | LogDualActive | LogMisconfigured
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Stop serving: hold every client connection's reads, send no confirm (a freeze)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unfence:
+    """Serve again after a freeze: release what was held. `reason`: what allowed it."""
+
+    reason: str
+
+
+Action = (
+    PersistEpoch
+    | SendHandover
+    | RedirectClients
+    | LogDualActive
+    | LogMisconfigured
+    | Fence
+    | Unfence
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,27 +320,81 @@ _ACCEPT = Accept()
 _NO_ACTIVE_KNOWN = Redirect(None)
 
 
-def step(machine: Machine, event: Event, now: float, peer: PeerInfo | None = None) -> Outcome:
+def step(
+    machine: Machine,
+    event: Event,
+    now: float,
+    peer: PeerInfo | None = None,
+    *,
+    thaw_seq: int = 0,
+) -> Outcome:
     """Feed one event to the machine at monotonic time `now`.
 
     Peer events must carry the peer's state message as `peer`, and `event` must be
-    `PEER_EVENT[peer.state]`; other events carry no peer. Cheap enough for every
-    Connection.Open: a dict lookup and one small allocation on the hot path.
+    `PEER_EVENT[peer.state]`; other events carry no peer. PAUSED carries `thaw_seq`, the
+    first sequence number of the state messages we send after the thaw (`now`). Cheap
+    enough for every Connection.Open: a dict lookup and one small allocation on the hot
+    path.
     """
     if peer is None:
         if event in _PEER_EVENTS:
             raise ValueError(f"{event} needs the peer's state message")
-        return TRANSITIONS[(machine.state, event)](machine, event, now)
+        if event is Event.PAUSED:
+            machine = replace(machine, thaw_seq=thaw_seq)
+        return _unfence_if_not_active(TRANSITIONS[(machine.state, event)](machine, event, now))
     if PEER_EVENT[peer.state] != event:
         raise ValueError(f"{event} does not match a peer in state {peer.state}")
     reason = _misconfiguration(machine, peer)
     if reason is not None:
         return _report_misconfiguration(machine, peer, reason)
     heard = replace(
-        machine, peer=peer, peer_expiry=now + machine.timeout, misconfigured=None, peer_gone=False
+        machine,
+        peer=peer,
+        # Never shortened: after a freeze the peer's clock runs from the thaw (PAUSED).
+        peer_expiry=max(machine.peer_expiry, now + machine.timeout),
+        misconfigured=None,
+        peer_gone=False,
     )
-    outcome = TRANSITIONS[(machine.state, event)](heard, event, now)
-    return _adopt_epoch(outcome, peer.epoch)
+    if heard.fenced and peer.epoch > heard.epoch and event is not Event.PEER_ACTIVE:
+        outcome = _overtaken(heard, event, peer)
+    else:
+        outcome = _after_freeze(TRANSITIONS[(machine.state, event)](heard, event, now), peer)
+    return _adopt_epoch(_unfence_if_not_active(outcome), peer.epoch)
+
+
+def _overtaken(machine: Machine, event: Event, peer: PeerInfo) -> Outcome:
+    """A fenced ACTIVE hears its peer in an epoch above its own: the peer led after us,
+    whatever it is now (restarted, say). We yield and never serve what we held."""
+    reason = (
+        f"frozen, then heard the peer {peer.name} {peer.state} in epoch {peer.epoch}, above "
+        f"ours ({machine.epoch}): it led after us; we yield"
+    )
+    return _move(machine, State.PASSIVE, event, reason, actions=(RedirectClients(None),))
+
+
+def _after_freeze(outcome: Outcome, peer: PeerInfo) -> Outcome:
+    """A fenced ACTIVE still ACTIVE after the table ran on a peer message: it serves again
+    if the message echoes one sent after the thaw (news, not a stale message)."""
+    machine = outcome.machine
+    if not machine.fenced or machine.state is not State.ACTIVE:
+        return outcome
+    if peer.echo < max(machine.thaw_seq, 1):
+        return outcome
+    why = f"the peer {peer.name} answered after the thaw: {peer.state} in epoch {peer.epoch}"
+    return replace(
+        outcome,
+        machine=replace(machine, thawed=None),
+        actions=(*outcome.actions, Unfence(why)),
+    )
+
+
+def _unfence_if_not_active(outcome: Outcome) -> Outcome:
+    """Only an ACTIVE is fenced: one that leaves ACTIVE drops the fence (its clients are
+    closed with a redirect, what was held is never confirmed)."""
+    machine = outcome.machine
+    if machine.thawed is None or machine.state is State.ACTIVE:
+        return outcome
+    return replace(outcome, machine=replace(machine, thawed=None))
 
 
 _PEER_EVENTS = frozenset(PEER_EVENT.values())
@@ -461,6 +565,67 @@ _WITNESS_DISAGREES = (
 )
 
 
+FROZEN = (
+    "this server was frozen past its timeout: it serves again once it hears its peer, "
+    "or its peer's process is known gone, or its peer stays silent for a timeout after the "
+    "thaw and a client votes"
+)
+
+
+def _paused(machine: Machine, event: Event, now: float) -> Outcome:
+    """Frozen past the timeout, thawed at `now`: silence across the freeze means nothing.
+    The peer's clock restarts at the thaw, with time for its link to us to come back;
+    evidence and the witness's verdict from before are dropped. An ACTIVE is fenced."""
+    thawed = replace(
+        machine,
+        peer_expiry=max(machine.peer_expiry, now + machine.timeout + machine.reconnect),
+        peer_gone=False,
+        witness_agrees=False,
+    )
+    if machine.state is not State.ACTIVE:
+        return Outcome(thawed)
+    return Outcome(replace(thawed, thawed=now), actions=(Fence(FROZEN),))
+
+
+def _active_client(machine: Machine, event: Event, now: float) -> Outcome:
+    """Serving clients is the ACTIVE server's job; after a freeze, only once the fence is
+    lifted, and a client's vote lifts it under the rules of a PASSIVE whose peer is silent
+    (counted from the thaw)."""
+    if not machine.fenced:
+        return Outcome(machine, decision=_ACCEPT)
+    if now < machine.peer_expiry or machine.misconfigured is not None:
+        decision = _not_serving(machine, now)
+        return Outcome(
+            machine, decision=decision if decision != _NO_ACTIVE_KNOWN else _REFUSE_FROZEN
+        )
+    why = (
+        _PEER_GONE_VOTE
+        if machine.peer_gone
+        else "no peer heard for a timeout since the thaw: client vote"
+    )
+    if machine.witnessed and not machine.peer_gone:
+        if not machine.witness_agrees:
+            return Outcome(machine, decision=Refuse(_WITNESS_DISAGREES))
+        why += ", the witness agrees"
+    return Outcome(replace(machine, thawed=None), decision=_ACCEPT, actions=(Unfence(why),))
+
+
+_REFUSE_FROZEN = Refuse(FROZEN)
+
+
+def _active_peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
+    """The peer's process is gone (evidence gathered after any freeze: the controller
+    drops older reports). A fenced ACTIVE serves again: nothing serves at the peer."""
+    outcome = _peer_gone(machine, event, now)
+    if not machine.fenced:
+        return outcome
+    return replace(
+        outcome,
+        machine=replace(outcome.machine, thawed=None),
+        actions=(Unfence("the peer's process is gone (its link dropped, its port refuses)"),),
+    )
+
+
 def _witness_says(agrees: bool) -> Handler:
     def witness_says(machine: Machine, event: Event, now: float) -> Outcome:
         if machine.witness_agrees == agrees:
@@ -487,11 +652,6 @@ def _peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
 def _backup_never_serves_first(machine: Machine, event: Event, now: float) -> Outcome:
     """A backup that has not seen an ACTIVE primary never serves first."""
     return Outcome(machine, decision=_not_serving(machine, now))
-
-
-def _accept_client(machine: Machine, event: Event, now: float) -> Outcome:
-    """Serving clients is the ACTIVE server's job."""
-    return Outcome(machine, decision=_ACCEPT)
 
 
 def _resolve_dual_active(machine: Machine, event: Event, now: float) -> Outcome:
@@ -525,6 +685,8 @@ def _manual_recover(machine: Machine, event: Event, now: float) -> Outcome:
     peer = machine.peer
     if machine.role is not Role.BACKUP:
         return Outcome(machine, decision=Refuse("the primary is already ACTIVE: nothing to do"))
+    if machine.fenced:
+        return Outcome(machine, decision=_REFUSE_FROZEN)
     if machine.misconfigured is not None:
         return Outcome(machine, decision=Refuse(machine.misconfigured))
     if peer is None or not machine.peer_alive(now):
@@ -648,6 +810,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PRIMARY, Event.PEER_GONE): _peer_gone,
     (State.PRIMARY, Event.WITNESS_AGREES): _witness_says(True),
     (State.PRIMARY, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.PRIMARY, Event.PAUSED): _paused,
     (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
     (State.BACKUP, Event.PEER_PRIMARY): _backup_waits_for_primary,
@@ -661,19 +824,21 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.BACKUP, Event.PEER_GONE): _peer_gone,
     (State.BACKUP, Event.WITNESS_AGREES): _witness_says(True),
     (State.BACKUP, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.BACKUP, Event.PAUSED): _paused,
     (State.BACKUP, Event.FORCE_PROMOTE): _promote,
     # ACTIVE: this server serves clients.
     (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
     (State.ACTIVE, Event.PEER_BACKUP): _stay("the restarted backup follows us"),
     (State.ACTIVE, Event.PEER_ACTIVE): _resolve_dual_active,
     (State.ACTIVE, Event.PEER_PASSIVE): _stay("the peer follows us"),
-    (State.ACTIVE, Event.CLIENT_REQUEST): _accept_client,
+    (State.ACTIVE, Event.CLIENT_REQUEST): _active_client,
     (State.ACTIVE, Event.MANUAL_RECOVER): _manual_recover,
     (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
     (State.ACTIVE, Event.PROMOTE): _refuse(_ALREADY_ACTIVE),
-    (State.ACTIVE, Event.PEER_GONE): _peer_gone,
+    (State.ACTIVE, Event.PEER_GONE): _active_peer_gone,
     (State.ACTIVE, Event.WITNESS_AGREES): _witness_says(True),
     (State.ACTIVE, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.ACTIVE, Event.PAUSED): _paused,
     (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _passive_sees_primary_start,
@@ -687,6 +852,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.PEER_GONE): _peer_gone,
     (State.PASSIVE, Event.WITNESS_AGREES): _witness_says(True),
     (State.PASSIVE, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.PASSIVE, Event.PAUSED): _paused,
     (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
 }
 

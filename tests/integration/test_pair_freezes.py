@@ -1,0 +1,246 @@
+"""Freezes longer than every timeout the pair has (SIGSTOP ... SIGCONT), of the ACTIVE, of
+the PASSIVE and of both in turn, with publishers knocking on both addresses: after the
+thaw's first heartbeat never two servers confirming, no confirmed message lost, none in a
+quarantine file (docs/failover.md, "Freezes"). Real processes, real signals.
+
+The pair runs with short timings so that a freeze of seconds outlasts them all: failover
+heartbeat 0.1 s and timeout 0.4 s, and an AMQP heartbeat of 1 s on the pair's own links
+(``failover.link_heartbeat``): a server closes a link silent for 2 s, and the peering calls
+a link with no frame for 3 x (1 + 1) s stuck. Long freezes (30 s, 120 s) belong to the
+fault schedule, not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiormq
+from pamqp import commands
+
+from amqha.quarantine import read_quarantine
+from tests.durability import PERSISTENT, Ledger, drain
+from tests.pairs import MakePair, Pair, poll
+from tests.support import ServerProcess
+
+LINK_HEARTBEAT = 1
+# Past the peering's stuck verdict (6 s after the last frame, checked every second) and a
+# server's 2 s close of a silent link, with a margin for a loaded machine.
+FREEZE = 7.5
+WINDOW = 10  # publishes in flight per publisher
+
+
+@dataclass
+class Confirms:
+    """Every confirm the publishers received: (monotonic time, server, body)."""
+
+    ledger: Ledger = field(default_factory=Ledger)
+    seen: list[tuple[float, str, bytes]] = field(default_factory=list)
+
+    def by(self, name: str, after: float = 0.0, before: float = float("inf")) -> int:
+        return sum(1 for at, server, _ in self.seen if server == name and after < at < before)
+
+    def switches(self, after: float, before: float = float("inf")) -> int:
+        """How often the confirming server changed between ``after`` and ``before``: two
+        servers confirming in one period interleave, and change many times."""
+        names = [server for at, server, _ in sorted(self.seen) if after < at < before]
+        return sum(1 for a, b in zip(names, names[1:], strict=False) if a != b)
+
+
+async def knock_and_publish(
+    server: ServerProcess, queue: str, confirms: Confirms, stop: asyncio.Event
+) -> None:
+    """Publish persistent messages with confirms to this one address, over and over: a
+    PASSIVE's refusal (a client's vote) and a frozen server's silence are retried."""
+    number = 0
+    for _ in range(100_000):
+        if stop.is_set():
+            return
+        try:
+            connection = await asyncio.wait_for(aiormq.connect(server.url), 2.0)
+        except Exception:
+            await asyncio.sleep(0.05)
+            continue
+        try:
+            channel = await asyncio.wait_for(connection.channel(publisher_confirms=True), 2.0)
+            while not stop.is_set():
+                bodies = [f"{server.name}-{number + i}".encode() for i in range(WINDOW)]
+                number += WINDOW
+                confirms.ledger.sent.update(bodies)
+                results = await asyncio.gather(
+                    *(
+                        asyncio.wait_for(
+                            channel.basic_publish(body, routing_key=queue, properties=PERSISTENT),
+                            3.0,
+                        )
+                        for body in bodies
+                    ),
+                    return_exceptions=True,
+                )
+                now = time.monotonic()
+                failed = False
+                for body, result in zip(bodies, results, strict=True):
+                    if isinstance(result, commands.Basic.Ack):
+                        confirms.ledger.confirmed.add(body)
+                        confirms.seen.append((now, server.name, body))
+                    elif isinstance(result, aiormq.exceptions.DeliveryError):
+                        confirms.ledger.nacked.add(body)
+                    else:
+                        failed = True
+                if failed:
+                    break
+        except Exception:
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 1.0)
+
+
+@contextlib.asynccontextmanager
+async def publishers(pair: Pair, queue: str) -> AsyncIterator[Confirms]:
+    confirms = Confirms()
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(knock_and_publish(server, queue, confirms, stop))
+        for server in pair.servers
+    ]
+    try:
+        yield confirms
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+
+async def frozen_pair(make_pair: MakePair) -> tuple[Pair, str]:
+    pair = make_pair(proxied=False, failover_extra={"link_heartbeat": LINK_HEARTBEAT})
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    queue = f"freeze-{uuid.uuid4().hex[:8]}"
+    connection = await aiormq.connect(pair.primary.url)
+    channel = await connection.channel()
+    await channel.queue_declare(queue, durable=True)
+    await connection.close()
+    return pair, queue
+
+
+async def freeze(
+    server: ServerProcess, seconds: float, during: asyncio.Future | None = None
+) -> float:
+    """SIGSTOP, ``seconds`` (``during`` awaited meanwhile), SIGCONT; the thaw's time."""
+    assert server.process is not None
+    pid = server.process.pid
+    frozen_at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        if during is not None:
+            await asyncio.wait_for(during, seconds)
+        await asyncio.sleep(max(0.0, frozen_at + seconds - time.monotonic()))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return time.monotonic()
+
+
+async def assert_nothing_confirmed_lost(pair: Pair, confirms: Confirms, queue: str) -> None:
+    """Settled: the ACTIVE holds every confirmed message, and no quarantine file holds a
+    confirmed one (what a frozen server held unconfirmed may be set aside)."""
+    active, _ = await pair.settled(timeout=60)
+    remaining = [body for body, _ in await drain(active.url, queue)]
+    lost, invented = confirms.ledger.check(remaining)
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+    assert not invented
+    quarantined = {row[5] for path in pair.quarantine_files() for row in read_quarantine(str(path))}
+    assert not quarantined & confirms.ledger.confirmed, "a confirmed message was quarantined"
+
+
+def paused_gap(pair: Pair, server: ServerProcess) -> float:
+    gaps = [e["gap"] for e in pair.events(server) if e["event"] == "paused"]
+    return gaps[-1] if gaps else 0.0
+
+
+async def test_a_frozen_active_replaced_by_its_backup_never_confirms_after_the_thaw(
+    make_pair: MakePair,
+) -> None:
+    """The zombie: the ACTIVE frozen past the stuck limit, the backup voted in, the thaw.
+    The old ACTIVE must never confirm again and must become PASSIVE."""
+    pair, queue = await frozen_pair(make_pair)
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        takeover = asyncio.ensure_future(
+            poll(lambda: confirms.by("backup") >= 50, FREEZE, "the backup confirming")
+        )
+        thaw = await freeze(pair.primary, FREEZE, takeover)
+        await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+        after = confirms.by("backup", after=thaw)
+        await poll(lambda: confirms.by("backup", after=thaw) >= after + 50, 30, "backup serving")
+        assert confirms.by("primary", after=thaw) == 0, "the old ACTIVE confirmed after the thaw"
+        assert confirms.switches(after=thaw) == 0
+    assert paused_gap(pair, pair.primary) > FREEZE * 0.9
+    assert pair.epoch(pair.backup) > 1
+    await assert_nothing_confirmed_lost(pair, confirms, queue)
+
+
+async def test_a_frozen_passive_is_not_voted_in_on_silence_across_its_freeze(
+    make_pair: MakePair,
+) -> None:
+    """The PASSIVE frozen; the ACTIVE confirms alone meanwhile. At the thaw a client knocks
+    at the PASSIVE at once: its peer's silence was its own freeze, so no vote takes it."""
+    pair, queue = await frozen_pair(make_pair)
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        frozen_at = time.monotonic()
+        # The ACTIVE drops its silent PASSIVE's link and confirms alone during the freeze.
+        alone = asyncio.ensure_future(
+            poll(
+                lambda: confirms.by("primary", after=frozen_at + 3) >= 50,
+                FREEZE,
+                "the primary confirming alone",
+            )
+        )
+        thaw = await freeze(pair.backup, FREEZE, alone)
+        await poll(lambda: confirms.by("primary", after=thaw) >= 50, 30, "the primary serving")
+        await pair.settled(timeout=60)
+        assert confirms.by("backup") == 0, "the frozen PASSIVE confirmed"
+        assert confirms.switches(after=0) == 0
+    assert paused_gap(pair, pair.backup) > FREEZE * 0.9
+    assert pair.states() == ("ACTIVE", "PASSIVE")
+    await assert_nothing_confirmed_lost(pair, confirms, queue)
+
+
+async def test_both_frozen_in_turn_never_confirm_together(make_pair: MakePair) -> None:
+    """The ACTIVE frozen and replaced, then the new ACTIVE frozen and replaced by the old
+    one: after each thaw's first heartbeat one server confirms at a time."""
+    pair, queue = await frozen_pair(make_pair)
+    heartbeat = pair.heartbeat
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        first = asyncio.ensure_future(
+            poll(lambda: confirms.by("backup") >= 50, FREEZE, "the backup confirming")
+        )
+        thaw1 = await freeze(pair.primary, FREEZE, first)
+        await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+        await pair.settled(timeout=60)
+        since = time.monotonic()
+        await poll(lambda: confirms.by("backup", after=since) >= 50, 30, "the backup serving")
+        second_from = time.monotonic()
+        second = asyncio.ensure_future(
+            poll(
+                lambda: confirms.by("primary", after=second_from) >= 50,
+                FREEZE,
+                "the primary confirming again",
+            )
+        )
+        thaw2 = await freeze(pair.backup, FREEZE, second)
+        await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+        await poll(lambda: confirms.by("primary", after=thaw2) >= 50, 30, "the primary serving")
+        assert confirms.by("primary", after=thaw1, before=second_from) == 0
+        assert confirms.by("backup", after=thaw2) == 0
+        assert confirms.switches(after=thaw1 + heartbeat, before=second_from) == 0
+        assert confirms.switches(after=thaw2 + heartbeat) == 0
+    assert pair.epoch(pair.primary) >= 3  # the backup led in 2, the primary again in 3
+    await assert_nothing_confirmed_lost(pair, confirms, queue)
