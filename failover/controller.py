@@ -116,6 +116,7 @@ class FailoverController:
         # A freeze seen by the heartbeat thread and not yet fed to the machine (PAUSED):
         # (gap, first sequence number sent after the thaw). Nothing is confirmed meanwhile.
         self._pause_pending: tuple[float, int] | None = None
+        self._early_pause_tick = 0.0  # the stale tick an early PAUSED was fed for
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0
         user = config.user(config.failover.peer_user)
@@ -405,6 +406,17 @@ class FailoverController:
             self._pause_pending = None
         self.heartbeat.poke()
 
+    def _freeze_not_yet_reported(self, now: float) -> None:
+        """After a thaw this loop may read a client's Connection.Open before the heartbeat
+        thread has ticked and reported the gap: a tick older than the timeout is that
+        freeze, and the machine takes PAUSED now, so no vote counts silence across it. The
+        thread's own report follows and restarts the clocks once more."""
+        tick = self.heartbeat.last_tick
+        if time.monotonic() - tick <= self.timeout or tick == self._early_pause_tick:
+            return
+        self._early_pause_tick = tick
+        self.apply(fsm.step(self.machine, fsm.Event.PAUSED, now, thaw_seq=self.last_seq + 1))
+
     @property
     def fenced(self) -> str | None:
         """Why this server holds its clients' work after a freeze, or None."""
@@ -516,6 +528,7 @@ class FailoverController:
     def admit(self, client: str) -> Accept | Redirect:
         """Connection.Open from a client: the client vote, or a redirect."""
         now = self.loop.time()
+        self._freeze_not_yet_reported(now)
         if self.running:
             self._notice_peer_lost(now)
             self._witness_verdict(now)

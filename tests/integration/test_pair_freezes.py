@@ -244,3 +244,93 @@ async def test_both_frozen_in_turn_never_confirm_together(make_pair: MakePair) -
         assert confirms.switches(after=thaw2 + heartbeat) == 0
     assert pair.epoch(pair.primary) >= 3  # the backup led in 2, the primary again in 3
     await assert_nothing_confirmed_lost(pair, confirms, queue)
+
+
+async def test_a_thawed_active_whose_peer_comes_back_late_stays_fenced_then_yields(
+    make_pair: MakePair,
+) -> None:
+    """The zombie again, with the backup's link to the thawed ACTIVE slow to come back
+    (its connection attempt lost, as when the frozen server's listen backlog overflowed):
+    silent for more than a timeout after the thaw, the old ACTIVE still does not serve,
+    and yields once it hears the backup ACTIVE in a higher epoch."""
+    pair = make_pair(failover_extra={"link_heartbeat": LINK_HEARTBEAT})
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    queue = f"freeze-{uuid.uuid4().hex[:8]}"
+    connection = await aiormq.connect(pair.primary.url)
+    channel = await connection.channel()
+    await channel.queue_declare(queue, durable=True)
+    await connection.close()
+    to_primary = pair.proxies[1]  # how the backup reaches the primary
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        # Cut as it freezes: nothing the backup says once it leads reaches the primary
+        # before the heal (a refused connect is not evidence, and a link that merely
+        # drops does not take the backup out of sync).
+        await asyncio.to_thread(to_primary.cut, "refuse")
+        takeover = asyncio.ensure_future(
+            poll(lambda: confirms.by("backup") >= 50, FREEZE, "the backup confirming")
+        )
+        thaw = await freeze(pair.primary, FREEZE, takeover)
+        # Silent for twice the failover timeout after the thaw, then the link heals.
+        await asyncio.sleep(2 * pair.timeout)
+        await asyncio.to_thread(to_primary.heal)
+        await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+        after = confirms.by("backup", after=thaw)
+        await poll(lambda: confirms.by("backup", after=thaw) >= after + 50, 30, "backup serving")
+        assert confirms.by("primary", after=thaw) == 0, "the old ACTIVE confirmed after the thaw"
+    fences = [e for e in pair.events(pair.primary) if e["event"] == "freeze_fence"]
+    assert fences and fences[0]["fenced"] is True
+    assert not any(e["fenced"] is False for e in fences), "the fence was lifted"
+    await assert_nothing_confirmed_lost(pair, confirms, queue)
+
+
+async def test_a_passive_thawed_into_its_peers_silence_is_not_voted_in(
+    make_pair: MakePair,
+) -> None:
+    """The PASSIVE frozen past the failover timeout (not long enough for any link to be
+    closed: it is still in sync), and its ACTIVE's state cannot reach it for a while after
+    the thaw; clients knock at it from the first instant. The silence it measured was its
+    own freeze: it stays PASSIVE, and the pair never fails over."""
+    pair = make_pair(failover_extra={"link_heartbeat": LINK_HEARTBEAT})
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    to_backup = pair.proxies[0]  # how the primary's state reaches the backup
+    votes: list[str] = []
+
+    async def knock(until: float) -> None:
+        for _ in range(10_000):
+            if time.monotonic() >= until:
+                return
+            try:
+                connection = await asyncio.wait_for(aiormq.connect(pair.backup.url), 2.0)
+            except Exception as error:
+                votes.append(type(error).__name__)
+            else:
+                votes.append("open")
+                with contextlib.suppress(Exception):
+                    await connection.close()
+            await asyncio.sleep(0.01)
+
+    assert pair.backup.process is not None
+    pid = pair.backup.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(3 * pair.timeout)
+        await asyncio.to_thread(to_backup.cut, "refuse")
+        # Connections queued while it is frozen: their Open is read the moment it thaws.
+        knocking = asyncio.ensure_future(knock(time.monotonic() + 2 * pair.timeout + 2.0))
+        await asyncio.sleep(0.3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await asyncio.sleep(2 * pair.timeout)
+    await asyncio.to_thread(to_backup.heal)
+    await knocking
+    await pair.settled(timeout=30)
+    assert "open" not in votes
+    assert votes, "no client knocked"
+    assert not [
+        e for e in pair.events(pair.backup) if e["event"] == "transition" and e["to"] == "ACTIVE"
+    ]
+    assert pair.states() == ("ACTIVE", "PASSIVE")
+    assert paused_gap(pair, pair.backup) > 3 * pair.timeout
