@@ -56,11 +56,14 @@ soak: $(STAMP)
 soak-backlog: $(STAMP)
 	$(BIN)/python -m bench.soak --kills 100 --backlog 300000
 
-## The replication protocol's deterministic simulator: SCHEDULES seeded schedules of kill -9,
-## dropped links and slow or failing disks; JSON with the failing seeds and schedules/s.
+## The deterministic simulators: SCHEDULES seeded schedules of the replication protocol (kill
+## -9, dropped links, slow or failing disks), then FREEZE_SCHEDULES of failover under freezes
+## (the rule after a freeze, kills, link resets); JSON with the failing seeds and schedules/s.
 SCHEDULES ?= 100000
+FREEZE_SCHEDULES ?= 20000
 simulate: $(STAMP)
 	$(BIN)/python -m tests.sim --schedules $(SCHEDULES) --jobs 2
+	$(BIN)/python -m tests.sim --freezes --schedules $(FREEZE_SCHEDULES) --jobs 2
 
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)

@@ -116,7 +116,9 @@ class FailoverController:
         # A freeze seen by the heartbeat thread and not yet fed to the machine (PAUSED):
         # (gap, first sequence number sent after the thaw). Nothing is confirmed meanwhile.
         self._pause_pending: tuple[float, int] | None = None
-        self._early_pause_tick = 0.0  # the stale tick an early PAUSED was fed for
+        # The freeze an early PAUSED was fed for (a client's Open before the report).
+        self._early_pause_tick = 0.0
+        self._early_pause: tuple[float, int] | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0
         user = config.user(config.failover.peer_user)
@@ -320,7 +322,7 @@ class FailoverController:
         """From the peering link: it dropped and the peer's port refuses connections, so no
         process serves there (docs/failover.md, "Evidence"). Evidence gathered before a
         freeze (``pauses``: the heartbeat's count of freezes then) says nothing of now."""
-        if not self.running or pauses != self.heartbeat.pauses:
+        if not self.running or pauses != self.heartbeat.pauses or self._freeze_unreported():
             return
         now = self.loop.time()
         self.apply(fsm.step(self.machine, fsm.Event.PEER_GONE, now))
@@ -407,15 +409,31 @@ class FailoverController:
         self.heartbeat.poke()
 
     def _freeze_not_yet_reported(self, now: float) -> None:
-        """After a thaw this loop may read a client's Connection.Open before the heartbeat
-        thread has ticked and reported the gap: a tick older than the timeout is that
-        freeze, and the machine takes PAUSED now, so no vote counts silence across it. The
-        thread's own report follows and restarts the clocks once more."""
-        tick = self.heartbeat.last_tick
-        if time.monotonic() - tick <= self.timeout or tick == self._early_pause_tick:
+        """After a thaw this loop may read a client's Connection.Open before the machine
+        has taken the freeze: the heartbeat thread has seen the gap and its report is
+        still queued here, or it has not even ticked yet (a tick older than the timeout).
+        Either way the machine takes PAUSED now, so no vote counts silence across the
+        freeze; the thread's own report follows and restarts the clocks once more."""
+        pending = self._pause_pending
+        if pending is not None:
+            if pending == self._early_pause:
+                return
+            self._early_pause = pending
+            thaw_seq = pending[1]
+        elif self._freeze_unreported():
+            tick = self.heartbeat.last_tick
+            if tick == self._early_pause_tick:
+                return
+            self._early_pause_tick = tick
+            thaw_seq = self.last_seq + 1
+        else:
             return
-        self._early_pause_tick = tick
-        self.apply(fsm.step(self.machine, fsm.Event.PAUSED, now, thaw_seq=self.last_seq + 1))
+        self.apply(fsm.step(self.machine, fsm.Event.PAUSED, now, thaw_seq=thaw_seq))
+
+    def _freeze_unreported(self) -> bool:
+        """The heartbeat thread has not ticked for longer than the timeout: the process
+        was frozen and this loop runs before the thread has reported it."""
+        return time.monotonic() - self.heartbeat.last_tick > self.timeout
 
     @property
     def fenced(self) -> str | None:

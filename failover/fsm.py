@@ -26,7 +26,10 @@ Decisions where the pair's outline (docs/failover.md) is silent:
 - Epoch adoption (Raft's term rule). On every correctly configured peer message the machine
   takes `epoch = max(own, peer's)`, after the table has run, and persists it when it grows. So
   a server that restarts never serves in an epoch below one it has seen, as §3 requires, even
-  one it only heard of. Dual active compares the raw epochs before adoption.
+  one it only heard of. Dual active compares the raw epochs before adoption. An ACTIVE that
+  stays ACTIVE and hears a higher epoch (the peer led meanwhile: it took over while we were
+  frozen or cut off, then restarted) takes the first epoch of its own above it instead: it
+  never serves in an epoch its peer served in.
 - Disjoint epochs. The primary leads only in odd epochs, the backup only in even ones
   (`next_epoch`). Adoption alone cannot keep them apart: with both servers down, a
   restarted primary may lead by client vote before it hears its peer, and with consecutive
@@ -419,12 +422,16 @@ def _report_misconfiguration(machine: Machine, peer: PeerInfo, reason: str) -> O
 
 
 def _adopt_epoch(outcome: Outcome, peer_epoch: int) -> Outcome:
-    if peer_epoch <= outcome.machine.epoch:
+    machine = outcome.machine
+    if peer_epoch <= machine.epoch:
         return outcome
+    # An ACTIVE that stays ACTIVE hearing a higher epoch (its peer led meanwhile, then
+    # restarted or yielded) serves on in a new epoch above it, never in the peer's.
+    epoch = next_epoch(machine.role, peer_epoch) if machine.state is State.ACTIVE else peer_epoch
     return replace(
         outcome,
-        machine=replace(outcome.machine, epoch=peer_epoch),
-        actions=(*outcome.actions, PersistEpoch(peer_epoch)),
+        machine=replace(machine, epoch=epoch),
+        actions=(*outcome.actions, PersistEpoch(epoch)),
     )
 
 

@@ -18,7 +18,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import aiormq
@@ -130,14 +130,20 @@ async def frozen_pair(make_pair: MakePair) -> tuple[Pair, str]:
 
 
 async def freeze(
-    server: ServerProcess, seconds: float, during: asyncio.Future | None = None
+    server: ServerProcess,
+    seconds: float,
+    during: asyncio.Future | None = None,
+    once_stopped: Callable[[], None] | None = None,
 ) -> float:
-    """SIGSTOP, ``seconds`` (``during`` awaited meanwhile), SIGCONT; the thaw's time."""
+    """SIGSTOP, ``once_stopped()``, ``seconds`` (``during`` awaited meanwhile), SIGCONT;
+    the thaw's time."""
     assert server.process is not None
     pid = server.process.pid
     frozen_at = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     try:
+        if once_stopped is not None:
+            await asyncio.to_thread(once_stopped)
         if during is not None:
             await asyncio.wait_for(during, seconds)
         await asyncio.sleep(max(0.0, frozen_at + seconds - time.monotonic()))
@@ -163,38 +169,51 @@ def paused_gap(pair: Pair, server: ServerProcess) -> float:
     return gaps[-1] if gaps else 0.0
 
 
-async def test_a_frozen_active_replaced_by_its_backup_never_confirms_after_the_thaw(
+async def test_the_active_the_new_active_then_the_passive_frozen_never_two_confirming(
     make_pair: MakePair,
 ) -> None:
-    """The zombie: the ACTIVE frozen past the stuck limit, the backup voted in, the thaw.
-    The old ACTIVE must never confirm again and must become PASSIVE."""
+    """Three freezes past every timeout, publishers knocking at both addresses throughout.
+    1. The zombie: the ACTIVE primary frozen past the stuck limit, the backup voted in, the
+       thaw: the old ACTIVE never confirms again and becomes PASSIVE.
+    2. The other in turn: the backup, ACTIVE now, frozen; the primary voted in; the same.
+    3. The PASSIVE (the backup) frozen while its ACTIVE confirms alone: at the thaw no
+       vote takes it on silence measured across its freeze; it never confirms."""
     pair, queue = await frozen_pair(make_pair)
+    primary, backup = pair.primary, pair.backup
     async with publishers(pair, queue) as confirms:
         await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
-        takeover = asyncio.ensure_future(
-            poll(lambda: confirms.by("backup") >= 50, FREEZE, "the backup confirming")
-        )
-        thaw = await freeze(pair.primary, FREEZE, takeover)
-        await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
-        after = confirms.by("backup", after=thaw)
-        await poll(lambda: confirms.by("backup", after=thaw) >= after + 50, 30, "backup serving")
-        assert confirms.by("primary", after=thaw) == 0, "the old ACTIVE confirmed after the thaw"
-        assert confirms.switches(after=thaw) == 0
-    assert paused_gap(pair, pair.primary) > FREEZE * 0.9
-    assert pair.epoch(pair.backup) > 1
-    await assert_nothing_confirmed_lost(pair, confirms, queue)
 
+        async def frozen_active_replaced(frozen: ServerProcess, other: ServerProcess) -> float:
+            since = time.monotonic()
+            takeover = asyncio.ensure_future(
+                poll(
+                    lambda: confirms.by(other.name, after=since) >= 50,
+                    FREEZE,
+                    f"{other.name} confirming",
+                )
+            )
+            thaw = await freeze(frozen, FREEZE, takeover)
+            await poll(lambda: pair.state(frozen) == "PASSIVE", 30, f"{frozen.name} PASSIVE")
+            await pair.settled(timeout=60)
+            serving = confirms.by(other.name, after=thaw)
+            await poll(
+                lambda: confirms.by(other.name, after=thaw) >= serving + 50,
+                30,
+                f"{other.name} serving after the thaw",
+            )
+            assert confirms.by(frozen.name, after=thaw) == 0, (
+                f"{frozen.name}, frozen ACTIVE, confirmed after the thaw"
+            )
+            assert confirms.switches(after=thaw + pair.heartbeat) == 0
+            assert paused_gap(pair, frozen) > FREEZE * 0.9
+            return thaw
 
-async def test_a_frozen_passive_is_not_voted_in_on_silence_across_its_freeze(
-    make_pair: MakePair,
-) -> None:
-    """The PASSIVE frozen; the ACTIVE confirms alone meanwhile. At the thaw a client knocks
-    at the PASSIVE at once: its peer's silence was its own freeze, so no vote takes it."""
-    pair, queue = await frozen_pair(make_pair)
-    async with publishers(pair, queue) as confirms:
-        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        await frozen_active_replaced(primary, backup)
+        assert pair.epoch(backup) == 2
+        await frozen_active_replaced(backup, primary)
+        assert pair.epoch(primary) == 3
+
         frozen_at = time.monotonic()
-        # The ACTIVE drops its silent PASSIVE's link and confirms alone during the freeze.
         alone = asyncio.ensure_future(
             poll(
                 lambda: confirms.by("primary", after=frozen_at + 3) >= 50,
@@ -202,47 +221,12 @@ async def test_a_frozen_passive_is_not_voted_in_on_silence_across_its_freeze(
                 "the primary confirming alone",
             )
         )
-        thaw = await freeze(pair.backup, FREEZE, alone)
+        thaw = await freeze(backup, FREEZE, alone)
         await poll(lambda: confirms.by("primary", after=thaw) >= 50, 30, "the primary serving")
         await pair.settled(timeout=60)
-        assert confirms.by("backup") == 0, "the frozen PASSIVE confirmed"
-        assert confirms.switches(after=0) == 0
-    assert paused_gap(pair, pair.backup) > FREEZE * 0.9
-    assert pair.states() == ("ACTIVE", "PASSIVE")
-    await assert_nothing_confirmed_lost(pair, confirms, queue)
-
-
-async def test_both_frozen_in_turn_never_confirm_together(make_pair: MakePair) -> None:
-    """The ACTIVE frozen and replaced, then the new ACTIVE frozen and replaced by the old
-    one: after each thaw's first heartbeat one server confirms at a time."""
-    pair, queue = await frozen_pair(make_pair)
-    heartbeat = pair.heartbeat
-    async with publishers(pair, queue) as confirms:
-        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
-        first = asyncio.ensure_future(
-            poll(lambda: confirms.by("backup") >= 50, FREEZE, "the backup confirming")
-        )
-        thaw1 = await freeze(pair.primary, FREEZE, first)
-        await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
-        await pair.settled(timeout=60)
-        since = time.monotonic()
-        await poll(lambda: confirms.by("backup", after=since) >= 50, 30, "the backup serving")
-        second_from = time.monotonic()
-        second = asyncio.ensure_future(
-            poll(
-                lambda: confirms.by("primary", after=second_from) >= 50,
-                FREEZE,
-                "the primary confirming again",
-            )
-        )
-        thaw2 = await freeze(pair.backup, FREEZE, second)
-        await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-        await poll(lambda: confirms.by("primary", after=thaw2) >= 50, 30, "the primary serving")
-        assert confirms.by("primary", after=thaw1, before=second_from) == 0
-        assert confirms.by("backup", after=thaw2) == 0
-        assert confirms.switches(after=thaw1 + heartbeat, before=second_from) == 0
-        assert confirms.switches(after=thaw2 + heartbeat) == 0
-    assert pair.epoch(pair.primary) >= 3  # the backup led in 2, the primary again in 3
+        assert confirms.by("backup", after=frozen_at) == 0, "the frozen PASSIVE confirmed"
+        assert confirms.switches(after=frozen_at) == 0
+        assert pair.states() == ("ACTIVE", "PASSIVE") and pair.epoch(primary) == 3
     await assert_nothing_confirmed_lost(pair, confirms, queue)
 
 
@@ -264,14 +248,14 @@ async def test_a_thawed_active_whose_peer_comes_back_late_stays_fenced_then_yiel
     to_primary = pair.proxies[1]  # how the backup reaches the primary
     async with publishers(pair, queue) as confirms:
         await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
-        # Cut as it freezes: nothing the backup says once it leads reaches the primary
+        # Cut once it is frozen (not before: the ACTIVE would confirm alone what its
+        # backup never gets): nothing the backup says once it leads reaches the primary
         # before the heal (a refused connect is not evidence, and a link that merely
         # drops does not take the backup out of sync).
-        await asyncio.to_thread(to_primary.cut, "refuse")
         takeover = asyncio.ensure_future(
             poll(lambda: confirms.by("backup") >= 50, FREEZE, "the backup confirming")
         )
-        thaw = await freeze(pair.primary, FREEZE, takeover)
+        thaw = await freeze(pair.primary, FREEZE, takeover, lambda: to_primary.cut("refuse"))
         # Silent for twice the failover timeout after the thaw, then the link heals.
         await asyncio.sleep(2 * pair.timeout)
         await asyncio.to_thread(to_primary.heal)
