@@ -42,6 +42,8 @@ import click
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
+from failover.dual import dual_active
+
 from .core.message import Message
 from .core.vhost import CONSOLE_EXCHANGE
 from .federation.agent import Refused
@@ -754,8 +756,9 @@ def health(results: list[tuple[Server, Any]]) -> tuple[str, str]:
             ], f"{server.where} does not answer: {status['error']['message']}"
     statuses = [status for _, status in results]
     active = [s for s in statuses if s.get("state") == "ACTIVE"]
-    if len(active) > 1:
-        return "split", "two servers are ACTIVE (dual active: resolved when their link heals)"
+    split = dual_active(statuses)  # both servers named, and what resolves it
+    if split is not None:
+        return "split", split
     if not active:
         peer_active = [
             s

@@ -16,6 +16,7 @@ from failover.fsm import (
     Machine,
     Outcome,
     PeerInfo,
+    PersistEpoch,
     Redirect,
     RedirectClients,
     Refuse,
@@ -173,3 +174,15 @@ def test_recover_is_refused_while_fenced_and_a_second_freeze_fences_again() -> N
     # An echo of a message sent after the first thaw but before the second is stale now.
     old = hear(again.machine, peer(Role.PRIMARY, State.PASSIVE, 2, echo=THAW_SEQ), THAW + 30.1)
     assert old.machine.fenced
+
+
+def test_an_active_hearing_a_higher_epoch_serves_on_in_one_of_its_own_above_it() -> None:
+    # Not fenced (it resumed on the peer's death, say); the peer led in epoch 2 meanwhile
+    # and comes back BACKUP: we never serve in epoch 2, the peer's, but in 3.
+    machine = step(fenced(epoch=1), Event.PEER_GONE, THAW + 0.1).machine
+    outcome = hear(machine, peer(Role.BACKUP, State.BACKUP, 2, echo=THAW_SEQ), THAW + 5.0)
+    assert outcome.machine.state is State.ACTIVE and outcome.machine.epoch == 3
+    assert outcome.actions[-1] == PersistEpoch(3)
+    # A PASSIVE adopts the peer's epoch as it is.
+    passive = replace(machine, state=State.PASSIVE)
+    assert hear(passive, peer(Role.BACKUP, State.ACTIVE, 4), THAW + 5.0).machine.epoch == 4
