@@ -42,10 +42,9 @@ import click
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
-from failover.dual import dual_active
-
 from .core.message import Message
 from .core.vhost import CONSOLE_EXCHANGE
+from .dual import dual_active
 from .federation.agent import Refused
 from .gate import ConsoleRefused
 from .logtext import escaped

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from failover.dual import dual_active
+from ..dual import dual_active
 
 # What the API says it is: RabbitMQ's management API as of this version, for the tools
 # that read it (a field they need that amqha lacks is left out, never invented).

@@ -1,4 +1,4 @@
-"""A dual active in words (failover/dual.py), as `amqha console status` and the management
+"""A dual active in words (amqha/dual.py), as `amqha console status` and the management
 page say it: both servers named with their epochs, whether each serves, and what will
 resolve it, from both servers' own answers."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from amqha.console import Server, health
+from amqha.dual import dual_active
 from amqha.management.shapes import nodes_shape
-from failover.dual import dual_active
 
 
 def status(
