@@ -45,7 +45,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check amqha peering failover spark config tests bench
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
-	$(BIN)/mypy failover/fsm.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation
+	$(BIN)/mypy failover/fsm.py failover/values.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation
 
 ## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
 soak: $(STAMP)

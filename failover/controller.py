@@ -4,8 +4,8 @@ Owns: feeding the machine (signed, validated state messages from the peer, every
 Connection.Open through the broker's gate, the console's recover / promote / controller
 commands), carrying out its actions in order (persist the epoch before serving, and never
 serve if that fails; send the handover; close clients and administrators with a redirect;
-log), the fence after a freeze (the machine decides it on PAUSED; here the work is held
-and released), noticing the peer go quiet, and writing the failover event log
+log), the fence after a freeze (the machine decides it on PAUSED; ``freeze_rule`` notices
+the freeze, holds the work and releases it), noticing the peer go quiet, and writing the failover event log
 (docs/failover.md). It implements the broker's ``gate.Pair``.
 
 The heartbeat (state out, every heartbeat) runs on a thread of its own (``heartbeat``);
@@ -40,6 +40,7 @@ from peering import Peering
 from . import fsm, peer_message
 from .epoch import load_epoch, store_epoch
 from .events import EventLog, RecordThrottle
+from .freeze_rule import FreezeRule
 from .heartbeat import Heartbeat
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
 from .witness import Answer, WitnessView
@@ -62,7 +63,7 @@ WITNESS_VOTE_HEARTBEATS = 2.5
 WITNESS_SILENT_TIMEOUTS = 2.0
 
 
-class FailoverController:
+class FailoverController(FreezeRule):
     def __init__(self, broker: Member, config: ServerConfig) -> None:
         assert config.failover.role is not None and config.failover.peer is not None
         self.broker = broker
@@ -113,12 +114,7 @@ class FailoverController:
         # Client attempts sent elsewhere, and refused with no server to name (metrics).
         self.redirects = 0
         self.refusals = 0
-        # A freeze seen by the heartbeat thread and not yet fed to the machine (PAUSED):
-        # (gap, first sequence number sent after the thaw). Nothing is confirmed meanwhile.
-        self._pause_pending: tuple[float, int] | None = None
-        # The freeze an early PAUSED was fed for (a client's Open before the report).
-        self._early_pause_tick = 0.0
-        self._early_pause: tuple[float, int] | None = None
+        self.init_freeze_rule()
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0
         user = config.user(config.failover.peer_user)
@@ -390,68 +386,6 @@ class FailoverController:
             log.warning("serving again: the peer or the witness answers")
         self._write("witness_fence", fenced=fenced, reason=reason)
 
-    # -- the fence after a freeze --------------------------------------------------------
-
-    def _fence(self, gap: float) -> None:
-        """On the heartbeat thread, the moment it sees the gap: attribute writes only. No
-        confirm goes out from here until the machine has taken PAUSED (``_on_pause``)."""
-        # Anything we send from now on was sent after waking; an answer that echoes it is news.
-        self._pause_pending = (gap, self.last_seq + 1)
-
-    def _on_pause(self, gap: float) -> None:
-        log.warning("this process was frozen for %.2f s (no heartbeat tick)", gap)
-        self._write("paused", gap=round(gap, 3))
-        pending = self._pause_pending
-        thaw_seq = pending[1] if pending is not None else self.last_seq + 1
-        self.apply(fsm.step(self.machine, fsm.Event.PAUSED, self.loop.time(), thaw_seq=thaw_seq))
-        if self._pause_pending is pending:
-            self._pause_pending = None
-        self.heartbeat.poke()
-
-    def _freeze_not_yet_reported(self, now: float) -> None:
-        """After a thaw this loop may read a client's Connection.Open before the machine
-        has taken the freeze: the heartbeat thread has seen the gap and its report is
-        still queued here, or it has not even ticked yet (a tick older than the timeout).
-        Either way the machine takes PAUSED now, so no vote counts silence across the
-        freeze; the thread's own report follows and restarts the clocks once more."""
-        pending = self._pause_pending
-        if pending is not None:
-            if pending == self._early_pause:
-                return
-            self._early_pause = pending
-            thaw_seq = pending[1]
-        elif self._freeze_unreported():
-            tick = self.heartbeat.last_tick
-            if tick == self._early_pause_tick:
-                return
-            self._early_pause_tick = tick
-            thaw_seq = self.last_seq + 1
-        else:
-            return
-        self.apply(fsm.step(self.machine, fsm.Event.PAUSED, now, thaw_seq=thaw_seq))
-
-    def _freeze_unreported(self) -> bool:
-        """The heartbeat thread has not ticked for longer than the timeout: the process
-        was frozen and this loop runs before the thread has reported it."""
-        return time.monotonic() - self.heartbeat.last_tick > self.timeout
-
-    @property
-    def fenced(self) -> str | None:
-        """Why this server holds its clients' work after a freeze, or None."""
-        if self.machine.fenced or self._pause_pending is not None:
-            return fsm.FROZEN
-        return None
-
-    def _hold(self, action: fsm.Fence) -> None:
-        log.warning("not serving after the freeze: %s", action.reason)
-        self._write("freeze_fence", fenced=True, reason=action.reason)
-        self.broker.hold_all()
-
-    def _release(self, action: fsm.Unfence) -> None:
-        log.warning("serving again after the freeze: %s", escaped(action.reason))
-        self._write("freeze_fence", fenced=False, reason=action.reason)
-        self.broker.release_held()
-
     # -- events in ----------------------------------------------------------------------
 
     def on_peer_message(self, message: Message, connection: Any) -> None:
@@ -585,7 +519,7 @@ class FailoverController:
         # the two threads lets a confirm through between them.
         if time.monotonic() - self.heartbeat.last_tick > self.timeout:
             return False
-        if self._pause_pending is not None:
+        if self.freeze_report_pending():
             return False
         machine = self.machine
         if machine.state is not fsm.State.ACTIVE or machine.fenced:
@@ -778,6 +712,8 @@ class FailoverController:
             trigger=transition.trigger.value,
             reason=transition.reason,
         )
+        if transition.from_state is fsm.State.ACTIVE:
+            self._freeze_held = False  # a fenced ACTIVE that yields is held no more
         # Tell the peer at once rather than at the next heartbeat: the pair settles faster.
         self.heartbeat.poke()
 
