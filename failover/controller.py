@@ -292,6 +292,8 @@ class FailoverController(FreezeRule):
             )
             self._witness_verdict(self.loop.time())
             self._notice_witness_fence(self.loop.time())
+        if self.running:
+            self._ask_held_clients_to_vote(self.loop.time())
 
     def _notice_peer_lost(self, now: float) -> None:
         """Record the loss once, when first noticed: at a tick, at a client vote or on

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from amqha.gate import not_active_text
 from amqha.logtext import escaped
 
 from . import fsm
@@ -49,6 +50,7 @@ class FreezeRule:
         self._early_pause_tick = 0.0
         self._early_pause: tuple[float, int] | None = None
         self._freeze_held = False  # a freeze_fence record says this ACTIVE is held
+        self._asked_to_vote = False  # its held clients were closed to vote (once a freeze)
 
     def freeze_report_pending(self) -> bool:
         return self._pause_pending is not None
@@ -105,6 +107,7 @@ class FreezeRule:
 
     def _hold(self, action: fsm.Fence) -> None:
         self.broker.hold_all()
+        self._asked_to_vote = False
         if not self._freeze_held:  # one record per freeze, however often it is reported
             self._freeze_held = True
             log.warning("not serving after the freeze: %s", action.reason)
@@ -115,3 +118,28 @@ class FreezeRule:
         log.warning("serving again after the freeze: %s", escaped(action.reason))
         self._write("freeze_fence", fenced=False, reason=action.reason)
         self.broker.release_held()
+
+    def _ask_held_clients_to_vote(self, now: float) -> None:
+        """A fenced ACTIVE whose peer stayed silent for the grace after the thaw serves
+        again only by a client's vote, and a client held on its connection never votes:
+        its connections are closed once, so that it reconnects and its Open is the vote
+        (what it had in flight was never confirmed; it sends it again)."""
+        machine = self.machine
+        if not machine.fenced or machine.peer_alive(now) or self._asked_to_vote:
+            return
+        self._asked_to_vote = True
+        clients = self.broker.client_connections()
+        text = not_active_text(None, FROZEN_SILENT_PEER)
+        for connection in clients:
+            connection.close_forced(text)
+        log.warning(
+            "the peer stayed silent after the freeze: closed %d held client connection(s) so "
+            "that they reconnect and vote",
+            len(clients),
+        )
+
+
+FROZEN_SILENT_PEER = (
+    "this server was frozen and its peer is silent since: reconnect, and the connection "
+    "votes it back"
+)

@@ -318,3 +318,59 @@ async def test_a_passive_thawed_into_its_peers_silence_is_not_voted_in(
     ]
     assert pair.states() == ("ACTIVE", "PASSIVE")
     assert paused_gap(pair, pair.backup) > 3 * pair.timeout
+
+
+async def test_both_frozen_the_active_thawed_alone_serves_again_by_a_clients_vote(
+    make_pair: MakePair,
+) -> None:
+    """The PASSIVE frozen, then the ACTIVE, and the ACTIVE thawed while its peer stays
+    frozen (silent, its port still accepting: no evidence). The ACTIVE never serves again
+    because time passed: once its peer has been silent for the grace after the thaw it
+    closes the clients it holds, and the first to reconnect votes it back. The PASSIVE,
+    thawed last, stays PASSIVE."""
+    pair, queue = await frozen_pair(make_pair)
+    primary, backup = pair.primary, pair.backup
+    assert primary.process is not None and backup.process is not None
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        os.kill(backup.process.pid, signal.SIGSTOP)
+        try:
+            since = time.monotonic()
+            # The ACTIVE drops its silent PASSIVE's link and confirms alone, then freezes.
+            await poll(
+                lambda: confirms.by("primary", after=since + 3) >= 20, 30, "confirming alone"
+            )
+            # A client that waits on its connection as long as it takes (no timeout of its
+            # own): held by the fence, it is closed so that it reconnects and votes.
+            patient = await aiormq.connect(primary.url)
+            channel = await patient.channel()
+            await channel.confirm_delivery()
+            confirms.ledger.sent.add(b"patient")
+            waiting = asyncio.ensure_future(
+                channel.basic_publish(b"patient", routing_key=queue, properties=PERSISTENT)
+            )
+            thaw = await freeze(primary, 3 * pair.timeout + 1.0)
+            with contextlib.suppress(Exception):
+                if isinstance(await asyncio.wait_for(waiting, 30), commands.Basic.Ack):
+                    confirms.ledger.confirmed.add(b"patient")
+            await poll(lambda: patient.is_closed, 30, "the held client closed")
+            assert "votes it back" in str(patient.closing.exception())
+            await poll(
+                lambda: any(
+                    e["event"] == "freeze_fence" and e["fenced"] is False
+                    for e in pair.events(primary)
+                ),
+                30,
+                "the primary serving again",
+            )
+            await poll(lambda: confirms.by("primary", after=thaw) >= 50, 30, "confirms again")
+        finally:
+            os.kill(backup.process.pid, signal.SIGCONT)
+        await pair.settled(timeout=60)
+        assert confirms.by("backup") == 0
+    fences = [e for e in pair.events(primary) if e["event"] == "freeze_fence"]
+    assert [e["fenced"] for e in fences] == [True, False]
+    assert "client vote" in fences[-1]["reason"]
+    assert pair.states() == ("ACTIVE", "PASSIVE") and pair.epoch(primary) == 1
+    assert pair.log_lines(primary, "so that they reconnect and vote")
+    await assert_nothing_confirmed_lost(pair, confirms, queue)
