@@ -83,7 +83,8 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   after the thaw (`PeerInfo.echo` >= `thaw_seq`): then the table has run on it and we
   serve if still ACTIVE; (b) PEER_GONE; or (c) a client's vote passes the rules a PASSIVE
   with a silent peer follows (silence counted from the thaw, the witness agreeing where
-  there is one, not misconfigured): it serves on in its epoch. Hearing its peer in an
+  there is one, not misconfigured): it serves on in its epoch. With a witness, (b) is a
+  lost peer like any other: the vote decides, with the witness. Hearing its peer in an
   epoch above its own, in any state and in any message, it has been overtaken: it yields
   (the peer led after it). A timeout passing alone never lifts the fence.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
@@ -444,7 +445,9 @@ def _active_client(machine: Machine, event: Event, now: float) -> Outcome:
         if machine.peer_gone
         else "no peer heard for a timeout since the thaw: client vote"
     )
-    if machine.witnessed and not machine.peer_gone:
+    # With a witness, evidence of death does not skip it (a firewall answering with resets
+    # looks like a dead process from here while the witness still hears the peer serving).
+    if machine.witnessed:
         if not machine.witness_agrees:
             return Outcome(machine, decision=Refuse(_WITNESS_DISAGREES))
         why += ", the witness agrees"
@@ -458,7 +461,7 @@ def _active_peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
     """The peer's process is gone (evidence gathered after any freeze: the controller
     drops older reports). A fenced ACTIVE serves again: nothing serves at the peer."""
     outcome = _peer_gone(machine, event, now)
-    if not machine.fenced:
+    if not machine.fenced or machine.witnessed:  # with a witness, a client's vote decides
         return outcome
     return replace(
         outcome,

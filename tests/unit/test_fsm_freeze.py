@@ -186,3 +186,13 @@ def test_an_active_hearing_a_higher_epoch_serves_on_in_one_of_its_own_above_it()
     # A PASSIVE adopts the peer's epoch as it is.
     passive = replace(machine, state=State.PASSIVE)
     assert hear(passive, peer(Role.BACKUP, State.ACTIVE, 4), THAW + 5.0).machine.epoch == 4
+
+
+def test_with_a_witness_evidence_alone_does_not_lift_the_fence() -> None:
+    machine = fenced(witnessed=True)
+    gone = step(machine, Event.PEER_GONE, THAW + 0.2)
+    assert gone.machine.fenced and gone.machine.peer_gone and gone.actions == ()
+    refused = step(gone.machine, Event.CLIENT_REQUEST, THAW + 0.2)
+    assert isinstance(refused.decision, Refuse) and "witness" in refused.decision.reason
+    agrees = step(gone.machine, Event.WITNESS_AGREES, THAW + 0.3).machine
+    assert step(agrees, Event.CLIENT_REQUEST, THAW + 0.3).decision == Accept()
