@@ -45,7 +45,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check amqha peering failover spark config tests bench
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
-	$(BIN)/mypy failover/fsm.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation bench/nemesis_check.py bench/nemesis_plan.py
+	$(BIN)/mypy failover/fsm.py failover/values.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation bench/nemesis_check.py bench/nemesis_plan.py
 
 ## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
 soak: $(STAMP)
@@ -67,11 +67,14 @@ SEED ?= random
 nemesis: $(STAMP)
 	$(BIN)/python -m bench.nemesis --duration $(DURATION) --seed $(SEED) $(if $(WITNESS),--witness)
 
-## The replication protocol's deterministic simulator: SCHEDULES seeded schedules of kill -9,
-## dropped links and slow or failing disks; JSON with the failing seeds and schedules/s.
+## The deterministic simulators: SCHEDULES seeded schedules of the replication protocol (kill
+## -9, dropped links, slow or failing disks), then FREEZE_SCHEDULES of failover under freezes
+## (the rule after a freeze, kills, link resets); JSON with the failing seeds and schedules/s.
 SCHEDULES ?= 100000
+FREEZE_SCHEDULES ?= 20000
 simulate: $(STAMP)
 	$(BIN)/python -m tests.sim --schedules $(SCHEDULES) --jobs 2
+	$(BIN)/python -m tests.sim --freezes --schedules $(FREEZE_SCHEDULES) --jobs 2
 
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
 bench: $(STAMP)

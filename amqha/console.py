@@ -47,6 +47,7 @@ from pamqp.header import ContentHeader
 from .channel import REPLY_TO
 from .core.message import Message
 from .core.vhost import CONSOLE_EXCHANGE
+from .dual import dual_active
 from .federation.agent import Refused
 from .gate import ConsoleRefused
 from .logtext import escaped
@@ -777,8 +778,9 @@ def health(results: list[tuple[Server, Any]]) -> tuple[str, str]:
             ], f"{server.where} does not answer: {status['error']['message']}"
     statuses = [status for _, status in results]
     active = [s for s in statuses if s.get("state") == "ACTIVE"]
-    if len(active) > 1:
-        return "split", "two servers are ACTIVE (dual active: resolved when their link heals)"
+    split = dual_active(statuses)  # both servers named, and what resolves it
+    if split is not None:
+        return "split", split
     if not active:
         peer_active = [
             s

@@ -126,6 +126,9 @@ class FailoverConfig:
     # Witnesses (host, port), UDP: a third party that tells a dead peer from a cut link
     # (docs/failover.md, "The witness"); none: the pair decides alone.
     witness: tuple[tuple[str, int], ...] = ()
+    # The AMQP heartbeat (whole seconds) of the pair's own links (state and replication):
+    # a link with no frame for three of them is dropped and reconnected.
+    link_heartbeat: int = 5
 
 
 @dataclass(frozen=True)
@@ -1162,6 +1165,11 @@ def load_config(
         raise ConfigError(path, "failover.witness", "a witness serves a pair: set failover.peer")
     if len(set(witness)) != len(witness):
         raise ConfigError(path, "failover.witness", "a witness is named twice")
+    link_heartbeat = failover.get("link_heartbeat", int, 5)
+    if not 1 <= link_heartbeat <= 600:
+        raise ConfigError(
+            path, "failover.link_heartbeat", f"must be between 1 and 600 s, got {link_heartbeat}"
+        )
     failover.check_unknown()
 
     tls = _tls_listener(path, top.section("tls"))
@@ -1274,6 +1282,7 @@ def load_config(
             peer_tls=peer_tls,
             takeover_unsynced=takeover_unsynced,
             witness=witness,
+            link_heartbeat=link_heartbeat,
         ),
         limits=limits,
         source=path,

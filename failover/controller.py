@@ -4,8 +4,8 @@ Owns: feeding the machine (signed, validated state messages from the peer, every
 Connection.Open through the broker's gate, the console's recover / promote / controller
 commands), carrying out its actions in order (persist the epoch before serving, and never
 serve if that fails; send the handover; close clients and administrators with a redirect;
-log), the fence after a freeze (a server that was paused holds its clients' work until it
-has heard its peer), noticing the peer go quiet, and writing the failover event log
+log), the fence after a freeze (the machine decides it on PAUSED; ``freeze_rule`` notices
+the freeze, holds the work and releases it), noticing the peer go quiet, and writing the failover event log
 (docs/failover.md). It implements the broker's ``gate.Pair``.
 
 The heartbeat (state out, every heartbeat) runs on a thread of its own (``heartbeat``);
@@ -41,6 +41,7 @@ from peering import Peering
 from . import fsm, keys, peer_message
 from .epoch import load_epoch, store_epoch
 from .events import EventLog, RecordThrottle
+from .freeze_rule import FreezeRule
 from .heartbeat import Heartbeat
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
 from .witness import Answer, WitnessView
@@ -63,7 +64,7 @@ WITNESS_VOTE_HEARTBEATS = 2.5
 WITNESS_SILENT_TIMEOUTS = 2.0
 
 
-class FailoverController:
+class FailoverController(FreezeRule):
     def __init__(self, broker: Member, config: ServerConfig) -> None:
         assert config.failover.role is not None and config.failover.peer is not None
         self.broker = broker
@@ -84,6 +85,9 @@ class FailoverController:
             # A store killed while it took its peer's snapshot may hold part of it: not in
             # sync until its ACTIVE says so again (docs/durability.md, section 5).
             in_sync=not is_incomplete(config.data_dir),
+            # After a freeze, the peer's link to us may take this long to come back: its
+            # connect timeout and its longest backoff (docs/failover.md, "Freezes").
+            reconnect=_connect_timeout(config) + config.failover.heartbeat,
         )
         self.events = EventLog(
             config.event_log_path, config.name, self.role.value, pair=config.pair
@@ -111,13 +115,7 @@ class FailoverController:
         # Client attempts sent elsewhere, and refused with no server to name (metrics).
         self.redirects = 0
         self.refusals = 0
-        # The fence: after a freeze, work is held until the peer echoes a message we sent
-        # after waking (so its answer is news, not a stale message from our socket buffer)
-        # or a timeout passes with the peer silent.
-        self.fenced: str | None = None
-        self._fence_seq = 0
-        self._fence_deadline = 0.0
-        self._peer_heard_mono = 0.0
+        self.init_freeze_rule()
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0
         user = config.user(config.failover.peer_user)
@@ -145,6 +143,8 @@ class FailoverController:
             fsm.RedirectClients: self._redirect_clients,
             fsm.LogDualActive: self._log_dual_active,
             fsm.LogMisconfigured: self._log_misconfigured,
+            fsm.Fence: self._hold,
+            fsm.Unfence: self._release,
         }
         # Replication follows the machine: the broker leads while ACTIVE and follows its
         # peer while PASSIVE (docs/durability.md, section 5).
@@ -183,7 +183,8 @@ class FailoverController:
             name=f"{self.config.name}->peer",
             backoff_initial=min(0.05, self.config.failover.heartbeat),
             backoff_max=self.config.failover.heartbeat,
-            connect_timeout=max(self.config.failover.timeout, 1.0),
+            connect_timeout=_connect_timeout(self.config),
+            heartbeat=self.config.failover.link_heartbeat,
             on_up=on_up,
             client_properties={"product": "amqha peering", "amqha_node": self.config.name},
             ssl_context=None if peer_tls is None else client_context(peer_tls, self.config.source),
@@ -304,13 +305,8 @@ class FailoverController:
             )
             self._witness_verdict(self.loop.time())
             self._notice_witness_fence(self.loop.time())
-        woke = self._fence_deadline - self.timeout
-        if (
-            self.fenced is not None
-            and time.monotonic() >= self._fence_deadline
-            and self._peer_heard_mono < woke
-        ):
-            self._unfence("the peer stayed silent for a timeout after the pause")
+        if self.running:
+            self._ask_held_clients_to_vote(self.loop.time())
 
     def _notice_peer_lost(self, now: float) -> None:
         """Record the loss once, when first noticed: at a tick, at a client vote or on
@@ -333,10 +329,11 @@ class FailoverController:
             evidence="refused" if self.machine.peer_gone else "silence",
         )
 
-    def _on_peer_gone(self) -> None:
+    def _on_peer_gone(self, pauses: int) -> None:
         """From the peering link: it dropped and the peer's port refuses connections, so no
-        process serves there (docs/failover.md, "Evidence")."""
-        if not self.running:
+        process serves there (docs/failover.md, "Evidence"). Evidence gathered before a
+        freeze (``pauses``: the heartbeat's count of freezes then) says nothing of now."""
+        if not self.running or pauses != self.heartbeat.pauses or self._freeze_unreported():
             return
         now = self.loop.time()
         self.apply(fsm.step(self.machine, fsm.Event.PEER_GONE, now))
@@ -404,33 +401,6 @@ class FailoverController:
             log.warning("serving again: the peer or the witness answers")
         self._write("witness_fence", fenced=fenced, reason=reason)
 
-    # -- the fence after a freeze --------------------------------------------------------
-
-    def _fence(self, gap: float) -> None:
-        """On the heartbeat thread, the moment it sees the gap: attribute writes only."""
-        if self.machine.state is not fsm.State.ACTIVE:
-            return
-        # Anything we send from now on was sent after waking; an answer that echoes it is news.
-        self._fence_seq = self.last_seq + 1
-        self._fence_deadline = time.monotonic() + self.timeout
-        self.fenced = (
-            f"frozen for {gap:.2f} s: holding work until the peer is heard or a timeout passes"
-        )
-
-    def _on_pause(self, gap: float) -> None:
-        log.warning("this process was frozen for %.2f s (no heartbeat tick)", gap)
-        self._write("paused", gap=round(gap, 3))
-        if self.fenced is not None:
-            self.broker.hold_all()
-        self.heartbeat.poke()
-
-    def _unfence(self, why: str) -> None:
-        if self.fenced is None:
-            return
-        self.fenced = None
-        log.warning("serving again after the pause: %s", why)
-        self.broker.release_held()
-
     # -- events in ----------------------------------------------------------------------
 
     def on_peer_message(self, message: Message, connection: Any) -> None:
@@ -455,9 +425,12 @@ class FailoverController:
             self._malformed("replay", f"replayed or reordered (seq {parsed.seq})", connection)
             return
         self.peer_boot, self.peer_seq = parsed.boot, parsed.seq
-        self._peer_heard_mono = time.monotonic()
         now = self.loop.time()
-        peer = parsed.peer
+        heard = parsed.heard
+        # The last of our messages the peer heard, in this boot of ours: after a freeze, an
+        # echo of one sent since the thaw is news (fsm: the rule after a freeze).
+        echo = heard[1] if heard is not None and heard[0] == self.boot else 0
+        peer = replace(parsed.peer, echo=echo)
         if kind == HANDOVER_TYPE:
             self._on_handover(peer, now)
             return
@@ -469,7 +442,6 @@ class FailoverController:
             self._write("peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=parsed.ts)
         if outcome.machine.misconfigured is None:
             self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
-        heard = parsed.heard
         if (
             self.witness_fenced
             and heard is not None
@@ -477,16 +449,6 @@ class FailoverController:
             and heard[1] >= self._witness_fence_seq
         ):
             self._peer_echoed_fence = True
-        if (
-            self.fenced is not None
-            and heard is not None
-            and heard[0] == self.boot
-            and heard[1] >= self._fence_seq
-        ):
-            if self.machine.state is fsm.State.ACTIVE:
-                self._unfence(f"the peer {peer.name} answered and is {peer.state.value}")
-            else:
-                self.fenced = None
 
     def _on_handover(self, peer: fsm.PeerInfo, now: float) -> None:
         known = self.machine.peer
@@ -533,6 +495,7 @@ class FailoverController:
     def admit(self, client: str) -> Accept | Redirect:
         """Connection.Open from a client: the client vote, or a redirect."""
         now = self.loop.time()
+        self._freeze_not_yet_reported(now)
         if self.running:
             self._notice_peer_lost(now)
             self._witness_verdict(now)
@@ -571,7 +534,10 @@ class FailoverController:
         # the two threads lets a confirm through between them.
         if time.monotonic() - self.heartbeat.last_tick > self.timeout:
             return False
-        if self.machine.state is not fsm.State.ACTIVE or self.fenced is not None:
+        if self.freeze_report_pending():
+            return False
+        machine = self.machine
+        if machine.state is not fsm.State.ACTIVE or machine.fenced:
             return False
         return self.witness_view is None or self._lost_peer_and_witness(self.loop.time()) is None
 
@@ -669,7 +635,7 @@ class FailoverController:
         elif state is fsm.State.PASSIVE and not self._following:
             self._following = True
             peer_tls = self.config.failover.peer_tls
-            options: dict[str, Any] = {}
+            options: dict[str, Any] = {"heartbeat": self.config.failover.link_heartbeat}
             if peer_tls is not None:
                 options["ssl_context"] = client_context(peer_tls, self.config.source)
                 options["server_hostname"] = peer_tls.server_name
@@ -762,7 +728,7 @@ class FailoverController:
             reason=transition.reason,
         )
         if transition.from_state is fsm.State.ACTIVE:
-            self.fenced = None
+            self._freeze_held = False  # a fenced ACTIVE that yields is held no more
         # Tell the peer at once rather than at the next heartbeat: the pair settles faster.
         self.heartbeat.poke()
 
@@ -868,6 +834,11 @@ class FailoverController:
         if unrecorded:
             fields["unrecorded"] = unrecorded
         self._write(event, **fields)
+
+
+def _connect_timeout(config: ServerConfig) -> float:
+    """How long the peering waits for the peer's handshake before trying again."""
+    return max(config.failover.timeout, 1.0)
 
 
 def _close_all(connections: list[Any], text: str) -> None:

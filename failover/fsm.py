@@ -1,7 +1,8 @@
 """The active/passive failover state machine of one server in a primary/backup pair.
 
-Owns: the roles, states and events of docs/failover.md, the single transition table that maps
-every (state, event) pair to a handler, the client vote, epochs, dual-active resolution,
+Owns: the single transition table that maps every (state, event) pair of docs/failover.md
+to a handler (the roles, states, events and the values a step takes and returns are in
+``values`` and re-exported here), the client vote, epochs, dual-active resolution,
 misconfiguration detection and the manual failback. `step()` is the only entry point: it takes
 a `Machine` value, an event and the current monotonic time, and returns an `Outcome` value
 carrying the new machine, the transition (if any), the answer to whoever asked (a client, the
@@ -26,7 +27,10 @@ Decisions where the pair's outline (docs/failover.md) is silent:
 - Epoch adoption (Raft's term rule). On every correctly configured peer message the machine
   takes `epoch = max(own, peer's)`, after the table has run, and persists it when it grows. So
   a server that restarts never serves in an epoch below one it has seen, as §3 requires, even
-  one it only heard of. Dual active compares the raw epochs before adoption.
+  one it only heard of. Dual active compares the raw epochs before adoption. An ACTIVE that
+  stays ACTIVE and hears a higher epoch (the peer led meanwhile: it took over while we were
+  frozen or cut off, then restarted) takes the first epoch of its own above it instead: it
+  never serves in an epoch its peer served in.
 - Disjoint epochs. The primary leads only in odd epochs, the backup only in even ones
   (`next_epoch`). Adoption alone cannot keep them apart: with both servers down, a
   restarted primary may lead by client vote before it hears its peer, and with consecutive
@@ -70,6 +74,19 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   no witness: the peer's own host has answered. The controller feeds the verdict in
   (WITNESS_AGREES / WITNESS_DISAGREES) from fresh answers only, and fences an ACTIVE that
   has lost both its peer and its witnesses (failover/witness.py).
+- The rule after a freeze (PAUSED, docs/failover.md "Freezes"). A server that finds itself
+  frozen past its timeout trusts no silence measured across the freeze: its peer counts as
+  alive for a timeout plus the time the peer's link to us needs to come back after our
+  thaw (`reconnect`: its connect timeout and its longest backoff), and evidence and a
+  witness's verdict from before the freeze are dropped. An ACTIVE is fenced (`thawed`:
+  `Fence`, no client read, no confirm) until (a) a peer state message echoes one we sent
+  after the thaw (`PeerInfo.echo` >= `thaw_seq`): then the table has run on it and we
+  serve if still ACTIVE; (b) PEER_GONE; or (c) a client's vote passes the rules a PASSIVE
+  with a silent peer follows (silence counted from the thaw, the witness agreeing where
+  there is one, not misconfigured): it serves on in its epoch. With a witness, (b) is a
+  lost peer like any other: the vote decides, with the witness. Hearing its peer in an
+  epoch above its own, in any state and in any message, it has been overtaken: it yields
+  (the peer led after it). A timeout passing alone never lifts the fence.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -78,190 +95,61 @@ Decisions where the pair's outline (docs/failover.md) is silent:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from enum import StrEnum
+from dataclasses import replace
 
+from .values import (
+    _ROLE_OF_START_STATE,
+    PEER_EVENT,
+    Accept,
+    Action,
+    Decision,
+    Event,
+    Fence,
+    LogDualActive,
+    LogMisconfigured,
+    Machine,
+    Outcome,
+    PeerInfo,
+    PersistEpoch,
+    Redirect,
+    RedirectClients,
+    Refuse,
+    Role,
+    SendHandover,
+    State,
+    Transition,
+    Unfence,
+)
 
-class Role(StrEnum):
-    PRIMARY = "primary"
-    BACKUP = "backup"
-
-
-class State(StrEnum):
-    PRIMARY = "PRIMARY"
-    BACKUP = "BACKUP"
-    ACTIVE = "ACTIVE"
-    PASSIVE = "PASSIVE"
-
-
-class Event(StrEnum):
-    PEER_PRIMARY = "PEER_PRIMARY"
-    PEER_BACKUP = "PEER_BACKUP"
-    PEER_ACTIVE = "PEER_ACTIVE"
-    PEER_PASSIVE = "PEER_PASSIVE"
-    CLIENT_REQUEST = "CLIENT_REQUEST"
-    MANUAL_RECOVER = "MANUAL_RECOVER"
-    HANDOVER = "HANDOVER"
-    PROMOTE = "PROMOTE"
-    FORCE_PROMOTE = "FORCE_PROMOTE"
-    PEER_GONE = "PEER_GONE"
-    WITNESS_AGREES = "WITNESS_AGREES"
-    WITNESS_DISAGREES = "WITNESS_DISAGREES"
-
-
-# The event a peer's state message raises: named here, not by coincidence of enum values.
-PEER_EVENT: dict[State, Event] = {
-    State.PRIMARY: Event.PEER_PRIMARY,
-    State.BACKUP: Event.PEER_BACKUP,
-    State.ACTIVE: Event.PEER_ACTIVE,
-    State.PASSIVE: Event.PEER_PASSIVE,
-}
-
-_START_STATE: dict[Role, State] = {Role.PRIMARY: State.PRIMARY, Role.BACKUP: State.BACKUP}
-_ROLE_OF_START_STATE: dict[State, Role] = {state: role for role, state in _START_STATE.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class PeerInfo:
-    """The peer as its latest amq.peer state message describes it."""
-
-    name: str
-    role: Role
-    state: State
-    epoch: int
-    listen: str  # the host:port clients should use to reach the peer
-    in_sync: bool = True  # the peer holds everything its ACTIVE confirmed (replication)
-
-
-@dataclass(frozen=True, slots=True)
-class Machine:
-    """One server's failover state. Immutable: `step()` returns a new one."""
-
-    name: str
-    role: Role
-    state: State
-    epoch: int
-    timeout: float
-    # Monotonic time after which the peer counts as gone; starts one timeout after start-up.
-    peer_expiry: float
-    peer: PeerInfo | None = None  # the last correctly configured peer message; None: never
-    misconfigured: str | None = None  # why the last peer message was refused, if it was
-    # Replication (docs/durability.md): whether this server holds everything its ACTIVE
-    # peer confirmed (a PASSIVE that has caught up), and whether a PASSIVE that has not
-    # may take over anyway (failover.takeover_unsynced).
-    in_sync: bool = True
-    takeover_unsynced: bool = False
-    # The peer epoch of the dual active we last logged staying through: an ACTIVE loser
-    # sends a few state messages before it hears us and yields, and that is one episode.
-    # Epochs only grow, so a later split brain brings a new peer epoch and is logged again.
-    dual_active_logged: int | None = None
-    # The peer's process is known to be gone (PEER_GONE: its link dropped and its port
-    # refuses connections), not merely silent; cleared when it is heard again.
-    peer_gone: bool = False
-    # A witness is configured (failover.witness), and whether, by its latest answers, a
-    # majority of the witnesses has not heard the peer for twice the timeout.
-    witnessed: bool = False
-    witness_agrees: bool = False
-
-    @classmethod
-    def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:
-        """A server just started: PRIMARY or BACKUP by role, peer unheard but given a timeout."""
-        if timeout <= 0:
-            raise ValueError(f"failover timeout must be positive, got {timeout}")
-        if epoch < 0:
-            raise ValueError(f"epoch must not be negative, got {epoch}")
-        return cls(name, role, _START_STATE[role], epoch, timeout, peer_expiry=now + timeout)
-
-    def peer_alive(self, now: float) -> bool:
-        """Whether a correctly configured peer has been heard within the last timeout."""
-        return self.peer is not None and now < self.peer_expiry
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    from_state: State
-    to_state: State
-    trigger: Event
-    reason: str
-
-
-# Decisions: the answer to whoever raised the event (client, console, peer's handover).
-
-
-@dataclass(frozen=True, slots=True)
-class Accept:
-    """Serve the client / the console command or handover took effect."""
-
-
-@dataclass(frozen=True, slots=True)
-class Redirect:
-    """Send the client to `to`, the live ACTIVE peer's listen address; None: none is known."""
-
-    to: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """Refuse the client or command, with a reason for a person to read."""
-
-    reason: str
-
-
-Decision = Accept | Redirect | Refuse
-
-
-# Actions: what the controller carries out, in tuple order, before it answers the decision.
-
-
-@dataclass(frozen=True, slots=True)
-class PersistEpoch:
-    """Store `epoch` durably in the data dir before serving or sending it in a state message."""
-
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class SendHandover:
-    """Publish HANDOVER to the peer's amq.peer: the peer becomes ACTIVE (manual failback)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RedirectClients:
-    """Close this server's client connections with a redirect to `to` (None: no target).
-
-    Peering and console connections stay: they bypass the failover gate.
-    """
-
-    to: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class LogDualActive:
-    """Write a `dual_active` event-log record."""
-
-    peer: str
-    peer_epoch: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class LogMisconfigured:
-    """Write a `misconfigured` event-log record and an error line."""
-
-    peer: str
-    peer_epoch: int
-    reason: str
-
-
-Action = PersistEpoch | SendHandover | RedirectClients | LogDualActive | LogMisconfigured
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    machine: Machine
-    transition: Transition | None = None
-    decision: Decision | None = None  # None for peer state messages: nobody waits on them
-    actions: tuple[Action, ...] = ()
+__all__ = [
+    "Role",
+    "State",
+    "Event",
+    "PEER_EVENT",
+    "PeerInfo",
+    "Machine",
+    "Transition",
+    "Accept",
+    "Redirect",
+    "Refuse",
+    "Decision",
+    "PersistEpoch",
+    "SendHandover",
+    "RedirectClients",
+    "LogDualActive",
+    "LogMisconfigured",
+    "Fence",
+    "Unfence",
+    "Action",
+    "Outcome",
+    "FROZEN",
+    "TRANSITIONS",
+    "WAITING_FOR_VOTE",
+    "Handler",
+    "next_epoch",
+    "step",
+    "vote_outlook",
+]
 
 
 Handler = Callable[[Machine, Event, float], Outcome]
@@ -270,27 +158,81 @@ _ACCEPT = Accept()
 _NO_ACTIVE_KNOWN = Redirect(None)
 
 
-def step(machine: Machine, event: Event, now: float, peer: PeerInfo | None = None) -> Outcome:
+def step(
+    machine: Machine,
+    event: Event,
+    now: float,
+    peer: PeerInfo | None = None,
+    *,
+    thaw_seq: int = 0,
+) -> Outcome:
     """Feed one event to the machine at monotonic time `now`.
 
     Peer events must carry the peer's state message as `peer`, and `event` must be
-    `PEER_EVENT[peer.state]`; other events carry no peer. Cheap enough for every
-    Connection.Open: a dict lookup and one small allocation on the hot path.
+    `PEER_EVENT[peer.state]`; other events carry no peer. PAUSED carries `thaw_seq`, the
+    first sequence number of the state messages we send after the thaw (`now`). Cheap
+    enough for every Connection.Open: a dict lookup and one small allocation on the hot
+    path.
     """
     if peer is None:
         if event in _PEER_EVENTS:
             raise ValueError(f"{event} needs the peer's state message")
-        return TRANSITIONS[(machine.state, event)](machine, event, now)
+        if event is Event.PAUSED:
+            machine = replace(machine, thaw_seq=thaw_seq)
+        return _unfence_if_not_active(TRANSITIONS[(machine.state, event)](machine, event, now))
     if PEER_EVENT[peer.state] != event:
         raise ValueError(f"{event} does not match a peer in state {peer.state}")
     reason = _misconfiguration(machine, peer)
     if reason is not None:
         return _report_misconfiguration(machine, peer, reason)
     heard = replace(
-        machine, peer=peer, peer_expiry=now + machine.timeout, misconfigured=None, peer_gone=False
+        machine,
+        peer=peer,
+        # Never shortened: after a freeze the peer's clock runs from the thaw (PAUSED).
+        peer_expiry=max(machine.peer_expiry, now + machine.timeout),
+        misconfigured=None,
+        peer_gone=False,
     )
-    outcome = TRANSITIONS[(machine.state, event)](heard, event, now)
-    return _adopt_epoch(outcome, peer.epoch)
+    if heard.fenced and peer.epoch > heard.epoch and event is not Event.PEER_ACTIVE:
+        outcome = _overtaken(heard, event, peer)
+    else:
+        outcome = _after_freeze(TRANSITIONS[(machine.state, event)](heard, event, now), peer)
+    return _adopt_epoch(_unfence_if_not_active(outcome), peer.epoch)
+
+
+def _overtaken(machine: Machine, event: Event, peer: PeerInfo) -> Outcome:
+    """A fenced ACTIVE hears its peer in an epoch above its own: the peer led after us,
+    whatever it is now (restarted, say). We yield and never serve what we held."""
+    reason = (
+        f"frozen, then heard the peer {peer.name} {peer.state} in epoch {peer.epoch}, above "
+        f"ours ({machine.epoch}): it led after us; we yield"
+    )
+    return _move(machine, State.PASSIVE, event, reason, actions=(RedirectClients(None),))
+
+
+def _after_freeze(outcome: Outcome, peer: PeerInfo) -> Outcome:
+    """A fenced ACTIVE still ACTIVE after the table ran on a peer message: it serves again
+    if the message echoes one sent after the thaw (news, not a stale message)."""
+    machine = outcome.machine
+    if not machine.fenced or machine.state is not State.ACTIVE:
+        return outcome
+    if peer.echo < max(machine.thaw_seq, 1):
+        return outcome
+    why = f"the peer {peer.name} answered after the thaw: {peer.state} in epoch {peer.epoch}"
+    return replace(
+        outcome,
+        machine=replace(machine, thawed=None),
+        actions=(*outcome.actions, Unfence(why)),
+    )
+
+
+def _unfence_if_not_active(outcome: Outcome) -> Outcome:
+    """Only an ACTIVE is fenced: one that leaves ACTIVE drops the fence (its clients are
+    closed with a redirect, what was held is never confirmed)."""
+    machine = outcome.machine
+    if machine.thawed is None or machine.state is State.ACTIVE:
+        return outcome
+    return replace(outcome, machine=replace(machine, thawed=None))
 
 
 _PEER_EVENTS = frozenset(PEER_EVENT.values())
@@ -315,12 +257,16 @@ def _report_misconfiguration(machine: Machine, peer: PeerInfo, reason: str) -> O
 
 
 def _adopt_epoch(outcome: Outcome, peer_epoch: int) -> Outcome:
-    if peer_epoch <= outcome.machine.epoch:
+    machine = outcome.machine
+    if peer_epoch <= machine.epoch:
         return outcome
+    # An ACTIVE that stays ACTIVE hearing a higher epoch (its peer led meanwhile, then
+    # restarted or yielded) serves on in a new epoch above it, never in the peer's.
+    epoch = next_epoch(machine.role, peer_epoch) if machine.state is State.ACTIVE else peer_epoch
     return replace(
         outcome,
-        machine=replace(outcome.machine, epoch=peer_epoch),
-        actions=(*outcome.actions, PersistEpoch(peer_epoch)),
+        machine=replace(machine, epoch=epoch),
+        actions=(*outcome.actions, PersistEpoch(epoch)),
     )
 
 
@@ -464,6 +410,69 @@ _WITNESS_DISAGREES = (
 )
 
 
+FROZEN = (
+    "this server was frozen past its timeout: it serves again once it hears its peer, "
+    "or its peer's process is known gone, or its peer stays silent for a timeout after the "
+    "thaw and a client votes"
+)
+
+
+def _paused(machine: Machine, event: Event, now: float) -> Outcome:
+    """Frozen past the timeout, thawed at `now`: silence across the freeze means nothing.
+    The peer's clock restarts at the thaw, with time for its link to us to come back;
+    evidence and the witness's verdict from before are dropped. An ACTIVE is fenced."""
+    thawed = replace(
+        machine,
+        peer_expiry=max(machine.peer_expiry, now + machine.timeout + machine.reconnect),
+        peer_gone=False,
+        witness_agrees=False,
+    )
+    if machine.state is not State.ACTIVE:
+        return Outcome(thawed)
+    return Outcome(replace(thawed, thawed=now), actions=(Fence(FROZEN),))
+
+
+def _active_client(machine: Machine, event: Event, now: float) -> Outcome:
+    """Serving clients is the ACTIVE server's job; after a freeze, only once the fence is
+    lifted, and a client's vote lifts it under the rules of a PASSIVE whose peer is silent
+    (counted from the thaw)."""
+    if not machine.fenced:
+        return Outcome(machine, decision=_ACCEPT)
+    if now < machine.peer_expiry or machine.misconfigured is not None:
+        decision = _not_serving(machine, now)
+        return Outcome(
+            machine, decision=decision if decision != _NO_ACTIVE_KNOWN else _REFUSE_FROZEN
+        )
+    why = (
+        _PEER_GONE_VOTE
+        if machine.peer_gone
+        else "no peer heard for a timeout since the thaw: client vote"
+    )
+    # With a witness, evidence of death does not skip it (a firewall answering with resets
+    # looks like a dead process from here while the witness still hears the peer serving).
+    if machine.witnessed:
+        if not machine.witness_agrees:
+            return Outcome(machine, decision=Refuse(_WITNESS_DISAGREES))
+        why += ", the witness agrees"
+    return Outcome(replace(machine, thawed=None), decision=_ACCEPT, actions=(Unfence(why),))
+
+
+_REFUSE_FROZEN = Refuse(FROZEN)
+
+
+def _active_peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
+    """The peer's process is gone (evidence gathered after any freeze: the controller
+    drops older reports). A fenced ACTIVE serves again: nothing serves at the peer."""
+    outcome = _peer_gone(machine, event, now)
+    if not machine.fenced or machine.witnessed:  # with a witness, a client's vote decides
+        return outcome
+    return replace(
+        outcome,
+        machine=replace(outcome.machine, thawed=None),
+        actions=(Unfence("the peer's process is gone (its link dropped, its port refuses)"),),
+    )
+
+
 def _witness_says(agrees: bool) -> Handler:
     def witness_says(machine: Machine, event: Event, now: float) -> Outcome:
         if machine.witness_agrees == agrees:
@@ -490,11 +499,6 @@ def _peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
 def _backup_never_serves_first(machine: Machine, event: Event, now: float) -> Outcome:
     """A backup that has not seen an ACTIVE primary never serves first."""
     return Outcome(machine, decision=_not_serving(machine, now))
-
-
-def _accept_client(machine: Machine, event: Event, now: float) -> Outcome:
-    """Serving clients is the ACTIVE server's job."""
-    return Outcome(machine, decision=_ACCEPT)
 
 
 def _resolve_dual_active(machine: Machine, event: Event, now: float) -> Outcome:
@@ -528,6 +532,8 @@ def _manual_recover(machine: Machine, event: Event, now: float) -> Outcome:
     peer = machine.peer
     if machine.role is not Role.BACKUP:
         return Outcome(machine, decision=Refuse("the primary is already ACTIVE: nothing to do"))
+    if machine.fenced:
+        return Outcome(machine, decision=_REFUSE_FROZEN)
     if machine.misconfigured is not None:
         return Outcome(machine, decision=Refuse(machine.misconfigured))
     if peer is None or not machine.peer_alive(now):
@@ -651,6 +657,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PRIMARY, Event.PEER_GONE): _peer_gone,
     (State.PRIMARY, Event.WITNESS_AGREES): _witness_says(True),
     (State.PRIMARY, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.PRIMARY, Event.PAUSED): _paused,
     (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
     (State.BACKUP, Event.PEER_PRIMARY): _backup_waits_for_primary,
@@ -664,19 +671,21 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.BACKUP, Event.PEER_GONE): _peer_gone,
     (State.BACKUP, Event.WITNESS_AGREES): _witness_says(True),
     (State.BACKUP, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.BACKUP, Event.PAUSED): _paused,
     (State.BACKUP, Event.FORCE_PROMOTE): _promote,
     # ACTIVE: this server serves clients.
     (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
     (State.ACTIVE, Event.PEER_BACKUP): _stay("the restarted backup follows us"),
     (State.ACTIVE, Event.PEER_ACTIVE): _resolve_dual_active,
     (State.ACTIVE, Event.PEER_PASSIVE): _stay("the peer follows us"),
-    (State.ACTIVE, Event.CLIENT_REQUEST): _accept_client,
+    (State.ACTIVE, Event.CLIENT_REQUEST): _active_client,
     (State.ACTIVE, Event.MANUAL_RECOVER): _manual_recover,
     (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
     (State.ACTIVE, Event.PROMOTE): _refuse(_ALREADY_ACTIVE),
-    (State.ACTIVE, Event.PEER_GONE): _peer_gone,
+    (State.ACTIVE, Event.PEER_GONE): _active_peer_gone,
     (State.ACTIVE, Event.WITNESS_AGREES): _witness_says(True),
     (State.ACTIVE, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.ACTIVE, Event.PAUSED): _paused,
     (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _passive_sees_primary_start,
@@ -690,6 +699,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.PEER_GONE): _peer_gone,
     (State.PASSIVE, Event.WITNESS_AGREES): _witness_says(True),
     (State.PASSIVE, Event.WITNESS_DISAGREES): _witness_says(False),
+    (State.PASSIVE, Event.PAUSED): _paused,
     (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
 }
 

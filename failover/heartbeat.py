@@ -49,7 +49,7 @@ class Heartbeat:
         on_pause: Callable[[float], None],
         fence: Callable[[float], None],
         exchange: str,
-        on_peer_gone: Callable[[], None] | None = None,
+        on_peer_gone: Callable[[int], None] | None = None,
     ) -> None:
         self._peering_factory = peering_factory
         self._make_message = make_message
@@ -62,6 +62,9 @@ class Heartbeat:
         self._exchange = exchange
         self._on_peer_gone = on_peer_gone
         self.last_tick = time.monotonic()
+        # Freezes seen so far: a report made before one (the peer's port refused) is stale
+        # after it, and ``on_peer_gone`` gets the count it was made under.
+        self.pauses = 0
         self.running = True  # console "controller stop" clears it: no state goes out
         self.peering: Peering | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -128,7 +131,7 @@ class Heartbeat:
         self.peering = self._peering_factory(self._link_up)
         if self._on_peer_gone is not None:
             on_peer_gone = self._on_peer_gone
-            self.peering.on_gone = lambda: self._to_main(on_peer_gone)
+            self.peering.on_gone = lambda: self._to_main(on_peer_gone, self.pauses)
         await self.peering.start()
         self._started.set()
         self.last_tick = time.monotonic()
@@ -145,6 +148,7 @@ class Heartbeat:
             gap = now - self.last_tick
             paused = gap > self.pause_after
             if paused:
+                self.pauses += 1
                 # On this thread, before last_tick moves: from the moment a confirm can no
                 # longer see a stale tick, it sees the fence (see FailoverController.serving).
                 self._fence(gap)

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dual import dual_active
+
 # What the API says it is: RabbitMQ's management API as of this version, for the tools
 # that read it (a field they need that amqha lacks is left out, never invented).
 MANAGEMENT_VERSION = "3.12.0"
@@ -306,6 +308,8 @@ def nodes_shape(
             **lag,
         },
     }
+    # Two servers ACTIVE as this server sees it: both named, and what resolves it.
+    this["amqha"]["dual_active"] = dual_active([status])
     return [this, peer_shape]
 
 

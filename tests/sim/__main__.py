@@ -1,6 +1,9 @@
 """``python -m tests.sim --schedules N [--seed S] [--old-protocol] [--evidence] [--jobs J]``: run N
 schedules from seed S on, print JSON (schedules run, the first failing seeds,
-schedules/s, wall seconds). ``--replay SEED`` prints one schedule's trace instead."""
+schedules/s, wall seconds). ``--replay SEED`` prints one schedule's trace instead.
+``--freezes`` runs the failover schedules of freezes (``tests/sim/freeze.py``) instead of the
+replication ones; with ``--old-protocol``, the shell that came before the rule after a
+freeze."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from .freeze import simulate_freezes
 from .model import simulate
 from .old import OldLeader
 
@@ -45,6 +49,22 @@ def run_range(args: tuple[int, int, bool, bool, bool, bool]) -> dict[str, Any]:
     return {"failed": failed, "failing": failing, "totals": totals}
 
 
+def run_freeze_range(args: tuple[int, int, bool, bool, bool, bool]) -> dict[str, Any]:
+    first, count, old, *_ = args
+    failing: list[dict[str, Any]] = []
+    totals: dict[str, int] = {}
+    failed = 0
+    for seed in range(first, first + count):
+        result = simulate_freezes(seed, old=old)
+        for key in ("freezes", "kills", "takeovers", "fenced", "yields"):
+            totals[key] = totals.get(key, 0) + getattr(result, key)
+        if result.failures:
+            failed += 1
+            if len(failing) < FAILURES_SHOWN:
+                failing.append({"seed": seed, "failure": result.failures[0]})
+    return {"failed": failed, "failing": failing, "totals": totals}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__)
     parser.add_argument("--schedules", type=int, default=1000)
@@ -62,8 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a killed server is lost at once (its port refuses), not after the timeout",
     )
+    parser.add_argument(
+        "--freezes",
+        action="store_true",
+        help="the failover schedules of freezes (the rule after a freeze), not replication",
+    )
     parser.add_argument("--replay", type=int, help="print this seed's schedule, event by event")
     options = parser.parse_args(argv)
+    if options.replay is not None and options.freezes:
+        frozen = simulate_freezes(options.replay, old=options.old_protocol, log=True)
+        print("\n".join(frozen.log))
+        print(json.dumps({"seed": frozen.seed, "trace": frozen.trace, "failures": frozen.failures}))
+        return 1 if frozen.failures else 0
     if options.replay is not None:
         result = simulate(
             options.replay,
@@ -94,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     done = 0
     said = started
     with multiprocessing.Pool(jobs) as pool:
-        for part, (_, count, *_) in zip(pool.imap(run_range, ranges), ranges, strict=True):
+        runner = run_freeze_range if options.freezes else run_range
+        for part, (_, count, *_) in zip(pool.imap(runner, ranges), ranges, strict=True):
             parts.append(part)
             done += count
             now = time.monotonic()
@@ -114,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             totals[key] = totals.get(key, 0) + value
     failing = [each for part in parts for each in part["failing"]][:FAILURES_SHOWN]
     report = {
+        "model": "freezes" if options.freezes else "replication",
         "protocol": "old" if options.old_protocol else "new",
         "schedules": options.schedules,
         "first_seed": options.seed,

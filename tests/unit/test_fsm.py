@@ -19,6 +19,7 @@ from failover.fsm import (
     Action,
     Decision,
     Event,
+    Fence,
     LogDualActive,
     LogMisconfigured,
     Machine,
@@ -1351,6 +1352,68 @@ def test_active_whose_passive_is_gone_keeps_serving() -> None:
     assert gone.transition is None and gone.actions == ()
     assert gone.machine.state is State.ACTIVE and not gone.machine.peer_alive(NOW)
     assert step(gone.machine, Event.CLIENT_REQUEST, NOW).decision == Accept()
+
+
+# --- the rule after a freeze (PAUSED): more in test_fsm_freeze.py ---------------------------
+
+RECONNECT = 2.0  # the peer's link to us may take this long to come back after our thaw
+
+
+@cell(State.ACTIVE, Event.PAUSED)
+def test_active_thawed_is_fenced_and_trusts_no_silence_across_the_freeze() -> None:
+    machine = replace(
+        ours(Role.PRIMARY, State.ACTIVE, epoch=3, peer=peer(Role.BACKUP, State.PASSIVE, 3)),
+        reconnect=RECONNECT,
+        peer_gone=True,
+        witness_agrees=True,
+    )
+    thaw = EXPIRED + 20.0  # frozen long past the timeout
+    paused = step(machine, Event.PAUSED, thaw, thaw_seq=7)
+    assert paused.transition is None and paused.decision is None
+    assert len(paused.actions) == 1 and isinstance(paused.actions[0], Fence)
+    fenced = paused.machine
+    assert fenced.fenced and fenced.thawed == thaw and fenced.thaw_seq == 7
+    assert fenced.state is State.ACTIVE and fenced.epoch == 3
+    # Silence and evidence from before the thaw are dropped: the clock restarts at the thaw.
+    assert fenced.peer_expiry == thaw + TIMEOUT + RECONNECT
+    assert not fenced.peer_gone and not fenced.witness_agrees
+    refused = step(fenced, Event.CLIENT_REQUEST, thaw + TIMEOUT)
+    assert isinstance(refused.decision, Refuse) and "frozen" in refused.decision.reason
+    assert refused.machine is fenced
+
+
+@cell(State.PASSIVE, Event.PAUSED)
+def test_passive_thawed_is_not_voted_in_on_silence_across_its_freeze() -> None:
+    active = peer(Role.PRIMARY, State.ACTIVE, epoch=3)
+    machine = replace(ours(Role.BACKUP, State.PASSIVE, epoch=3, peer=active), reconnect=RECONNECT)
+    thaw = EXPIRED + 20.0
+    # Without the rule, the first client after the thaw votes it in: the peer "was silent".
+    assert step(machine, Event.CLIENT_REQUEST, thaw).machine.state is State.ACTIVE
+    paused = step(replace(machine, peer_gone=True), Event.PAUSED, thaw, thaw_seq=4)
+    assert paused.transition is None and paused.actions == ()
+    assert not paused.machine.fenced and not paused.machine.peer_gone
+    assert paused.machine.peer_expiry == thaw + TIMEOUT + RECONNECT
+    during = step(paused.machine, Event.CLIENT_REQUEST, thaw + TIMEOUT + RECONNECT - 0.01)
+    assert during.machine.state is State.PASSIVE and during.transition is None
+    # Silent for the whole grace counted from the thaw: the vote takes over, as always.
+    after = step(paused.machine, Event.CLIENT_REQUEST, thaw + TIMEOUT + RECONNECT)
+    assert after.machine.state is State.ACTIVE and after.decision == Accept()
+
+
+@cell(State.PRIMARY, Event.PAUSED)
+@cell(State.BACKUP, Event.PAUSED)
+def test_a_starting_server_thawed_restarts_its_peer_clock_and_is_not_fenced() -> None:
+    for role, state in ((Role.PRIMARY, State.PRIMARY), (Role.BACKUP, State.BACKUP)):
+        machine = replace(ours(role, state), reconnect=RECONNECT, peer_gone=True)
+        thaw = EXPIRED + 50.0
+        paused = step(machine, Event.PAUSED, thaw, thaw_seq=2)
+        assert paused.transition is None and paused.actions == ()
+        assert paused.machine.state is state and not paused.machine.fenced
+        assert paused.machine.peer_expiry == thaw + TIMEOUT + RECONNECT
+        assert not paused.machine.peer_gone
+        if state is State.PRIMARY:  # the start vote waits for the grace too
+            vote = step(paused.machine, Event.CLIENT_REQUEST, thaw + 1.0)
+            assert vote.machine.state is State.PRIMARY
 
 
 # --- the witness: its verdict on the peer, fed in by the controller ------------------------
