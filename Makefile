@@ -29,9 +29,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/amqha pair --config-dir config $(if $(PORTS),--ports $(PORTS))
 
-## The whole suite: unit, integration (real processes on loopback), Spark.
+## The whole suite: unit, integration (real processes on loopback), Spark. JOBS worker
+## processes side by side (most tests wait on servers, not on the CPU; tests/xdist_groups.py
+## says which tests share one); the 25 slowest tests are listed at the end.
+JOBS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests --ignore=tests/partitions
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 \
+		tests --ignore=tests/partitions
 
 ## Real partitions: each server on a test host in a network namespace, faults made by the
 ## kernel (link down, nftables drops one way or at random). Needs root; skips, saying why,
