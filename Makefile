@@ -51,8 +51,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
 	$(BIN)/mypy failover/fsm.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation
 
-## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
+## The suite's kill loops at full size (the tests marked soak: 30 kill/restart cycles, 20
+## kills under amqha.client, 20 kills under a raw publisher), then 100 kill -9s of the ACTIVE
+## under a confirming publisher and an acking consumer; JSON.
 soak: $(STAMP)
+	SOAK=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m soak tests --ignore=tests/partitions
 	$(BIN)/python -m bench.soak --kills 100
 
 ## The worst moments: a backlog of 300,000 messages and 100 kill -9s of the ACTIVE at random

@@ -67,7 +67,13 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port in {_PORT_RANGE}")
+    raise RuntimeError(f"no free port in {ports}")
+
+
+def soak_size(quick: int, full: int) -> int:
+    """A soak-sized loop's count: ``quick`` (enough to show the point) in ``make test``,
+    ``full`` under ``make soak`` (``SOAK=1``), which runs the tests marked ``soak``."""
+    return full if os.environ.get("SOAK") == "1" else quick
 
 
 def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
