@@ -4,8 +4,9 @@ Owns: the group each test is sent in, and the scheduler that keeps a group on on
 A test whose fixtures include one shared by a module (a server started once for a file's
 tests) goes with the rest of its module, so that server starts once; every test that
 uses the Spark session goes to one worker (a session is a JVM of about 1 GB and seconds
-to start: one is enough), and so does every test marked ``spark`` (it starts Spark in
-its process or in a child); every other test is free to run on any worker.
+to start: one is enough), and so does every test marked ``spark`` (it may start Spark in
+its process), except one marked ``spark(child=True)`` (Spark in child processes only);
+every other test is free to run on any worker.
 
 The groups come from the tests' fixtures, which only the workers collect: each worker
 writes them (node id -> group) to a file the controller named, and the controller's
@@ -37,8 +38,10 @@ def group_of(item: pytest.Item) -> str | None:
         return None
     scopes = {name: definitions[-1].scope for name, definitions in info.name2fixturedefs.items()}
     # Marked spark: it may start Spark in this process (``run_report`` reuses the active
-    # session, or starts one and ends its JVM), so it runs beside the shared session.
-    if "spark_session" in scopes or item.get_closest_marker("spark") is not None:
+    # session, or starts one and ends its JVM), so it runs beside the shared session;
+    # unless marked ``spark(child=True)``: its Spark runs in child processes only.
+    spark = item.get_closest_marker("spark")
+    if "spark_session" in scopes or (spark is not None and not spark.kwargs.get("child")):
         return SPARK
     if any(scope in _SHARED_SCOPES for scope in scopes.values()):
         return item.nodeid.split("::", 1)[0]

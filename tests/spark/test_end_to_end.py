@@ -21,7 +21,7 @@ from tests.pairs import ADMIN, MakePair, client_vote, url_of
 from tests.support import ROOT
 
 
-@pytest.mark.spark
+@pytest.mark.spark(child=True)  # Spark in a child process only
 async def test_report_shows_the_failover_and_the_recovery(
     make_pair: MakePair, tmp_path: Path
 ) -> None:
