@@ -29,9 +29,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/amqha pair --config-dir config $(if $(PORTS),--ports $(PORTS))
 
-## The whole suite: unit, integration (real processes on loopback), Spark.
+## The whole suite: unit, integration (real processes on loopback), Spark. JOBS worker
+## processes side by side (most tests wait on servers, not on the CPU; tests/xdist_groups.py
+## says which tests share one); the 25 slowest tests are listed at the end.
+JOBS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests --ignore=tests/partitions
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 \
+		tests --ignore=tests/partitions
 
 ## Real partitions: each server on a test host in a network namespace, faults made by the
 ## kernel (link down, nftables drops one way or at random). Needs root; skips, saying why,
@@ -47,8 +51,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
 	$(BIN)/mypy failover/fsm.py failover/values.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/core amqha/federation bench/nemesis_check.py bench/nemesis_plan.py
 
-## 100 kill -9s of the ACTIVE under a confirming publisher and an acking consumer; JSON.
+## The suite's kill loops at full size (the tests marked soak: 30 kill/restart cycles, 20
+## kills under amqha.client, 20 kills under a raw publisher), then 100 kill -9s of the ACTIVE
+## under a confirming publisher and an acking consumer; JSON.
 soak: $(STAMP)
+	SOAK=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m soak tests --ignore=tests/partitions
 	$(BIN)/python -m bench.soak --kills 100
 
 ## The worst moments: a backlog of 300,000 messages and 100 kill -9s of the ACTIVE at random

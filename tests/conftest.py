@@ -5,8 +5,29 @@ from pathlib import Path
 
 import pytest
 
+from tests import xdist_groups
 from tests.pairs import MakePair, pair_factory
 from tests.support import ServerProcess
+
+# -- pytest-xdist: which tests share a worker (tests/xdist_groups.py) ---------------------
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    return xdist_groups.make_scheduler(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    xdist_groups.configure_node(node)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist_groups.write_groups(config, items)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    xdist_groups.remove_groups_file(config)
 
 
 @pytest.fixture(scope="session")
@@ -15,12 +36,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server = ServerProcess(tmp_path_factory.mktemp("broker"), "solo")
     server.start()
     yield server
-    server.stop()
+    server.discard()
 
 
 @pytest.fixture
 def make_server(tmp_path: Path) -> Iterator:
-    """Start extra servers for one test; all are stopped at the end, by pid."""
+    """Start extra servers for one test; all are killed -9 at the end, by pid."""
     started: list[ServerProcess] = []
 
     def make(name: str = "solo", **overrides: object) -> ServerProcess:
@@ -30,10 +51,10 @@ def make_server(tmp_path: Path) -> Iterator:
 
     yield make
     for server in started:
-        server.stop()
+        server.discard()
 
 
 @pytest.fixture
 def make_pair(tmp_path: Path) -> Iterator[MakePair]:
-    """Build primary/backup pairs of real processes for one test; all stopped at the end."""
+    """Build primary/backup pairs of real processes for one test; all killed -9 at the end."""
     yield from pair_factory(tmp_path)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import threading
 import time
@@ -181,9 +183,13 @@ class Pair:
     # -- processes --------------------------------------------------------------------------
 
     def start(self, first: str = "primary") -> Pair:
+        """Both processes spawned at once (``first`` a moment before the other), then
+        waited for together: as a pair started by ``amqha pair``, and one start's time."""
         order = self.servers if first == "primary" else list(reversed(self.servers))
         for server in order:
-            server.start()
+            server.start(wait=False)
+        for server in order:
+            server.wait_ready()
         return self
 
     def kill(self, server: ServerProcess) -> Kill:
@@ -194,8 +200,30 @@ class Pair:
         return kill
 
     def stop(self) -> None:
+        """A clean stop of both servers at once (SIGTERM to both, as ``amqha pair`` on
+        Ctrl-C; one still running after 5 s is killed -9), then of the proxies.
+
+        At once: stopped one after the other, the second outlived the first by the first's
+        whole stop, and on a loaded machine that was over a timeout: it logged its peer
+        lost, an incident the report then counted."""
+        for server in self.servers:
+            if server.alive:
+                assert server.process is not None
+                os.kill(server.process.pid, signal.SIGTERM)
         for server in self.servers:
             server.stop()
+        for proxy in self.proxies:
+            proxy.stop()
+
+    def discard(self) -> None:
+        """The fixture's end of a pair once its test is over: both servers killed -9 (the
+        test checks nothing more of them; one that checks a clean stop calls ``stop``)."""
+        for server in self.servers:
+            if server.alive:
+                assert server.process is not None
+                os.kill(server.process.pid, signal.SIGKILL)
+        for server in self.servers:
+            server.kill()
         for proxy in self.proxies:
             proxy.stop()
 
@@ -625,7 +653,7 @@ MakePair = Callable[..., "Pair"]
 def pair_factory(tmp_path: Path) -> Iterator[MakePair]:
     """Body of the ``make_pair`` fixture: build pairs (not started) for one test.
 
-    All are stopped at the end, by pid. On teardown each server's log tail and event log
+    All are killed -9 at the end, by pid. On teardown each server's log tail and event log
     are printed: pytest shows them only when the test failed.
     """
     pairs: list[Pair] = []
@@ -637,7 +665,7 @@ def pair_factory(tmp_path: Path) -> Iterator[MakePair]:
 
     yield make
     for pair in pairs:
-        pair.stop()
+        pair.discard()
         for server in pair.servers:
             print(f"--- {server.name} log (tail) ---")
             print("\n".join(server.log().splitlines()[-40:]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -39,9 +40,24 @@ _PORT_RANGE = (20000, 32000)
 _handed_out: set[int] = set()
 
 
+def port_range() -> tuple[int, int]:
+    """The ports this test process draws from: the whole range, or, when pytest-xdist runs
+    the suite in several worker processes, this worker's own slice of it (so two workers
+    never hand out the same port between the check that it is free and the bind)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2:
+        return _PORT_RANGE
+    low, high = _PORT_RANGE
+    width = (high - low) // count
+    index = int(worker[2:]) % count
+    return low + index * width, low + (index + 1) * width
+
+
 def free_port() -> int:
+    ports = port_range()
     for _ in range(1000):
-        port = random.randrange(*_PORT_RANGE)
+        port = random.randrange(*ports)
         if port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -51,7 +67,13 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port in {_PORT_RANGE}")
+    raise RuntimeError(f"no free port in {ports}")
+
+
+def soak_size(quick: int, full: int) -> int:
+    """A soak-sized loop's count: ``quick`` (enough to show the point) in ``make test``,
+    ``full`` under ``make soak`` (``SOAK=1``), which runs the tests marked ``soak``."""
+    return full if os.environ.get("SOAK") == "1" else quick
 
 
 def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
@@ -185,8 +207,11 @@ class ServerProcess:
             self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 15.0) -> None:
-        """Until this process says it listens (a connect alone could reach another listener)."""
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until this process says it listens (a connect alone could reach another listener).
+
+        A start takes under a second on a quiet machine; the bound is for one whose two
+        cores are shared with parallel test workers and more (15 s was seen to pass)."""
         deadline = time.monotonic() + timeout
         banner = f"listening on {self.address}"
         while time.monotonic() < deadline:
@@ -230,10 +255,17 @@ class ServerProcess:
             raise
 
     def stop(self) -> None:
+        """A clean stop (SIGTERM), a kill -9 if it takes over 5 s."""
         if self.alive:
             with contextlib.suppress(Exception):
                 self.terminate(timeout=5)
             self.kill()
+
+    def discard(self) -> None:
+        """The end of a fixture's server once its test is over: kill -9, at once. Nothing
+        checks how it stops (a test that checks a clean stop calls ``terminate`` or
+        ``stop`` itself), and a clean stop costs up to seconds per server."""
+        self.kill()
 
 
 # amqplib (Node.js), for the tests that show what its users read. Installed once with npm
@@ -244,13 +276,23 @@ NODE_MODULES = ROOT / "var" / "node" / "node_modules"
 
 
 def amqplib_modules() -> Path | str:
-    """The node_modules directory holding amqplib, or why it cannot be had here."""
+    """The node_modules directory holding amqplib, or why it cannot be had here.
+
+    Test processes running side by side (pytest-xdist workers) install it one at a time: the
+    first installs under a lock on var/node, the others wait and then find it there."""
     if shutil.which("node") is None:
         return "node is not installed"
-    if (NODE_MODULES / "amqplib" / "package.json").exists():
-        return NODE_MODULES
-    if shutil.which("npm") is None:
-        return "npm is not installed, and amqplib is not in var/node"
+    NODE_MODULES.parent.mkdir(parents=True, exist_ok=True)
+    with open(NODE_MODULES.parent / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (NODE_MODULES / "amqplib" / "package.json").exists():
+            return NODE_MODULES
+        if shutil.which("npm") is None:
+            return "npm is not installed, and amqplib is not in var/node"
+        return _npm_install_amqplib()
+
+
+def _npm_install_amqplib() -> Path | str:
     try:
         done = subprocess.run(
             [

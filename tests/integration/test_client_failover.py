@@ -18,7 +18,7 @@ import pytest
 
 from amqha.client import Consumer, Publisher, PublisherFull, PublishFailed, connect_robust
 from tests.pairs import MakePair, pair_info, poll
-from tests.support import ServerProcess
+from tests.support import ServerProcess, soak_size
 
 FAILED_OVER = re.compile(r"^(.+) failed over: lost (\S+), (\S+) serves now, after [\d.]+ s")
 
@@ -78,14 +78,16 @@ def logged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixtur
     yield caplog
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(300)
-async def test_publisher_and_consumer_ride_20_kills_of_the_active_and_lose_nothing(
+async def test_publisher_and_consumer_ride_kills_of_the_active_and_lose_nothing(
     make_pair: MakePair, logged: pytest.LogCaptureFixture
 ) -> None:
-    """Each round: the PASSIVE in sync (by its event log), 30 messages sent, the ACTIVE
-    killed with some of them unconfirmed, every one confirmed after the failover, the
-    killed server restarted. At the end every confirmed message was consumed."""
-    kills = 20
+    """Each round (6 in ``make test``, 20 in ``make soak``): the PASSIVE in sync (by its
+    event log), 30 messages sent, the ACTIVE killed with some of them unconfirmed, every
+    one confirmed after the failover, the killed server restarted. At the end every
+    confirmed message was consumed."""
+    kills = soak_size(6, 20)
     pair = make_pair().start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     urls = [pair.primary.url, pair.backup.url]

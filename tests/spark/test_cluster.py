@@ -24,7 +24,7 @@ from tests.spark.compare import same
 from tests.support import ROOT, wait_until
 
 pytestmark = [
-    pytest.mark.spark,
+    pytest.mark.spark(child=True),  # Spark in child processes only
     pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java"),
 ]
 SPARK_HOME = Path(__import__("pyspark").__file__).parent

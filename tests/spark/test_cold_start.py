@@ -22,7 +22,7 @@ from tests.spark.compare import same
 from tests.support import ROOT
 
 pytestmark = [
-    pytest.mark.spark,
+    pytest.mark.spark(child=True),  # Spark in a child process only
     pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java"),
 ]
 RUN_TIMEOUT = 600.0  # the run that writes the archive takes longest

@@ -37,7 +37,7 @@ from tests.support import ROOT
 QUEUE = "e2e-report"
 
 
-@pytest.mark.spark
+@pytest.mark.spark(child=True)  # Spark in a child process only
 async def test_report_shows_each_takeover_with_its_cause_and_outage(
     make_pair: MakePair, tmp_path: Path
 ) -> None:
