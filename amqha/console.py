@@ -41,8 +41,7 @@ from urllib.parse import quote, unquote, urlsplit
 import aio_pika
 import aiormq
 import click
-from pamqp import commands, exceptions
-from pamqp.header import ContentHeader
+from pamqp import exceptions
 
 from .channel import REPLY_TO
 from .core.message import Message
@@ -51,7 +50,7 @@ from .dual import dual_active
 from .federation.agent import Refused
 from .gate import ConsoleRefused
 from .logtext import escaped
-from .wire import address_of
+from .wire import address_of, json_answer
 
 COMMANDS = (
     "status",
@@ -149,13 +148,13 @@ class ConsoleService:
         reply(answer)
 
     def _reply(self, queue: Any, correlation_id: str | None, answer: dict[str, Any]) -> None:
-        header, body = _answer_frames(correlation_id, answer)
+        header, body = json_answer(correlation_id, answer)
         self.broker.enqueue(Message(address_of("", queue.name), header, body), (queue,))
 
     def _reply_direct(
         self, consumer: Any, address: str, correlation_id: str | None, answer: dict[str, Any]
     ) -> None:
-        header, body = _answer_frames(correlation_id, answer)
+        header, body = json_answer(correlation_id, answer)
         consumer.deliver(None, Message(address_of("", address), header, body), False)
 
     # -- commands -------------------------------------------------------------------------
@@ -634,17 +633,6 @@ def _errno_text(error: BaseException) -> str:
     if len(error.args) >= 2 and isinstance(error.args[0], int):
         return str(error.args[1])
     return str(error) or type(error).__name__
-
-
-def _answer_frames(correlation_id: str | None, answer: dict[str, Any]) -> tuple[bytes, bytes]:
-    body = json.dumps(answer, default=str).encode()
-    header = ContentHeader(
-        body_size=len(body),
-        properties=commands.Basic.Properties(
-            content_type="application/json", correlation_id=correlation_id
-        ),
-    ).marshal()
-    return header, body
 
 
 def _reply_text(error: BaseException) -> str:

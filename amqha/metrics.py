@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .httpbounds import BoundedSocket
 from .logtext import escaped
 
 if TYPE_CHECKING:
@@ -467,28 +468,25 @@ class Pages:
         self.worker.shutdown(wait=False, cancel_futures=True)
 
 
-class ScrapeHandler(web.RequestHandler):
-    """aiohttp's HTTP/1.1 protocol for one scrape connection, with the endpoint's bounds
-    on top: the request must be in within REQUEST_TIMEOUT of the connection (aiohttp has
-    no timer for a request's head on every version it supports), its answer taken within
-    RESPONSE_TIMEOUT of that; past either the socket is aborted."""
+class ScrapeHandler(BoundedSocket):
+    """One scrape connection, with the endpoint's bounds on top of aiohttp's HTTP/1.1: the
+    request must be in within REQUEST_TIMEOUT of the connection, its answer taken within
+    RESPONSE_TIMEOUT of that; past either the socket is aborted (``BoundedSocket``)."""
 
-    __slots__ = ("endpoint", "answering", "timer")
+    __slots__ = ("endpoint", "answering")
+
+    first_timeout = REQUEST_TIMEOUT
 
     def __init__(self, manager: web.Server, endpoint: MetricsEndpoint, **options: Any) -> None:
         super().__init__(manager, **options)
         self.endpoint = endpoint
         self.answering = False
-        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.drop)
         self.endpoint.opened(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
         self.endpoint.closed(self)
         super().connection_lost(exc)
 
@@ -496,30 +494,13 @@ class ScrapeHandler(web.RequestHandler):
         """The request is parsed: from here its answer has RESPONSE_TIMEOUT, the page's
         making included."""
         self.answering = True
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = asyncio.get_running_loop().call_later(RESPONSE_TIMEOUT, self.drop)
+        self.drop_after(RESPONSE_TIMEOUT)
 
-    def drop(self) -> None:
-        # abort, not close: close would wait for a scraper that does not read.
-        if self.transport is not None:
-            self.transport.abort()
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
+    def unparsable(
+        self, request: web.BaseRequest, error: HttpProcessingError, status: int
     ) -> web.StreamResponse:
-        if not isinstance(exc, HttpProcessingError):
-            return super().handle_error(request, status, exc, message)
-        # A request that cannot be parsed is the client's doing: no traceback in the log
-        # for it, and no echo of what it sent.
-        log.debug("metrics: bad request from %s: %s", request.remote, escaped(exc))
-        if isinstance(exc, LineTooLong):
-            return reply(431, b"request too large\n")
-        return reply(400, b"bad request\n")
+        log.debug("metrics: bad request from %s: %s", request.remote, escaped(error))
+        return reply(status, b"request too large\n" if status == 431 else b"bad request\n")
 
 
 class ScrapeServer(web.Server):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import calendar
 import datetime
 import decimal
+import json
 import struct
 import time
 from typing import Any, cast
@@ -724,3 +725,16 @@ def with_headers(header_payload: bytes, headers: dict[str, Any]) -> bytes:
         + field_table(headers)
         + header_payload[at:]
     )
+
+
+def json_answer(correlation_id: str | None, answer: dict[str, Any]) -> tuple[bytes, bytes]:
+    """The content header and body of a control plane's JSON answer (the console's, the
+    federation upstream's), to be delivered to the asker's reply address."""
+    body = json.dumps(answer, default=str).encode()
+    header = ContentHeader(
+        body_size=len(body),
+        properties=commands.Basic.Properties(
+            content_type="application/json", correlation_id=correlation_id
+        ),
+    ).marshal()
+    return header, body

@@ -24,13 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pamqp import commands
-from pamqp.header import ContentHeader
-
 from ..core.message import Message
 from ..core.vhost import FEDERATION_EXCHANGE
 from ..logtext import escaped
-from ..wire import address_of
+from ..wire import address_of, json_answer
 from . import names
 
 FEDERATION_TAG = "federation"
@@ -289,13 +286,7 @@ class UpstreamService:
         anywhere else."""
         if not reply_to:
             return
-        body = json.dumps(answer, default=str).encode()
-        header = ContentHeader(
-            body_size=len(body),
-            properties=commands.Basic.Properties(
-                content_type="application/json", correlation_id=correlation_id
-            ),
-        ).marshal()
+        header, body = json_answer(correlation_id, answer)
         consumer = self.broker.reply_consumer(reply_to)
         if consumer is not None and consumer.channel.connection is connection:
             consumer.deliver(None, Message(address_of("", reply_to), header, body), False)

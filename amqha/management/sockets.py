@@ -30,9 +30,10 @@ import time
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..auth import LogLimiter, source_of
+from ..httpbounds import BoundedSocket
 from ..logtext import escaped
 
 log = logging.getLogger("amqha.management")
@@ -44,10 +45,12 @@ LOG_BURST = 5
 LOG_WINDOW = 60.0
 
 
-class ManagedSocket(web.RequestHandler):
+class ManagedSocket(BoundedSocket):
     """One socket of the listener, counted by its ``SocketTable``."""
 
-    __slots__ = ("table", "source", "asked", "busy", "logged_in", "timer")
+    __slots__ = ("table", "source", "asked", "busy", "logged_in")
+
+    first_timeout = REQUEST_TIMEOUT
 
     def __init__(self, manager: web.Server, table: SocketTable, **options: Any) -> None:
         super().__init__(manager, **options)
@@ -56,18 +59,14 @@ class ManagedSocket(web.RequestHandler):
         self.asked = False  # a whole request has come in
         self.busy = False  # a request is being answered
         self.logged_in = False  # the last request carried a good login (set on its login)
-        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.source = source_of(str(peer[0])) if peer else ""
-        self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.drop)
+        super().connection_made(transport)
         self.table.opened(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
         self.table.closed(self)
         super().connection_lost(exc)
 
@@ -75,9 +74,7 @@ class ManagedSocket(web.RequestHandler):
         """A request has been parsed: it is being answered."""
         self.asked = True
         self.busy = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.stop_timer()
 
     def answered(self, response: web.StreamResponse, logged_in: bool) -> None:
         """The answer is made; without a login the socket closes once it is sent."""
@@ -86,24 +83,11 @@ class ManagedSocket(web.RequestHandler):
         if not self.logged_in:
             response.force_close()
 
-    def drop(self) -> None:
-        # abort, not close: close would wait for a client that does not read.
-        if self.transport is not None:
-            self.transport.abort()
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
+    def unparsable(
+        self, request: web.BaseRequest, error: HttpProcessingError, status: int
     ) -> web.StreamResponse:
-        if not isinstance(exc, HttpProcessingError):
-            return super().handle_error(request, status, exc, message)
-        # A request that cannot be parsed is the client's doing: one short line (at most
-        # LOG_BURST a minute, with a count of the ones left out), no traceback, no echo.
-        self.table.bad_request(request.remote, exc)
-        status = 431 if isinstance(exc, LineTooLong) else 400
+        # One short line (at most LOG_BURST a minute, with a count of the ones left out).
+        self.table.bad_request(request.remote, error)
         reason = "request too large" if status == 431 else "bad request"
         response = web.json_response({"error": "bad_request", "reason": reason}, status=status)
         response.force_close()
