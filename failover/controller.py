@@ -18,6 +18,7 @@ decides (``fsm``), how a message is signed and checked (``peer_message``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -198,6 +199,11 @@ class FailoverController(FreezeRule):
         nonce gets nothing (whatever listens there is not our peer)."""
         nonce = feedauth.parse_nonce(server_properties.get(feedauth.NONCE_PROPERTY))
         if nonce is None:
+            # Whatever listens there is not our peer; a server that is not amqha at all is
+            # reported as a link to one would be (on the broker's loop: this runs on the
+            # heartbeat thread's).
+            with contextlib.suppress(RuntimeError):  # the broker's loop is closing
+                self.loop.call_soon_threadsafe(self._on_link_up, dict(server_properties))
             raise ConnectionError("the peer gave no login nonce: not logging in to it")
         return keys.peering_login_proof(
             self.config.failover.secret, nonce, self.config.failover.peer_user

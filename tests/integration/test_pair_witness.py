@@ -266,10 +266,16 @@ async def test_with_a_witness_a_rejecting_firewall_between_the_servers_makes_no_
         proxy.stop()  # its port now refuses: the kernel answers with a reset
     lost = await poll(lambda: records(pair, pair.backup, "peer_lost"), 60, "a peer_lost record")
     assert lost[0]["evidence"] == "refused"
-    # Clients knock on the backup for several timeouts: every vote is refused.
+    # Clients knock on the backup for several timeouts: no vote is let in. A knock is
+    # refused, or sent on to the primary while the backup still counts it alive (a pause of
+    # the backup's own on a loaded machine restarts its peer's clock: docs/failover.md,
+    # "Freezes"); the backup never serves it.
     for _ in range(10):
-        with pytest.raises(Exception):  # noqa: B017 - refused, whatever the client's error
-            await client_vote([pair.backup], retry_for=0.5)
+        try:
+            served_by = await client_vote([pair.backup], retry_for=0.5)
+        except Exception:  # refused, whatever the client's error
+            continue
+        assert served_by["name"] == "primary", served_by
     refusals = records(pair, pair.backup, "refuse")
     assert refusals and all("witness" in r["reason"] for r in refusals)
     assert pair.state(pair.backup) == "PASSIVE"
