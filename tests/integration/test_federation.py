@@ -50,6 +50,15 @@ async def declare_exchange(url: str) -> None:
         await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
 
 
+async def bound_queue(url: str) -> None:
+    """A queue ``eu-prices`` bound to the exchange with ``eu.#``."""
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("eu-prices", durable=True)
+        await queue.bind(EXCHANGE, "eu.#")
+
+
 async def links(server: ServerProcess) -> list[dict[str, Any]]:
     async with asyncio.timeout(15), ConsoleClient(url_of(server, ADMIN)) as console:
         return list(await console.call("federation"))
@@ -375,11 +384,7 @@ async def federating_pair(make_server: Any, make_pair: MakePair) -> tuple[Server
     await london.wait_states("ACTIVE", "PASSIVE", timeout=30)
     primary = london.primary
     await declare_exchange(url_of(primary))
-    connection = await aio_pika.connect(url_of(primary), timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue("eu-prices", durable=True)
-        await queue.bind(EXCHANGE, "eu.#")
+    await bound_queue(url_of(primary))
     return central, london
 
 
@@ -490,11 +495,7 @@ async def test_a_kill_of_the_central_active_the_moment_its_passive_is_in_sync_lo
     london.start()
     try:
         await declare_exchange(london.url)
-        connection = await aio_pika.connect(london.url, timeout=10)
-        async with connection:
-            channel = await connection.channel()
-            queue = await channel.declare_queue("eu-prices", durable=True)
-            await queue.bind(EXCHANGE, "eu.#")
+        await bound_queue(london.url)
         await wait_link(london, running_with(1), "the link running")
         london.stop()  # the backlog builds up in the buffer queue
         backlog = [f"eu-{i}" for i in range(3000)]

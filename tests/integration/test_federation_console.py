@@ -19,6 +19,7 @@ from amqha.console import ConsoleClient
 from tests.integration.test_federation import (
     EXCHANGE,
     FED_USERS,
+    bound_queue,
     declare_exchange,
     drain,
     kill_the_downstream_active_under_load,
@@ -69,15 +70,6 @@ def stored(server: ServerProcess) -> dict[str, Any]:
 async def upstream_queues(server: ServerProcess) -> list[str]:
     async with asyncio.timeout(15), ConsoleClient(url_of(server, ADMIN)) as admin:
         return [q["name"] for q in await admin.call("queues")]
-
-
-async def bound_queue(url: str) -> None:
-    """A queue ``eu-prices`` bound to the exchange with ``eu.#``."""
-    connection = await aio_pika.connect(url, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue("eu-prices", durable=True)
-        await queue.bind(EXCHANGE, "eu.#")
 
 
 async def take(url: str, until: str) -> list[str]:

@@ -24,6 +24,7 @@ from pamqp import commands
 from amqha.console import ConsoleClient
 from tests.integration.test_federation import (
     EXCHANGE,
+    bound_queue,
     declare_exchange,
     downstream,
     drain,
@@ -92,11 +93,7 @@ async def linked_london(tmp_path: Path, make_server: Any) -> tuple[ServerProcess
     london = downstream(tmp_path, [url_of(central, EFA)])
     london.start()
     await declare_exchange(london.url)
-    connection = await aio_pika.connect(london.url, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue("eu-prices", durable=True)
-        await queue.bind(EXCHANGE, "eu.#")
+    await bound_queue(london.url)
     await wait_link(london, running_with(1), "the binding upstream")
     return central, london
 

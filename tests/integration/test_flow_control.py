@@ -26,6 +26,7 @@ from tests.integration.test_federation import (
     EXCHANGE,
     FED_USERS,
     TIMINGS,
+    bound_queue,
     declare_exchange,
     links,
     wait_link,
@@ -314,11 +315,7 @@ async def test_an_away_downstream_drains_the_upstream_its_buffer_queue_filled(
     publisher: FloodPublisher | None = None
     try:
         await declare_exchange(london.url)
-        connection = await aio_pika.connect(london.url, timeout=10)
-        async with connection:
-            channel = await connection.channel()
-            queue = await channel.declare_queue("eu-prices", durable=True)
-            await queue.bind(EXCHANGE, "eu.#")
+        await bound_queue(london.url)
         await wait_link(london, lambda link: link["bindings"]["confirmed"] == 2, "bound upstream")
         london.stop()
 
