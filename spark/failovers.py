@@ -185,10 +185,13 @@ def _failover(
     # A freeze of the old ACTIVE that the takeover happened in (or, with a loss, that lasted
     # until the loss): it served nothing from the freeze's start, its last heartbeat tick.
     reached = taken if lost_ts is None else min(lost_ts, taken)
+    # The freeze's start is the last heartbeat tick before it, which may come just before
+    # the run's start (a run begun, then the process stopped within a heartbeat): any freeze
+    # that overlaps the run counts, from the run's start at the earliest.
     frozen = [
-        (s, e)
+        (max(s, old.start), e)
         for s, e in marks.freezes.get(old.node, [])
-        if old.start <= s <= taken and e >= reached
+        if s <= taken and e >= reached and e > old.start
     ]
     freeze = max(frozen, default=None)
     # A witness fence stops the old ACTIVE confirming before its run ends.

@@ -262,6 +262,19 @@ async def test_with_a_witness_a_rejecting_firewall_between_the_servers_makes_no_
     await connection.close()
     ledger = Ledger()
 
+    async def witness_hears_both() -> bool:
+        # The premise: the witness hears the primary, and the primary hears the witness (a
+        # ping counts once it echoes a challenge: a round trip after a server starts).
+        primary = (await pair.status(pair.primary)).get("witness") or {}
+        backup = (await pair.status(pair.backup)).get("witness") or {}
+        return bool(primary.get("reachable")) and backup.get("agrees_peer_gone") is False
+
+    for _ in range(300):  # at most about 30 s
+        if await witness_hears_both():
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the witness does not hear both servers")
     for proxy in pair.proxies:
         proxy.stop()  # its port now refuses: the kernel answers with a reset
     lost = await poll(lambda: records(pair, pair.backup, "peer_lost"), 60, "a peer_lost record")
