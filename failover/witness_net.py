@@ -292,7 +292,15 @@ class WitnessServer(asyncio.DatagramProtocol):
         # whose answer was lost, becomes fresh on its next ping.
         counted = sender.fresh(ping)
         if counted:
+            # A boot this witness has not heard of a server it has heard before: the
+            # server restarted. What was said of its earlier process (overtaken) is not said
+            # of this one, which starts PRIMARY or BACKUP and follows its start-up rules;
+            # its first ping is not counted (no challenge yet), and by its second it may
+            # already be ACTIVE.
+            restarted = bool(sender.boots) and ping.boot not in sender.boots
             sender.heard(ping, secrets.token_hex(8))
+            if restarted:
+                self.overtaken.discard(key)
             if key not in self.seen:
                 log.info("witness: first ping from %s of pair %s", ping.name, ping.pair)
                 if (ping.pair, "*") in self.overtaken:  # called silent before we heard it

@@ -267,3 +267,27 @@ def test_a_peering_login_proof_holds_for_its_nonce_user_and_secret_only() -> Non
     assert not keys.peering_login_holds(b"another secret", b"n" * 16, "peering", proof)
     assert not keys.peering_login_holds(SECRET, b"", "peering", proof)
     assert SECRET.decode() not in proof
+
+
+def test_a_restarted_server_is_not_overtaken_for_its_earlier_process() -> None:
+    """A server overtaken, then restarted (a new boot): its first ping only fetches a
+    challenge, and by its second it may be ACTIVE again. The mark was of its earlier
+    process: the new one's first counted ping clears it. Its earlier boot, still marked,
+    would not: only a step down clears that."""
+    clock, sent = Clock(), Sent()
+    witness = WitnessServer(SECRET, clock)
+    witness.transport = sent  # type: ignore[assignment]
+    ask(witness, sent, "a", "ACTIVE", 1)
+    clock.now += 2.0
+    assert ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2).peers["a"].age >= 1.2
+    assert ask(witness, sent, "a", "ACTIVE", 1).overtaken
+    echo, counted = "", None
+    for seq in range(1, 4):  # the restarted process: a new boot, ACTIVE from its first ping
+        ping = Ping("a+b", "a", "ACTIVE", 3, "n", 0.0, "boot-a-2", seq, echo)
+        witness.datagram_received(encode_ping(SECRET, ping), None)
+        answered = parse_answer(SECRET, sent.datagrams[-1])
+        echo = answered.challenge
+        if answered.counted:
+            counted = answered
+            break
+    assert counted is not None and not counted.overtaken
