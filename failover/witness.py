@@ -8,7 +8,7 @@ witnesses say taken together. Each server sends its witnesses a ping every heart
 name, state and epoch, a fresh nonce, its boot and a sequence number that grows within the
 boot, and the challenge of the witness's latest answer); a witness answers with how long
 ago it last heard each other server of the pair, and what that server said then. A
-witness that has never heard a server counts it silent since the witness started.
+witness that has never heard a server counts it silent since it first heard the pair.
 
 A ping counts as hearing its sender only if it is fresh: it echoes one of the last
 challenges the witness gave that sender, and its sequence number is above every one the
@@ -76,7 +76,7 @@ class Ping:
 class PeerSeen:
     """One other server of the pair, as a witness last heard it."""
 
-    age: float  # seconds since the witness last heard it (or since the witness started)
+    age: float  # seconds since the witness last heard it (or since it first heard the pair)
     state: str | None  # what it said then; None if the witness never heard it
     epoch: int | None
 
@@ -86,7 +86,9 @@ class Answer:
     pair: str
     to: str
     nonce: str
-    uptime: float
+    # Seconds since the witness first heard any server of this pair ("uptime" on the wire):
+    # how long a server it never heard has been silent at most.
+    known_for: float
     peers: dict[str, PeerSeen]
     # This witness told the asker's peer that the asker was silent (a takeover may have
     # followed), and the asker has not stepped down since: it must not serve on the
@@ -179,7 +181,7 @@ def encode_answer(secret: bytes, answer: Answer) -> bytes:
     }
     body: dict[str, Any] = {"k": "answer", "pair": answer.pair, "to": answer.to}
     body["nonce"] = answer.nonce
-    body |= {"uptime": round(answer.uptime, 4), "peers": peers, "overtaken": answer.overtaken}
+    body |= {"uptime": round(answer.known_for, 4), "peers": peers, "overtaken": answer.overtaken}
     body |= {"challenge": answer.challenge, "counted": answer.counted}
     return _sign(secret, json.dumps(body, separators=(",", ":")).encode())
 
@@ -274,8 +276,8 @@ class WitnessView:
         seen = answer.peers.get(peer) if peer is not None else None
         if seen is None and peer is None and len(answer.peers) == 1:
             seen = next(iter(answer.peers.values()))
-        if seen is None:  # never heard: silent since the witness started
-            seen = PeerSeen(answer.uptime, None, None)
+        if seen is None:  # never heard: silent since the witness first heard the pair
+            seen = PeerSeen(answer.known_for, None, None)
         self.latest[index] = Heard(now, seen, answer.overtaken)
 
     def _fresh(self, now: float, window: float) -> list[Heard]:

@@ -226,6 +226,11 @@ class WitnessServer(asyncio.DatagramProtocol):
         self.clock = clock
         self.started = clock()
         self.seen: dict[tuple[str, str], tuple[float, str, int]] = {}
+        # Per pair: when this witness first heard any of its servers. A server it never
+        # heard has been silent at most that long here: a witness that was up before the
+        # pair started has not heard a server that is still fetching its first challenge,
+        # yet it was not silent for the witness's whole uptime.
+        self.pairs: dict[str, float] = {}
         # Per server: its boots' sequence numbers and the challenges it may echo.
         self.senders: dict[tuple[str, str], Sender] = {}
         # Servers this witness called silent to their peer, until they step down.
@@ -307,6 +312,7 @@ class WitnessServer(asyncio.DatagramProtocol):
                     self.overtaken.discard((ping.pair, "*"))
                     self.overtaken.add(key)
             self.seen[key] = (now, ping.state, ping.epoch)
+            self.pairs.setdefault(ping.pair, now)
             self.pings += 1
             if ping.state != "ACTIVE":
                 self.overtaken.discard(key)
@@ -314,7 +320,7 @@ class WitnessServer(asyncio.DatagramProtocol):
             self.stale += 1
             if sender.latest() is None:
                 sender.challenges.append(secrets.token_hex(8))
-        uptime = now - self.started
+        known_for = now - self.pairs.get(ping.pair, now)
         peers = {
             name: PeerSeen(now - at, state, epoch)
             for (pair, name), (at, state, epoch) in self.seen.items()
@@ -326,13 +332,13 @@ class WitnessServer(asyncio.DatagramProtocol):
             for name, seen in peers.items():
                 if seen.age >= ping.silent_for:
                     self.overtaken.add((ping.pair, name))
-            if not peers and uptime >= ping.silent_for:
+            if not peers and known_for >= ping.silent_for:
                 self.overtaken.add((ping.pair, "*"))
         answer = Answer(
             ping.pair,
             ping.name,
             ping.nonce,
-            uptime,
+            known_for,
             peers,
             key in self.overtaken,
             sender.latest() or "",

@@ -431,6 +431,21 @@ async def poll(
         await asyncio.sleep(interval)
 
 
+async def witness_hears_both(pair: Pair, timeout: float = 30.0) -> None:
+    """Until the witness hears both servers and each hears it: the primary's witness is
+    reachable and the backup's witness does not call the primary gone (a server is heard
+    from its second ping, its first fetching a challenge). The premise of a witness test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        primary = (await pair.status(pair.primary)).get("witness") or {}
+        backup = (await pair.status(pair.backup)).get("witness") or {}
+        if primary.get("reachable") and backup.get("agrees_peer_gone") is False:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not reached after {timeout} s: the witness hears both servers")
+        await asyncio.sleep(0.1)
+
+
 def pair_info(connection: aio_pika.abc.AbstractConnection) -> dict[str, Any]:
     """The ``amqha`` server property of the server this connection ended up on."""
     transport = connection.transport  # type: ignore[attr-defined]

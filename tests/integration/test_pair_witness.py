@@ -26,7 +26,16 @@ import aiormq
 import pytest
 
 from tests.durability import Ledger, drain, publish_confirmed
-from tests.pairs import ADMIN, PAIR_SECRET, MakePair, Pair, client_vote, poll, url_of
+from tests.pairs import (
+    ADMIN,
+    PAIR_SECRET,
+    MakePair,
+    Pair,
+    client_vote,
+    poll,
+    url_of,
+    witness_hears_both,
+)
 from tests.support import ROOT, free_port, until
 
 
@@ -251,7 +260,10 @@ async def test_with_a_witness_a_rejecting_firewall_between_the_servers_makes_no_
     witness = Witness(tmp_path / "witness", PAIR_SECRET).start()
     witnesses.append(witness)
     address = f"127.0.0.1:{witness.port}"
-    pair = make_pair(proxied=True, heartbeat=0.2, timeout=1.0)
+    # A 3 s timeout: the witness calls the primary gone after 6 s unheard, far past any
+    # pause of a loaded machine's (at 1 s, a 2 s stall of the primary's loop on a busy
+    # machine was, rightly, a death to the witness).
+    pair = make_pair(proxied=True, heartbeat=0.2, timeout=3.0)
     for server in pair.servers:
         server.config["failover"] = {**server.config["failover"], "witness": [address]}
     pair.start()
@@ -262,19 +274,7 @@ async def test_with_a_witness_a_rejecting_firewall_between_the_servers_makes_no_
     await connection.close()
     ledger = Ledger()
 
-    async def witness_hears_both() -> bool:
-        # The premise: the witness hears the primary, and the primary hears the witness (a
-        # ping counts once it echoes a challenge: a round trip after a server starts).
-        primary = (await pair.status(pair.primary)).get("witness") or {}
-        backup = (await pair.status(pair.backup)).get("witness") or {}
-        return bool(primary.get("reachable")) and backup.get("agrees_peer_gone") is False
-
-    for _ in range(300):  # at most about 30 s
-        if await witness_hears_both():
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise AssertionError("the witness does not hear both servers")
+    await witness_hears_both(pair)
     for proxy in pair.proxies:
         proxy.stop()  # its port now refuses: the kernel answers with a reset
     lost = await poll(lambda: records(pair, pair.backup, "peer_lost"), 60, "a peer_lost record")

@@ -27,7 +27,7 @@ from amqha.client import Consumer, Publisher
 from amqha.quarantine import read_quarantine
 from tests import netns
 from tests.durability import Ledger, drain, publish_confirmed
-from tests.pairs import Pair, hold, poll
+from tests.pairs import Pair, hold, poll, witness_hears_both
 from tests.sites import Site
 from tests.support import ServerProcess
 
@@ -80,6 +80,8 @@ async def started(site: Site) -> Pair:
     connection = await aiormq.connect(pair.primary.url)
     await (await connection.channel()).queue_declare(QUEUE, durable=True)
     await connection.close()
+    if site.witness is not None:
+        await witness_hears_both(pair)  # the premise of every witness scenario
     return pair
 
 

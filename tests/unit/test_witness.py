@@ -165,7 +165,7 @@ def test_the_witness_answers_how_long_ago_it_heard_the_other_server() -> None:
     witness = WitnessServer(SECRET, clock)
     witness.transport = sent  # type: ignore[assignment]
     first = ask(witness, sent, "a", "ACTIVE", 1)
-    assert first.peers == {} and first.to == "a"  # b never heard: the server counts uptime
+    assert first.peers == {} and first.to == "a"  # b never heard: silent since the pair was
     clock.now += 0.5
     assert ask(witness, sent, "b", "PASSIVE", 1).peers == {"a": PeerSeen(0.5, "ACTIVE", 1)}
     clock.now += 2.0
@@ -230,9 +230,30 @@ def test_a_server_called_silent_before_the_witness_ever_heard_it_is_overtaken() 
     clock, sent = Clock(), Sent()
     witness = WitnessServer(SECRET, clock)
     witness.transport = sent  # type: ignore[assignment]
-    clock.now += 5.0
-    assert ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2).uptime >= 1.2
+    ask(witness, sent, "b", "PASSIVE", 1)
+    clock.now += 1.5
+    assert ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2).known_for >= 1.2
     assert ask(witness, sent, "a", "ACTIVE", 1).overtaken
+
+
+def test_a_witness_up_long_before_the_pair_counts_silence_from_the_pairs_first_ping() -> None:
+    """A witness up for minutes has not heard a primary still fetching its first challenge
+    when the backup first asks: the primary has been silent for no longer than the witness
+    has known the pair, so the backup is not told it is gone, nor the primary marked."""
+    clock, sent = Clock(), Sent()
+    witness = WitnessServer(SECRET, clock)
+    witness.transport = sent  # type: ignore[assignment]
+    clock.now += 300.0
+    first = ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2)
+    assert first.peers == {} and first.known_for < 1.2
+    view = WitnessView(1)
+    view.heard(0, clock.now, first, "a")
+    assert not view.peer_gone(clock.now, 1.0, 1.2)
+    assert not ask(witness, sent, "a", "ACTIVE", 1).overtaken
+    clock.now += 5.0  # a silent since: the usual count
+    later = ask(witness, sent, "b", "PASSIVE", 1, silent_for=1.2)
+    view.heard(0, clock.now, later, "a")
+    assert later.peers["a"].age >= 1.2 and view.peer_gone(clock.now, 1.0, 1.2)
 
 
 async def test_a_witness_that_cannot_be_reached_is_logged_once_not_every_heartbeat(
