@@ -128,12 +128,15 @@ async def test_both_servers_over_their_watermark_keep_hearing_each_other(
 ) -> None:
     """guest floods a durable queue with no consumer; replication puts the same bytes on
     the backup (its watermark is the lower, so it crosses first), then the primary
-    crosses its own. Both stay over for longer than the pair's timeout many times over and
+    crosses its own. Both stay over for more than twice the pair's timeout and more
     than twice the publisher's heartbeat: the servers keep hearing each other, a client
     knocking at the backup is refused, the console answers, the publisher stays connected
     and blocked; a consumer drains, the publisher resumes, nothing confirmed is lost."""
     caplog.set_level(logging.WARNING, logger="aiormq.connection")
-    pair = make_pair(limits={"memory_high_watermark": "32MiB"})
+    # Pair timings with a loaded machine's slack (a 0.4 s timeout saw both servers' loops
+    # stall at once in a busy suite): a held peer link would still be silent for far longer
+    # than this timeout while both stay over their watermarks.
+    pair = make_pair(heartbeat=0.5, timeout=3.0, limits={"memory_high_watermark": "32MiB"})
     pair.backup.config["limits"] = {"memory_high_watermark": "16MiB"}
     pair.start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)

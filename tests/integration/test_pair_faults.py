@@ -130,6 +130,9 @@ async def test_an_epoch_that_cannot_be_stored_never_becomes_active(
     pair.backup.data_dir = small_fs / "backup"
     pair.start()
     await pair.wait_states("ACTIVE", "PASSIVE")
+    # In sync first: a replicated change the full disk refused would take the backup out of
+    # sync, and that refusal, not the epoch's, would answer the vote.
+    await pair.wait_in_sync(pair.backup, timeout=60)
     fill(small_fs)
     epoch = pair.epoch(pair.backup)
     pair.kill(pair.primary)
