@@ -476,6 +476,9 @@ class Broker:
         )
         self.loop.create_task(self.follower.start())
 
+    def passive_stalled(self, limit: float) -> bool:
+        return self.leading and self.feed.drop_if_stalled(limit)
+
     def following_in_sync(self) -> bool:
         follower = self.follower
         return follower.in_sync if follower is not None else True

@@ -302,6 +302,12 @@ class FailoverController(FreezeRule):
         # peer now would call a busy link a dead one.
         if self.running and late < self.config.failover.heartbeat:
             self._notice_peer_lost(self.loop.time())
+            now = self.loop.time()
+            if self.machine.state is fsm.State.ACTIVE and not self.machine.peer_alive(now):
+                # A silent peer whose feed has acked nothing for a timeout is lost to the
+                # confirms too (docs/durability.md, section 5, "A silent PASSIVE"); a
+                # PASSIVE that still speaks is only slow, and confirms wait for it.
+                self.broker.passive_stalled(self.timeout)
         if self.witness_client is not None and self.running:
             asking = self.machine.state is not fsm.State.ACTIVE
             self.witness_client.ping(

@@ -152,6 +152,14 @@ class Leader:
         self.unacked.clear()
         return was
 
+    def stalled(self, now: float, limit: float) -> float | None:
+        """While confirms wait for the PASSIVE: how long its oldest unacked run has
+        waited, if ``limit`` or more (a PASSIVE frozen, or its link stuck); else None."""
+        if not self.gating or not self.unacked:
+            return None
+        waited = now - next(iter(self.unacked.values())).sent_at
+        return waited if waited >= limit else None
+
     def unprotected_from(self, backlog_first_id: int | None, next_id: int) -> int:
         """The first message id the PASSIVE may not hold, for the unprotected mark when
         protection is lost: the oldest run sent and not acked that carries one, else the

@@ -374,3 +374,53 @@ async def test_both_frozen_the_active_thawed_alone_serves_again_by_a_clients_vot
     assert pair.states() == ("ACTIVE", "PASSIVE") and pair.epoch(primary) == 1
     assert pair.log_lines(primary, "so that they reconnect and vote")
     await assert_nothing_confirmed_lost(pair, confirms, queue)
+
+
+async def test_a_frozen_passive_holds_the_actives_confirms_for_a_timeout_not_a_link_heartbeat(
+    make_pair: MakePair,
+) -> None:
+    """The in-sync PASSIVE frozen, its links' AMQP heartbeat a minute (their own verdict
+    would take three): the ACTIVE stops waiting for it once it has acked nothing for the
+    failover timeout, says so, and confirms alone while the PASSIVE is still frozen. Thawed,
+    the PASSIVE is told, subscribes again and is in sync once more; nothing confirmed is
+    lost, and the PASSIVE never confirms."""
+    pair = make_pair(proxied=False, failover_extra={"link_heartbeat": 60})
+    pair.start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    await pair.wait_in_sync(pair.backup, timeout=60)
+    queue = f"freeze-{uuid.uuid4().hex[:8]}"
+    connection = await aiormq.connect(pair.primary.url)
+    await (await connection.channel()).queue_declare(queue, durable=True)
+    await connection.close()
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        assert pair.backup.process is not None
+        frozen_at = time.monotonic()
+        os.kill(pair.backup.process.pid, signal.SIGSTOP)
+        try:
+            # Confirms resume while the backup is still frozen (thawed as soon as they do).
+            await poll(
+                lambda: (
+                    records_after(pair, pair.primary, "sync", frozen_at)
+                    and confirms.by("primary", after=time.monotonic() - 0.5) >= 20
+                ),
+                60,
+                "the primary confirming alone",
+            )
+        finally:
+            os.kill(pair.backup.process.pid, signal.SIGCONT)
+        dropped = [
+            r for r in pair.events(pair.primary) if r["event"] == "sync" and r["side"] == "active"
+        ][-1]
+        assert dropped["sync"] == "out_of_sync" and "acked nothing for" in dropped["reason"]
+        await pair.wait_in_sync(pair.backup, timeout=60)
+        await poll(lambda: confirms.by("primary", after=time.monotonic() - 0.5) >= 20, 30, "more")
+        assert confirms.by("backup", after=frozen_at) == 0, "the frozen PASSIVE confirmed"
+        assert pair.states() == ("ACTIVE", "PASSIVE")
+    await assert_nothing_confirmed_lost(pair, confirms, queue)
+
+
+def records_after(pair: Pair, server: ServerProcess, event: str, since: float) -> list[dict]:
+    """``event`` records ``server`` wrote since monotonic time ``since``."""
+    wall = time.time() - (time.monotonic() - since)
+    return [r for r in pair.events(server) if r["event"] == event and r["ts"] >= wall]

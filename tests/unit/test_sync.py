@@ -126,3 +126,20 @@ def test_the_watermark_is_the_lowest_lsn_the_counting_sinks_hold() -> None:
     assert leader.holds() == 40
     assert watermark([leader.holds(), 70]) == 40 == leader.watermark(70)
     assert watermark([]) == 0
+
+
+def test_a_passive_is_stalled_only_while_confirms_wait_for_it() -> None:
+    """Its oldest unacked run's wait, once at the limit; never while catching up (confirms
+    do not wait for it then), nor with nothing unacked."""
+    leader = Leader()
+    leader.subscribe()
+    leader.sent(1, SentRun(40, True, None, 10.0, 10))
+    assert leader.stalled(100.0, 2.0) is None  # snapshot: the ACTIVE confirms alone
+    leader.acked(1, False, confirmed_lsn=40)
+    assert leader.in_sync and leader.stalled(100.0, 2.0) is None  # nothing unacked
+    leader.sent(2, SentRun(50, False, 7, 20.0, 10))
+    leader.sent(3, SentRun(60, False, 9, 21.5, 10))
+    assert leader.stalled(21.9, 2.0) is None  # waited 1.9 s
+    assert leader.stalled(22.0, 2.0) == 2.0  # the oldest counts
+    leader.acked(2, False, confirmed_lsn=40)
+    assert leader.stalled(22.0, 2.0) is None and leader.stalled(23.5, 2.0) == 2.0
