@@ -22,20 +22,25 @@ from config import ConfigError, load_config
 from config.loader import format_host_port
 from failover.epoch import EpochFileError
 
-from .console import PAIR_FILE, console
+from .ports import PAIR_FILE
 
 
 class _Commands(click.Group):
-    """Loads ``report`` (the Spark side) only when it is asked for: a server never imports it."""
+    """Loads ``report`` (the Spark side) and ``console`` (an AMQP client) only when asked
+    for: a server never imports them."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), "report"})
+        return sorted({*super().list_commands(ctx), "console", "report"})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name == "report":
             from spark.cli import report
 
             return report
+        if name == "console":
+            from .console import console
+
+            return console
         return super().get_command(ctx, name)
 
 
@@ -90,7 +95,7 @@ def start(
     settings: tuple[str, ...],
 ) -> None:
     """Start one broker and serve until SIGTERM or Ctrl-C."""
-    from .metrics import MetricsListenError
+    from .ports import MetricsListenError
     from .server import install_uvloop, serve
     from .store import StoreError
 
@@ -688,8 +693,6 @@ def _refusal(row: Any, answer: Any) -> str:
         return f"{what} was refused ({type(answer).__name__}: {answer})"
     return f"{what} was returned unroutable"
 
-
-main.add_command(console)
 
 if __name__ == "__main__":
     main()

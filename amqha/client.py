@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import re
 import time
 import typing
 import uuid
@@ -62,7 +61,8 @@ from amqha.client_watch import (
     Watching,
     with_heartbeat,
 )
-from peering.agent import error_chain
+
+from .gate import redirect_target
 
 log = logging.getLogger("amqha.client")
 
@@ -74,7 +74,6 @@ DEFAULT_CAPABILITIES = {
     "publisher_confirms": True,
 }
 REDIRECT_CAPABILITY = "connection.redirect"
-_NOT_ACTIVE = re.compile(r"NOT_ACTIVE - active server is (\S+)")
 
 
 class ConnectionRedirect(base.Frame):
@@ -114,17 +113,6 @@ def client_properties(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     capabilities[REDIRECT_CAPABILITY] = True
     properties["capabilities"] = capabilities
     return properties
-
-
-def redirect_target(error: BaseException | None, redirects: list[str]) -> str | None:
-    """Where a failed attempt was told to go: a Redirect frame, or a NOT_ACTIVE close text."""
-    if redirects:
-        return redirects[-1]
-    for each in error_chain(error):
-        match = _NOT_ACTIVE.search(str(each))
-        if match:
-            return match.group(1)
-    return None
 
 
 def _with_address(url: URL, address: str) -> URL:

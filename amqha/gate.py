@@ -1,7 +1,8 @@
 """The broker's side of the pair: the small interfaces between a broker and its pair.
 
 Owns: the answers the gate gives a client's Connection.Open (``Accept`` or ``Redirect``),
-the reply text of the 320 close that a server which is not ACTIVE sends, the ``Pair``
+the reply text of the 320 close that a server which is not ACTIVE sends and its reading
+(``redirect_target``: where a client or a federation link was told to go), the ``Pair``
 protocol the broker and the console call, ``Member``, what a pair's controller asks of
 its broker (lead, follow, report sync), and ``Standalone``, the pair of a server that
 runs alone (always serving, nothing to report).
@@ -12,8 +13,11 @@ imports it), frames or sockets. See docs/architecture.md ("The gate").
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from peering.agent import error_chain
 
 
 class Accept:
@@ -42,6 +46,20 @@ def not_active_text(to: str | None, reason: str | None = None) -> str:
     if reason:
         return f"NOT_ACTIVE - no active server: {reason}"
     return "NOT_ACTIVE - no active server"
+
+
+_NOT_ACTIVE = re.compile(r"NOT_ACTIVE - active server is (\S+)")
+
+
+def redirect_target(error: BaseException | None, redirects: list[str]) -> str | None:
+    """Where a failed attempt was told to go: a Redirect frame, or a NOT_ACTIVE close text."""
+    if redirects:
+        return redirects[-1]
+    for each in error_chain(error):
+        match = _NOT_ACTIVE.search(str(each))
+        if match:
+            return match.group(1)
+    return None
 
 
 class ConsoleRefused(Exception):

@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 
 from .httpbounds import BoundedSocket
 from .logtext import escaped
+from .ports import MetricsListenError
 
 if TYPE_CHECKING:
     from .host import MetricsSource
@@ -85,16 +86,6 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # What is answered: RabbitMQ's paths. The figures are per queue on both (RabbitMQ's
 # /metrics sums them unless return_per_object_metrics is set).
 PATHS = ("/metrics", "/metrics/per-object")
-
-
-class MetricsListenError(Exception):
-    """``metrics.listen`` cannot be listened on (a port taken: another server's metrics)."""
-
-    def __init__(self, address: str, error: OSError) -> None:
-        # asyncio's bind error repeats the address in its text: the errno's own words.
-        reason = os.strerror(error.errno) if error.errno else str(error)
-        super().__init__(f"cannot listen on {address}: {reason}")
-        self.address = address
 
 
 @dataclass(slots=True)

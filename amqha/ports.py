@@ -5,7 +5,9 @@ Owns: finding every listener of a server's config (any ``listen`` key, at any de
 plan that moves them (the two AMQP ports given on the command line, the others derived
 from them; or, with no ports given, each taken one replaced by a free one), and the
 overrides that carry the plan to ``amqha start --set`` (each server's listeners and the
-address its peer reaches it at). See docs/operations.md, "Running the pair".
+address its peer reaches it at), and the error of a metrics listener whose port is taken
+(here, so that ``amqha start`` catches it without importing the endpoint). See
+docs/operations.md, "Running the pair".
 
 Must not know: the broker, what a listener serves. It binds sockets only to ask whether
 an address is free.
@@ -15,15 +17,28 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 ROLES = ("primary", "backup")
+# Where `amqha pair` writes the servers' addresses for `amqha console`.
+PAIR_FILE = "var/pair.json"
 MAIN = "server.listen"  # the AMQP listener: the one --ports names
 # Where a server names its peer's listeners: they follow the peer's moves.
 PEER_KEYS = (("failover", ("peer", "peer_listen")), ("management", ("peer",)))
+
+
+class MetricsListenError(Exception):
+    """``metrics.listen`` cannot be listened on (a port taken: another server's metrics)."""
+
+    def __init__(self, address: str, error: OSError) -> None:
+        # asyncio's bind error repeats the address in its text: the errno's own words.
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        super().__init__(f"cannot listen on {address}: {reason}")
+        self.address = address
 
 
 @dataclass(frozen=True)

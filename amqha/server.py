@@ -51,7 +51,7 @@ from failover import keys
 from . import __version__, flow
 from .auth import Authenticator, Refused
 from .connection import CLOSED, OPEN, Connection
-from .console import ConsoleService
+from .console_service import ConsoleService
 from .core.apply import apply_run
 from .core.changes import ChangeLog
 from .core.message import Message
@@ -63,8 +63,6 @@ from .federation.agent import Federation
 from .federation.upstream import UpstreamService
 from .gate import Pair, Standalone
 from .logtext import escaped
-from .management.api import ManagementEndpoint
-from .metrics import MetricsEndpoint
 from .quarantine import (
     clear_incomplete,
     clear_unprotected_mark,
@@ -1048,10 +1046,19 @@ async def serve(
     await broker.start()
     broker.federation = federation
     federation.set_leading(broker.leading)
-    metrics = MetricsEndpoint(broker)
-    await metrics.start()
-    management = ManagementEndpoint(broker)
-    await management.start()
+    # The HTTP endpoints (aiohttp, prometheus_client, the report's timeline) are imported
+    # only when configured: a server without them starts that much sooner.
+    endpoints: list[Any] = []
+    if config.metrics_listen is not None:
+        from .metrics import MetricsEndpoint
+
+        endpoints.append(MetricsEndpoint(broker))
+    if config.management is not None:
+        from .management.api import ManagementEndpoint
+
+        endpoints.append(ManagementEndpoint(broker))
+    for endpoint in endpoints:
+        await endpoint.start()
     for service in services:
         await service.start()
     amqps = "" if config.tls is None else f", amqps on {config.tls.listen}"
@@ -1072,7 +1079,7 @@ async def serve(
     await federation.close()
     for service in reversed(services):
         await service.stop()
-    await management.stop()
-    await metrics.stop()
+    for endpoint in reversed(endpoints):
+        await endpoint.stop()
     broker.upstream.stop()
     await broker.stop()

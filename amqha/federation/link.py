@@ -37,8 +37,8 @@ from pamqp import commands as spec
 from pamqp.header import ContentHeader
 from yarl import URL
 
-from ..client import redirect_target
 from ..core.message import Message
+from ..gate import redirect_target
 from ..wire import address_of, with_headers
 from . import model, names
 from .forward import Forwarder

@@ -45,7 +45,7 @@ from pamqp.header import ContentHeader
 from config.tls import server_context
 
 from .. import __version__
-from ..console import read_events
+from ..console_service import read_events
 from ..core.message import Message
 from ..core.queue import new_queue
 from ..logtext import escaped
