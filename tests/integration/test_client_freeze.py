@@ -215,14 +215,16 @@ async def test_the_failover_line_counts_the_outage_from_the_last_frame_heard(
 async def test_a_publisher_keeps_an_active_that_confirms_late_but_answers(
     make_pair: MakePair,
 ) -> None:
-    """The PASSIVE frozen: the ACTIVE holds its confirms until it drops its frozen PASSIVE
-    from the feed (about 12 s: docs/client.md, "A silent server"). With ``silent_after``
-    shorter than that, the publisher's watch finds the confirms late; its probe is
-    answered, so it stays: a slow server is not a silent one. (Without the probe it would
-    leave the ACTIVE for a frozen server.) ``silent_after`` is 8 s, so that a probe has
-    4 s to be answered on a loaded machine, and the heartbeat 30 s, so that the server's
-    heartbeats (frames too) do not answer for the confirms."""
-    pair = await healthy_pair(make_pair)
+    """The PASSIVE frozen, with a failover timeout of 20 s: the ACTIVE holds its confirms
+    until it drops its frozen PASSIVE from the feed (a timeout of silence, or its link's
+    stuck verdict: docs/durability.md, section 5, "A silent PASSIVE"). With
+    ``silent_after`` shorter than that, the publisher's watch finds the confirms late; its
+    probe is answered, so it stays: a slow server is not a silent one. (Without the probe
+    it would leave the ACTIVE for a frozen server.) ``silent_after`` is 8 s, so that a
+    probe has 4 s to be answered on a loaded machine, and the heartbeat 30 s, so that the
+    server's heartbeats (frames too) do not answer for the confirms."""
+    pair = make_pair(heartbeat=0.5, timeout=20.0).start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=60)
     urls = [f"{pair.primary.url}?heartbeat=30", f"{pair.backup.url}?heartbeat=30"]
     async with Publisher(urls, setup=declare("late"), silent_after=8.0) as publisher:
         sending = Confirmed(publisher, "late").start()
