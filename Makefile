@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit lint bench bench-federation compat demo report clean venv soak soak-backlog simulate partitions nemesis
+.PHONY: run test durations unit lint bench bench-federation compat demo report clean venv soak soak-backlog simulate partitions nemesis
 
 venv: $(STAMP)
 
@@ -36,6 +36,12 @@ JOBS ?= 4
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 \
 		tests --ignore=tests/partitions
+
+## Each test's time in a whole run, written to tests/durations.json: make test sends the
+## longest work out first (tests/xdist_groups.py). Run it again when tests are added or grow.
+durations: $(STAMP)
+	AMQHA_DURATIONS_OUT=tests/durations.json $(BIN)/python -m pytest -q -p no:cacheprovider \
+		-n $(JOBS) --dist loadgroup tests --ignore=tests/partitions
 
 ## Real partitions: each server on a test host in a network namespace, faults made by the
 ## kernel (link down, nftables drops one way or at random). Needs root; skips, saying why,

@@ -22,8 +22,13 @@ def pytest_configure_node(node: object) -> None:
     xdist_groups.configure_node(node)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    xdist_groups.record_durations(config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     xdist_groups.write_groups(config, items)
+    xdist_groups.longest_first(config, items)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -6,7 +6,9 @@ tests) goes with the rest of its module, so that server starts once; every test 
 uses the Spark session goes to one worker (a session is a JVM of about 1 GB and seconds
 to start: one is enough), and so does every test marked ``spark`` (it may start Spark in
 its process), except one marked ``spark(child=True)`` (Spark in child processes only);
-every other test is free to run on any worker.
+every other test is free to run on any worker. The work goes out longest first (each
+group or test by its time in ``tests/durations.json``, written by ``make durations``):
+the last minutes are not left to one worker running a long test while the others idle.
 
 The groups come from the tests' fixtures, which only the workers collect: each worker
 writes them (node id -> group) to a file the controller named, and the controller's
@@ -26,6 +28,9 @@ from typing import Any
 import pytest
 
 SPARK = "spark"
+DURATIONS = Path(__file__).with_name("durations.json")
+DURATIONS_OUT = "AMQHA_DURATIONS_OUT"  # where ``make durations`` has them written
+UNKNOWN = 1.0  # seconds: a test not in the durations file yet
 _SHARED_SCOPES = {"module", "package", "class"}
 _FILE_KEY = "amqha_xdist_groups"
 _file_key = pytest.StashKey[Path]()
@@ -73,6 +78,45 @@ def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     os.replace(partial, target)
 
 
+def longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Worker: order the tests so that each group (or lone test) comes in the order of
+    its expected time, longest first, a group's tests together. Every worker orders the
+    same tests the same way, so the scheduler's queue follows it."""
+    if not hasattr(config, "workerinput") or not DURATIONS.exists():
+        return
+    known: dict[str, float] = json.loads(DURATIONS.read_text())
+    scopes = [group_of(item) or item.nodeid for item in items]
+    totals: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for index, (item, scope) in enumerate(zip(items, scopes, strict=True)):
+        totals[scope] = totals.get(scope, 0.0) + known.get(item.nodeid, UNKNOWN)
+        first.setdefault(scope, index)
+    order = sorted(range(len(items)), key=lambda i: (-totals[scopes[i]], first[scopes[i]], i))
+    items[:] = [items[i] for i in order]
+
+
+class DurationRecorder:
+    """Controller: each test's time (setup, call and teardown), written as JSON at the
+    end of a run when ``AMQHA_DURATIONS_OUT`` names a file (``make durations``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        rounded = {nodeid: round(seconds, 2) for nodeid, seconds in sorted(self.seconds.items())}
+        self.path.write_text(json.dumps(rounded, indent=0) + "\n")
+
+
+def record_durations(config: pytest.Config) -> None:
+    path = os.environ.get(DURATIONS_OUT)
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationRecorder(path), "amqha-durations")
+
+
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Controller: with ``--dist loadgroup``, a scheduler that sends each group to one
     worker as a whole and every other test on its own (largest groups first)."""
@@ -81,6 +125,8 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     path = groups_file(config)
+    # The queue keeps the workers' order (longest first), not xdist's by group size.
+    config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         groups: dict[str, str] | None = None
