@@ -552,10 +552,12 @@ for batch in range(1, 1000000):
 
 def test_a_killed_writer_loses_no_write_it_reported(path: Path) -> None:
     path.parent.mkdir(parents=True)
+    errors = path.parent / "writer.stderr"  # what the store logged: a failed write says why
     child = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(path)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
+        stderr=errors.open("wb"),
     )
     assert child.stdout is not None
     reported: list[int] = []
@@ -592,7 +594,11 @@ def test_a_killed_writer_loses_no_write_it_reported(path: Path) -> None:
     assert lsn <= last
     store = Store.open(path)
     stored = {change.msg_id for change in store.recover() if type(change) is Enqueued}
-    assert must_have - settled <= stored
+    missing = must_have - settled - stored
+    assert not missing, (
+        f"{len(missing)} reported messages missing, from id {min(missing)} (last reported "
+        f"LSN {last}); the writer said: {errors.read_text()[-2000:]!r}"
+    )
     assert not settled & stored
     assert store.max_msg_id() >= max(must_have)
     store.close()
