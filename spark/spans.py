@@ -1,6 +1,6 @@
 """Sets of time spans, each a sorted list of disjoint ``(start, end)``: their union, clip,
-measure, and where a given number of sets overlap. Owns nothing else; must not know records,
-servers or Spark. (The management page's timeline keeps its own copy: amqha/management.)
+measure, and where a given number of sets overlap (the report's and the management page's
+timeline's). Owns nothing else; must not know records, servers or Spark.
 """
 
 from __future__ import annotations

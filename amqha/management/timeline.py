@@ -20,6 +20,9 @@ from typing import Any
 
 from spark.metrics import state_runs, unprotected_spans  # the report's rules (no Spark)
 from spark.model import RANK_STARTED, record_rank
+from spark.spans import clip as _clip
+from spark.spans import measure as _measure
+from spark.spans import union as _union
 
 Row = dict[str, Any]
 Span = tuple[float, float]
@@ -118,20 +121,6 @@ def node_runs(records: Sequence[Row], markers: Sequence[float], crashed: bool) -
 
 
 # -- interval sets -------------------------------------------------------------------------
-
-
-def _union(spans: Iterable[Span]) -> list[Span]:
-    merged: list[Span] = []
-    for start, end in sorted(s for s in spans if s[1] > s[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
-    return [(max(s, lo), min(e, hi)) for s, e in spans if min(e, hi) > max(s, lo)]
 
 
 def _counted(sets: Sequence[Sequence[Span]], lo: float, hi: float, wanted: int) -> list[Span]:
@@ -233,10 +222,6 @@ def pair_timeline(logs: Mapping[str, Sequence[Row]], since: float, until: float)
 
 def _clip_runs(runs: Sequence[Run], lo: float, hi: float) -> list[Run]:
     return [(state, max(s, lo), min(e, hi)) for state, s, e in runs if min(e, hi) > max(s, lo)]
-
-
-def _measure(spans: Iterable[Span]) -> float:
-    return sum(e - s for s, e in spans)
 
 
 def _spells(spans: Sequence[Span]) -> list[Row]:
