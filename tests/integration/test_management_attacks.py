@@ -109,8 +109,13 @@ class Attack:
         self.steps = 0
         self.tasks = [asyncio.create_task(self._run(step, index)) for index in range(count)]
 
+    async def pause(self, seconds: float) -> None:
+        """An attacker's pause between two steps, cut short when the attack stops."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+
     async def _run(self, step: Any, index: int) -> None:
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {"pause": self.pause}
         while not self.stopping.is_set():
             try:
                 await step(index, state)
@@ -167,7 +172,7 @@ async def test_keep_alive_sockets_without_a_login_keep_no_operator_out(make_serv
             raise
         if b"connection: close" in head.lower():
             state.pop("writer").close()
-        await asyncio.sleep(1.0)
+        await state["pause"](1.0)
 
     attack = Attack(MAX_CONNECTIONS, ask)
     try:
@@ -196,7 +201,7 @@ async def test_a_flood_of_wrong_passwords_refuses_no_other_address(make_server) 
 
     async def wrong(index: int, state: dict[str, Any]) -> None:
         await amqp_login(server.port, "guest", f"wrong-{index}")
-        await asyncio.sleep(0.5)  # and again: about 320 attempts under way at any time
+        await state["pause"](0.5)  # and again: about 320 attempts under way at any time
 
     attack = Attack(320, wrong)
     try:

@@ -26,7 +26,7 @@ from pamqp import commands
 
 from amqha.quarantine import read_quarantine
 from tests.durability import PERSISTENT, Ledger, drain
-from tests.pairs import MakePair, Pair, poll
+from tests.pairs import MakePair, Pair, hold, poll
 from tests.support import ServerProcess
 
 LINK_HEARTBEAT = 1
@@ -256,8 +256,13 @@ async def test_a_thawed_active_whose_peer_comes_back_late_stays_fenced_then_yiel
             poll(lambda: confirms.by("backup") >= 50, FREEZE, "the backup confirming")
         )
         thaw = await freeze(pair.primary, FREEZE, takeover, lambda: to_primary.cut("refuse"))
-        # Silent for twice the failover timeout after the thaw, then the link heals.
-        await asyncio.sleep(2 * pair.timeout)
+        # Silent for twice the failover timeout after the thaw, confirming nothing, then
+        # the link heals.
+        await hold(
+            lambda: confirms.by("primary", after=thaw) == 0,
+            2 * pair.timeout,
+            "the thawed ACTIVE, its peer silent, confirms nothing",
+        )
         await asyncio.to_thread(to_primary.heal)
         await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
         after = confirms.by("backup", after=thaw)
@@ -307,15 +312,21 @@ async def test_a_passive_thawed_into_its_peers_silence_is_not_voted_in(
         await asyncio.sleep(0.3)
     finally:
         os.kill(pid, signal.SIGCONT)
-    await asyncio.sleep(2 * pair.timeout)
+
+    def took_over() -> list[dict]:
+        return [
+            e
+            for e in pair.events(pair.backup)
+            if e["event"] == "transition" and e["to"] == "ACTIVE"
+        ]
+
+    await hold(lambda: not took_over(), 2 * pair.timeout, "the thawed backup not ACTIVE")
     await asyncio.to_thread(to_backup.heal)
     await knocking
     await pair.settled(timeout=30)
     assert "open" not in votes
     assert votes, "no client knocked"
-    assert not [
-        e for e in pair.events(pair.backup) if e["event"] == "transition" and e["to"] == "ACTIVE"
-    ]
+    assert not took_over()
     assert pair.states() == ("ACTIVE", "PASSIVE")
     assert paused_gap(pair, pair.backup) > 3 * pair.timeout
 

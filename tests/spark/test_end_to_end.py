@@ -76,7 +76,8 @@ async def test_report_shows_each_takeover_with_its_cause_and_outage(
         os.kill(pair.primary.process.pid, signal.SIGSTOP)
         try:
             assert (await client_vote([pair.backup]))["name"] == "backup"
-            await asyncio.sleep(1.0)  # frozen well past the takeover
+            # Frozen until the publisher has left it and the backup confirms.
+            await poll(lambda: confirmed_by("backup", frozen), 30, "the backup serving")
         finally:
             os.kill(pair.primary.process.pid, signal.SIGCONT)
         thawed = time.time()
