@@ -117,8 +117,11 @@ async def publishers(pair: Pair, queue: str) -> AsyncIterator[Confirms]:
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
 
 
-async def frozen_pair(make_pair: MakePair) -> tuple[Pair, str]:
-    pair = make_pair(proxied=False, failover_extra={"link_heartbeat": LINK_HEARTBEAT})
+async def frozen_pair(
+    make_pair: MakePair, proxied: bool = False, link_heartbeat: int = LINK_HEARTBEAT
+) -> tuple[Pair, str]:
+    """A started pair, its PASSIVE in sync, and a durable queue on it."""
+    pair = make_pair(proxied=proxied, failover_extra={"link_heartbeat": link_heartbeat})
     pair.start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     queue = f"freeze-{uuid.uuid4().hex[:8]}"
@@ -237,14 +240,7 @@ async def test_a_thawed_active_whose_peer_comes_back_late_stays_fenced_then_yiel
     (its connection attempt lost, as when the frozen server's listen backlog overflowed):
     silent for more than a timeout after the thaw, the old ACTIVE still does not serve,
     and yields once it hears the backup ACTIVE in a higher epoch."""
-    pair = make_pair(failover_extra={"link_heartbeat": LINK_HEARTBEAT})
-    pair.start()
-    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    queue = f"freeze-{uuid.uuid4().hex[:8]}"
-    connection = await aiormq.connect(pair.primary.url)
-    channel = await connection.channel()
-    await channel.queue_declare(queue, durable=True)
-    await connection.close()
+    pair, queue = await frozen_pair(make_pair, proxied=True)
     to_primary = pair.proxies[1]  # how the backup reaches the primary
     async with publishers(pair, queue) as confirms:
         await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
@@ -395,14 +391,7 @@ async def test_a_frozen_passive_holds_the_actives_confirms_for_a_timeout_not_a_l
     failover timeout, says so, and confirms alone while the PASSIVE is still frozen. Thawed,
     the PASSIVE is told, subscribes again and is in sync once more; nothing confirmed is
     lost, and the PASSIVE never confirms."""
-    pair = make_pair(proxied=False, failover_extra={"link_heartbeat": 60})
-    pair.start()
-    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    await pair.wait_in_sync(pair.backup, timeout=60)
-    queue = f"freeze-{uuid.uuid4().hex[:8]}"
-    connection = await aiormq.connect(pair.primary.url)
-    await (await connection.channel()).queue_declare(queue, durable=True)
-    await connection.close()
+    pair, queue = await frozen_pair(make_pair, link_heartbeat=60)
     async with publishers(pair, queue) as confirms:
         await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
         assert pair.backup.process is not None
