@@ -131,9 +131,8 @@ class Member(Protocol):
 
     def replication_status(self) -> dict[str, Any]: ...
 
-    def passive_stalled(self, limit: float) -> bool:
-        """As ACTIVE: stop waiting for a PASSIVE that has acked nothing for ``limit`` s
-        (True if it was dropped)."""
+    def passive_stalled(self, limit: float) -> None:
+        """As ACTIVE: stop waiting for a PASSIVE that has acked nothing for ``limit`` s."""
         ...
 
     def receive_control(self, exchange: str, receiver: Callable[[Any, Any], None]) -> None:

@@ -247,19 +247,17 @@ class Feed:
             self.on_sync(False, reason)
         log.warning("replication: subscriber dropped: %s", reason)
 
-    def drop_if_stalled(self, limit: float) -> bool:
+    def drop_if_stalled(self, limit: float) -> None:
         """Drop an in-sync (or closing) subscriber that has acked nothing for ``limit``
         seconds: confirms stop waiting for a PASSIVE that is frozen or cut off, as they do
         when its link closes, instead of for as long as the link's heartbeat takes to
         call it dead (docs/durability.md, section 5, "A silent PASSIVE")."""
         waited = self.leader.stalled(time.monotonic(), limit)
-        if waited is None:
-            return False
-        self.drop(
-            f"the passive acked nothing for {waited:.2f} s (frozen, or its link is stuck): "
-            "confirms no longer wait for it"
-        )
-        return True
+        if waited is not None:
+            self.drop(
+                f"the passive acked nothing for {waited:.2f} s (frozen, or its link is "
+                "stuck): confirms no longer wait for it"
+            )
 
     def unsubscribed(self, outlet: Outlet) -> None:
         if self.subscriber is not None and self.subscriber.outlet is outlet:

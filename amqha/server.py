@@ -474,8 +474,9 @@ class Broker:
         )
         self.loop.create_task(self.follower.start())
 
-    def passive_stalled(self, limit: float) -> bool:
-        return self.leading and self.feed.drop_if_stalled(limit)
+    def passive_stalled(self, limit: float) -> None:
+        if self.leading:
+            self.feed.drop_if_stalled(limit)
 
     def following_in_sync(self) -> bool:
         follower = self.follower

@@ -224,7 +224,6 @@ class WitnessServer(asyncio.DatagramProtocol):
     def __init__(self, secret: bytes, clock: Callable[[], float] = time.monotonic) -> None:
         self.secret = secret
         self.clock = clock
-        self.started = clock()
         self.seen: dict[tuple[str, str], tuple[float, str, int]] = {}
         # Per pair: when this witness first heard any of its servers. A server it never
         # heard has been silent at most that long here: a witness that was up before the
