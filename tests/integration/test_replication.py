@@ -22,6 +22,7 @@ from tests.durability import (
     keep_consuming,
     keep_publishing,
     publish_confirmed,
+    take_all,
 )
 from tests.pairs import ADMIN, Pair, client_vote, hold, poll, raw_open, url_of
 from tests.support import ROOT, soak_size
@@ -642,20 +643,11 @@ async def test_a_quorum_backlog_with_delivery_counts_survives_kills_in_catch_up_
         stop.set()
         await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
     assert pair.quarantine_files() == []
-    counts = []
-    connection = await aiormq.connect(pair.backup.url)
-    try:
-        channel = await connection.channel()
-        remaining = []
-        for _ in range(len(ledger.confirmed) + 1000):
-            got = await channel.basic_get("qbacklog", no_ack=True)
-            if got.delivery_tag is None:
-                break
-            remaining.append(got.body)
-            headers = got.header.properties.headers or {}
-            counts.append(int(headers.get("x-delivery-count", 0) or 0))
-    finally:
-        await connection.close()
+    taken = await take_all(pair.backup.url, "qbacklog")
+    remaining = [got.body for got in taken]
+    counts = [
+        int((got.header.properties.headers or {}).get("x-delivery-count", 0) or 0) for got in taken
+    ]
     lost, invented = ledger.check(remaining)
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
     assert not invented
