@@ -27,6 +27,7 @@ from .core import feedauth
 from .core.confirms import Confirms
 from .core.message import Message
 from .core.queue import Queue, QueueArgumentError, consumer_priority
+from .core.vhost import FEED_QUEUE
 from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ _REPLY_TO_FLAG = 0x02
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
 # The pair's replication feed (see replication.py): only a peering login consumes it.
-FEED_QUEUE = "amq.replication"
 _FEED_ADDRESS = wire.address_of(FEED_QUEUE, "")
 
 # An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).

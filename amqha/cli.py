@@ -19,7 +19,7 @@ from urllib.parse import quote, unquote, urlsplit
 import click
 
 from config import ConfigError, load_config
-from config.loader import format_host_port
+from config.schema import format_host_port
 from failover.epoch import EpochFileError
 
 from .ports import PAIR_FILE

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from peering.agent import error_chain
+from .logtext import error_chain
 
 
 class Accept:

@@ -61,13 +61,13 @@ from .core.changes import (
     Unbound,
 )
 from .core.sync import Eligibility, Leader, Phase, SentRun
+from .core.vhost import FEED_QUEUE
 
 if TYPE_CHECKING:
     from .host import ReplicationHost
 
 log = logging.getLogger("amqha.replication")
 
-FEED_QUEUE = "amq.replication"
 # A delivery carries at most this many changes, or about this many bytes.
 RUN_CHANGES = 2000
 RUN_BYTES = 512 * 1024

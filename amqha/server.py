@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import exceptions
 
 from config import ServerConfig, User
-from config.loader import format_host_port
+from config.schema import format_host_port
 from config.tls import server_context
 from failover import keys
 

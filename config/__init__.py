@@ -1,6 +1,7 @@
 """Server configuration: the YAML files in this folder and the loader that validates them."""
 
-from .loader import (
+from .loader import load_config
+from .schema import (
     AuthConfig,
     ConfigError,
     FailoverConfig,
@@ -12,7 +13,6 @@ from .loader import (
     StoreConfig,
     TlsListener,
     User,
-    load_config,
 )
 
 __all__ = [

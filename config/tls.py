@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .loader import PeerTls, TlsListener
+from .schema import ConfigError, PeerTls, TlsListener
 
 
 def server_context(listener: TlsListener, source: str) -> ssl.SSLContext:
-    from .loader import ConfigError
-
     # Not create_default_context: that would trust the system's CAs for client certificates.
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -43,8 +39,6 @@ def server_context(listener: TlsListener, source: str) -> ssl.SSLContext:
 def client_context(
     peer_tls: PeerTls, source: str, prefix: str = "failover.peer_tls"
 ) -> ssl.SSLContext:
-    from .loader import ConfigError
-
     # Only the configured CA is trusted for the peer, not the system's (a cafile replaces them);
     # the peer's name is checked against its certificate.
     try:
@@ -60,8 +54,6 @@ def client_context(
 
 
 def _load_chain(context: ssl.SSLContext, cert: str, key: str, source: str, prefix: str) -> None:
-    from .loader import ConfigError
-
     # OpenSSL says "PEM lib" whichever of the two files is wrong: look at them first.
     if b"-----BEGIN CERTIFICATE-----" not in Path(cert).read_bytes():
         raise ConfigError(source, f"{prefix}.cert", f"no PEM certificate in {cert!r}")

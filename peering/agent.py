@@ -19,13 +19,15 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiormq
 from pamqp.commands import Basic
+
+from amqha.logtext import error_chain
 
 log = logging.getLogger("amqha.peering")
 # aiormq logs every refused connect at ERROR; a peering retries by design and logs its own
@@ -397,16 +399,6 @@ async def bounded(step: Awaitable[Any], timeout: float) -> Any:
 def _take_outcome(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def error_chain(error: BaseException | None) -> Iterator[BaseException]:
-    """``error``, then what caused it (or was being handled), each once: a failed
-    connect's chain can loop, an error being the cause of its own context."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 def _tls_failure(error: BaseException) -> str | None:

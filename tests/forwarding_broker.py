@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from amqha.federation import names
+from amqha.core import names
 from amqha.federation import upstream as upstream_side
 from amqha.server import Broker, serve
 from config import load_config

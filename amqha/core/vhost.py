@@ -31,8 +31,8 @@ from typing import Any
 
 from pamqp import exceptions
 
-from ..federation import names
 from ..wire import address_of
+from . import names
 from .changes import (
     Bound,
     Change,
@@ -56,6 +56,9 @@ from .routing import (
 PEER_EXCHANGE = "amq.peer"
 CONSOLE_EXCHANGE = "amq.console"
 FEDERATION_EXCHANGE = "amq.federation"
+# The queue a PASSIVE subscribes to for the replication feed (docs/durability.md): the
+# channel routes its Basic.Consume and acks to the feed, never to a queue of this name.
+FEED_QUEUE = "amq.replication"
 # What a server-named queue's name carries when the vhost is given no global name.
 DEFAULT_GLOBAL_NAME = "amqha"
 # The argument that marks a hidden queue: set by ``declare_hidden_queue`` only (a client

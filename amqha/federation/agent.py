@@ -21,17 +21,12 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from config.loader import (
-    ConfigError,
-    FederatedExchange,
-    FederationUpstream,
-    ServerConfig,
-    federated_exchange,
-    federation_upstream,
-)
+from config.loader import federated_exchange, federation_upstream
+from config.schema import ConfigError, FederatedExchange, FederationUpstream, ServerConfig
 from config.tls import client_context
 
-from . import names, runtime
+from ..core import names
+from . import runtime
 from .link import Link
 
 log = logging.getLogger("amqha.federation")

@@ -20,9 +20,9 @@ from typing import Any
 
 from pamqp import commands
 
+from ..core import names
 from ..core.message import Message
 from ..core.queue import Queue
-from . import names
 
 log = logging.getLogger("amqha.federation")
 

@@ -37,18 +37,19 @@ from pamqp import commands as spec
 from pamqp.header import ContentHeader
 from yarl import URL
 
+from ..core import names
 from ..core.message import Message
+from ..core.vhost import FEDERATION_EXCHANGE
 from ..gate import redirect_target
 from ..wire import address_of, with_headers
-from . import model, names
+from . import model
 from .forward import Forwarder
 
 if TYPE_CHECKING:
-    from config.loader import FederatedExchange
+    from config.schema import FederatedExchange
 
 log = logging.getLogger("amqha.federation")
 
-CONTROL_EXCHANGE = "amq.federation"
 REPLY_TO = "amq.rabbitmq.reply-to"
 # Heartbeats asked of the upstream: a dead upstream is noticed within about twice this.
 HEARTBEAT = 5
@@ -477,7 +478,7 @@ class Link:
             await asyncio.wait_for(
                 channel.basic_publish(
                     json.dumps(request).encode(),
-                    exchange=CONTROL_EXCHANGE,
+                    exchange=FEDERATION_EXCHANGE,
                     routing_key=str(request["op"]),
                     properties=spec.Basic.Properties(
                         reply_to=REPLY_TO,
@@ -491,7 +492,7 @@ class Link:
         except aiormq.exceptions.ChannelNotFoundEntity:
             return None
         except TimeoutError:
-            raise LinkFailure(f"no answer to {request['op']} on {CONTROL_EXCHANGE}") from None
+            raise LinkFailure(f"no answer to {request['op']} on {FEDERATION_EXCHANGE}") from None
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(channel.close(), ANSWER_TIMEOUT)

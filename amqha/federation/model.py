@@ -16,7 +16,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import names
+from ..core import names
 
 CONNECTING = "connecting"
 RUNNING = "running"

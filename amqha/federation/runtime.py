@@ -17,15 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config.loader import (
-    ConfigError,
-    FederatedExchange,
-    FederationUpstream,
-    federated_exchange,
-    federation_upstream,
-)
+from config.loader import federated_exchange, federation_upstream
+from config.schema import ConfigError, FederatedExchange, FederationUpstream
 
-from . import names
+from ..core import names
 
 FILE = "federations.json"
 VERSION = 1

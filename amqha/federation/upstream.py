@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import names
 from ..core.message import Message
 from ..core.vhost import FEDERATION_EXCHANGE
 from ..logtext import escaped
 from ..wire import address_of, json_answer
-from . import names
 
 FEDERATION_TAG = "federation"
 # A buffer queue with no consumer for this long is reported as an orphan (logged once).

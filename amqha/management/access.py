@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..federation.names import BUFFER_PREFIX
+from ..core.names import BUFFER_PREFIX
 
 MANAGEMENT_TAGS = frozenset({"management", "policymaker", "monitoring", "administrator"})
 MONITOR_TAGS = frozenset({"monitoring", "administrator"})

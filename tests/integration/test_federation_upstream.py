@@ -18,7 +18,7 @@ import pytest
 from pamqp import commands
 
 from amqha.console import ConsoleClient
-from amqha.federation import names
+from amqha.core import names
 from tests.integration.test_management import Api
 from tests.pairs import ADMIN, Knocker, url_of
 from tests.support import USERS, ServerProcess, free_port, until, wait_until

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from config.loader import DEMO_SECRET
+from config.schema import DEMO_SECRET
 from failover.epoch import EPOCH_FILE
 from tests.pairs import PAIR_SECRET, failover_section
 from tests.support import free_port, start_to_exit

@@ -12,8 +12,9 @@ import yaml
 
 from amqha.console import ConsoleError, admin_password, default_servers, parse_server
 from config import ConfigError, load_config
-from config.loader import DEMO_SECRET, Limits, is_loopback
+from config.loader import is_loopback
 from config.local import ADMIN_PASSWORD, FILES, LOCAL, SECRET, ensure_credentials, named_in
+from config.schema import DEMO_SECRET, Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from config import load_config
-from config.loader import FederatedExchange, FederationConfig
+from config.schema import FederatedExchange, FederationConfig
 
 from .test_config import assert_error, write
 

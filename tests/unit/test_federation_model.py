@@ -127,7 +127,7 @@ def test_a_message_path_grows_by_the_upstream_and_is_checked_against_this_server
 def test_a_buffer_queue_name_is_one_every_client_library_accepts() -> None:
     from pamqp import commands
 
-    from amqha.federation import names
+    from amqha.core import names
 
     name = names.buffer_queue_name("market.eu", "central", "backup+primary")
     commands.Queue.Declare(queue=name, durable=True)  # pamqp validates the name here

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from amqha.federation import runtime
-from config.loader import ConfigError, FederatedExchange, FederationUpstream
+from config.schema import ConfigError, FederatedExchange, FederationUpstream
 
 URL = "amqp://efa:secret@10.0.0.1:5672/"
 

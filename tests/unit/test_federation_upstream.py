@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from amqha.federation import names
+from amqha.core import names
 from amqha.federation.upstream import CLAIM_HOLD, Link, OrphanWatch, Registry
 
 

@@ -11,12 +11,12 @@ import pytest
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
+from amqha.core import names
 from amqha.core.apply import apply, snapshot
 from amqha.core.changes import ChangeLog, QueueDeclared
 from amqha.core.message import Message
 from amqha.core.queue import Consumer, Queue
 from amqha.core.vhost import HIDDEN, REPLICATE, MessageIds, VHost
-from amqha.federation import names
 from amqha.wire import address_of
 
 WALL = 1_700_000_000.0
