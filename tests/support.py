@@ -76,6 +76,31 @@ def soak_size(quick: int, full: int) -> int:
     return full if os.environ.get("SOAK") == "1" else quick
 
 
+def console_in_process(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``amqha console ARGS`` through click's test runner, in a thread of this process (the
+    console runs its own event loop): the same command, exit status and output as
+    ``python -m amqha console ARGS``, without a Python start each time. A traceback the
+    command lets out is raised here."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from amqha.cli import main
+
+    results: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: results.append(CliRunner().invoke(main, ["console", *args])),
+        name="console",
+    )
+    thread.start()
+    thread.join(timeout)
+    assert results, f"amqha console {' '.join(args)} still running after {timeout} s"
+    result = results[0]
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
 def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from tests.integration.test_federation import (
     wait_link,
 )
 from tests.pairs import ADMIN, EFA, PEERING, MakePair, url_of
-from tests.support import ROOT, ServerProcess, free_port
+from tests.support import ServerProcess, console_in_process, free_port
 
 TIMINGS = {"reconcile": 1, "probe": 0.2}
 
@@ -38,15 +37,10 @@ TIMINGS = {"reconcile": 1, "probe": 0.2}
 def console(
     servers: list[ServerProcess], *words: str, user: tuple[str, str] = ADMIN, vhost: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    """`amqha console` against ``servers`` as ``user``; never a traceback, whatever it says."""
+    """`amqha console` against ``servers`` as ``user`` (in this process: test_console.py
+    runs it as a process of its own); never a traceback, whatever it says."""
     targets = [a for s in servers for a in ("--server", url_of(s, user) + vhost)]
-    result = subprocess.run(
-        [sys.executable, "-m", "amqha", "console", *targets, *words],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    result = console_in_process(*targets, *words, timeout=60)
     assert "Traceback" not in result.stdout + result.stderr, result.stderr
     return result
 
