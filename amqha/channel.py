@@ -1,9 +1,10 @@
-"""One AMQP channel of a connection: its methods, content assembly, consumers and acks.
+"""One AMQP channel of a connection: its methods, consumers and acks.
 
-Owns: the channel's state (open / closing), the publish → header → body sequence,
-consumers and their prefetch credit, the unacknowledged deliveries and their tags,
-publisher confirms and transactions. Every method is checked against the channel's
-state before it is dispatched, by a dict keyed on the pamqp class.
+Owns: the channel's state (open / closing), consumers and their prefetch credit, the
+unacknowledged deliveries and their tags, declarations, flow and close. Every method is
+checked against the channel's state before it is dispatched, by a dict keyed on the pamqp
+class. Its parts, mixed in: publishing and confirms (``channel_publish.py``), transactions
+(``channel_tx.py``), the replication feed's subscription (``channel_feed.py``).
 
 Must not know: sockets (frames go out through ``connection.send``), how exchanges
 match keys or how queues store messages (that is ``core``).
@@ -22,47 +23,27 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
-from . import flow, wire
-from .core import feedauth
+from . import wire
+from .channel_feed import FeedOutlet, FeedSubscription
+from .channel_publish import PendingPublish, Publishing
+from .channel_state import CLOSING, OPEN, control_only_text
+from .channel_tx import TX_ACK, TX_RETURN, Transactions, TxAction
 from .core.confirms import Confirms
 from .core.message import Message
 from .core.queue import Queue, QueueArgumentError, consumer_priority
-from .core.vhost import FEED_QUEUE
-from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
+from .core.vhost import FEED_QUEUE, REPLY_TO, REPLY_TO_PREFIX
 
 if TYPE_CHECKING:
     from .host import ChannelHost, ChannelOwner
 
-OPEN, CLOSING = "open", "closing"
-
-# A hold on reading a connection (see Connection.hold_reading): a transaction's
-# Commit-Ok waits for the store.
-READ_HELD_STORE = 32
 
 _CLOSE_INDEXES = (
     wire.method_index_bytes(commands.Channel.Close),
     wire.method_index_bytes(commands.Channel.CloseOk),
 )
 
-# The user_id bit of the content header's property flags (low byte of the flag word).
-_USER_ID_FLAG = 0x10
-# The reply_to bit (high byte of the flag word).
-_REPLY_TO_FLAG = 0x02
-
-# Direct reply-to (RabbitMQ's extension): a consumer on this pseudo-queue receives, without
-# any queue, the messages published to the default exchange with the routing key its
-# channel's requests carry in reply_to (the name followed by a token naming the channel).
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_TO_PREFIX = REPLY_TO + "."
-# The pair's replication feed (see replication.py): only a peering login consumes it.
-_FEED_ADDRESS = wire.address_of(FEED_QUEUE, "")
-
 # An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
 Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
-
-# A transaction is data: the actions it will take on commit, in order.
-TX_PUBLISH, TX_ACK, TX_RETURN = 0, 1, 2
-TxAction = tuple[Any, ...]
 
 
 def _by_queue(entries: list[Unacked]) -> dict[Queue, list[int]]:
@@ -137,70 +118,10 @@ class ChannelConsumer:
         )
 
 
-class PendingPublish:
-    """A Basic.Publish waiting for its content header and body frames."""
+class Channel(Publishing, Transactions, FeedSubscription):
+    """One channel: frames in, its methods dispatched, consumers and acks (docs/architecture.md);
+    publishing, transactions and the replication feed's subscription are its parts'."""
 
-    __slots__ = ("publish", "exchange", "header", "decoded", "body_size", "parts", "received")
-
-    def __init__(self, publish: wire.Publish, exchange: Any) -> None:
-        self.publish = publish
-        self.exchange = exchange
-        self.header: bytes | None = None
-        self.decoded: commands.Basic.Properties | None = None
-        self.body_size = 0
-        self.parts: list[bytes] = []
-        self.received = 0
-
-
-class FeedOutlet:
-    """The replication feed's way out through a channel (``replication.Outlet``): the
-    feed sends its runs as deliveries of one consumer, tagged by the channel, and never
-    touches the channel otherwise."""
-
-    __slots__ = ("channel", "consumer_tag", "tag_wire", "peer", "prefetch")
-
-    def __init__(self, channel: Channel, consumer_tag: str) -> None:
-        self.channel = channel
-        self.consumer_tag = consumer_tag
-        self.tag_wire = wire.shortstr(consumer_tag)
-        self.peer = channel.connection.peer
-        self.prefetch = channel.consumer_prefetch
-
-    def next_tag(self) -> int:
-        channel = self.channel
-        tag = channel.next_delivery_tag
-        channel.next_delivery_tag = tag + 1
-        return tag
-
-    def deliver(self, tag: int, header: bytes, body: bytes) -> None:
-        channel = self.channel
-        connection = channel.connection
-        connection.send(
-            wire.deliver_frames(
-                channel.number,
-                self.tag_wire,
-                tag,
-                False,
-                _FEED_ADDRESS,
-                header,
-                body,
-                connection.frame_max,
-            )
-        )
-        connection.flush()
-
-    def cancel(self) -> None:
-        channel = self.channel
-        if channel.state is OPEN:
-            channel.reply(commands.Basic.Cancel(self.consumer_tag, nowait=True))
-            channel.connection.flush()
-
-    def detach(self) -> None:
-        if self.channel.feed_outlet is self:
-            self.channel.feed_outlet = None
-
-
-class Channel:
     def __init__(self, connection: ChannelOwner, number: int) -> None:
         self.connection = connection
         self.broker: ChannelHost = connection.broker
@@ -322,229 +243,10 @@ class Channel:
         elif kind in (commands.Basic.Consume, commands.Basic.Get):
             allowed = (method.queue or self.last_queue) in self.connection.exclusive_queues  # type: ignore[attr-defined]
         if not allowed:
-            raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, method.name))
+            raise exceptions.AMQPAccessRefused(control_only_text(self.broker, method.name))
 
     def reply(self, method: Method) -> None:
         self.connection.send(wire.method_frame(self.number, method))
-
-    # -- publish -------------------------------------------------------------------
-
-    def on_basic_publish(self, publish: wire.Publish) -> None:
-        connection = self.connection
-        if not connection.published:
-            connection.mark_publisher()
-        exchange = self.vhost.get_exchange(publish.exchange)
-        if not exchange.control:
-            connection.publishes_messages = True
-            if self.broker.blocked:
-                # Held after this publish, until the alarm clears; a request to the
-                # control plane (console, federation, the pair) never is (docs/limits.md).
-                flow.hold(connection, self.broker.block_reason())
-            if connection.bypasses_gate and not self.broker.pair.serving():
-                raise exceptions.AMQPAccessRefused(_control_only_text(self.broker, "Basic.Publish"))
-        if exchange.internal:
-            raise exceptions.AMQPAccessRefused(
-                f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"
-            )
-        if (
-            exchange.publish_tag is not None
-            and exchange.publish_tag not in self.connection.user.tags
-        ):
-            raise exceptions.AMQPAccessRefused(
-                f"ACCESS_REFUSED - publishing to '{publish.exchange}' needs a user tagged "
-                f"'{exchange.publish_tag}'"
-            )
-        if publish.immediate:
-            raise exceptions.AMQPNotImplemented("NOT_IMPLEMENTED - immediate=true")
-        self.pending = PendingPublish(publish, exchange)
-
-    def _on_header(self, pending: PendingPublish, payload: bytes) -> None:
-        body_size = wire.content_body_size(payload)
-        limits = self.broker.config.limits
-        if body_size > limits.max_message_size:
-            self.pending = None
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - message size {body_size} is larger than "
-                f"configured max size {limits.max_message_size}"
-            )
-        if len(payload) > limits.max_header_size:
-            # Decoding properties costs time in proportion to their size: refused unread.
-            self.pending = None
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - message properties of {len(payload)} bytes are "
-                f"larger than configured max header size {limits.max_header_size}"
-            )
-        pending.decoded = wire.check_properties(payload)
-        if payload[13] & _USER_ID_FLAG:
-            self._check_user_id(payload, pending.decoded)
-        if payload[12] & _REPLY_TO_FLAG:
-            filled = self._fill_reply_to(payload)
-            if filled is not payload:
-                pending.decoded = None  # decoded from the header before it was rewritten
-                payload = filled
-        if LINK_HEADER_MARK in payload and not self.connection.federation_linked:
-            # The path and probe headers a federation link acts on come only from a link's
-            # own connection (docs/security.md, "Federation names").
-            stripped = wire.without_headers(payload, LINK_HEADERS)
-            if stripped is not payload:
-                pending.decoded = None
-                payload = stripped
-        pending.header = payload
-        pending.body_size = body_size
-        if body_size == 0:
-            self._complete(pending, b"")
-
-    def _check_user_id(self, header: bytes, decoded: commands.Basic.Properties | None) -> None:
-        """As in RabbitMQ, a user_id property must name the user who publishes."""
-        user_id = (decoded or wire.decode_properties(header)).user_id
-        if user_id != self.connection.user.name:
-            self.pending = None
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but "
-                f"authenticated user was '{self.connection.user.name}'"
-            )
-
-    def _fill_reply_to(self, header: bytes) -> bytes:
-        """A request naming the direct reply-to pseudo-queue carries this channel's address."""
-        message = Message(b"", header, b"")
-        if message.reply_to() != REPLY_TO:
-            return header
-        if self.reply_consumer is None:
-            self.pending = None
-            raise exceptions.AMQPPreconditionFailed(
-                "PRECONDITION_FAILED - fast reply consumer does not exist"
-            )
-        return message.with_reply_to(self.reply_address).header
-
-    def _on_body(self, pending: PendingPublish, payload: bytes) -> None:
-        received = pending.received + len(payload)
-        if received > pending.body_size:
-            raise exceptions.AMQPFrameError(
-                f"FRAME_ERROR - body of {received} bytes or more, header said {pending.body_size}"
-            )
-        if received == pending.body_size and not pending.parts:
-            self._complete(pending, payload)
-            return
-        pending.parts.append(payload)
-        pending.received = received
-        # A body in many frames is held here until complete: it counts against the watermark.
-        self.broker.count_input(len(payload))
-        if received == pending.body_size:
-            self._complete(pending, b"".join(pending.parts))
-
-    def publishing(self) -> bool:
-        """A publish of a message whose content is still being read."""
-        pending = self.pending
-        return pending is not None and not pending.exchange.control
-
-    def _drop_pending(self) -> None:
-        pending = self.pending
-        if pending is not None:
-            self.pending = None
-            self.broker.count_input(-pending.received)
-
-    def _complete(self, pending: PendingPublish, body: bytes) -> None:
-        self._drop_pending()
-        publish = pending.publish
-        message = Message(publish.address, pending.header, body, pending.decoded)  # type: ignore[arg-type]
-        broker = self.broker
-        if not broker.blocked and Message.held > broker.message_budget:
-            broker.check_memory()
-        if self.transaction is not None:
-            self._hold_in_transaction(len(body))
-            self.transaction.append((TX_PUBLISH, pending.exchange, publish, message))
-            return
-        self._route(pending.exchange, publish, message)
-
-    def _route(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
-        if exchange.control:
-            self._to_control_plane(exchange, publish, message)
-            return
-        vhost = self.vhost
-        queues = vhost.route(exchange, publish.routing_key, message)
-        log = vhost.log
-        sync_before = log.sync_lsn if log is not None else 0
-        accepted = vhost.enqueue(message, queues, self.broker.now()) if queues else True
-        delivered = bool(queues) or (
-            exchange.name == ""
-            and publish.routing_key.startswith(REPLY_TO_PREFIX)
-            and self._reply(publish.routing_key, message)
-        )
-        # Decoded for routing only: a queued message holds its wire bytes, not these.
-        message.decoded = None
-        connection = self.connection
-        if not delivered and publish.mandatory:
-            self._return_unroutable(message)
-        if self.confirm:
-            confirms = self.confirms
-            seq = confirms.seq = confirms.seq + 1  # confirms.publish(), inlined: hot path
-            if not accepted:
-                confirms.refuse(seq)
-                connection.confirms_due(self)
-            elif log is not None and log.sync_lsn != sync_before:
-                # Confirmed once the store has it on disk (``store_progress``).
-                if not confirms.unsafe:
-                    self.broker.wait_for_safe(self)
-                confirms.wait_for(seq, log.sync_lsn)
-            else:
-                connection.confirms_due(self)
-
-    def _return_unroutable(self, message: Message) -> None:
-        """Basic.Return 312 NO_ROUTE of a mandatory publish that reached nothing."""
-        self.connection.send(
-            wire.return_frames(
-                self.number,
-                312,
-                "NO_ROUTE",
-                message.address,
-                message.header,
-                message.body,
-                self.connection.frame_max,
-            )
-        )
-
-    def _reply(self, address: str, message: Message) -> bool:
-        """A reply to a direct reply-to address: straight to its consumer, if still there."""
-        consumer = self.broker.reply_consumer(address)
-        if consumer is None:
-            return False
-        consumer.deliver(None, message, False)  # type: ignore[arg-type]  # no_ack: no queue
-        return True
-
-    def _to_control_plane(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
-        """Straight to the exchange's receiver, with the connection that published it: the
-        receiver reads who published from the login, never from a message property."""
-        receiver = exchange.receiver
-        if receiver is not None:
-            receiver(message, self.connection)
-        elif publish.mandatory:
-            self._return_unroutable(message)
-        if self.confirm:
-            self.confirms.publish()
-            self.connection.confirms_due(self)
-
-    def flush_confirms(self) -> None:
-        """Send the confirms that may go out (see core.confirms for the order)."""
-        for ack, seq, multiple in self.confirms.due():
-            self.connection.send(
-                wire.ack_frame(self.number, seq, multiple)
-                if ack
-                else wire.nack_frame(self.number, seq, multiple)
-            )
-
-    def store_progress(self, safe_lsn: int) -> bool:
-        """The store (and a PASSIVE) hold everything up to ``safe_lsn``. True while
-        publishes still wait."""
-        confirms = self.confirms
-        if confirms.progress(safe_lsn) and self.state is OPEN:
-            self.connection.confirms_due(self)
-        return bool(confirms.unsafe)
-
-    def store_failed(self, first: int, last: int) -> None:
-        """The store could not write LSNs ``first``-``last``: their publishes are nacked."""
-        confirms = self.confirms
-        if confirms.refuse_range(first, last) and self.state is OPEN:
-            self.connection.confirms_due(self)
 
     # -- acks ----------------------------------------------------------------------
 
@@ -754,46 +456,6 @@ class Channel:
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
 
-    def _consume_feed(self, tag: str, method: commands.Basic.Consume) -> None:
-        """The PASSIVE's replication link subscribes to this server's change stream."""
-        if "peering" not in self.connection.user.tags:
-            raise exceptions.AMQPAccessRefused(
-                f"ACCESS_REFUSED - '{FEED_QUEUE}' is the pair's replication feed: it needs "
-                "a user tagged 'peering'"
-            )
-        broker = self.broker
-        if not broker.leading or broker.log is None or not broker.config.replication.enabled:
-            raise exceptions.AMQPNotFound(
-                "NOT_FOUND - no replication feed here: this server is not ACTIVE, or "
-                "replication or the store is off"
-            )
-        if method.no_ack or self.consumers or self.reply_consumer is not None:
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - '{FEED_QUEUE}' needs acks, on a channel of its own"
-            )
-        # Only the pair's peer: proof of the pair's secret bound to this connection's
-        # nonce, not a password alone (core/feedauth.py, docs/security.md).
-        arguments = method.arguments or {}
-        secret = broker.config.failover.secret
-        client_nonce = feedauth.parse_nonce(arguments.get(feedauth.NONCE_ARGUMENT))
-        if client_nonce is None or not feedauth.proof_holds(
-            secret, self.connection.nonce, client_nonce, arguments.get(feedauth.PROOF_ARGUMENT)
-        ):
-            broker.feed.refused(self.connection.peer, self.connection.user.name)
-            raise exceptions.AMQPAccessRefused(
-                f"ACCESS_REFUSED - '{FEED_QUEUE}' needs proof of the pair's secret"
-            )
-        if broker.feed.live_subscriber:
-            raise exceptions.AMQPResourceLocked(
-                f"RESOURCE_LOCKED - '{FEED_QUEUE}' has a subscriber already"
-            )
-        if not method.nowait:
-            self.reply(commands.Basic.ConsumeOk(tag))
-        self.feed_outlet = FeedOutlet(self, tag)
-        broker.feed.subscribe(
-            self.feed_outlet, feedauth.session_key(secret, self.connection.nonce, client_nonce)
-        )
-
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:
             self.broker.forget_reply(self.reply_address)
@@ -979,94 +641,6 @@ class Channel:
         if not method.nowait:
             self.reply(commands.Confirm.SelectOk())
 
-    def on_tx_select(self, method: commands.Tx.Select) -> None:
-        if self.confirm:
-            raise exceptions.AMQPPreconditionFailed(
-                "PRECONDITION_FAILED - cannot switch from confirm to tx mode"
-            )
-        if self.transaction is None:
-            self.transaction = []
-        self.reply(commands.Tx.SelectOk())
-
-    def _hold_in_transaction(self, size: int) -> None:
-        """A transaction commits as one change, replicated as one run: its bodies are
-        bounded like one message's (``limits.max_message_size``), so the run, and what
-        encoding it costs, are bounded too."""
-        limit = self.broker.config.limits.max_message_size
-        self.transaction_bytes += size
-        if self.transaction_bytes > limit:
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - the transaction holds more than {limit} bytes of "
-                "message bodies (limits.max_message_size): commit in smaller transactions"
-            )
-
-    def _require_transaction(self) -> list[TxAction]:
-        if self.transaction is None:
-            raise exceptions.AMQPPreconditionFailed(
-                "PRECONDITION_FAILED - channel is not transactional"
-            )
-        return self.transaction
-
-    def on_tx_commit(self, method: commands.Tx.Commit) -> None:
-        actions = self._require_transaction()
-        self.transaction = None
-        self.transaction_acks = []
-        self.transaction_bytes = 0
-        log = self.vhost.log
-        sync_before = log.sync_lsn if log is not None else 0
-        if log is not None:
-            log.begin_batch()  # the transaction's changes leave as one Batch
-        try:
-            for action in actions:
-                if action[0] == TX_PUBLISH:
-                    self._route(action[1], action[2], action[3])
-                elif action[0] == TX_ACK:
-                    self._settle(action[1])
-                else:
-                    self._return_to_queues(action[1], action[2])
-        finally:
-            if log is not None:
-                log.end_batch()
-            self.transaction = []
-        if log is not None and log.sync_lsn != sync_before:
-            self._commit_when_safe(log.sync_lsn)
-        else:
-            self.reply(commands.Tx.CommitOk())
-
-    def _commit_when_safe(self, lsn: int) -> None:
-        """Commit-Ok once the store has the transaction on disk; the connection is not
-        read meanwhile, so nothing overtakes it."""
-        connection = self.connection
-        connection.hold_reading(READ_HELD_STORE, True)
-
-        def done(ok: bool) -> None:
-            connection.hold_reading(READ_HELD_STORE, False)
-            if self.state is not OPEN or connection.channels.get(self.number) is not self:
-                return
-            if ok:
-                self.reply(commands.Tx.CommitOk())
-            else:
-                connection.fail(
-                    exceptions.AMQPInternalError(
-                        "INTERNAL_ERROR - the store could not write the transaction"
-                    )
-                )
-            connection.flush()
-
-        self.broker.when_safe(lsn, done)
-
-    def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
-        actions = self._require_transaction()
-        actions.clear()
-        self.transaction_bytes = 0
-        # Deliveries acked, nacked or rejected inside the transaction are unacked again.
-        for entry in self.transaction_acks:
-            self.unacked[entry[0]] = entry
-        if self.transaction_acks:
-            self.unacked_order = deque(sorted(self.unacked))
-        self.transaction_acks = []
-        self.reply(commands.Tx.RollbackOk())
-
     # -- flow and close -------------------------------------------------------------
 
     def on_channel_open(self, method: commands.Channel.Open) -> None:
@@ -1162,14 +736,6 @@ _CONTROL_ONLY_METHODS = frozenset(
         commands.Confirm.Select,
     }
 )
-
-
-def _control_only_text(broker: Any, what: str) -> str:
-    state = broker.pair.info().get("state", "not ACTIVE")
-    return (
-        f"ACCESS_REFUSED - {what} refused: this server is {state}, not serving; a peering or "
-        "administrator login may only use the control plane here"
-    )
 
 
 def _reply_text(error: exceptions.AMQPError) -> str:

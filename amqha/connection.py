@@ -36,8 +36,9 @@ from pamqp import commands, decode, exceptions
 
 from . import wire
 from .auth import Refused
-from .channel import CLOSING as CHANNEL_CLOSING
-from .channel import READ_HELD_STORE, Channel
+from .channel import Channel
+from .channel_state import CLOSING as CHANNEL_CLOSING
+from .channel_tx import READ_HELD_STORE
 from .core import feedauth
 from .flow import READ_HELD_MEMORY
 from .gate import ACCEPT, Redirect, not_active_text
@@ -83,7 +84,7 @@ READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connect
 READ_HELD_LOGIN = 16  # a login is being checked: frames behind Start-Ok wait for its answer
 # Holds that stop our reading of a live peer: while one holds, its silence is ours, not its.
 HEARTBEAT_PAUSING = READ_HELD_MEMORY | READ_HELD_PAIR | READ_HELD_LOGIN
-# READ_HELD_STORE (32, channel.py): a transaction's Commit-Ok waits for the store
+# READ_HELD_STORE (32, channel_tx.py): a transaction's Commit-Ok waits for the store
 # Holds that may last: while one does, the broker watches the socket for the client's
 # going (asyncio sees a FIN or a reset only by reading).
 LASTING_HOLDS = READ_HELD_MEMORY | READ_HELD_OUTPUT | READ_HELD_PAIR | READ_HELD_STORE

@@ -30,9 +30,8 @@ import aio_pika
 import aiormq
 import click
 
-from .channel import REPLY_TO
 from .console_service import COMMANDS
-from .core.vhost import CONSOLE_EXCHANGE
+from .core.vhost import CONSOLE_EXCHANGE, REPLY_TO
 from .dual import dual_active
 from .ports import PAIR_FILE
 

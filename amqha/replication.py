@@ -116,7 +116,7 @@ def _first_msg_id(changes: Sequence[Change]) -> int | None:
 
 
 class Outlet(Protocol):
-    """The subscriber's way out: its channel (``channel.FeedOutlet``), seen through this
+    """The subscriber's way out: its channel (``channel_feed.FeedOutlet``), seen through this
     interface only. Delivery tags come from the channel, whose other deliveries share
     them."""
 

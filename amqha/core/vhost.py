@@ -59,6 +59,11 @@ FEDERATION_EXCHANGE = "amq.federation"
 # The queue a PASSIVE subscribes to for the replication feed (docs/durability.md): the
 # channel routes its Basic.Consume and acks to the feed, never to a queue of this name.
 FEED_QUEUE = "amq.replication"
+# Direct reply-to (RabbitMQ's extension): a consumer on this pseudo-queue receives, without
+# any queue, the messages published to the default exchange with the routing key its
+# channel's requests carry in reply_to (the name followed by a token naming the channel).
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO + "."
 # What a server-named queue's name carries when the vhost is given no global name.
 DEFAULT_GLOBAL_NAME = "amqha"
 # The argument that marks a hidden queue: set by ``declare_hidden_queue`` only (a client

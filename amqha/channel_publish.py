@@ -1,0 +1,267 @@
+"""A channel's publishing: content assembly, routing and publisher confirms.
+
+Owns: the Basic.Publish → content header → body sequence (sizes checked against the limits
+before anything is decoded, ``user_id`` checked against the login, direct reply-to
+addresses filled in, federation link headers stripped from anyone but a link), routing a
+complete message to its queues, the control plane or a reply consumer, Basic.Return of a
+mandatory message that reached nothing, and the channel's confirms: what waits for the
+store and the PASSIVE (docs/durability.md), what is nacked when the store fails.
+
+Must not know: sockets (frames go out through the connection), how exchanges match keys
+or queues store messages (``core``). A mixin of ``channel.Channel``: it reads the
+channel's state and writes only its publishing and confirm state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pamqp import commands, exceptions
+
+from . import flow, wire
+from .channel_state import OPEN, control_only_text
+from .channel_tx import TX_PUBLISH
+from .core.message import Message
+from .core.vhost import REPLY_TO, REPLY_TO_PREFIX
+from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
+
+# The user_id bit of the content header's property flags (low byte of the flag word).
+_USER_ID_FLAG = 0x10
+# The reply_to bit (high byte of the flag word).
+_REPLY_TO_FLAG = 0x02
+
+
+class PendingPublish:
+    """A Basic.Publish waiting for its content header and body frames."""
+
+    __slots__ = ("publish", "exchange", "header", "decoded", "body_size", "parts", "received")
+
+    def __init__(self, publish: wire.Publish, exchange: Any) -> None:
+        self.publish = publish
+        self.exchange = exchange
+        self.header: bytes | None = None
+        self.decoded: commands.Basic.Properties | None = None
+        self.body_size = 0
+        self.parts: list[bytes] = []
+        self.received = 0
+
+
+class Publishing:
+    """Basic.Publish and its content, routing and confirms: part of ``Channel``."""
+
+    def on_basic_publish(self, publish: wire.Publish) -> None:
+        connection = self.connection
+        if not connection.published:
+            connection.mark_publisher()
+        exchange = self.vhost.get_exchange(publish.exchange)
+        if not exchange.control:
+            connection.publishes_messages = True
+            if self.broker.blocked:
+                # Held after this publish, until the alarm clears; a request to the
+                # control plane (console, federation, the pair) never is (docs/limits.md).
+                flow.hold(connection, self.broker.block_reason())
+            if connection.bypasses_gate and not self.broker.pair.serving():
+                raise exceptions.AMQPAccessRefused(control_only_text(self.broker, "Basic.Publish"))
+        if exchange.internal:
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"
+            )
+        if (
+            exchange.publish_tag is not None
+            and exchange.publish_tag not in self.connection.user.tags
+        ):
+            raise exceptions.AMQPAccessRefused(
+                f"ACCESS_REFUSED - publishing to '{publish.exchange}' needs a user tagged "
+                f"'{exchange.publish_tag}'"
+            )
+        if publish.immediate:
+            raise exceptions.AMQPNotImplemented("NOT_IMPLEMENTED - immediate=true")
+        self.pending = PendingPublish(publish, exchange)
+
+    def _on_header(self, pending: PendingPublish, payload: bytes) -> None:
+        body_size = wire.content_body_size(payload)
+        limits = self.broker.config.limits
+        if body_size > limits.max_message_size:
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - message size {body_size} is larger than "
+                f"configured max size {limits.max_message_size}"
+            )
+        if len(payload) > limits.max_header_size:
+            # Decoding properties costs time in proportion to their size: refused unread.
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - message properties of {len(payload)} bytes are "
+                f"larger than configured max header size {limits.max_header_size}"
+            )
+        pending.decoded = wire.check_properties(payload)
+        if payload[13] & _USER_ID_FLAG:
+            self._check_user_id(payload, pending.decoded)
+        if payload[12] & _REPLY_TO_FLAG:
+            filled = self._fill_reply_to(payload)
+            if filled is not payload:
+                pending.decoded = None  # decoded from the header before it was rewritten
+                payload = filled
+        if LINK_HEADER_MARK in payload and not self.connection.federation_linked:
+            # The path and probe headers a federation link acts on come only from a link's
+            # own connection (docs/security.md, "Federation names").
+            stripped = wire.without_headers(payload, LINK_HEADERS)
+            if stripped is not payload:
+                pending.decoded = None
+                payload = stripped
+        pending.header = payload
+        pending.body_size = body_size
+        if body_size == 0:
+            self._complete(pending, b"")
+
+    def _check_user_id(self, header: bytes, decoded: commands.Basic.Properties | None) -> None:
+        """As in RabbitMQ, a user_id property must name the user who publishes."""
+        user_id = (decoded or wire.decode_properties(header)).user_id
+        if user_id != self.connection.user.name:
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but "
+                f"authenticated user was '{self.connection.user.name}'"
+            )
+
+    def _fill_reply_to(self, header: bytes) -> bytes:
+        """A request naming the direct reply-to pseudo-queue carries this channel's address."""
+        message = Message(b"", header, b"")
+        if message.reply_to() != REPLY_TO:
+            return header
+        if self.reply_consumer is None:
+            self.pending = None
+            raise exceptions.AMQPPreconditionFailed(
+                "PRECONDITION_FAILED - fast reply consumer does not exist"
+            )
+        return message.with_reply_to(self.reply_address).header
+
+    def _on_body(self, pending: PendingPublish, payload: bytes) -> None:
+        received = pending.received + len(payload)
+        if received > pending.body_size:
+            raise exceptions.AMQPFrameError(
+                f"FRAME_ERROR - body of {received} bytes or more, header said {pending.body_size}"
+            )
+        if received == pending.body_size and not pending.parts:
+            self._complete(pending, payload)
+            return
+        pending.parts.append(payload)
+        pending.received = received
+        # A body in many frames is held here until complete: it counts against the watermark.
+        self.broker.count_input(len(payload))
+        if received == pending.body_size:
+            self._complete(pending, b"".join(pending.parts))
+
+    def publishing(self) -> bool:
+        """A publish of a message whose content is still being read."""
+        pending = self.pending
+        return pending is not None and not pending.exchange.control
+
+    def _drop_pending(self) -> None:
+        pending = self.pending
+        if pending is not None:
+            self.pending = None
+            self.broker.count_input(-pending.received)
+
+    def _complete(self, pending: PendingPublish, body: bytes) -> None:
+        self._drop_pending()
+        publish = pending.publish
+        message = Message(publish.address, pending.header, body, pending.decoded)  # type: ignore[arg-type]
+        broker = self.broker
+        if not broker.blocked and Message.held > broker.message_budget:
+            broker.check_memory()
+        if self.transaction is not None:
+            self._hold_in_transaction(len(body))
+            self.transaction.append((TX_PUBLISH, pending.exchange, publish, message))
+            return
+        self._route(pending.exchange, publish, message)
+
+    def _route(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
+        if exchange.control:
+            self._to_control_plane(exchange, publish, message)
+            return
+        vhost = self.vhost
+        queues = vhost.route(exchange, publish.routing_key, message)
+        log = vhost.log
+        sync_before = log.sync_lsn if log is not None else 0
+        accepted = vhost.enqueue(message, queues, self.broker.now()) if queues else True
+        delivered = bool(queues) or (
+            exchange.name == ""
+            and publish.routing_key.startswith(REPLY_TO_PREFIX)
+            and self._reply(publish.routing_key, message)
+        )
+        # Decoded for routing only: a queued message holds its wire bytes, not these.
+        message.decoded = None
+        connection = self.connection
+        if not delivered and publish.mandatory:
+            self._return_unroutable(message)
+        if self.confirm:
+            confirms = self.confirms
+            seq = confirms.seq = confirms.seq + 1  # confirms.publish(), inlined: hot path
+            if not accepted:
+                confirms.refuse(seq)
+                connection.confirms_due(self)
+            elif log is not None and log.sync_lsn != sync_before:
+                # Confirmed once the store has it on disk (``store_progress``).
+                if not confirms.unsafe:
+                    self.broker.wait_for_safe(self)
+                confirms.wait_for(seq, log.sync_lsn)
+            else:
+                connection.confirms_due(self)
+
+    def _return_unroutable(self, message: Message) -> None:
+        """Basic.Return 312 NO_ROUTE of a mandatory publish that reached nothing."""
+        self.connection.send(
+            wire.return_frames(
+                self.number,
+                312,
+                "NO_ROUTE",
+                message.address,
+                message.header,
+                message.body,
+                self.connection.frame_max,
+            )
+        )
+
+    def _reply(self, address: str, message: Message) -> bool:
+        """A reply to a direct reply-to address: straight to its consumer, if still there."""
+        consumer = self.broker.reply_consumer(address)
+        if consumer is None:
+            return False
+        consumer.deliver(None, message, False)  # type: ignore[arg-type]  # no_ack: no queue
+        return True
+
+    def _to_control_plane(self, exchange: Any, publish: wire.Publish, message: Message) -> None:
+        """Straight to the exchange's receiver, with the connection that published it: the
+        receiver reads who published from the login, never from a message property."""
+        receiver = exchange.receiver
+        if receiver is not None:
+            receiver(message, self.connection)
+        elif publish.mandatory:
+            self._return_unroutable(message)
+        if self.confirm:
+            self.confirms.publish()
+            self.connection.confirms_due(self)
+
+    def flush_confirms(self) -> None:
+        """Send the confirms that may go out (see core.confirms for the order)."""
+        for ack, seq, multiple in self.confirms.due():
+            self.connection.send(
+                wire.ack_frame(self.number, seq, multiple)
+                if ack
+                else wire.nack_frame(self.number, seq, multiple)
+            )
+
+    def store_progress(self, safe_lsn: int) -> bool:
+        """The store (and a PASSIVE) hold everything up to ``safe_lsn``. True while
+        publishes still wait."""
+        confirms = self.confirms
+        if confirms.progress(safe_lsn) and self.state is OPEN:
+            self.connection.confirms_due(self)
+        return bool(confirms.unsafe)
+
+    def store_failed(self, first: int, last: int) -> None:
+        """The store could not write LSNs ``first``-``last``: their publishes are nacked."""
+        confirms = self.confirms
+        if confirms.refuse_range(first, last) and self.state is OPEN:
+            self.connection.confirms_due(self)
