@@ -1,12 +1,13 @@
 """The failover controller: the asyncio shell around the pure state machine.
 
 Owns: feeding the machine (signed, validated state messages from the peer, every client
-Connection.Open through the broker's gate, the console's recover / promote / controller
-commands), carrying out its actions in order (persist the epoch before serving, and never
-serve if that fails; send the handover; close clients and administrators with a redirect;
-log), the fence after a freeze (the machine decides it on PAUSED; ``freeze_rule`` notices
-the freeze, holds the work and releases it), noticing the peer go quiet, and writing the failover event log
-(docs/failover.md). It implements the broker's ``gate.Pair``.
+Connection.Open through the broker's gate; the console's recover / promote / controller
+commands are ``pair_commands``'), carrying out its actions in order (persist the epoch
+before serving, and never serve if that fails; send the handover; close clients and
+administrators with a redirect; log), the fence after a freeze (the machine decides it on
+PAUSED; ``freeze_rule`` notices the freeze, holds the work and releases it), the
+witness's verdict and fence (``witness_rule``), noticing the peer go quiet, and writing
+the failover event log (docs/failover.md). It implements the broker's ``gate.Pair``.
 
 The heartbeat (state out, every heartbeat) runs on a thread of its own (``heartbeat``);
 everything else here runs on the broker's loop.
@@ -32,7 +33,7 @@ from amqha import __version__
 from amqha.core import feedauth
 from amqha.core.message import Message
 from amqha.core.vhost import PEER_EXCHANGE
-from amqha.gate import ACCEPT, Accept, ConsoleRefused, Member, Redirect, not_active_text
+from amqha.gate import ACCEPT, Accept, Member, Redirect, not_active_text
 from amqha.logtext import escaped
 from amqha.quarantine import is_incomplete
 from config import ServerConfig
@@ -44,9 +45,9 @@ from .epoch import load_epoch, store_epoch
 from .events import EventLog, RecordThrottle
 from .freeze_rule import FreezeRule
 from .heartbeat import Heartbeat
+from .pair_commands import PairCommands
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
-from .witness import Answer, WitnessView
-from .witness_net import WitnessClient
+from .witness_rule import WitnessRule
 
 log = logging.getLogger("amqha.failover")
 
@@ -58,14 +59,9 @@ MALFORMED_RECORD_INTERVAL = 60.0
 # guest looping on a PASSIVE's port wrote 19 MB in 15 s. Once a second keeps the report's
 # timeline of redirects; the counters in status have every attempt.
 CLIENT_RECORD_INTERVAL = 1.0
-# The witness (docs/failover.md, "The witness"): a vote counts answers this many heartbeats
-# old at most, and needs the peer unheard there for this many timeouts; an ACTIVE that has
-# lost its peer serves on only with a majority of witnesses answering within a timeout.
-WITNESS_VOTE_HEARTBEATS = 2.5
-WITNESS_SILENT_TIMEOUTS = 2.0
 
 
-class FailoverController(FreezeRule):
+class FailoverController(FreezeRule, WitnessRule, PairCommands):
     def __init__(self, broker: Member, config: ServerConfig) -> None:
         assert config.failover.role is not None and config.failover.peer is not None
         self.broker = broker
@@ -153,26 +149,8 @@ class FailoverController(FreezeRule):
         broker.on_quarantine = self._on_quarantine
         broker.on_federation = self._on_federation
         self._following = False
-        self.witness_view: WitnessView | None = None
-        self.witness_client: WitnessClient | None = None
-        self.witness_fenced = False
-        self._witness_fence_logged = False
-        self._witness_fence_seq = 0
-        self._peer_echoed_fence = False
-        if config.failover.witness:
-            self.witness_view = WitnessView(len(config.failover.witness))
-            self.witness_client = WitnessClient(
-                config.failover.witness,
-                config.failover.secret,
-                config.pair or "",
-                config.name,
-                self._on_witness_answer,
-            )
-        self._commands: dict[str, Callable[[dict[str, Any], str], Any]] = {
-            "recover": self._command_recover,
-            "promote": self._command_promote,
-            "controller": self._command_controller,
-        }
+        self.init_witness_rule()
+        self.init_pair_commands()
 
     def _make_peering(self, on_up: Callable[[], None]) -> Peering:
         # A restarted peer gives us one timeout of grace before a client vote can make it
@@ -308,15 +286,7 @@ class FailoverController(FreezeRule):
                 # confirms too (docs/durability.md, section 5, "A silent PASSIVE"); a
                 # PASSIVE that still speaks is only slow, and confirms wait for it.
                 self.broker.passive_stalled(self.timeout)
-        if self.witness_client is not None and self.running:
-            asking = self.machine.state is not fsm.State.ACTIVE
-            self.witness_client.ping(
-                self.machine.state.value,
-                self.machine.epoch,
-                WITNESS_SILENT_TIMEOUTS * self.timeout if asking else 0.0,
-            )
-            self._witness_verdict(self.loop.time())
-            self._notice_witness_fence(self.loop.time())
+        self._witness_tick()
         if self.running:
             self._ask_held_clients_to_vote(self.loop.time())
 
@@ -350,68 +320,6 @@ class FailoverController(FreezeRule):
         now = self.loop.time()
         self.apply(fsm.step(self.machine, fsm.Event.PEER_GONE, now))
         self._notice_peer_lost(now)
-
-    # -- the witness ----------------------------------------------------------------------
-
-    def _on_witness_answer(self, index: int, answer: Answer) -> None:
-        assert self.witness_view is not None
-        now = self.loop.time()
-        self.witness_view.heard(index, now, answer, self.config.failover.peer_name)
-        self._witness_verdict(now)
-
-    def _witness_verdict(self, now: float) -> None:
-        """Feed the machine the witnesses' verdict on the peer, from fresh answers only."""
-        view = self.witness_view
-        if view is None or not self.running:
-            return
-        agrees = view.peer_gone(
-            now,
-            WITNESS_VOTE_HEARTBEATS * self.config.failover.heartbeat,
-            WITNESS_SILENT_TIMEOUTS * self.timeout,
-        )
-        event = fsm.Event.WITNESS_AGREES if agrees else fsm.Event.WITNESS_DISAGREES
-        self.apply(fsm.step(self.machine, event, now))
-
-    def _lost_peer_and_witness(self, now: float) -> str | None:
-        """Why an ACTIVE with a witness must not serve now, or None. Once it has stopped,
-        only a peer message that echoes one sent since counts as hearing the peer (one
-        delayed in a healed link says nothing of now)."""
-        view = self.witness_view
-        machine = self.machine
-        if view is None or machine.state is not fsm.State.ACTIVE:
-            self.witness_fenced = False
-            return None
-        peer_heard = machine.peer_alive(now) and (
-            not self.witness_fenced or self._peer_echoed_fence
-        )
-        reason = None
-        if peer_heard:
-            pass
-        elif view.overtaken(now, self.timeout):
-            reason = "the witness called this server silent to its peer, which may have taken over"
-        elif view.peer_leads_above(machine.epoch, now, self.timeout):
-            reason = "the witness heard the peer ACTIVE in a higher epoch: it took over"
-        elif not view.reachable(now, self.timeout):
-            reason = "lost both the peer and the witness: not serving alone"
-        if reason is not None and not self.witness_fenced:
-            self.witness_fenced = True
-            self._witness_fence_seq = self.last_seq + 1
-            self._peer_echoed_fence = False
-        elif reason is None:
-            self.witness_fenced = False
-        return reason
-
-    def _notice_witness_fence(self, now: float) -> None:
-        reason = self._lost_peer_and_witness(now)
-        fenced = reason is not None
-        if fenced == self._witness_fence_logged:
-            return
-        self._witness_fence_logged = fenced
-        if fenced:
-            log.warning("not serving: %s", reason)
-        else:
-            log.warning("serving again: the peer or the witness answers")
-        self._write("witness_fence", fenced=fenced, reason=reason)
 
     # -- events in ----------------------------------------------------------------------
 
@@ -454,13 +362,7 @@ class FailoverController(FreezeRule):
             self._write("peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=parsed.ts)
         if outcome.machine.misconfigured is None:
             self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
-        if (
-            self.witness_fenced
-            and heard is not None
-            and heard[0] == self.boot
-            and heard[1] >= self._witness_fence_seq
-        ):
-            self._peer_echoed_fence = True
+        self._heard_echo(heard, self.boot)
 
     def _on_handover(self, peer: fsm.PeerInfo, now: float) -> None:
         known = self.machine.peer
@@ -562,60 +464,6 @@ class FailoverController(FreezeRule):
             "epoch": machine.epoch,
             "known_hosts": self.known_hosts(),
         }
-
-    def command(self, name: str, args: dict[str, Any], user: str) -> Any:
-        handler = self._commands.get(name)
-        if handler is None:
-            raise ConsoleRefused(f"unknown pair command {name!r}")
-        return handler(args, user)
-
-    # -- console commands ---------------------------------------------------------------
-
-    def _command_recover(self, args: dict[str, Any], user: str) -> dict[str, Any]:
-        """The failback, run on the ACTIVE backup."""
-        decision = self.apply(fsm.step(self.machine, fsm.Event.MANUAL_RECOVER, self.loop.time()))
-        ok = isinstance(decision, fsm.Accept)
-        result = "handed over to the primary" if ok else getattr(decision, "reason", "refused")
-        self._write("console", user=user, command="recover", result=result)
-        if not ok:
-            raise ConsoleRefused(f"recover refused: {result}")
-        return {"result": result, "state": self.machine.state.value}
-
-    def _command_promote(self, args: dict[str, Any], user: str) -> dict[str, Any]:
-        force = bool(args.get("force"))
-        event = fsm.Event.FORCE_PROMOTE if force else fsm.Event.PROMOTE
-        command = "promote --force" if force else "promote"
-        before = self.machine
-        decision = self.apply(fsm.step(before, event, self.loop.time()))
-        if not isinstance(decision, fsm.Accept):
-            reason = getattr(decision, "reason", "refused")
-            self._write("console", user=user, command=command, result=f"refused: {reason}")
-            raise ConsoleRefused(f"promote refused: {reason}")
-        peer = before.peer
-        warning = (
-            f"messages queued on {peer.name if peer else 'the peer'} are not here: they come "
-            "back only if that server rejoins with its queues"
-        )
-        result = f"{self.machine.name} is ACTIVE in epoch {self.machine.epoch}; {warning}"
-        self._write("console", user=user, command=command, result=result)
-        return {"result": result, "state": self.machine.state.value}
-
-    def _command_controller(self, args: dict[str, Any], user: str) -> str:
-        """``controller stop|start``: a stopped controller neither sends nor hears state."""
-        action = args.get("action")
-        if action not in ("stop", "start"):
-            raise ConsoleRefused("controller takes 'stop' or 'start'")
-        running = action == "start"
-        if running == self.running:
-            result = f"controller already {'running' if running else 'stopped'}"
-        else:
-            self.running = running
-            self.heartbeat.running = running
-            if running:
-                self.heartbeat.poke()
-            result = f"controller {'started' if running else 'stopped'}"
-        self._write("console", user=user, command=f"controller {action}", result=result)
-        return result
 
     # -- actions ------------------------------------------------------------------------
 
@@ -817,17 +665,7 @@ class FailoverController(FreezeRule):
             "takeovers": self.takeovers,
             "redirects": self.redirects,
             "refusals": self.refusals,
-            "witness": None
-            if self.witness_client is None or self.witness_view is None
-            else {
-                "addresses": [f"{h}:{p}" for h, p in self.config.failover.witness],
-                "answers": list(self.witness_client.answers),
-                "reachable": self.witness_view.reachable(now, self.timeout),
-                "agrees_peer_gone": machine.witness_agrees,
-                "fenced": self.witness_fenced,
-                # Per witness: why it is not heard (None: it answers), docs/failover.md.
-                "witnesses": self.witness_client.status(),
-            },
+            "witness": self.witness_status(now),
         }
 
     def record(self, event: str, fields: dict[str, Any]) -> None:

@@ -2,11 +2,12 @@
 
 Owns: connecting to the upstream (its URLs in turn, a PASSIVE's ``NOT_ACTIVE`` redirect
 followed, heartbeats on), the hello and the binding reconcile on ``amq.federation``, the
-buffer queue, pipelined binds, consuming with a prefetch, routing each delivery into the
-local exchange in process, acking upstream (``delivery: confirm`` once the local server
-holds it safe, ``drop`` once routed; no acks while the local alarm is on), the outbound
-connection that carries what the link publishes upstream (probes, forwarded messages),
-and the link's status (docs/federation.md, "The link" and "Flow control").
+buffer queue, pipelined binds, consuming with a prefetch, acking upstream what
+``intake`` has taken down (routed into the local exchange in process; ``delivery:
+confirm`` once the local server holds it safe, ``drop`` once routed; no acks while the
+local alarm is on), the outbound connection that carries what the link publishes upstream
+(probes, forwarded messages), and the link's status (docs/federation.md, "The link" and
+"Flow control").
 
 What a link decides (its bindings, its state, its retry delay, when it is stalled) is
 ``model``'s; this module does it.
@@ -34,16 +35,14 @@ from urllib.parse import quote
 import aiormq
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
-from pamqp.header import ContentHeader
 from yarl import URL
 
 from ..core import names
-from ..core.message import Message
 from ..core.vhost import FEDERATION_EXCHANGE
 from ..gate import redirect_target
-from ..wire import address_of, with_headers
 from . import model
 from .forward import Forwarder
+from .intake import Intake
 
 if TYPE_CHECKING:
     from config.schema import FederatedExchange
@@ -111,7 +110,7 @@ def _with_address(url: URL, address: str) -> URL:
     return url.with_host(host.strip("[]")).with_port(int(port))
 
 
-class Link:
+class Link(Intake):
     """One federated exchange's link to its upstream (docs/federation.md, "The link")."""
 
     def __init__(
@@ -716,98 +715,3 @@ class Link:
         )
         self._probing.add_done_callback(_probe_done)
         self.probes.sent_one()
-
-    async def _delivered(self, delivered: DeliveredMessage, session: int) -> None:
-        """One upstream delivery: a probe counted, a message routed here (or dropped,
-        counted); with ``delivery: confirm`` acked once the local server holds it safe.
-        Nothing here awaits: deliveries are taken in the order they came."""
-        if session != self._session or not self.broker.leading:
-            return  # a server that no longer leads takes nothing down: the link is stopping
-        deliver = delivered.delivery
-        assert isinstance(deliver, spec.Basic.Deliver)
-        tag = deliver.delivery_tag
-        entry = [tag, False]
-        self._inflight.append(entry)
-        try:
-            self._take(delivered, deliver, entry, session)
-        except Exception as error:  # a header this server cannot take: counted, not routed
-            log.warning("federation %s: delivery dropped: %s", self.spec.exchange, error)
-            self.counters.drop("invalid")
-            self._settle(entry, session)
-
-    def _take(
-        self, delivered: DeliveredMessage, deliver: Any, entry: list[Any], session: int
-    ) -> None:
-        properties = delivered.header.properties
-        headers: dict[str, Any] = dict(properties.headers or {})
-        now = self.broker.now()
-        probe = headers.get(model.PROBE_HEADER)
-        if probe is not None:
-            if probe == self.probe_key:
-                self.probes.came_back(now)
-            else:
-                self.counters.drop("foreign_probe")
-            self._settle(entry, session)
-            return
-        path, refused = model.message_crossing(
-            headers, self.upstream_name, self.local_name, self.spec.max_hops
-        )
-        if refused is not None:
-            self.counters.drop(refused)
-            self._settle(entry, session)
-            return
-        vhost = self.broker.vhosts.get(self.spec.vhost)
-        exchange = None if vhost is None else vhost.exchanges.get(self.spec.exchange)
-        if exchange is None:
-            self.counters.drop("no_exchange")
-            self._settle(entry, session)
-            return
-        headers[names.PATH_HEADER] = path
-        properties.headers = None
-        # Who published upstream is the upstream's word, not ours to vouch for: cleared,
-        # as RabbitMQ's federation does by default (docs/federation.md, "The link").
-        properties.user_id = None
-        body = delivered.body
-        header = with_headers(
-            ContentHeader(body_size=len(body), properties=properties).marshal(), headers
-        )
-        routing_key = deliver.routing_key or ""
-        message = Message(address_of(self.spec.exchange, routing_key), header, body)
-        self.counters.taken(now, bool(deliver.redelivered))
-        queues = vhost.route(exchange, routing_key, message)
-        log_ = vhost.log
-        before = log_.sync_lsn if log_ is not None else 0
-        accepted = vhost.enqueue(message, queues, now) if queues else True
-        message.decoded = None
-        broker = self.broker
-        if not broker.blocked and Message.held > broker.message_budget:
-            broker.check_memory()  # as a publish does: acks stop at once past the watermark
-        if not accepted:
-            self.counters.drop("rejected")
-        if self.confirm and log_ is not None and log_.sync_lsn != before:
-            self.broker.when_safe(log_.sync_lsn, lambda ok: self._safe(entry, session, ok))
-        else:
-            self._settle(entry, session)
-
-    def _safe(self, entry: list[Any], session: int, ok: bool) -> None:
-        if session != self._session:
-            return
-        if not ok:
-            # Not acked: the link restarts and the upstream delivers it again.
-            self._broken = "the local store could not write a message"
-            self._poke()
-            return
-        self._settle(entry, session)
-
-    def _settle(self, entry: list[Any], session: int) -> None:
-        """One delivery done here: the upstream may be acked up to the first not done."""
-        if session != self._session:
-            return
-        entry[1] = True
-        inflight = self._inflight
-        upto = 0
-        while inflight and inflight[0][1]:
-            upto = inflight.popleft()[0]
-        if upto:
-            self._ack_upto = upto
-            self._poke()

@@ -1,9 +1,10 @@
 """The management API's JSON, in RabbitMQ's shapes, from the broker's model (pure).
 
 Owns: what GET /api/queues, /api/exchanges, /api/bindings, /api/vhosts, /api/nodes,
-/api/overview and the health checks answer, made from the model's objects (``core``
-queues, exchanges, bindings) and the pair's status dicts; the rates of the message
-counters (``Rates``). Field names are RabbitMQ's where the meaning is the same; amqha's
+/api/overview, /api/connections, /api/channels, /api/consumers and the health checks
+answer, made from the model's objects (``core`` queues, exchanges, bindings; the broker's
+connections, their channels and consumers) and the pair's status dicts; the rates of the
+message counters (``Rates``). Field names are RabbitMQ's where the meaning is the same; amqha's
 own figures are under ``amqha`` (docs/operations.md, "Management API").
 
 Must not know: HTTP, sockets, the clock (``now`` is given), who asks (``access``).
@@ -366,3 +367,94 @@ def _jsonable(value: Any) -> Any:
 
 def sorted_by_name(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(items, key=lambda item: (item.get("vhost", ""), item.get("name", "")))
+
+
+# -- connections, channels and consumers as RabbitMQ shows them ---------------------------
+
+
+def _address(transport: Any, what: str) -> tuple[str, int]:
+    where = transport.get_extra_info(what) if transport is not None else None
+    if not where:
+        return "", 0
+    return str(where[0]), int(where[1])
+
+
+def connection_name(connection: Any) -> str:
+    """``peer host:port -> local host:port``, as RabbitMQ names a connection."""
+    peer_host, peer_port = _address(connection.transport, "peername")
+    host, port = _address(connection.transport, "sockname")
+    return f"{peer_host}:{peer_port} -> {host}:{port}"
+
+
+def connection_shape(connection: Any, node: str) -> dict[str, Any]:
+    peer_host, peer_port = _address(connection.transport, "peername")
+    host, port = _address(connection.transport, "sockname")
+    properties = _jsonable(dict(connection.client_properties))
+    tls = connection.transport is not None and connection.transport.get_extra_info("sslcontext")
+    return {
+        "name": connection_name(connection),
+        "node": node,
+        "type": "network",
+        "protocol": "AMQP 0-9-1",
+        "user": connection.user.name,
+        "vhost": connection.vhost.name,
+        "peer_host": peer_host,
+        "peer_port": peer_port,
+        "host": host,
+        "port": port,
+        "channels": len(connection.channels),
+        "channel_max": connection.channel_max,
+        "frame_max": connection.frame_max,
+        "timeout": connection.heartbeat,
+        "ssl": bool(tls),
+        "state": "blocked" if connection.read_holds else "running",
+        "client_properties": properties,
+        "amqha": {"privileged": bool(connection.bypasses_gate)},
+    }
+
+
+def channel_shape(connection: Any, channel: Any, node: str) -> dict[str, Any]:
+    name = connection_name(connection)
+    return {
+        "name": f"{name} ({channel.number})",
+        "number": channel.number,
+        "node": node,
+        "user": connection.user.name,
+        "vhost": connection.vhost.name,
+        "connection_details": {
+            "name": name,
+            "peer_host": _address(connection.transport, "peername")[0],
+            "peer_port": _address(connection.transport, "peername")[1],
+        },
+        "consumer_count": len(channel.consumers),
+        "messages_unacknowledged": len(channel.unacked),
+        "prefetch_count": channel.consumer_prefetch,
+        "global_prefetch_count": channel.global_prefetch,
+        "confirm": bool(channel.confirm),
+        "transactional": channel.transaction is not None,
+        "state": "running",
+    }
+
+
+def consumer_shape(connection: Any, channel: Any, consumer: Any) -> dict[str, Any]:
+    name = connection_name(connection)
+    peer_host, peer_port = _address(connection.transport, "peername")
+    queue = consumer.queue
+    return {
+        "consumer_tag": consumer.tag,
+        "queue": {"name": queue.name, "vhost": connection.vhost.name},
+        "channel_details": {
+            "name": f"{name} ({channel.number})",
+            "number": channel.number,
+            "connection_name": name,
+            "peer_host": peer_host,
+            "peer_port": peer_port,
+            "user": connection.user.name,
+        },
+        "ack_required": not consumer.no_ack,
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch,
+        "active": True,
+        "activity_status": "up",
+        "arguments": {},
+    }
