@@ -38,7 +38,7 @@ class _Commands(click.Group):
 
             return report
         if name == "console":
-            from .console import console
+            from .console_cli import console
 
             return console
         return super().get_command(ctx, name)
