@@ -38,7 +38,7 @@ class _Commands(click.Group):
 
             return report
         if name == "console":
-            from .console import console
+            from .console_cli import console
 
             return console
         return super().get_command(ctx, name)
@@ -192,7 +192,7 @@ def witness(listen: str, secret_file: str) -> None:
     a majority of its witnesses has not heard the ACTIVE for twice the timeout, and an
     ACTIVE that loses both its peer and its witnesses stops confirming (docs/failover.md).
     """
-    from config.loader import parse_host_port
+    from config.reading import parse_host_port
     from failover.witness_net import serve_witness
 
     try:

@@ -32,7 +32,7 @@ from typing import Any
 
 from pamqp import body, commands, frame, header
 
-from config.loader import _SIZE_UNITS
+from config.reading import SIZE_UNITS
 from tests.integration.protocol_support import RawClient
 from tests.support import ServerProcess
 
@@ -245,7 +245,7 @@ def main() -> None:
     options = parser.parse_args()
     text = options.watermark.lower()
     number = text.rstrip("kmgib")
-    watermark = int(float(number) * _SIZE_UNITS[text[len(number) :]])
+    watermark = int(float(number) * SIZE_UNITS[text[len(number) :]])
     print(json.dumps(run(watermark, options.only.split(",")), indent=2))
 
 

@@ -3,7 +3,8 @@ and ``ConfigError``, the one error every check raises (``FILE: KEY: PROBLEM``).
 
 Owns: what a loaded configuration is, and the few facts derived from it (addresses,
 paths, the global name and federation id). ``loader.py`` reads and checks a YAML file
-into these values; ``tls.py`` turns their TLS parts into contexts.
+into these values (with ``reading.py``, ``sections.py``, ``federation.py``); ``tls.py``
+turns their TLS parts into contexts.
 
 Must not know: YAML, sockets, the event loop, the broker.
 """

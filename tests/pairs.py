@@ -30,8 +30,8 @@ import pika.exceptions
 from pamqp import commands, frame
 from pamqp.heartbeat import Heartbeat
 
-from amqha.client import _recorded
 from amqha.client import connect as ha_connect
+from amqha.client.connection import _recorded
 from amqha.console import ConsoleClient
 from failover.epoch import load_epoch
 from failover.events import read_events

@@ -21,7 +21,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from config.loader import federated_exchange, federation_upstream
+from config.federation import federated_exchange, federation_upstream
 from config.schema import ConfigError, FederatedExchange, FederationUpstream, ServerConfig
 from config.tls import client_context
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config.loader import federated_exchange, federation_upstream
+from config.federation import federated_exchange, federation_upstream
 from config.schema import ConfigError, FederatedExchange, FederationUpstream
 
 from ..core import names

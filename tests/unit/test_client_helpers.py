@@ -14,9 +14,9 @@ from amqha.client import (
     FailoverLog,
     Publisher,
     QuietDuringFailover,
-    _current_failover,
     address_of,
 )
+from amqha.client.failover_log import current_failover
 
 
 def test_a_message_id_is_seen_once_then_a_duplicate() -> None:
@@ -126,7 +126,7 @@ def test_the_libraries_records_are_quieted_only_during_a_failover(
     caplog.set_level(logging.DEBUG)
     quiet = QuietDuringFailover()
     failover = FailoverLog("connection", clock=Clock())
-    token = _current_failover.set(failover)
+    token = current_failover.set(failover)
     try:
         assert quiet.filter(record("aio_pika.robust_connection"))  # not failing over
         failover.lost("h:1", None)
@@ -138,7 +138,7 @@ def test_the_libraries_records_are_quieted_only_during_a_failover(
         failover.served("h:2")
         assert quiet.filter(record("aio_pika.tools", logging.ERROR))
     finally:
-        _current_failover.reset(token)
+        current_failover.reset(token)
     assert quiet.filter(record("aio_pika.robust_connection"))  # no client in this context
 
 
@@ -146,12 +146,12 @@ def test_a_consumer_callbacks_error_goes_through_even_during_a_failover() -> Non
     channel_log = QuietDuringFailover(logging.WARNING)  # as on aiormq.channel
     failover = FailoverLog("connection", clock=Clock())
     failover.lost("h:1", None)
-    token = _current_failover.set(failover)
+    token = current_failover.set(failover)
     try:
         assert not channel_log.filter(record("aiormq.channel", logging.WARNING))
         assert channel_log.filter(record("aiormq.channel", logging.ERROR))
     finally:
-        _current_failover.reset(token)
+        current_failover.reset(token)
 
 
 def test_addresses_are_host_and_port_with_ipv6_in_brackets() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqha.console import ERROR_EXITS, Server, health
+from amqha.console import ERROR_EXITS, Server
+from amqha.console_health import health
 
 
 def server(port: int) -> Server:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amqha.console import _replication_text
+from amqha.console_text import replication_text
 
 
 def feed(**values: object) -> dict[str, object]:
@@ -14,26 +14,26 @@ def follower(**values: object) -> dict[str, object]:
 
 
 def test_each_phase_of_the_in_sync_rule_reads_as_what_it_is() -> None:
-    assert _replication_text(feed(state="none", phase="none")) == "unprotected"
+    assert replication_text(feed(state="none", phase="none")) == "unprotected"
     assert (
-        _replication_text(feed(state="catching_up", phase="snapshot", lag_changes=120))
+        replication_text(feed(state="catching_up", phase="snapshot", lag_changes=120))
         == "catching up (lag 120)"
     )
     assert (
-        _replication_text(feed(state="catching_up", phase="closing", sync_lsn=4711))
+        replication_text(feed(state="catching_up", phase="closing", sync_lsn=4711))
         == "catching up (snapshot acked, in sync at LSN 4711)"
     )
-    assert _replication_text(feed(state="in_sync", phase="in_sync")) == "in sync"
-    assert _replication_text(follower(state="in_sync", in_sync=True)) == "following, in sync"
+    assert replication_text(feed(state="in_sync", phase="in_sync")) == "in sync"
+    assert replication_text(follower(state="in_sync", in_sync=True)) == "following, in sync"
     assert (
-        _replication_text(follower(state="closing", in_sync=False))
+        replication_text(follower(state="closing", in_sync=False))
         == "following, snapshot on disk, not yet in sync"
     )
     assert (
-        _replication_text(follower(state="in_sync", in_sync=True, unapplied_runs=412))
+        replication_text(follower(state="in_sync", in_sync=True, unapplied_runs=412))
         == "following, in sync, 412 runs to apply"
     )
     assert (
-        _replication_text(follower(state="catching_up", in_sync=False)) == "following, catching up"
+        replication_text(follower(state="catching_up", in_sync=False)) == "following, catching up"
     )
-    assert _replication_text({"replication": {"enabled": False}}) == "off"
+    assert replication_text({"replication": {"enabled": False}}) == "off"

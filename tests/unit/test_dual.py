@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqha.console import Server, health
+from amqha.console import Server
+from amqha.console_health import health
 from amqha.dual import dual_active
 from amqha.management.shapes import nodes_shape
 
