@@ -3,7 +3,7 @@ release confirms as the store (and the PASSIVE) hold them (docs/durability.md).
 
 Owns: opening the store and replaying what it holds into the vhosts, the hand-over of
 the change log once per turn of the loop, the store's progress as a sink of the confirm
-watermark (``_StoreSink``), the publishes refused when a write fails (and publishers
+watermark (``StoreSink``), the publishes refused when a write fails (and publishers
 held until a retry writes), the channels and transactions waiting for an LSN to be safe,
 and closing the store.
 
@@ -37,20 +37,26 @@ STORE_RETRY = 1.0
 RECOVER_RUN = 4096
 
 
-class _StoreSink:
-    """The store as a sink: it holds what its writer reported written (``_stored``)."""
+class StoreSink:
+    """The store as a sink of the confirm watermark: it keeps its own progress, what its
+    writer reported written (``written``)."""
 
-    __slots__ = ("store", "broker")
+    __slots__ = ("store", "written")
 
-    def __init__(self, store: Store, broker: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self.broker = broker
+        self.written = 0  # the store has everything up to this LSN on disk
 
     def submit(self, first_lsn: int, changes: Sequence[Any]) -> None:
         self.store.submit(first_lsn, changes)
 
+    def reported(self, last_lsn: int) -> None:
+        """The writer wrote (or failed: it is not written again) up to ``last_lsn``."""
+        if last_lsn > self.written:
+            self.written = last_lsn
+
     def holds(self) -> int | None:
-        return self.broker.store_lsn
+        return self.written
 
 
 class StoreSide:
@@ -94,7 +100,8 @@ class StoreSide:
         store.start(self._store_notified)
         self.store = store
         # The feed first: the PASSIVE's store is the longer way to the watermark.
-        self.sinks = [self.feed, _StoreSink(store, self)]
+        self.store_sink = StoreSink(store)
+        self.sinks = [self.feed, self.store_sink]
 
     def _changes_pending(self) -> None:
         """The first change of this turn: they all go to the store when the turn ends."""
@@ -115,7 +122,7 @@ class StoreSide:
             self.loop.call_soon_threadsafe(self._stored, last_lsn, failed)
 
     def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
-        self.store_lsn = max(self.store_lsn, last_lsn)
+        self.store_sink.reported(last_lsn)
         if failed is not None:
             self._refuse_range(failed.first_lsn, failed.last_lsn)
             self.store_failures += 1
@@ -192,7 +199,7 @@ class StoreSide:
             "failing": self.store_failing,
             "failures": self.store_failures,
             "lsn": self.log.lsn if self.log is not None else 0,
-            "safe_lsn": self.store_lsn,
+            "safe_lsn": self.store_sink.written,
             "recovered": self.recovered,
         }
 

@@ -37,7 +37,7 @@ from failover import keys
 
 from . import __version__
 from .auth import Authenticator, Refused
-from .broker_store import StoreSide
+from .broker_store import StoreSide, StoreSink
 from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
 from .core.changes import ChangeLog
@@ -101,7 +101,7 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         self.log: ChangeLog | None = None
         self.store: Store | None = None
         self.safe_lsn = 0  # confirms may go out for everything up to this LSN
-        self.store_lsn = 0  # the store has everything up to this LSN on disk
+        self.store_sink: StoreSink | None = None  # with a store: its progress
         # Where each turn's changes go, and whose progress releases confirms (with a
         # store: the replication feed and the store; ``core.sync.Sink``).
         self.sinks: list[Sink] = []
