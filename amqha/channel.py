@@ -24,10 +24,11 @@ from pamqp.base import Frame as Method
 
 from . import flow, wire
 from .core import feedauth
+from .core.arguments import QueueArgumentError, consumer_priority
 from .core.confirms import Confirms
 from .core.message import Message
-from .core.queue import Queue, QueueArgumentError, consumer_priority
-from .core.vhost import FEED_QUEUE
+from .core.queue import Queue
+from .core.reserved import FEED_QUEUE
 from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ import click
 
 from .channel import REPLY_TO
 from .console_service import COMMANDS
-from .core.vhost import CONSOLE_EXCHANGE
+from .core.reserved import CONSOLE_EXCHANGE
 from .dual import dual_active
 from .ports import PAIR_FILE
 

@@ -54,11 +54,12 @@ from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
 from .core.apply import apply_run
 from .core.changes import ChangeLog
-from .core.message import Message
-from .core.queue import Lane, Queue
+from .core.message import Message, MessageIds
+from .core.priority import Lane
+from .core.queue import Queue
 from .core.routing import ArgumentBytes
 from .core.sync import Sink, watermark
-from .core.vhost import MessageIds, VHost
+from .core.vhost import VHost
 from .federation.agent import Federation
 from .federation.upstream import UpstreamService
 from .gate import Pair, Standalone

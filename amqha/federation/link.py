@@ -39,7 +39,7 @@ from yarl import URL
 
 from ..core import names
 from ..core.message import Message
-from ..core.vhost import FEDERATION_EXCHANGE
+from ..core.reserved import FEDERATION_EXCHANGE
 from ..gate import redirect_target
 from ..wire import address_of, with_headers
 from . import model

@@ -46,8 +46,8 @@ from config.tls import server_context
 
 from .. import __version__
 from ..console_service import read_events
+from ..core.kinds import new_queue
 from ..core.message import Message
-from ..core.queue import new_queue
 from ..logtext import escaped
 from ..wire import address_of
 from . import access, definitions, guard, shapes, timeline
