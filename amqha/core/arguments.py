@@ -114,7 +114,8 @@ class QueueLimits:
                 f"invalid arg 'x-single-active-consumer' for queue: {single!r} (need true or false)"
             )
         self.single_active_consumer = single
-        # A quorum queue's x-delivery-limit (None: none); QuorumQueue applies it.
+        # A quorum queue's x-delivery-limit (None: none); its ``quorum.DeliveryCounter``
+        # applies it.
         self.delivery_limit = _int_argument(arguments, "x-delivery-limit", 0)
         # Quorum arguments that have no effect here, checked as RabbitMQ checks them.
         _int_argument(arguments, "x-max-in-memory-length", 0)

@@ -49,6 +49,7 @@ from .changes import (
     Unbound,
 )
 from .deadletter import dead_letter, is_cycle
+from .forwards import Forward
 from .kinds import new_queue
 from .message import Message, MessageIds
 from .queue import Queue
@@ -65,26 +66,6 @@ from .routing import EXCHANGE_CLASSES, ControlExchange, Exchange, arguments_size
 
 # What a server-named queue's name carries when the vhost is given no global name.
 DEFAULT_GLOBAL_NAME = "amqha"
-
-
-class Forward:
-    """Messages routed through ``exchange`` also go on the hidden ``queue``, bound for
-    ``upstream``, unless the path rule refuses them (docs/federation.md, "Loops and hops")."""
-
-    __slots__ = ("exchange", "queue", "upstream", "local", "max_hops")
-
-    def __init__(
-        self, exchange: str, queue: Queue, upstream: str, local: str, max_hops: int
-    ) -> None:
-        self.exchange = exchange
-        self.queue = queue
-        self.upstream = upstream
-        self.local = local
-        self.max_hops = max_hops
-
-    def takes(self, message: Message) -> bool:
-        path = names.extended(names.path_of(message.headers()), self.local)
-        return names.crossing(path, self.upstream, self.max_hops) is None
 
 
 def _inequivalent(what: str, name: str, arg: str) -> exceptions.AMQPPreconditionFailed:
