@@ -2,9 +2,9 @@
 
 Owns: the messages of one queue until they are settled, what its arguments do (TTL,
 expiry, length limits, overflow, dead-letter target, single active consumer; parsed in
-``arguments``), its consumers and the choice among the ready ones (round-robin, highest ``x-priority``
-first), redelivery marks, when the queue next needs a timer (``next_due``), and the
-counts the console shows.
+``arguments``), its consumers and the choice among the ready ones (round-robin, highest
+``x-priority`` first), redelivery marks, when the queue next needs a timer
+(``next_due``), and the counts the console shows.
 
 A queue owns a message from enqueue to settlement (RabbitMQ's backing queue is the
 model): ``fetch`` hands it out and keeps it as outstanding under its ``msg_id``;
