@@ -22,7 +22,7 @@ import select
 from . import flow
 from .connection import OPEN, Connection
 from .core.message import Message
-from .core.queue import Lane
+from .core.priority import Lane
 from .core.routing import ArgumentBytes
 
 log = logging.getLogger("amqha.server")

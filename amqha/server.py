@@ -41,10 +41,10 @@ from .broker_store import StoreSide, StoreSink
 from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
 from .core.changes import ChangeLog
-from .core.message import Message
+from .core.message import Message, MessageIds
 from .core.queue import Queue
 from .core.sync import Sink
-from .core.vhost import MessageIds, VHost
+from .core.vhost import VHost
 from .federation.agent import Federation
 from .federation.upstream import UpstreamService
 from .gate import Pair, Standalone
