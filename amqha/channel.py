@@ -28,10 +28,11 @@ from .channel_feed import FeedOutlet, FeedSubscription
 from .channel_publish import PendingPublish, Publishing
 from .channel_state import CLOSING, OPEN, control_only_text
 from .channel_tx import TX_ACK, TX_RETURN, Transactions, TxAction
+from .core.arguments import QueueArgumentError, consumer_priority
 from .core.confirms import Confirms
 from .core.message import Message
-from .core.queue import Queue, QueueArgumentError, consumer_priority
-from .core.vhost import FEED_QUEUE, REPLY_TO, REPLY_TO_PREFIX
+from .core.queue import Queue
+from .core.reserved import FEED_QUEUE, REPLY_TO, REPLY_TO_PREFIX
 
 if TYPE_CHECKING:
     from .host import ChannelHost, ChannelOwner

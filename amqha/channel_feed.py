@@ -16,7 +16,7 @@ from pamqp import commands, exceptions
 from . import wire
 from .channel_state import OPEN
 from .core import feedauth
-from .core.vhost import FEED_QUEUE
+from .core.reserved import FEED_QUEUE
 
 # The pair's replication feed (see replication.py): only a peering login consumes it.
 _FEED_ADDRESS = wire.address_of(FEED_QUEUE, "")

@@ -22,7 +22,7 @@ from . import flow, wire
 from .channel_state import OPEN, control_only_text
 from .channel_tx import TX_PUBLISH
 from .core.message import Message
-from .core.vhost import REPLY_TO, REPLY_TO_PREFIX
+from .core.reserved import REPLY_TO, REPLY_TO_PREFIX
 from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
 
 # The user_id bit of the content header's property flags (low byte of the flag word).

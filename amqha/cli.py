@@ -97,7 +97,7 @@ def start(
     """Start one broker and serve until SIGTERM or Ctrl-C."""
     from .ports import MetricsListenError
     from .server import install_uvloop, serve
-    from .store import StoreError
+    from .store_file import StoreError
 
     # Everything a server writes (store, event log, epoch, quarantine) is its user's
     # alone; the modules that make those files say so too, this covers any other.

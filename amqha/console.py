@@ -29,7 +29,7 @@ import aio_pika
 import aiormq
 import click
 
-from .core.vhost import CONSOLE_EXCHANGE, REPLY_TO
+from .core.reserved import CONSOLE_EXCHANGE, REPLY_TO
 from .ports import PAIR_FILE
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from typing import Any
 from pamqp import exceptions
 
 from .core.message import Message
-from .core.vhost import CONSOLE_EXCHANGE
+from .core.reserved import CONSOLE_EXCHANGE
 from .federation.agent import Refused
 from .gate import ConsoleRefused
 from .logtext import escaped

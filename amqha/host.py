@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
     from .auth import Refused, User
     from .core.changes import ChangeLog
+    from .core.message import MessageIds
     from .core.queue import Queue
-    from .core.vhost import MessageIds, VHost
+    from .core.vhost import VHost
     from .gate import Pair
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.vhost import VHost
-from .store import PRIVATE_DIRECTORY, PRIVATE_FILE
+from .store_file import PRIVATE_DIRECTORY, PRIVATE_FILE
 
 MARK = "unprotected"
 

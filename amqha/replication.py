@@ -60,8 +60,8 @@ from .core.changes import (
     SnapshotPart,
     Unbound,
 )
+from .core.reserved import FEED_QUEUE
 from .core.sync import Eligibility, Leader, Phase, SentRun
-from .core.vhost import FEED_QUEUE
 
 if TYPE_CHECKING:
     from .host import ReplicationHost

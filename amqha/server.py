@@ -1,23 +1,14 @@
-"""The broker process: the listening socket, the vhosts, and the timers around them.
+"""The broker process: the listening socket, the vhosts, and the wiring of its parts.
 
 Owns: the TCP listener and the amqps (TLS) listener beside it (the only socket code),
 the set of connections and the limits on them (per node, vhost and user), users and
-authentication (through ``auth``), server properties, the queue timers (message TTL and
-x-expires: a heap keyed on each queue's next due time, so idle queues cost nothing),
-the memory watermark that blocks publishers, the pair it belongs to (``Broker.pair``,
-a ``gate.Pair``: standalone unless a failover controller attaches itself), the
-receivers of the control exchanges, and clean shutdown (every connection closed with
-320, files flushed).
-
-Memory: what the process holds for its clients is counted as it changes, never by
-walking queues or connections: message bytes plus a per-message overhead
-(``Message.held``), arguments of bindings, exchanges and queues (``ArgumentBytes``),
-partial frames and content being assembled, output held for sockets that do not drain,
-a fixed cost per queue, connection, channel and priority lane in use, and each
-binding's cost. When that passes ``limits.memory_high_watermark`` the alarm is on until
-it falls below: a connection that publishes a message is told (Connection.Blocked) and
-no longer read; consumers, requests to the control plane and the pair's own links never
-are (docs/limits.md, "What the alarm holds").
+authentication (through ``auth``), server properties, the pair it belongs to
+(``Broker.pair``, a ``gate.Pair``: standalone unless a failover controller attaches
+itself), the receivers of the control exchanges, clean shutdown (every connection closed
+with 320, files flushed), and ``serve``, which builds a broker and its services. Its
+parts: the memory account and the alarm (``memory_account.py``), leading and following
+(``leadership.py``), the store's side and the confirms it releases (``broker_store.py``),
+the queue timers (``queue_timers.py``).
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
 failover state machine (it only ever sees the ``gate.Pair`` interface).
@@ -27,18 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import gc
-import heapq
-import itertools
 import logging
 import platform
-import select
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import exceptions
@@ -48,61 +35,31 @@ from config.schema import format_host_port
 from config.tls import server_context
 from failover import keys
 
-from . import __version__, flow
+from . import __version__
 from .auth import Authenticator, Refused
+from .broker_store import StoreSide, StoreSink
 from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
-from .core.apply import apply_run
 from .core.changes import ChangeLog
-from .core.message import Message
-from .core.queue import Lane, Queue
-from .core.routing import ArgumentBytes
-from .core.sync import Sink, watermark
-from .core.vhost import MessageIds, VHost
+from .core.message import Message, MessageIds
+from .core.queue import Queue
+from .core.sync import Sink
+from .core.vhost import VHost
 from .federation.agent import Federation
 from .federation.upstream import UpstreamService
 from .gate import Pair, Standalone
-from .logtext import escaped
-from .quarantine import (
-    clear_incomplete,
-    clear_unprotected_mark,
-    mark_incomplete,
-    quarantine,
-    read_unprotected_mark,
-    write_unprotected_mark,
-)
+from .leadership import Leadership
+from .memory_account import MEMORY_CHECK_INTERVAL, MemoryAccount
+from .queue_timers import QueueTimers
 from .replication import Feed, Follower
 
 if TYPE_CHECKING:
-    from .store import Store, StoreFailure
+    from .store import Store
 
 log = logging.getLogger("amqha.server")
 
-# How often the watermark is re-checked while nothing publishes (publishes check at once).
-MEMORY_CHECK_INTERVAL = 0.1
-# How often sockets not being read are looked at for their client's going, and the poll
-# events that say it went: a FIN (POLLRDHUP, Linux; seen though unread bytes are ahead
-# of it) or a reset (POLLHUP, POLLERR).
-HANGUP_CHECK_INTERVAL = 0.5
-HANGUP_EVENTS = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
-# Fixed costs counted against the watermark, measured with bench/memory_attacks.py:
-# a queue with its limits, deques and dicts; a connection with its transport, buffers
-# and handshake state; a channel with its maps.
-QUEUE_COST = 2048
-# A priority queue's lane (one per priority holding messages): its deque and heap with
-# a first message, 896 B measured with tracemalloc.
-LANE_COST = 1024
-CONNECTION_COST = 16 * 1024
-CHANNEL_COST = 1200
-# While the pair says this server is not serving, held connections are looked at this often.
-HOLD_RECHECK = 0.05
 TLS_HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT = 2.0
-# Message ids of one ACTIVE term: a block of 2**40 per (epoch, role).
-ID_BLOCK_BITS = 40
-# After a store write fails (a full disk), publishers stay blocked this long before the
-# next write is tried.
-STORE_RETRY = 1.0
 # Queued messages are many small long-lived objects: at the default thresholds (700,
 # 10, 10) the collector walks them over and over while queues fill, a sixth of the
 # publish path's CPU. Collecting young objects every 10000 allocations instead leaves
@@ -112,8 +69,6 @@ GC_THRESHOLDS = (10_000, 10, 10)
 # returns from each SQLite call (and the heartbeat thread wakes) needing the GIL back
 # from a busy loop thread: at Python's default 5 ms, every group commit waits that long.
 SWITCH_INTERVAL = 0.0005
-# Recovery applies the stored changes this many at a time (core.apply.apply_run).
-RECOVER_RUN = 4096
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -129,23 +84,11 @@ CAPABILITIES = {
 }
 
 
-class _StoreSink:
-    """The store as a sink: it holds what its writer reported written (``_stored``)."""
+class Broker(MemoryAccount, Leadership, StoreSide):
+    """A broker process's state and its wiring; its parts: the memory account
+    (``memory_account.py``), leadership (``leadership.py``), the store's side
+    (``broker_store.py``), the queue timers (``queue_timers.py``)."""
 
-    __slots__ = ("store", "broker")
-
-    def __init__(self, store: Store, broker: Broker) -> None:
-        self.store = store
-        self.broker = broker
-
-    def submit(self, first_lsn: int, changes: Sequence[Any]) -> None:
-        self.store.submit(first_lsn, changes)
-
-    def holds(self) -> int | None:
-        return self.broker.store_lsn
-
-
-class Broker:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.loop = asyncio.get_running_loop()
@@ -158,7 +101,7 @@ class Broker:
         self.log: ChangeLog | None = None
         self.store: Store | None = None
         self.safe_lsn = 0  # confirms may go out for everything up to this LSN
-        self.store_lsn = 0  # the store has everything up to this LSN on disk
+        self.store_sink: StoreSink | None = None  # with a store: its progress
         # Where each turn's changes go, and whose progress releases confirms (with a
         # store: the replication feed and the store; ``core.sync.Sink``).
         self.sinks: list[Sink] = []
@@ -299,270 +242,9 @@ class Broker:
 
     # -- the store ------------------------------------------------------------------------
 
-    def open_store(self) -> None:
-        """Open the store, rebuild the durable state from it, then log every change to it.
-
-        A store that cannot be read raises ``StoreError`` (one line naming the file)."""
-        if not self.config.store.enabled:
-            return
-        from .store import Store
-
-        started = time.monotonic()
-        path = self.config.store_path
-        store = Store.open(path, self.config.store.max_bytes)
-        now = self.now()
-        changes = store.recover()
-        while run := list(itertools.islice(changes, RECOVER_RUN)):
-            apply_run(self, run, now)
-        self.ids.seen(store.max_msg_id())
-        counts = store.counts()
-        seconds = time.monotonic() - started
-        pending = store.pending_runs_written
-        self.recovered = dict(counts, seconds=round(seconds, 3), path=path, pending_runs=pending)
-        if counts.get("queues") or counts.get("messages") or pending:
-            # Runs a PASSIVE acked and had not written as rows yet: written at open.
-            kept = f" ({pending} runs from the ACTIVE written first)" if pending else ""
-            print(
-                f"amqha {self.config.name}: recovered {counts.get('queues', 0)} durable "
-                f"queues and {counts.get('messages', 0)} persistent messages from {path} "
-                f"in {seconds:.2f} s{kept}",
-                file=sys.stderr,
-                flush=True,
-            )
-        self.log = ChangeLog(self._changes_pending)
-        for vhost in self.vhosts.values():
-            vhost.set_log(self.log)
-            for queue in vhost.queues.values():
-                self.watch_queue(queue)
-        store.start(self._store_notified)
-        self.store = store
-        # The feed first: the PASSIVE's store is the longer way to the watermark.
-        self.sinks = [self.feed, _StoreSink(store, self)]
-
-    def _changes_pending(self) -> None:
-        """The first change of this turn: they all go to the store when the turn ends."""
-        self.loop.call_soon(self._take_changes)
-
-    def _take_changes(self) -> None:
-        if self.log is None or self.store is None:
-            return
-        first, changes = self.log.take()
-        if changes:
-            for sink in self.sinks:
-                sink.submit(first, changes)
-
-    def _store_notified(self, last_lsn: int, failed: StoreFailure | None) -> None:
-        """Called on the store's writer thread: hand the news to the loop."""
-        # A closed loop: the server is gone and nothing waits any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self._stored, last_lsn, failed)
-
-    def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
-        self.store_lsn = max(self.store_lsn, last_lsn)
-        if failed is not None:
-            self._refuse_range(failed.first_lsn, failed.last_lsn)
-            self.store_failures += 1
-            if not self.store_failing:
-                log.warning(
-                    "the store could not write (%s): publishes not stored are nacked and "
-                    "publishers blocked; consumers are still served",
-                    failed.error,
-                )
-                self.store_failing = True
-                self._update_blocked()
-            if self.store_retry is None:
-                self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
-        self._release_confirms()
-
-    def _refuse_range(self, first: int, last: int) -> None:
-        """The store could not write LSNs ``first``-``last``: what waits on them is
-        refused now, whatever the watermark. Held back until the watermark passed the
-        range (a PASSIVE behind it), such a publish was acked later, on the PASSIVE's
-        copy alone, and lost if this server then led from its own store."""
-        for channel in list(self.unsafe_channels):
-            channel.store_failed(first, last)
-        waiting = self.waiting_safe
-        if any(first <= lsn <= last for lsn, _ in waiting):
-            refused = [done for lsn, done in waiting if first <= lsn <= last]
-            self.waiting_safe = collections.deque(
-                (lsn, done) for lsn, done in waiting if not first <= lsn <= last
-            )
-            for done in refused:
-                done(False)
-
-    def _release_confirms(self) -> None:
-        """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
-        what the PASSIVE has too (the watermark of docs/durability.md)."""
-        safe = watermark([sink.holds() for sink in self.sinks])
-        if safe <= self.safe_lsn:
-            return
-        self.safe_lsn = safe
-        for channel in list(self.unsafe_channels):
-            if not channel.store_progress(safe):
-                self.unsafe_channels.discard(channel)
-        waiting = self.waiting_safe
-        while waiting and waiting[0][0] <= safe:
-            _, done = waiting.popleft()
-            done(True)
-
     # -- replication ----------------------------------------------------------------------
 
-    def _feed_sync(self, in_sync: bool, reason: str) -> None:
-        """The feed's subscriber became (or stopped being) an in-sync PASSIVE, or acked."""
-        if reason:
-            if in_sync:
-                self._mark_unprotected(False)
-            if self.on_sync is not None:
-                self.on_sync("active", in_sync, reason)
-        self._release_confirms()
-
-    def _feed_unprotected(self, first_id: int) -> None:
-        """The in-sync PASSIVE is gone: messages from ``first_id`` on may be on this
-        server alone (those it was sent and had not acked included)."""
-        self._mark_unprotected(True, first_id)
-
-    def _follower_sync(self, in_sync: bool, reason: str) -> None:
-        if in_sync:
-            clear_incomplete(self.config.data_dir)
-        if self.on_sync is not None:
-            self.on_sync("passive", in_sync, reason)
-
-    def lead(self, epoch: int, role_bit: int) -> None:
-        """This server is ACTIVE: its changes are logged (and fed to a PASSIVE), its
-        timers run, and new message ids come from its own block for this epoch (two
-        ACTIVE servers of a split never give the same id)."""
-        self.ids.seen(((epoch * 2 + role_bit) << ID_BLOCK_BITS) - 1)
-        if self.leading:
-            return
-        self.leading = True
-        if self.federation is not None:
-            self.federation.set_leading(True)
-        clear_incomplete(self.config.data_dir)  # what it leads with is the service now
-        follower, self.follower = self.follower, None
-        if follower is not None:
-            follower.settle()  # every run received is in the state this server leads with
-            follower.detach()  # and nothing that arrives or completes later is acked
-            self.loop.create_task(follower.stop())
-        for vhost in self.vhosts.values():
-            vhost.set_log(self.log)
-            for queue in vhost.queues.values():
-                self.watch_queue(queue)
-        if not self.feed.in_sync:
-            self._mark_unprotected(True)
-            if self.on_sync is not None and self.config.replication.enabled:
-                self.on_sync("active", False, "ACTIVE with no in-sync passive")
-
-    def follow(self, url: str, connect_options: dict[str, Any]) -> None:
-        """This server is PASSIVE: it takes its state from the ACTIVE at ``url``."""
-        if not self.leading and self.follower is not None:
-            return
-        self.leading = False
-        if self.federation is not None:
-            self.federation.set_leading(False)
-        self.feed.drop("this server is no longer ACTIVE")
-        for vhost in self.vhosts.values():
-            vhost.set_log(None)
-        if not self.config.replication.enabled or self.store is None:
-            return
-        self.follower = Follower(
-            self,
-            url,
-            self._follower_sync,
-            connect_options,
-            self.config.name,
-            self.config.failover.secret,
-        )
-        self.loop.create_task(self.follower.start())
-
-    def passive_stalled(self, limit: float) -> None:
-        if self.leading:
-            self.feed.drop_if_stalled(limit)
-
-    def following_in_sync(self) -> bool:
-        follower = self.follower
-        return follower.in_sync if follower is not None else True
-
-    def replicated(self, changes: list[Any]) -> int:
-        """Changes received from the ACTIVE (a kept run, or a kept run's changes): to the
-        store, like ours. Returns the LSN the store must pass for them."""
-        log_ = self.log
-        assert log_ is not None
-        log_.extend(changes, True)
-        self._take_changes()  # now, not when the turn ends: the writer starts at once
-        return log_.lsn
-
-    def before_reset(self) -> None:
-        """A snapshot from the ACTIVE is about to replace the durable state: messages the
-        ACTIVE never had (accepted while this server had no in-sync PASSIVE, as a split
-        brain's losing side, or on a queue left out of replication) are kept in a
-        quarantine file first, and reported."""
-        mark = read_unprotected_mark(self.config.data_dir)
-        found = quarantine(self.vhosts, mark, self.config.data_dir, self.config.name)
-        mark_incomplete(self.config.data_dir)
-        if mark is not None:
-            clear_unprotected_mark(self.config.data_dir)
-        if found is not None:
-            self.quarantined.append(found)
-            log.warning(
-                "quarantined %d messages the ACTIVE never had into %s",
-                found["messages"],
-                found["path"],
-            )
-            if self.on_quarantine is not None:
-                self.on_quarantine(found)
-
-    def _mark_unprotected(self, unprotected: bool, first_id: int | None = None) -> None:
-        if not self.leading or self.store is None or not self.config.replication.enabled:
-            return
-        if unprotected:
-            if read_unprotected_mark(self.config.data_dir) is None:
-                mark = self.ids.next if first_id is None else first_id
-                write_unprotected_mark(self.config.data_dir, mark)
-        else:
-            clear_unprotected_mark(self.config.data_dir)
-
-    def replication_status(self) -> dict[str, Any]:
-        if not self.config.replication.enabled:
-            return {"enabled": False}
-        status: dict[str, Any] = {"enabled": True, "leading": self.leading}
-        if self.leading:
-            status["feed"] = self.feed.status()
-        if self.follower is not None:
-            status["follower"] = self.follower.status()
-        if self.quarantined:
-            status["quarantined"] = self.quarantined
-        return status
-
-    def _retry_store(self) -> None:
-        """Let publishers try again: a write that fails again blocks them again."""
-        self.store_retry = None
-        if self.store_failing:
-            self.store_failing = False
-            log.warning("retrying the store: publishers unblocked")
-            self._update_blocked()
-
     # -- what connections and channels report (host.ChannelHost, host.ConnectionHost) -----
-
-    def count_input(self, delta: int) -> None:
-        """Bytes read and held in partial frames and bodies (``delta`` < 0 as they go).
-        Past the budget they are checked at once, as a publish is: a body read faster
-        than the timer ticks would otherwise run far past the watermark."""
-        self.input_bytes += delta
-        if (
-            delta > 0
-            and not self.memory_over
-            and Message.held + self.input_bytes - self.input_at_check > self.message_budget
-        ):
-            self.check_memory()
-
-    def output_paused(self, delta: int) -> None:
-        self.paused_outputs += delta
-
-    def wait_for_safe(self, channel: Any) -> None:
-        self.unsafe_channels.add(channel)
-
-    def done_waiting(self, channel: Any) -> None:
-        self.unsafe_channels.discard(channel)
 
     def reply_consumer(self, address: str) -> Any:
         return self.direct_replies.get(address)
@@ -572,26 +254,6 @@ class Broker:
 
     def forget_reply(self, address: str) -> None:
         self.direct_replies.pop(address, None)
-
-    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
-        """Call ``done(ok)`` once the store (and an in-sync PASSIVE) has up to ``lsn``."""
-        if lsn <= self.safe_lsn or self.store is None:
-            self.loop.call_soon(done, True)
-        else:
-            self.waiting_safe.append((lsn, done))
-
-    def store_status(self) -> dict[str, Any]:
-        if self.store is None:
-            return {"enabled": False}
-        return {
-            "enabled": True,
-            "path": self.config.store_path,
-            "failing": self.store_failing,
-            "failures": self.store_failures,
-            "lsn": self.log.lsn if self.log is not None else 0,
-            "safe_lsn": self.store_lsn,
-            "recovered": self.recovered,
-        }
 
     # -- delivery -------------------------------------------------------------------------
 
@@ -636,9 +298,6 @@ class Broker:
         for each in self.vhosts.values():
             each.set_control_receiver(exchange, counted)
 
-    def queued_bytes(self) -> int:
-        return sum(q.bytes for vhost in self.vhosts.values() for q in vhost.queues.values())
-
     def _on_queue_due(self, queue: Queue, now: float) -> None:
         if not self.leading:
             return  # a PASSIVE's queues follow the ACTIVE's expiries, never their own
@@ -651,110 +310,7 @@ class Broker:
     def _vhost_of(self, queue: Queue) -> VHost | None:
         return next((v for v in self.vhosts.values() if v.queues.get(queue.name) is queue), None)
 
-    def memory_in_use(self) -> int:
-        """The bytes counted against the watermark (see the module docstring)."""
-        queues = sum(len(vhost.queues) for vhost in self.vhosts.values())
-        return (
-            Message.held
-            + ArgumentBytes.held
-            + self.input_bytes
-            + self.paused_outputs * self.config.limits.output_buffer
-            + queues * QUEUE_COST
-            + Lane.held * LANE_COST
-            + len(self.connections) * CONNECTION_COST
-            + self.channel_count * CHANNEL_COST
-        )
-
-    def _memory_tick(self) -> None:
-        self.memory_timer = self.loop.call_later(MEMORY_CHECK_INTERVAL, self._memory_tick)
-        self.check_memory()
-
-    def check_memory(self) -> None:
-        limit = self.config.limits.memory_high_watermark
-        in_use = self.memory_in_use()
-        self.message_budget = limit - (in_use - Message.held)
-        self.input_at_check = self.input_bytes
-        over = in_use > limit
-        if over == self.memory_over:
-            return
-        self.memory_over = over
-        log.warning(
-            "memory watermark %s: %d bytes in use %s %d",
-            "reached, blocking publishers" if over else "cleared, unblocking publishers",
-            in_use,
-            ">" if over else "<=",
-            limit,
-        )
-        self._update_blocked()
-
-    def _update_blocked(self) -> None:
-        blocked = self.memory_over or self.store_failing
-        if blocked == self.blocked:
-            return
-        self.blocked = blocked
-        for connection in list(self.connections):
-            self._apply_block(connection)
-
-    def block_reason(self) -> str:
-        return "low on memory" if self.memory_over else "message store cannot write"
-
-    def _apply_block(self, connection: Connection) -> None:
-        """The alarm began or ended: ``flow`` says whom it tells and holds."""
-        if connection.transport is not None and connection.state == OPEN:
-            flow.alarm(connection, self.block_reason() if self.blocked else None)
-
-    def watch_unread(self, connection: Connection, watch: bool) -> None:
-        if not watch:
-            self.unread.discard(connection)
-            return
-        self.unread.add(connection)
-        if self.hangup_timer is None:
-            self.hangup_timer = self.loop.call_later(HANGUP_CHECK_INTERVAL, self._check_hangups)
-
-    def _check_hangups(self) -> None:
-        """One poll(2) over every unread socket: those whose client closed or reset it
-        are closed, which releases what they held (a partial body, their channels)."""
-        self.hangup_timer = None
-        poller = select.poll()
-        by_fd: dict[int, Connection] = {}
-        for connection in self.unread:
-            transport = connection.transport
-            # A closing transport's descriptor may already belong to a new socket.
-            if connection.fileno >= 0 and transport is not None and not transport.is_closing():
-                poller.register(connection.fileno, HANGUP_EVENTS)
-                by_fd[connection.fileno] = connection
-        for fd, events in poller.poll(0):
-            if events & HANGUP_EVENTS:
-                by_fd[fd].hung_up()
-        if self.unread:
-            self.hangup_timer = self.loop.call_later(HANGUP_CHECK_INTERVAL, self._check_hangups)
-
     # -- holding work while the pair says we are not serving ------------------------------
-
-    def hold(self, connection: Connection) -> None:
-        """Hold a client connection's work: not read, its confirms not sent, until the pair
-        serves again (then ``release_held``) or steps down (then the connection is closed)."""
-        if connection not in self.held:
-            self.held.add(connection)
-            connection.hold()
-        if self._held_timer is None:
-            self._held_timer = self.loop.call_later(HOLD_RECHECK, self._recheck_held)
-
-    def hold_all(self) -> None:
-        for connection in self.client_connections():
-            self.hold(connection)
-
-    def _recheck_held(self) -> None:
-        self._held_timer = None
-        if self.pair.serving():
-            self.release_held()
-        elif self.held:
-            self._held_timer = self.loop.call_later(HOLD_RECHECK, self._recheck_held)
-
-    def release_held(self) -> None:
-        held, self.held = self.held, set()
-        for connection in held:
-            connection.release_hold()
 
     # -- connections ----------------------------------------------------------------------
 
@@ -915,93 +471,6 @@ class Broker:
             # Whatever went wrong above, what the store was given is written and closed.
             self.auth.close()
             self.close_store()
-
-    def close_store(self) -> None:
-        """Write what the store has not been given yet, then close it."""
-        if self.store_retry is not None:
-            self.store_retry.cancel()
-            self.store_retry = None
-        store, self.store = self.store, None
-        if store is None:
-            return
-        if self.log is not None:
-            first, changes = self.log.take()
-            if changes:
-                store.submit(first, changes)
-        store.close()
-
-
-class QueueTimers:
-    """One loop timer for all queues: a heap of (due, queue), the earliest armed.
-
-    A queue is pushed when its due time may have moved earlier (``schedule``); an entry
-    that no longer matches the queue's ``timer_due`` is stale and skipped. Work is
-    proportional to what falls due, never to the number of queues.
-    """
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        on_due: Callable[[Queue, float], None],
-        clock: Callable[[], float],
-    ) -> None:
-        self.loop = loop
-        self.on_due = on_due
-        # Due times are on this clock (the wall clock, as deadlines are); the loop's timer
-        # is armed for the same moment on its own clock.
-        self.clock = clock
-        self.heap: list[tuple[float, int, Queue]] = []
-        self.order = itertools.count()
-        self.handle: asyncio.TimerHandle | None = None
-        self.armed_for = 0.0
-
-    def schedule(self, queue: Queue) -> None:
-        due = queue.next_due()
-        if due is None or queue.deleted:
-            return
-        if queue.timer_due is not None and queue.timer_due <= due:
-            return
-        queue.timer_due = due
-        heapq.heappush(self.heap, (due, next(self.order), queue))
-        if self.handle is None or due < self.armed_for:
-            self._arm(due)
-
-    def _arm(self, due: float) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-        self.armed_for = due
-        self.handle = self.loop.call_later(max(0.0, due - self.clock()), self._fire)
-
-    def _fire(self) -> None:
-        self.handle = None
-        heap = self.heap
-        now = self.clock()
-        due_now = []
-        while heap and heap[0][0] <= now:
-            due, _, queue = heapq.heappop(heap)
-            if queue.timer_due == due and not queue.deleted:
-                queue.timer_due = None
-                due_now.append(queue)
-        # Rescheduled only after the pass: a message that expires strictly after ``now``
-        # is due again at once, and must wait for the next turn of the loop.
-        for queue in due_now:
-            try:
-                self.on_due(queue, now)
-            except Exception:
-                log.exception(
-                    "timer of queue '%s' failed; it is retried in 1 s", escaped(queue.name)
-                )
-                queue.timer_due = now + 1.0
-                heapq.heappush(heap, (now + 1.0, next(self.order), queue))
-                continue
-            self.schedule(queue)
-        if heap and (self.handle is None or heap[0][0] < self.armed_for):
-            self._arm(heap[0][0])
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
 
 
 def tune_gc() -> None:

@@ -32,7 +32,7 @@ from urllib.parse import quote
 from amqha import __version__
 from amqha.core import feedauth
 from amqha.core.message import Message
-from amqha.core.vhost import PEER_EXCHANGE
+from amqha.core.reserved import PEER_EXCHANGE
 from amqha.gate import ACCEPT, Accept, Member, Redirect, not_active_text
 from amqha.logtext import escaped
 from amqha.quarantine import is_incomplete

@@ -32,7 +32,7 @@ from .changes import (
     Unbound,
 )
 from .message import Message
-from .queue import QuorumQueue
+from .queue import Queue
 from .routing import Exchange
 from .vhost import VHost
 
@@ -71,8 +71,8 @@ def apply(state: State, change: Change, now: float) -> None:
                 queue.mark_delivered(change.msg_id)
         case Redelivered():
             queue = vhost.queues.get(change.queue)
-            if isinstance(queue, QuorumQueue):
-                queue.count_delivery(change.msg_id, change.deliveries)
+            if queue is not None and queue.counter is not None:
+                queue.counter.count_delivery(queue, change.msg_id, change.deliveries)
         case QueueDeclared():
             vhost.restore_queue(change.name, change.auto_delete, change.arguments, now)
         case QueueDeleted():
@@ -209,7 +209,7 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
                     )
                 )
         for queue in wanted.values():
-            counts = list(getattr(queue, "deliveries", {}).items())
+            counts = list(_counts(queue).items())
             contents.append((name, queue.name, queue.delivered_mark, queue.messages(), counts))
     yield from wiring
     new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
@@ -254,7 +254,7 @@ def snapshot(vhosts: dict[str, VHost]) -> dict[str, Any]:
                 "auto_delete": queue.auto_delete,
                 "arguments": _canonical(queue.arguments),
                 "delivered_mark": queue.delivered_mark,
-                "deliveries": sorted(getattr(queue, "deliveries", {}).items()),
+                "deliveries": sorted(_counts(queue).items()),
                 "messages": [
                     (m.msg_id, m.address, m.header, m.body, deadline)
                     for m, deadline in queue.messages()
@@ -280,3 +280,8 @@ def snapshot(vhosts: dict[str, VHost]) -> dict[str, Any]:
 
 def _canonical(arguments: dict[str, Any]) -> str:
     return repr(sorted(arguments.items()))
+
+
+def _counts(queue: Queue) -> dict[int, int]:
+    """A quorum queue's delivery counts of 2 and more (none on any other queue)."""
+    return {} if queue.counter is None else queue.counter.deliveries

@@ -32,8 +32,8 @@ from .changes import (
     Settled,
     Unbound,
 )
+from .reserved import CONTROL_EXCHANGES
 from .routing import EXCHANGE_TYPES
-from .vhost import CONTROL_EXCHANGES
 
 VERSION = 1
 _HEAD = struct.Struct(">BQI")

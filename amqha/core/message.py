@@ -10,6 +10,8 @@ adds its bytes and a fixed per-message overhead when it is made and takes them b
 when the last reference to it goes, wherever it was held (queues, unacknowledged
 deliveries, transactions). The memory watermark reads it.
 
+And the server-wide counter that gives each message its id (``MessageIds``).
+
 Must not know: queues, channels, connections.
 """
 
@@ -191,3 +193,17 @@ class Message:
     @property
     def size(self) -> int:
         return len(self.body)
+
+
+class MessageIds:
+    """The server-wide message id counter, shared by every vhost: ids are never reused
+    (a restart resumes above the highest one recovered)."""
+
+    __slots__ = ("next",)
+
+    def __init__(self, start: int = 1) -> None:
+        self.next = start
+
+    def seen(self, msg_id: int) -> None:
+        if msg_id >= self.next:
+            self.next = msg_id + 1

@@ -1,9 +1,10 @@
 """A virtual host: its exchanges, queues and bindings, and the rules for changing them.
 
 Owns: declare/delete/bind/unbind with AMQP's rules and reply codes (raised as pamqp
-exceptions: soft ones close a channel, hard ones the connection), routing a message
-through exchange-to-exchange bindings to queues, giving each enqueued message its id,
-dead-lettering, and the changes of durable wiring it emits on its ``ChangeLog`` (see
+exceptions: soft ones close a channel, hard ones the connection; a queue's arguments
+are checked in ``arguments``), routing a message through exchange-to-exchange bindings
+to queues, giving each enqueued message its id, dead-lettering (the dead letter itself
+is made in ``deadletter``), and the changes of durable wiring it emits on its ``ChangeLog`` (see
 ``changes``; the ``restore_*`` methods take them back without emitting, for ``apply``).
 
 Hidden queues and forwards (docs/federation.md, "Forwarding"): a hidden queue is durable,
@@ -23,16 +24,20 @@ identity.
 
 from __future__ import annotations
 
-import datetime
 import secrets
-import struct
 from collections.abc import Callable
 from typing import Any
 
 from pamqp import exceptions
 
-from ..wire import address_of
 from . import names
+from .arguments import (
+    REPLICATE,
+    QueueArgumentError,
+    check_queue_type,
+    queue_type,
+    replication_asked,
+)
 from .changes import (
     Bound,
     Change,
@@ -43,117 +48,30 @@ from .changes import (
     QueueDeleted,
     Unbound,
 )
-from .message import Message
-from .queue import Queue, QueueArgumentError, new_queue
-from .routing import (
-    EXCHANGE_CLASSES,
-    ControlExchange,
-    DirectExchange,
-    Exchange,
-    arguments_size,
+from .deadletter import dead_letter, is_cycle
+from .forwards import Forward
+from .kinds import new_queue
+from .message import Message, MessageIds
+from .queue import Queue
+from .reserved import (
+    ALTERNATE_EXCHANGE,
+    CONTROL_EXCHANGES,
+    EXCHANGE_REFERENCES,
+    HIDDEN,
+    STANDARD_EXCHANGES,
+    UNDELETABLE,
+    DefaultExchange,
 )
+from .routing import EXCHANGE_CLASSES, ControlExchange, Exchange, arguments_size
 
-PEER_EXCHANGE = "amq.peer"
-CONSOLE_EXCHANGE = "amq.console"
-FEDERATION_EXCHANGE = "amq.federation"
-# The queue a PASSIVE subscribes to for the replication feed (docs/durability.md): the
-# channel routes its Basic.Consume and acks to the feed, never to a queue of this name.
-FEED_QUEUE = "amq.replication"
-# Direct reply-to (RabbitMQ's extension): a consumer on this pseudo-queue receives, without
-# any queue, the messages published to the default exchange with the routing key its
-# channel's requests carry in reply_to (the name followed by a token naming the channel).
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_TO_PREFIX = REPLY_TO + "."
 # What a server-named queue's name carries when the vhost is given no global name.
 DEFAULT_GLOBAL_NAME = "amqha"
-# The argument that marks a hidden queue: set by ``declare_hidden_queue`` only (a client
-# declare naming it is refused), kept in the queue's declared arguments so the store and a
-# PASSIVE restore the queue hidden too.
-HIDDEN = "x-amqha-hidden"
-
-STANDARD_EXCHANGES = (
-    ("amq.direct", "direct"),
-    ("amq.fanout", "fanout"),
-    ("amq.topic", "topic"),
-    ("amq.headers", "headers"),
-    ("amq.match", "headers"),
-)
-
-# The control plane: the exchange, the type a passive declare sees, and the one tag whose
-# holders may publish there (the pair's peers, the pair's administrators). Nothing can bind
-# to or from these, dead-letter or fall back to them: see docs/security.md.
-CONTROL_EXCHANGES = {
-    PEER_EXCHANGE: ("fanout", "peering"),
-    CONSOLE_EXCHANGE: ("direct", "administrator"),
-    FEDERATION_EXCHANGE: ("direct", "federation"),
-}
-
-# Exchanges no client may delete, declare differently or bind into the default exchange.
-UNDELETABLE = (
-    frozenset(name for name, _ in STANDARD_EXCHANGES) | frozenset(CONTROL_EXCHANGES) | {""}
-)
-
-ALTERNATE_EXCHANGE = "alternate-exchange"
-# Arguments that name another exchange a message may be sent on to.
-_EXCHANGE_REFERENCES = (ALTERNATE_EXCHANGE,)
-
-
-class DefaultExchange(DirectExchange):
-    """The nameless direct exchange: every queue but a hidden one is bound to it by its
-    own name."""
-
-    def __init__(self, queues: dict[str, Queue], hidden: set[str]) -> None:
-        super().__init__("", durable=True)
-        self._queues = queues
-        self._hidden = hidden
-
-    def route(self, routing_key: str, headers: Callable[[], dict[str, Any]]) -> tuple:
-        queue = self._queues.get(routing_key)
-        if queue is None or (self._hidden and routing_key in self._hidden):
-            return ()
-        if routing_key.startswith(names.BUFFER_PREFIX):
-            return ()  # a federation buffer queue takes only what its bindings route
-        return (queue,)
-
-
-class Forward:
-    """Messages routed through ``exchange`` also go on the hidden ``queue``, bound for
-    ``upstream``, unless the path rule refuses them (docs/federation.md, "Loops and hops")."""
-
-    __slots__ = ("exchange", "queue", "upstream", "local", "max_hops")
-
-    def __init__(
-        self, exchange: str, queue: Queue, upstream: str, local: str, max_hops: int
-    ) -> None:
-        self.exchange = exchange
-        self.queue = queue
-        self.upstream = upstream
-        self.local = local
-        self.max_hops = max_hops
-
-    def takes(self, message: Message) -> bool:
-        path = names.extended(names.path_of(message.headers()), self.local)
-        return names.crossing(path, self.upstream, self.max_hops) is None
 
 
 def _inequivalent(what: str, name: str, arg: str) -> exceptions.AMQPPreconditionFailed:
     return exceptions.AMQPPreconditionFailed(
         f"PRECONDITION_FAILED - inequivalent arg '{arg}' for {what} '{name}' in vhost"
     )
-
-
-class MessageIds:
-    """The server-wide message id counter, shared by every vhost: ids are never reused
-    (a restart resumes above the highest one recovered)."""
-
-    __slots__ = ("next",)
-
-    def __init__(self, start: int = 1) -> None:
-        self.next = start
-
-    def seen(self, msg_id: int) -> None:
-        if msg_id >= self.next:
-            self.next = msg_id + 1
 
 
 class VHost:
@@ -303,7 +221,7 @@ class VHost:
             raise exceptions.AMQPPreconditionFailed(
                 f"PRECONDITION_FAILED - unknown exchange type '{kind}'"
             )
-        for key in _EXCHANGE_REFERENCES:
+        for key in EXCHANGE_REFERENCES:
             self._refuse_control_reference((arguments or {}).get(key), key)
         if existing is not None:
             if existing.kind != kind:
@@ -451,8 +369,8 @@ class VHost:
         self._refuse_control_reference(
             arguments.get("x-dead-letter-exchange"), "dead-letter exchange"
         )
-        _check_queue_type(name, arguments)
-        asked = _replication_asked(name, arguments, durable, exclusive, auto_delete)
+        check_queue_type(name, arguments)
+        asked = replication_asked(name, arguments, durable, exclusive, auto_delete)
         existing = self.queues.get(name)
         if existing is not None:
             self._check_owner(existing, owner)
@@ -462,7 +380,7 @@ class VHost:
                 raise _inequivalent("queue", name, "exclusive")
             if existing.auto_delete != auto_delete:
                 raise _inequivalent("queue", name, "auto_delete")
-            if _queue_type(existing.arguments) != _queue_type(arguments):
+            if queue_type(existing.arguments) != queue_type(arguments):
                 # RabbitMQ's rule: an absent type equals 'classic' only; a quorum queue
                 # redeclared without x-queue-type is inequivalent.
                 raise _inequivalent("queue", name, "x-queue-type")
@@ -521,7 +439,7 @@ class VHost:
             queue.on_dead_letter = self._dead_letter
             self.queues[name] = queue
             self._set_replicated(
-                queue, arguments.get(REPLICATE) if _queue_type(arguments) != "quorum" else True
+                queue, arguments.get(REPLICATE) if queue_type(arguments) != "quorum" else True
             )
             if arguments.get(HIDDEN) is True:
                 self.hidden.add(name)
@@ -845,191 +763,21 @@ class VHost:
         exchange = self.exchanges.get(limits.dead_letter_exchange or "")
         if exchange is None or limits.dead_letter_exchange is None or exchange.control:
             return
-        original_key = message.routing_key
-        routing_key = limits.dead_letter_routing_key or original_key
-        headers = dict(message.headers())
-        deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
-        for death in deaths:
-            if death.get("queue") == queue.name and death.get("reason") == reason:
-                # x-death may come from a publisher: a count that is not an integer restarts.
-                count = death.get("count")
-                death["count"] = (count if type(count) is int else 0) + 1
-                deaths.remove(death)
-                deaths.insert(0, death)
-                break
-        else:
-            death = {
-                "count": 1,
-                "reason": reason,
-                "queue": queue.name,
-                "time": datetime.datetime.fromtimestamp(int(self.wall_clock()), datetime.UTC),
-                "exchange": message.exchange,
-                "routing-keys": [original_key],
-            }
-            expiration = message.expiration_text()
-            if expiration is not None:
-                # The TTL is dropped so the dead letter does not expire again on arrival.
-                death["original-expiration"] = expiration
-            deaths.insert(0, death)
-        headers["x-death"] = deaths
-        headers.setdefault("x-first-death-reason", reason)
-        headers.setdefault("x-first-death-queue", queue.name)
-        headers.setdefault("x-first-death-exchange", message.exchange)
-        try:
-            dead = message.rewritten(
-                address_of(exchange.name, routing_key), headers, drop_expiration=True
-            )
-        except (TypeError, ValueError, OverflowError, struct.error):
-            # A header this server cannot write back (a key longer than a shortstr): such
-            # a message is dropped, as if it had no dead-letter exchange.
+        routing_key = limits.dead_letter_routing_key or message.routing_key
+        made = dead_letter(message, queue.name, reason, exchange.name, routing_key, self.wall_clock)
+        if made is None:
             return
+        dead, deaths = made
         targets = tuple(
             target
             for target in self.route(exchange, routing_key, dead)
-            if not _is_cycle(target.name, deaths)
+            if not is_cycle(target.name, deaths)
         )
         if targets:
             self.enqueue(dead, targets, self.wall_clock())
-
-
-# Queue types RabbitMQ knows that this server does not build yet, and what they are.
-_UNBUILT_QUEUE_TYPES = {
-    "stream": "stream queues are not available on this server",
-}
-REPLICATE = "x-amqha-replicate"
-
-
-def _replication_asked(
-    name: str, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool
-) -> bool | None:
-    """What the arguments ask: True (``x-amqha-replicate: true`` or a quorum queue), False,
-    or None (the vhost's default). A replicated queue must be durable and not exclusive."""
-    asked = arguments.get(REPLICATE)
-    if asked is not None and not isinstance(asked, bool):
-        raise exceptions.AMQPPreconditionFailed(
-            f"PRECONDITION_FAILED - invalid arg '{REPLICATE}' for queue '{name}': "
-            f"{asked!r} (need true or false)"
-        )
-    if _queue_type(arguments) == "quorum":
-        if asked is False:
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - queue '{name}': a quorum queue is replicated; "
-                f"'{REPLICATE}: false' contradicts it"
-            )
-        asked = True
-        # RabbitMQ's checks, in its order (rabbit_queue_type_util).
-        for wrong, what in (
-            (auto_delete, "auto-delete"),
-            (exclusive, "exclusive-owner"),
-            (not durable, "non-durable"),
-        ):
-            if wrong:
-                raise exceptions.AMQPPreconditionFailed(
-                    f"PRECONDITION_FAILED - invalid property '{what}' for quorum queue '{name}'"
-                )
-    if asked and (not durable or exclusive):
-        raise exceptions.AMQPPreconditionFailed(
-            f"PRECONDITION_FAILED - queue '{name}': '{REPLICATE}' needs a durable, "
-            "non-exclusive queue"
-        )
-    return asked
-
-
-def _queue_type(arguments: dict[str, Any]) -> str:
-    kind = arguments.get("x-queue-type", "classic")
-    if isinstance(kind, bytes):
-        kind = kind.decode(errors="replace")
-    return str(kind)
-
-
-# The arguments each queue type takes (RabbitMQ 3.10's lists, rabbit_*_queue.erl): one
-# that another type takes and this one does not is a 406 naming the type, as there.
-_CLASSIC_ARGUMENTS = frozenset(
-    {
-        "x-expires",
-        "x-message-ttl",
-        "x-dead-letter-exchange",
-        "x-dead-letter-routing-key",
-        "x-max-length",
-        "x-max-length-bytes",
-        "x-max-priority",
-        "x-overflow",
-        "x-queue-mode",
-        "x-queue-version",
-        "x-single-active-consumer",
-        "x-queue-type",
-        "x-queue-master-locator",
-    }
-)
-_QUORUM_ARGUMENTS = frozenset(
-    {
-        "x-dead-letter-exchange",
-        "x-dead-letter-routing-key",
-        "x-dead-letter-strategy",
-        "x-expires",
-        "x-max-length",
-        "x-max-length-bytes",
-        "x-max-in-memory-length",
-        "x-max-in-memory-bytes",
-        "x-overflow",
-        "x-single-active-consumer",
-        "x-queue-type",
-        "x-quorum-initial-group-size",
-        "x-delivery-limit",
-        "x-message-ttl",
-        "x-queue-leader-locator",
-    }
-)
-_STREAM_ARGUMENTS = frozenset(
-    {
-        "x-max-length-bytes",
-        "x-queue-type",
-        "x-max-age",
-        "x-stream-max-segment-size-bytes",
-        "x-initial-cluster-size",
-        "x-queue-leader-locator",
-    }
-)
-_TYPE_ARGUMENTS = {
-    "classic": ("rabbit_classic_queue", _CLASSIC_ARGUMENTS),
-    "quorum": ("rabbit_quorum_queue", _QUORUM_ARGUMENTS),
-}
-_KNOWN_ARGUMENTS = _CLASSIC_ARGUMENTS | _QUORUM_ARGUMENTS | _STREAM_ARGUMENTS
-
-
-def _check_queue_type(name: str, arguments: dict[str, Any]) -> None:
-    kind = _queue_type(arguments)
-    if kind in _TYPE_ARGUMENTS:
-        module, taken = _TYPE_ARGUMENTS[kind]
-        for key in arguments:
-            if key in _KNOWN_ARGUMENTS and key not in taken:
-                raise exceptions.AMQPPreconditionFailed(
-                    f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' "
-                    f"of queue type {module}"
-                )
-        return
-    if kind in _UNBUILT_QUEUE_TYPES:
-        problem = _UNBUILT_QUEUE_TYPES[kind]
-    else:
-        problem = f"unknown queue type {kind!r} (this server has 'classic' and 'quorum')"
-    raise exceptions.AMQPPreconditionFailed(
-        f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}': {problem}"
-    )
 
 
 def _hidden_refusal(name: str) -> exceptions.AMQPAccessRefused:
     return exceptions.AMQPAccessRefused(
         f"ACCESS_REFUSED - queue '{name}' is the server's own (a hidden federation queue)"
     )
-
-
-def _is_cycle(queue_name: str, deaths: list[dict[str, Any]]) -> bool:
-    """RabbitMQ's rule: a dead letter that would reach a queue it already died in is
-    dropped, unless a consumer rejected it somewhere in between (a deliberate retry
-    loop). Without it, TTL 0 or x-max-length 0 on such a loop recurses without end."""
-    for death in deaths:
-        if death.get("reason") == "rejected":
-            return False
-        if death.get("queue") == queue_name:
-            return True
-    return False

@@ -38,7 +38,7 @@ from pamqp import commands as spec
 from yarl import URL
 
 from ..core import names
-from ..core.vhost import FEDERATION_EXCHANGE
+from ..core.reserved import FEDERATION_EXCHANGE
 from ..gate import redirect_target
 from . import model
 from .forward import Forwarder

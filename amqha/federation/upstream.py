@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core import names
 from ..core.message import Message
-from ..core.vhost import FEDERATION_EXCHANGE
+from ..core.reserved import FEDERATION_EXCHANGE
 from ..logtext import escaped
 from ..wire import address_of, json_answer
 

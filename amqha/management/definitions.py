@@ -19,7 +19,7 @@ user, with full rights: a file that gives narrower ones is refused rather than w
 
 Never importable, whatever the file says (docs/security.md): the pair's own users (tagged
 ``peering``, or ``failover.peer_user``), the control plane (the control exchanges of
-``core.vhost.CONTROL_EXCHANGES``, any ``amq.`` name, bindings to or from them): 403; a
+``core.reserved.CONTROL_EXCHANGES``, any ``amq.`` name, bindings to or from them): 403; a
 vhost name with a control character (``config.vhostnames``): 400.
 
 Must not know: HTTP, sockets, the clock (``now`` is given).
@@ -37,9 +37,10 @@ from pamqp import exceptions
 from config.passwords import BadHash, hash_password, parse_hash
 from config.vhostnames import vhost_name_problem
 
-from ..core.queue import QueueArgumentError, new_queue
+from ..core.arguments import QueueArgumentError
+from ..core.kinds import new_queue
+from ..core.reserved import ALTERNATE_EXCHANGE, CONTROL_EXCHANGES, STANDARD_EXCHANGES
 from ..core.routing import arguments_size
-from ..core.vhost import ALTERNATE_EXCHANGE, CONTROL_EXCHANGES, STANDARD_EXCHANGES
 from ..wire import decode_field_table, field_table
 from . import access, shapes
 

@@ -22,8 +22,8 @@ from aiohttp import web
 from pamqp import commands
 from pamqp.header import ContentHeader
 
+from ..core.kinds import new_queue
 from ..core.message import Message
-from ..core.queue import new_queue
 from ..logtext import escaped
 from ..wire import address_of
 from . import access, definitions, guard, shapes

@@ -107,7 +107,7 @@ def queue_shape(vhost: str, queue: Any, node: str, rates: tuple[float, ...]) -> 
         "exclusive": queue.exclusive_owner is not None,
         "arguments": _jsonable(arguments),
         "node": node,
-        # As RabbitMQ names it: a queue declared quorum is one (amqha.core.queue.make_queue).
+        # As RabbitMQ names it: a queue declared quorum is one (amqha.core.kinds.new_queue).
         "type": "quorum" if arguments.get("x-queue-type") == "quorum" else "classic",
         "state": "running",
         "messages": ready + unacked,

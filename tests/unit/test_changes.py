@@ -29,9 +29,9 @@ from amqha.core.changes import (
     Settled,
     Unbound,
 )
-from amqha.core.message import Message
+from amqha.core.message import Message, MessageIds
 from amqha.core.queue import Queue
-from amqha.core.vhost import MessageIds, VHost
+from amqha.core.vhost import VHost
 from amqha.wire import address_of
 
 WALL = 1_700_000_000.0

@@ -13,10 +13,12 @@ from pamqp.header import ContentHeader
 
 from amqha.core import names
 from amqha.core.apply import apply, snapshot
+from amqha.core.arguments import REPLICATE
 from amqha.core.changes import ChangeLog, QueueDeclared
-from amqha.core.message import Message
+from amqha.core.message import Message, MessageIds
 from amqha.core.queue import Consumer, Queue
-from amqha.core.vhost import HIDDEN, REPLICATE, MessageIds, VHost
+from amqha.core.reserved import HIDDEN
+from amqha.core.vhost import VHost
 from amqha.wire import address_of
 
 WALL = 1_700_000_000.0

@@ -16,17 +16,12 @@ import pytest
 from pamqp import commands
 from pamqp.header import ContentHeader
 
+from amqha.core.arguments import QueueArgumentError, consumer_priority
 from amqha.core.changes import ChangeLog, Delivered, Enqueued, Settled
+from amqha.core.kinds import new_queue
 from amqha.core.message import Message
-from amqha.core.queue import (
-    Lane,
-    PriorityQueue,
-    Queue,
-    QueueArgumentError,
-    RankedConsumers,
-    consumer_priority,
-    new_queue,
-)
+from amqha.core.priority import Lane, PriorityQueue
+from amqha.core.queue import Queue, RankedConsumers
 from amqha.wire import address_of
 
 _ids = itertools.count(1)

@@ -16,7 +16,8 @@ import pytest
 
 from amqha.core.changes import Enqueued, QueueDeclared
 from amqha.quarantine import keep, write_unprotected_mark
-from amqha.store import Store, StoreError
+from amqha.store import Store
+from amqha.store_file import StoreError
 from failover.epoch import EPOCH_FILE, store_epoch
 from failover.events import EventLog
 

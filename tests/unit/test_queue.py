@@ -12,8 +12,9 @@ import pytest
 from pamqp import commands
 from pamqp.header import ContentHeader
 
+from amqha.core.arguments import QueueArgumentError
 from amqha.core.message import Message
-from amqha.core.queue import Queue, QueueArgumentError
+from amqha.core.queue import Queue
 from amqha.wire import address_of
 
 _ids = itertools.count(1)

@@ -28,26 +28,20 @@ from amqha.core.changes import (
     Enqueued,
     ExchangeDeclared,
     ExchangeDeleted,
+    PendingRun,
     QueueDeclared,
     QueueDeleted,
     Redelivered,
     Reset,
+    RunWritten,
     Settled,
     SnapshotEnd,
     SnapshotPart,
     Unbound,
 )
-from amqha.store import (
-    MIN_BYTES,
-    SCHEMA_VERSION,
-    PendingRun,
-    RunWritten,
-    Store,
-    StoreError,
-    StoreFailure,
-    _needs_sync,
-    _without_enqueued,
-)
+from amqha.store import Store, StoreFailure
+from amqha.store_file import MIN_BYTES, SCHEMA_VERSION, StoreError
+from amqha.store_write import needs_sync, without_enqueued
 from tests.support import ROOT
 
 WAIT = 20.0
@@ -770,9 +764,9 @@ def test_a_snapshot_part_in_a_write_with_other_changes_does_not_skip_their_fsync
 def test_what_a_failed_write_keeps_leaves_its_snapshot_part_out() -> None:
     """The wiring a failed write keeps is written again with an fsync, whatever run it
     came with."""
-    kept = list(_without_enqueued([queue("q"), message("q", 1), SnapshotPart(), SnapshotEnd()]))
+    kept = list(without_enqueued([queue("q"), message("q", 1), SnapshotPart(), SnapshotEnd()]))
     assert kept == [queue("q")]
-    assert _needs_sync(kept)
+    assert needs_sync(kept)
 
 
 def test_a_reset_written_with_a_runs_changes_drops_the_runs_before_it_and_keeps_the_rest(

@@ -1,0 +1,218 @@
+"""The broker's side of its store: open and recover, hand over each turn's changes, and
+release confirms as the store (and the PASSIVE) hold them (docs/durability.md).
+
+Owns: opening the store and replaying what it holds into the vhosts, the hand-over of
+the change log once per turn of the loop, the store's progress as a sink of the confirm
+watermark (``StoreSink``), the publishes refused when a write fails (and publishers
+held until a retry writes), the channels and transactions waiting for an LSN to be safe,
+and closing the store.
+
+Must not know: SQLite (``store.py``), frames. A part of ``server.Broker``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .core.apply import apply_run
+from .core.changes import ChangeLog
+from .core.sync import watermark
+
+if TYPE_CHECKING:
+    from .store import Store, StoreFailure
+
+log = logging.getLogger("amqha.server")
+
+# After a store write fails (a full disk), publishers stay blocked this long before the
+# next write is tried.
+STORE_RETRY = 1.0
+# Recovery applies the stored changes this many at a time (core.apply.apply_run).
+RECOVER_RUN = 4096
+
+
+class StoreSink:
+    """The store as a sink of the confirm watermark: it keeps its own progress, what its
+    writer reported written (``written``)."""
+
+    __slots__ = ("store", "written")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.written = 0  # the store has everything up to this LSN on disk
+
+    def submit(self, first_lsn: int, changes: Sequence[Any]) -> None:
+        self.store.submit(first_lsn, changes)
+
+    def reported(self, last_lsn: int) -> None:
+        """The writer wrote (or failed: it is not written again) up to ``last_lsn``."""
+        if last_lsn > self.written:
+            self.written = last_lsn
+
+    def holds(self) -> int | None:
+        return self.written
+
+
+class StoreSide:
+    """The store's hand-over and the confirms it releases: part of ``Broker``."""
+
+    def open_store(self) -> None:
+        """Open the store, rebuild the durable state from it, then log every change to it.
+
+        A store that cannot be read raises ``StoreError`` (one line naming the file)."""
+        if not self.config.store.enabled:
+            return
+        from .store import Store
+
+        started = time.monotonic()
+        path = self.config.store_path
+        store = Store.open(path, self.config.store.max_bytes)
+        now = self.now()
+        changes = store.recover()
+        while run := list(itertools.islice(changes, RECOVER_RUN)):
+            apply_run(self, run, now)
+        self.ids.seen(store.max_msg_id())
+        counts = store.counts()
+        seconds = time.monotonic() - started
+        pending = store.pending_runs_written
+        self.recovered = dict(counts, seconds=round(seconds, 3), path=path, pending_runs=pending)
+        if counts.get("queues") or counts.get("messages") or pending:
+            # Runs a PASSIVE acked and had not written as rows yet: written at open.
+            kept = f" ({pending} runs from the ACTIVE written first)" if pending else ""
+            print(
+                f"amqha {self.config.name}: recovered {counts.get('queues', 0)} durable "
+                f"queues and {counts.get('messages', 0)} persistent messages from {path} "
+                f"in {seconds:.2f} s{kept}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.log = ChangeLog(self._changes_pending)
+        for vhost in self.vhosts.values():
+            vhost.set_log(self.log)
+            for queue in vhost.queues.values():
+                self.watch_queue(queue)
+        store.start(self._store_notified)
+        self.store = store
+        # The feed first: the PASSIVE's store is the longer way to the watermark.
+        self.store_sink = StoreSink(store)
+        self.sinks = [self.feed, self.store_sink]
+
+    def _changes_pending(self) -> None:
+        """The first change of this turn: they all go to the store when the turn ends."""
+        self.loop.call_soon(self._take_changes)
+
+    def _take_changes(self) -> None:
+        if self.log is None or self.store is None:
+            return
+        first, changes = self.log.take()
+        if changes:
+            for sink in self.sinks:
+                sink.submit(first, changes)
+
+    def _store_notified(self, last_lsn: int, failed: StoreFailure | None) -> None:
+        """Called on the store's writer thread: hand the news to the loop."""
+        # A closed loop: the server is gone and nothing waits any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._stored, last_lsn, failed)
+
+    def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
+        self.store_sink.reported(last_lsn)
+        if failed is not None:
+            self._refuse_range(failed.first_lsn, failed.last_lsn)
+            self.store_failures += 1
+            if not self.store_failing:
+                log.warning(
+                    "the store could not write (%s): publishes not stored are nacked and "
+                    "publishers blocked; consumers are still served",
+                    failed.error,
+                )
+                self.store_failing = True
+                self._update_blocked()
+            if self.store_retry is None:
+                self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
+        self._release_confirms()
+
+    def _refuse_range(self, first: int, last: int) -> None:
+        """The store could not write LSNs ``first``-``last``: what waits on them is
+        refused now, whatever the watermark. Held back until the watermark passed the
+        range (a PASSIVE behind it), such a publish was acked later, on the PASSIVE's
+        copy alone, and lost if this server then led from its own store."""
+        for channel in list(self.unsafe_channels):
+            channel.store_failed(first, last)
+        waiting = self.waiting_safe
+        if any(first <= lsn <= last for lsn, _ in waiting):
+            refused = [done for lsn, done in waiting if first <= lsn <= last]
+            self.waiting_safe = collections.deque(
+                (lsn, done) for lsn, done in waiting if not first <= lsn <= last
+            )
+            for done in refused:
+                done(False)
+
+    def _release_confirms(self) -> None:
+        """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
+        what the PASSIVE has too (the watermark of docs/durability.md)."""
+        safe = watermark([sink.holds() for sink in self.sinks])
+        if safe <= self.safe_lsn:
+            return
+        self.safe_lsn = safe
+        for channel in list(self.unsafe_channels):
+            if not channel.store_progress(safe):
+                self.unsafe_channels.discard(channel)
+        waiting = self.waiting_safe
+        while waiting and waiting[0][0] <= safe:
+            _, done = waiting.popleft()
+            done(True)
+
+    def _retry_store(self) -> None:
+        """Let publishers try again: a write that fails again blocks them again."""
+        self.store_retry = None
+        if self.store_failing:
+            self.store_failing = False
+            log.warning("retrying the store: publishers unblocked")
+            self._update_blocked()
+
+    def wait_for_safe(self, channel: Any) -> None:
+        self.unsafe_channels.add(channel)
+
+    def done_waiting(self, channel: Any) -> None:
+        self.unsafe_channels.discard(channel)
+
+    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
+        """Call ``done(ok)`` once the store (and an in-sync PASSIVE) has up to ``lsn``."""
+        if lsn <= self.safe_lsn or self.store is None:
+            self.loop.call_soon(done, True)
+        else:
+            self.waiting_safe.append((lsn, done))
+
+    def store_status(self) -> dict[str, Any]:
+        if self.store is None:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "path": self.config.store_path,
+            "failing": self.store_failing,
+            "failures": self.store_failures,
+            "lsn": self.log.lsn if self.log is not None else 0,
+            "safe_lsn": self.store_sink.written,
+            "recovered": self.recovered,
+        }
+
+    def close_store(self) -> None:
+        """Write what the store has not been given yet, then close it."""
+        if self.store_retry is not None:
+            self.store_retry.cancel()
+            self.store_retry = None
+        store, self.store = self.store, None
+        if store is None:
+            return
+        if self.log is not None:
+            first, changes = self.log.take()
+            if changes:
+                store.submit(first, changes)
+        store.close()

@@ -1,0 +1,161 @@
+"""The broker's leadership: leading (the replication feed) or following (the follower).
+
+Owns: what a server does when the failover controller makes it ACTIVE (its block of message
+ids for the term, the feed that replicates to the PASSIVE, the unprotected mark while no
+PASSIVE is in sync) or PASSIVE (the follower that takes the ACTIVE's changes, the reset
+before a snapshot), and the replication status the console and metrics show
+(docs/durability.md).
+
+Must not know: the failover state machine (it is told to lead or follow), sockets. A part
+of ``server.Broker``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .quarantine import (
+    clear_incomplete,
+    clear_unprotected_mark,
+    mark_incomplete,
+    quarantine,
+    read_unprotected_mark,
+    write_unprotected_mark,
+)
+from .replication import Follower
+
+log = logging.getLogger("amqha.server")
+
+# Message ids of one ACTIVE term: a block of 2**40 per (epoch, role).
+ID_BLOCK_BITS = 40
+
+
+class Leadership:
+    """Lead and follow: part of ``Broker``."""
+
+    def lead(self, epoch: int, role_bit: int) -> None:
+        """This server is ACTIVE: its changes are logged (and fed to a PASSIVE), its
+        timers run, and new message ids come from its own block for this epoch (two
+        ACTIVE servers of a split never give the same id)."""
+        self.ids.seen(((epoch * 2 + role_bit) << ID_BLOCK_BITS) - 1)
+        if self.leading:
+            return
+        self.leading = True
+        if self.federation is not None:
+            self.federation.set_leading(True)
+        clear_incomplete(self.config.data_dir)  # what it leads with is the service now
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            follower.settle()  # every run received is in the state this server leads with
+            follower.detach()  # and nothing that arrives or completes later is acked
+            self.loop.create_task(follower.stop())
+        for vhost in self.vhosts.values():
+            vhost.set_log(self.log)
+            for queue in vhost.queues.values():
+                self.watch_queue(queue)
+        if not self.feed.in_sync:
+            self._mark_unprotected(True)
+            if self.on_sync is not None and self.config.replication.enabled:
+                self.on_sync("active", False, "ACTIVE with no in-sync passive")
+
+    def follow(self, url: str, connect_options: dict[str, Any]) -> None:
+        """This server is PASSIVE: it takes its state from the ACTIVE at ``url``."""
+        if not self.leading and self.follower is not None:
+            return
+        self.leading = False
+        if self.federation is not None:
+            self.federation.set_leading(False)
+        self.feed.drop("this server is no longer ACTIVE")
+        for vhost in self.vhosts.values():
+            vhost.set_log(None)
+        if not self.config.replication.enabled or self.store is None:
+            return
+        self.follower = Follower(
+            self,
+            url,
+            self._follower_sync,
+            connect_options,
+            self.config.name,
+            self.config.failover.secret,
+        )
+        self.loop.create_task(self.follower.start())
+
+    def passive_stalled(self, limit: float) -> None:
+        if self.leading:
+            self.feed.drop_if_stalled(limit)
+
+    def following_in_sync(self) -> bool:
+        follower = self.follower
+        return follower.in_sync if follower is not None else True
+
+    def replicated(self, changes: list[Any]) -> int:
+        """Changes received from the ACTIVE (a kept run, or a kept run's changes): to the
+        store, like ours. Returns the LSN the store must pass for them."""
+        log_ = self.log
+        assert log_ is not None
+        log_.extend(changes, True)
+        self._take_changes()  # now, not when the turn ends: the writer starts at once
+        return log_.lsn
+
+    def before_reset(self) -> None:
+        """A snapshot from the ACTIVE is about to replace the durable state: messages the
+        ACTIVE never had (accepted while this server had no in-sync PASSIVE, as a split
+        brain's losing side, or on a queue left out of replication) are kept in a
+        quarantine file first, and reported."""
+        mark = read_unprotected_mark(self.config.data_dir)
+        found = quarantine(self.vhosts, mark, self.config.data_dir, self.config.name)
+        mark_incomplete(self.config.data_dir)
+        if mark is not None:
+            clear_unprotected_mark(self.config.data_dir)
+        if found is not None:
+            self.quarantined.append(found)
+            log.warning(
+                "quarantined %d messages the ACTIVE never had into %s",
+                found["messages"],
+                found["path"],
+            )
+            if self.on_quarantine is not None:
+                self.on_quarantine(found)
+
+    def _mark_unprotected(self, unprotected: bool, first_id: int | None = None) -> None:
+        if not self.leading or self.store is None or not self.config.replication.enabled:
+            return
+        if unprotected:
+            if read_unprotected_mark(self.config.data_dir) is None:
+                mark = self.ids.next if first_id is None else first_id
+                write_unprotected_mark(self.config.data_dir, mark)
+        else:
+            clear_unprotected_mark(self.config.data_dir)
+
+    def replication_status(self) -> dict[str, Any]:
+        if not self.config.replication.enabled:
+            return {"enabled": False}
+        status: dict[str, Any] = {"enabled": True, "leading": self.leading}
+        if self.leading:
+            status["feed"] = self.feed.status()
+        if self.follower is not None:
+            status["follower"] = self.follower.status()
+        if self.quarantined:
+            status["quarantined"] = self.quarantined
+        return status
+
+    def _feed_sync(self, in_sync: bool, reason: str) -> None:
+        """The feed's subscriber became (or stopped being) an in-sync PASSIVE, or acked."""
+        if reason:
+            if in_sync:
+                self._mark_unprotected(False)
+            if self.on_sync is not None:
+                self.on_sync("active", in_sync, reason)
+        self._release_confirms()
+
+    def _feed_unprotected(self, first_id: int) -> None:
+        """The in-sync PASSIVE is gone: messages from ``first_id`` on may be on this
+        server alone (those it was sent and had not acked included)."""
+        self._mark_unprotected(True, first_id)
+
+    def _follower_sync(self, in_sync: bool, reason: str) -> None:
+        if in_sync:
+            clear_incomplete(self.config.data_dir)
+        if self.on_sync is not None:
+            self.on_sync("passive", in_sync, reason)
