@@ -57,14 +57,14 @@ from spark.model import (
     UNRECORDED_MAX,
     ReportError,
     UnknownVersionError,
-    build_summary,
     expand_paths,
     local_path,
     no_valid_record,
-    render_text,
     unnamed_pair,
     write_csv,
 )
+from spark.summary import build_summary
+from spark.text import render_text
 
 _TYPES = {
     "long": T.LongType(),

@@ -46,7 +46,6 @@ from spark.model import (
     SYNC_EVENT,
     TABLES,
     Offset,
-    build_summary,
     clock_constraints,
     crashed_at_tail,
     day_of,
@@ -66,6 +65,7 @@ from spark.spans import counted as _counted
 from spark.spans import measure as _measure
 from spark.spans import shift as _shift
 from spark.spans import union as _union
+from spark.summary import build_summary
 
 Point = tuple[float, int, str, str]  # (ts, rank, event, state): also the order inside a node
 Row = dict[str, Any]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from spark import job, reference
-from spark.model import REPORT_STATES, ReportError, UnknownVersionError, render_text
+from spark.model import REPORT_STATES, ReportError, UnknownVersionError
+from spark.text import render_text
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same, spark_tables
 from tests.spark.logs import T0

@@ -18,7 +18,8 @@ import pytest
 
 from spark import job, reference
 from spark.metrics import _moved_cover
-from spark.model import CLOCK_RESOLUTION_S, render_text
+from spark.model import CLOCK_RESOLUTION_S
+from spark.text import render_text
 from tests.pairs import MakePair, client_vote, poll
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same
