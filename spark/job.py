@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark import jvm, pages, parquet, replayed, timeline
-from spark.metrics import Collected, PairInput, pair_clocks, pair_report, record_key, report_of
+from spark.metrics import Collected, PairInput, pair_clocks, pair_report, report_of
 from spark.model import (
     CORRUPT_COLUMN,
     DAY_SECONDS,
@@ -63,6 +63,7 @@ from spark.model import (
     unnamed_pair,
     write_csv,
 )
+from spark.runs import record_key
 from spark.summary import build_summary
 from spark.text import render_text
 

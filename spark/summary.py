@@ -1,18 +1,25 @@
-"""The report's JSON summary: each pair's figures and the fleet's.
+"""The report's daily rows and JSON summary: each pair's figures per day and over its
+window, and the fleet's.
 
-Owns: the summary's shape (the input, the pairs, the fleet, the warnings), the fleet's
-totals, worst pairs, takeover delay percentiles, SLO breaches and unprotected time over the
-pairs that record it (docs/report.md). Must not know Spark or files: it reads the pairs'
-summaries and the daily rows.
+Owns: a pair's daily rows (availability with its range, and each day's part of its other
+tables) and its summary; the summary's shape (the input, the pairs, the fleet, the
+warnings), the fleet's totals, worst pairs, takeover delay percentiles, SLO breaches and
+unprotected time over the pairs that record it (docs/report.md). Pure: no I/O, no Spark;
+must not know how the records were read: it reads a pair's tables and spans.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from spark.model import CAUSES, SCHEMA_VERSION
+from spark.model import CAUSES, OUTCOMES, REPORT_STATES, SCHEMA_VERSION
+from spark.spans import clip, measure
+from spark.spells import NO_SPELLS, Spells
+
+Row = dict[str, Any]
 
 
 def percentiles(values: Iterable[float]) -> dict[str, float | int | None]:
@@ -145,3 +152,266 @@ def build_summary(
         "fleet": fleet_summary(pairs, daily, takeover_delays, slo),
         "warnings": [f"{name}: {w}" for name in sorted(pairs) for w in pairs[name]["warnings"]],
     }
+
+
+# ---------------------------------------------------------------- a pair's days and window
+
+
+@dataclass
+class PairFigures:
+    """What a pair's summary reads besides its tables: its outage and dual-active spans,
+    its dual-active records, the witness's counts, its freezes, whether its logs record
+    unprotected time, its redirects and refusals per day, and whether the window misses
+    its logs (``no_data``: no figure)."""
+
+    outage: Spells
+    dual: Spells
+    dual_events: int
+    witness: dict[str, int]
+    freezes: list[Row]
+    recorded: bool
+    bulk_by_day: Mapping[str, tuple[int, int]]
+    no_data: bool
+    warnings: list[str]
+
+    @staticmethod
+    def unobserved(warnings: list[str]) -> PairFigures:
+        """A window that misses the logs: nothing in it, and no figure."""
+        return PairFigures(
+            outage=NO_SPELLS,
+            dual=NO_SPELLS,
+            dual_events=0,
+            witness={"agreed_takeovers": 0, "fences": 0},
+            freezes=[],
+            recorded=False,
+            bulk_by_day={},
+            no_data=True,
+            warnings=warnings,
+        )
+
+
+def _on(rows: Sequence[Row], day: str) -> list[Row]:
+    return [r for r in rows if r["day"] == day]
+
+
+def daily_rows(
+    name: str,
+    days: Sequence[tuple[str, float, float]],
+    tables: Mapping[str, Sequence[Row]],
+    outage: Spells,
+    dual: Spells,
+    unprotected_by_day: Mapping[str, tuple[float, float, float]],
+    bulk_by_day: Mapping[str, tuple[int, int]],
+) -> list[Row]:
+    """One row per day of the window: its availability with its range, and the day's part
+    of every other table."""
+    rows = []
+    for day, lo, hi in days:
+        seconds = hi - lo
+        out_point = measure(clip(outage.point, lo, hi))
+        out_most = measure(clip(outage.possible, lo, hi))
+        out_least = measure(clip(outage.certain, lo, hi))
+        today = _on(tables["incidents"], day)
+        takeovers = [i["takeover_delay_s"] for i in today if i["outcome"] == "takeover"]
+        redirects, refusals = bulk_by_day.get(day, (0, 0))
+        quarantined = _on(tables["quarantines"], day)
+        recoveries = _on(tables["recoveries"], day)
+        failovers = _on(tables["failovers"], day)
+        unprotected, least, most = unprotected_by_day.get(day, (None, None, None))
+        rows.append(
+            {
+                "pair": name,
+                "day": day,
+                "seconds": seconds,
+                "availability": 1 - out_point / seconds if seconds > 0 else None,
+                "min_availability": 1 - out_most / seconds if seconds > 0 else None,
+                "max_availability": 1 - out_least / seconds if seconds > 0 else None,
+                "outages": len(_on(tables["outages"], day)),
+                "outage_s": out_point,
+                "dual_active_s": measure(clip(dual.point, lo, hi)),
+                "max_dual_active_s": measure(clip(dual.possible, lo, hi)),
+                "unprotected_s": unprotected,
+                "unprotected_fraction": (
+                    unprotected / seconds if unprotected is not None and seconds > 0 else None
+                ),
+                "min_unprotected_s": least,
+                "max_unprotected_s": most,
+                "quarantines": len(quarantined),
+                "quarantined_messages": sum(q["messages"] or 0 for q in quarantined),
+                "incidents": len(today),
+                "takeovers": len(takeovers),
+                "max_takeover_delay_s": max(takeovers, default=None),
+                "redirects": redirects,
+                "refusals": refusals,
+                "recoveries": sum(1 for r in recoveries if r["trigger"] == "MANUAL_RECOVER"),
+                "recover_commands": sum(1 for r in recoveries if r["event"] == "console"),
+                "failovers": len(failovers),
+                "client_outage_s": sum(f["outage_s"] for f in failovers),
+                "uncertain": any(
+                    row["uncertain"]
+                    for t in ("outages", "dual_active", "unprotected", "incidents")
+                    for row in _on(tables[t], day)
+                ),
+            }
+        )
+    return rows
+
+
+UNPROTECTED_KEYS = (
+    "recorded",
+    "seconds",
+    "fraction",
+    "min_seconds",
+    "max_seconds",
+    "spans",
+    "longest_s",
+    "uncertain",
+)
+
+
+def _unprotected_summary(rows: Sequence[Row], daily: Sequence[Row], length: float) -> dict:
+    """The pair's unprotected time over the window: its days' sums."""
+    seconds = sum(d["unprotected_s"] for d in daily)
+    return {
+        "recorded": True,
+        "seconds": seconds,
+        "fraction": seconds / length if length > 0 else None,
+        "min_seconds": sum(d["min_unprotected_s"] for d in daily),
+        "max_seconds": sum(d["max_unprotected_s"] for d in daily),
+        "spans": len(rows),
+        "longest_s": max((r["duration_s"] for r in rows), default=None),
+        "uncertain": sum(1 for r in rows if r["uncertain"]),
+    }
+
+
+def _stats(values: Iterable[float | None]) -> dict[str, float | int | None]:
+    present = [v for v in values if v is not None]
+    return {
+        "count": len(present),
+        "mean": sum(present) / len(present) if present else None,
+        "max": max(present) if present else None,
+    }
+
+
+def _spell_summaries(
+    tables: Mapping[str, Sequence[Row]], figures: PairFigures
+) -> dict[str, dict[str, Any]]:
+    outage, dual = figures.outage, figures.dual
+    outages, duals = tables["outages"], tables["dual_active"]
+    return {
+        "outages": {
+            "count": len(outages),
+            "seconds": measure(outage.point),
+            "min_seconds": measure(outage.certain),
+            "max_seconds": measure(outage.possible),
+            "longest_s": max((o["duration_s"] for o in outages), default=None),
+            "uncertain": sum(1 for o in outages if o["uncertain"]),
+        },
+        "dual_active": {
+            "count": len(duals),
+            "seconds": measure(dual.point),
+            "min_seconds": measure(dual.certain),
+            "max_seconds": measure(dual.possible),
+            "uncertain": sum(1 for d in duals if d["uncertain"]),
+            "events": figures.dual_events,
+        },
+    }
+
+
+def _record_summaries(tables: Mapping[str, Sequence[Row]], freezes: Sequence[Row]) -> dict:
+    quarantines, incidents = tables["quarantines"], tables["incidents"]
+    return {
+        "freezes": {
+            "count": len(freezes),
+            "seconds": sum(f["end"] - f["start"] for f in freezes),
+            "listed": freezes,
+        },
+        "quarantines": {
+            "count": len(quarantines),
+            "messages": sum(q["messages"] or 0 for q in quarantines),
+            "listed": [
+                {"ts": q["ts"], "node": q["node"], "messages": q["messages"], "path": q["path"]}
+                for q in quarantines
+            ],
+        },
+        "incidents": {
+            "count": len(incidents),
+            "by_outcome": {o: sum(1 for i in incidents if i["outcome"] == o) for o in OUTCOMES},
+            "detection_delay_s": _stats(i["detection_delay_s"] for i in incidents),
+            "takeover_delay_s": _stats(
+                i["takeover_delay_s"] for i in incidents if i["outcome"] == "takeover"
+            ),
+        },
+    }
+
+
+def _state_seconds(state_time: Sequence[Row], nodes: Sequence[str]) -> dict:
+    return {
+        node: {
+            state: sum(
+                r["seconds"] for r in state_time if r["node"] == node and r["state"] == state
+            )
+            for state in REPORT_STATES
+        }
+        for node in nodes
+    }
+
+
+def _tail_summaries(tables: Mapping[str, Sequence[Row]], figures: PairFigures) -> dict:
+    """Redirects and refusals, recoveries, misconfigurations, the witness, failovers."""
+    recoveries, failovers = tables["recoveries"], tables["failovers"]
+    bulk = figures.bulk_by_day
+    return {
+        "redirects": sum(r for r, _ in bulk.values()),
+        "refusals": sum(f for _, f in bulk.values()),
+        "manual_recoveries": {
+            "recover_commands": sum(1 for r in recoveries if r["event"] == "console"),
+            "manual_recover_transitions": sum(
+                1 for r in recoveries if r["trigger"] == "MANUAL_RECOVER"
+            ),
+            "handovers": sum(1 for r in recoveries if r["trigger"] == "HANDOVER"),
+        },
+        "misconfigurations": len(tables["misconfigurations"]),
+        "witness": figures.witness,
+        "failovers": {
+            "count": len(failovers),
+            "by_cause": {c: sum(1 for f in failovers if f["cause"] == c) for c in CAUSES},
+            "outage_seconds": sum(f["outage_s"] for f in failovers),
+            "longest_outage_s": max((f["outage_s"] for f in failovers), default=None),
+        },
+    }
+
+
+def pair_summary(
+    head: Mapping[str, Any], tables: Mapping[str, Sequence[Row]], figures: PairFigures
+) -> dict[str, Any]:
+    """A pair's summary: ``head`` (its name, nodes, events, clocks and window), then its
+    figures over the window, from its tables and ``figures``."""
+    length = head["window"]["seconds"]
+    outage = figures.outage
+    spelled = _spell_summaries(tables, figures)
+    uncertain = (
+        *tables["outages"],
+        *tables["dual_active"],
+        *tables["unprotected"],
+        *tables["incidents"],
+    )
+    summary = {
+        **head,
+        "availability": 1 - measure(outage.point) / length if length > 0 else None,
+        "min_availability": 1 - measure(outage.possible) / length if length > 0 else None,
+        "max_availability": 1 - measure(outage.certain) / length if length > 0 else None,
+        "uncertain": any(r["uncertain"] for r in uncertain),
+        **spelled,
+        "unprotected": _unprotected_summary(tables["unprotected"], tables["daily"], length)
+        if figures.recorded
+        else dict.fromkeys(UNPROTECTED_KEYS, None) | {"recorded": False},
+        **_record_summaries(tables, figures.freezes),
+        "state_seconds": _state_seconds(tables["state_time"], head["nodes"]),
+        **_tail_summaries(tables, figures),
+        "no_data": figures.no_data,
+        "warnings": figures.warnings,
+    }
+    if figures.no_data:
+        summary["availability"] = summary["min_availability"] = summary["max_availability"] = None
+    return summary

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from spark import job, reference
-from spark.metrics import _moved_cover
 from spark.model import CLOCK_RESOLUTION_S
+from spark.spells import _moved_cover
 from spark.text import render_text
 from tests.pairs import MakePair, client_vote, poll
 from tests.spark import scenarios
