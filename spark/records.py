@@ -44,14 +44,14 @@ WITNESS_AGREES = "the witness agrees"
 
 
 def _resolution(
-    node: str, r: Row, following: Row | None, at
+    r: Row, following: Row | None, offset: float
 ) -> tuple[str, float | None, str | None]:
-    """What resolved a ``peer_lost``: its outcome, when the observer was ACTIVE, and why."""
-    lost_ts = at(node, r["ts"])
+    """What resolved a ``peer_lost``: its outcome, when the observer was ACTIVE (on the
+    reference clock; ``offset`` is the observer's), and what triggered that."""
     if r["state"] == "ACTIVE":
-        return "already_active", lost_ts, None
+        return "already_active", r["ts"] - offset, None
     if following is not None and following["event"] == "transition":
-        return "takeover", at(node, following["ts"]), following.get("trigger")
+        return "takeover", following["ts"] - offset, following.get("trigger")
     if following is not None and following["event"] in ("started", "stopped"):
         return "survivor_down", None, None
     return "unresolved", None, None
@@ -60,11 +60,10 @@ def _resolution(
 def _incident(
     name: str, node: str, r: Row, following: Row | None, offsets: Mapping[str, Offset], known: bool
 ) -> Row:
-    def at(node: str, ts: float) -> float:
-        return ts - offsets[node].seconds
-
-    lost_ts = at(node, r["ts"])
-    outcome, active_ts, trigger = _resolution(node, r, following, at)
+    """A ``peer_lost`` as an incident row: the detection delay with its range over the
+    offsets' intervals, and what resolved it."""
+    lost_ts = r["ts"] - offsets[node].seconds
+    outcome, active_ts, trigger = _resolution(r, following, offsets[node].seconds)
     peer = r.get("peer")
     seen = r.get("last_seen")
     delay = least = most = last_seen = None
