@@ -269,7 +269,7 @@ def run(
     pairs: int = 20,
     reference_max: int | None = None,
 ) -> dict:
-    from spark import job
+    from spark import job, session
 
     scratch = Path(tempfile.mkdtemp(prefix="amqha-report-bench-"))
     results: dict[str, Any] = {"spark_master": "local[2]", "cpus": os.cpu_count()}
@@ -277,7 +277,7 @@ def run(
         if cold_events:
             results["cold"] = cold(cold_events, cold_repeat, scratch)
         started = time.perf_counter()
-        spark = job.build_session("local[2]", str(scratch / "spark.log"))
+        spark = session.build_session("local[2]", str(scratch / "spark.log"))
         results["spark_version"] = spark.version
         results["spark_startup_s"] = round(time.perf_counter() - started, 2)
         try:

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark.model import failover_why, iso, takeovers_of
+from spark.model import iso
+from spark.text import failover_why, takeovers_of
 
 Table = tuple[list[str], list[list[str]]]  # header, rows of cells
 

@@ -4,7 +4,7 @@ Owns: each server's states as runs over a window, the spans where an ACTIVE had 
 in-sync PASSIVE (unprotected), the service band's outages (no ACTIVE) and dual-active
 spells, the incidents' markers (peer last seen, peer lost, survivor ACTIVE), and the
 pair's unprotected time since UTC midnight. The definitions are the report's
-(docs/report.md, "Unprotected time"; ``spark.metrics``), taken with every server's clock
+(docs/report.md, "Unprotected time"; ``spark.runs``), taken with every server's clock
 as it is: the page shows the last hours of one pair as its logs say them, where the report
 also bounds clock offsets (docs/operations.md, "Web page").
 
@@ -18,8 +18,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from spark.metrics import state_runs, unprotected_spans  # the report's rules (no Spark)
 from spark.model import RANK_STARTED, record_rank
+from spark.runs import state_runs, unprotected_spans  # the report's rules (no Spark)
 from spark.spans import clip as _clip
 from spark.spans import measure as _measure
 from spark.spans import union as _union

@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    from spark.job import build_session
+    from spark.session import build_session
 
     log = tmp_path_factory.mktemp("spark") / "spark.log"
     session = build_session("local[2]", str(log), {"spark.sql.shuffle.partitions": "2"})

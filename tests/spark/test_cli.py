@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from spark import reference
 from spark.cli import report
 from spark.job import run_report
-from spark.job import table_schema as job_schema
 from spark.model import TABLES, TIME_COLUMNS, csv_header, iso
+from spark.output import table_schema as job_schema
 from tests.spark import scenarios
 from tests.spark.compare import same
 from tests.spark.logs import T0

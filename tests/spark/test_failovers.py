@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from spark import job, reference
 from spark.cli import report
-from spark.model import TABLES, render_text
+from spark.model import TABLES
+from spark.text import render_text
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same
 from tests.spark.logs import T0, Server

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spark import job, reference
+from spark import job, output, reference
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same
 from tests.spark.logs import Server
@@ -84,11 +84,11 @@ def test_a_rerun_replaces_its_partitions(tmp_path: Path, spark_session, read_as)
     eu_only = [p for p in paths if "/eu/" in p]
     job.run_report(eu_only, out)  # eu-1's partitions replaced, us-1's kept
 
-    frame = spark_session.read.schema(job.table_schema("incidents")).parquet(
+    frame = spark_session.read.schema(output.table_schema("incidents")).parquet(
         str(tmp_path / "out" / "incidents" / "parquet")
     )
     assert sorted(r["pair"] for r in frame.collect()) == ["eu-1", "us-1"]
-    daily = spark_session.read.schema(job.table_schema("daily")).parquet(
+    daily = spark_session.read.schema(output.table_schema("daily")).parquet(
         str(tmp_path / "out" / "daily" / "parquet")
     )
     assert sorted((r["pair"], r["day"]) for r in daily.collect()) == [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from amqha.quarantine import _SCHEMA, ReplayProgress
 from spark import pages, reference, replayed, timeline
-from spark.model import render_text
+from spark.text import render_text
 from tests.spark import scenarios
 from tests.spark.scenarios import BACKUP_QUARANTINE
 

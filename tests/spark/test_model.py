@@ -16,10 +16,10 @@ from spark.model import (
     expand_paths,
     pair_from_path,
     parse_skew,
-    percentiles,
     reference_node,
     report_window,
 )
+from spark.summary import percentiles
 
 NODES = ["backup", "primary"]
 

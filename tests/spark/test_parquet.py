@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spark import parquet
-from spark.job import _TYPES
+from spark.scan import TYPES
 
 COLUMNS = (
     ("pair", "string"),
@@ -57,7 +57,7 @@ def test_spark_reads_back_every_value(tmp_path: Path, spark_session, vectorized:
     rows = _rows()
     written = parquet.write_partitioned(str(tmp_path), COLUMNS, rows, ("pair", "day"))
     assert len(written) == 4  # one file per partition: two pairs, two days
-    schema = T.StructType([T.StructField(c, _TYPES[k]) for c, k in COLUMNS])
+    schema = T.StructType([T.StructField(c, TYPES[k]) for c, k in COLUMNS])
     spark_session.conf.set("spark.sql.parquet.enableVectorizedReader", vectorized)
     try:
         frame = spark_session.read.schema(schema).parquet(str(tmp_path))

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from spark import job, reference
-from spark.model import REPORT_STATES, ReportError, UnknownVersionError, render_text
+from spark import job, output, reference
+from spark.model import REPORT_STATES, ReportError, UnknownVersionError
+from spark.text import render_text
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same, spark_tables
 from tests.spark.logs import T0
@@ -244,7 +245,7 @@ def test_link_cut_misconfiguration(tmp_path: Path) -> None:
 
 def counted(report) -> tuple[list[tuple], list[tuple], tuple]:
     """Redirects and refusals per minute, per day and in the pair's summary."""
-    tables = spark_tables(report) if isinstance(report, job.SparkReport) else report.tables
+    tables = spark_tables(report) if isinstance(report, output.SparkReport) else report.tables
     summary = report.summary["pairs"][PAIR]
     return (
         [

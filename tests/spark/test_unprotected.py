@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from spark import job, reference
-from spark.metrics import _moved_cover
-from spark.model import CLOCK_RESOLUTION_S, render_text
+from spark import job, output, reference
+from spark.model import CLOCK_RESOLUTION_S
+from spark.spells import _moved_cover
+from spark.text import render_text
 from tests.pairs import MakePair, client_vote, poll
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report, same
@@ -231,14 +232,14 @@ def test_not_recorded_is_null_in_the_tables(tmp_path: Path, spark_session, read_
     same(summary["fleet"]["unprotected"]["seconds"], 6.99)
     worst = {w["pair"]: w["unprotected_seconds"] for w in summary["fleet"]["worst"]}
     assert worst["us-1"] is None and worst["eu-1"] == pytest.approx(6.99)
-    daily = spark_session.read.schema(job.table_schema("daily")).parquet(
+    daily = spark_session.read.schema(output.table_schema("daily")).parquet(
         str(out / "daily" / "parquet")
     )
     found = {r["pair"]: r for r in daily.collect()}
     assert found["us-1"]["unprotected_s"] is None
     assert found["us-1"]["unprotected_fraction"] is None
     assert found["eu-1"]["unprotected_s"] == pytest.approx(6.99)
-    rows = spark_session.read.schema(job.table_schema("unprotected")).parquet(
+    rows = spark_session.read.schema(output.table_schema("unprotected")).parquet(
         str(out / "unprotected" / "parquet")
     )
     assert sorted((r["pair"], r["node"], r["duration_s"]) for r in rows.collect()) == [

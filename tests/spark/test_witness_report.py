@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spark import job, reference
-from spark.model import render_text
+from spark.text import render_text
 from tests.spark import scenarios
 from tests.spark.compare import assert_same_report
 
