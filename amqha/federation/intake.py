@@ -31,13 +31,15 @@ from . import model
 if TYPE_CHECKING:
     from config.schema import FederatedExchange
 
+    from ..host import FederationHost
+
 log = logging.getLogger("amqha.federation")
 
 
 class Intake:
     """Mixed into ``Link``, whose session, counters and in-flight deliveries it uses."""
 
-    broker: Any
+    broker: FederationHost
     spec: FederatedExchange
     confirm: bool
     upstream_name: str
@@ -98,7 +100,7 @@ class Intake:
             return
         vhost = self.broker.vhosts.get(self.spec.vhost)
         exchange = None if vhost is None else vhost.exchanges.get(self.spec.exchange)
-        if exchange is None:
+        if vhost is None or exchange is None:
             self.counters.drop("no_exchange")
             self._settle(entry, session)
             return
