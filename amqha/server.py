@@ -44,7 +44,7 @@ from .core.changes import ChangeLog
 from .core.message import Message, MessageIds
 from .core.queue import Queue
 from .core.sync import Sink
-from .core.vhost import VHost
+from .core.vhost import REFUSED, VHost
 from .federation.agent import Federation
 from .federation.upstream import UpstreamService
 from .gate import Pair, PairEvents, Standalone
@@ -254,7 +254,7 @@ class Broker(MemoryAccount, Leadership, StoreSide):
 
     def enqueue(self, message: Message, queues: tuple[Queue, ...], vhost: str = "/") -> bool:
         """Put a message on given queues (the console's answers); False if refused."""
-        return self.vhost(vhost).enqueue(message, queues, self.now())
+        return self.vhost(vhost).enqueue(message, queues, self.now()) != REFUSED
 
     def watch_queue(self, queue: Queue) -> None:
         """A queue was declared (or redeclared): its timer follows its due time from now on."""

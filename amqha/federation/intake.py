@@ -25,6 +25,7 @@ from pamqp.header import ContentHeader
 
 from ..core import names
 from ..core.message import Message
+from ..core.vhost import REFUSED
 from ..wire import address_of, with_headers
 from . import model
 
@@ -117,17 +118,15 @@ class Intake:
         message = Message(address_of(self.spec.exchange, routing_key), header, body)
         self.counters.taken(now, bool(deliver.redelivered))
         queues = vhost.route(exchange, routing_key, message)
-        log_ = vhost.log
-        before = log_.sync_lsn if log_ is not None else 0
-        accepted = vhost.enqueue(message, queues, now) if queues else True
+        wait = vhost.enqueue(message, queues, now) if queues else 0
         message.decoded = None
         broker = self.broker
         if not broker.blocked and Message.held > broker.message_budget:
             broker.check_memory()  # as a publish does: acks stop at once past the watermark
-        if not accepted:
+        if wait == REFUSED:
             self.counters.drop("rejected")
-        if self.confirm and log_ is not None and log_.sync_lsn != before:
-            self.broker.when_safe(log_.sync_lsn, lambda ok: self._safe(entry, session, ok))
+        elif self.confirm and wait:
+            self.broker.when_safe(wait, lambda ok: self._safe(entry, session, ok))
         else:
             self._settle(entry, session)
 

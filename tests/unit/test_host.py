@@ -90,7 +90,9 @@ def test_no_module_writes_into_the_broker() -> None:
     observer attaches itself, a hook is registered), never by setting its attributes or
     filling its lists; only ``server.serve``, which builds it, wires its parts in."""
     root = Path(__file__).resolve().parents[2]
-    writes = re.compile(r"\bbroker\.\w+(?:\[[^]]*\])?\s*(?:=(?!=)|\+=|-=)|\bbroker\.\w+\.(?:append|add)\(")
+    writes = re.compile(
+        r"\bbroker\.\w+(?:\[[^]]*\])?\s*(?:=(?!=)|\+=|-=)|\bbroker\.\w+\.(?:append|add)\("
+    )
     found = []
     for folder in ("amqha", "failover", "peering", "config"):
         for path in sorted((root / folder).rglob("*.py")):
