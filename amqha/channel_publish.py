@@ -23,6 +23,7 @@ from .channel_state import OPEN, control_only_text
 from .channel_tx import TX_PUBLISH
 from .core.message import Message
 from .core.reserved import REPLY_TO, REPLY_TO_PREFIX
+from .core.vhost import REFUSED
 from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
 
 # The user_id bit of the content header's property flags (low byte of the flag word).
@@ -182,9 +183,7 @@ class Publishing:
             return
         vhost = self.vhost
         queues = vhost.route(exchange, publish.routing_key, message)
-        log = vhost.log
-        sync_before = log.sync_lsn if log is not None else 0
-        accepted = vhost.enqueue(message, queues, self.broker.now()) if queues else True
+        wait = vhost.enqueue(message, queues, self.broker.now()) if queues else 0
         delivered = bool(queues) or (
             exchange.name == ""
             and publish.routing_key.startswith(REPLY_TO_PREFIX)
@@ -198,14 +197,14 @@ class Publishing:
         if self.confirm:
             confirms = self.confirms
             seq = confirms.seq = confirms.seq + 1  # confirms.publish(), inlined: hot path
-            if not accepted:
-                confirms.refuse(seq)
-                connection.confirms_due(self)
-            elif log is not None and log.sync_lsn != sync_before:
+            if wait > 0:
                 # Confirmed once the store has it on disk (``store_progress``).
                 if not confirms.unsafe:
                     self.broker.wait_for_safe(self)
-                confirms.wait_for(seq, log.sync_lsn)
+                confirms.wait_for(seq, wait)
+            elif wait == REFUSED:
+                confirms.refuse(seq)
+                connection.confirms_due(self)
             else:
                 connection.confirms_due(self)
 

@@ -62,7 +62,7 @@ class Transactions:
         self.transaction_acks = []
         self.transaction_bytes = 0
         log = self.vhost.log
-        sync_before = log.sync_lsn if log is not None else 0
+        wait = 0
         if log is not None:
             log.begin_batch()  # the transaction's changes leave as one Batch
         try:
@@ -75,10 +75,10 @@ class Transactions:
                     self._return_to_queues(action[1], action[2])
         finally:
             if log is not None:
-                log.end_batch()
+                wait = log.end_batch()
             self.transaction = []
-        if log is not None and log.sync_lsn != sync_before:
-            self._commit_when_safe(log.sync_lsn)
+        if wait:
+            self._commit_when_safe(wait)
         else:
             self.reply(commands.Tx.CommitOk())
 

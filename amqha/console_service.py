@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pamqp import exceptions
 
@@ -33,6 +33,9 @@ from .federation.agent import Refused
 from .gate import ConsoleRefused
 from .logtext import escaped
 from .wire import address_of, json_answer
+
+if TYPE_CHECKING:
+    from .host import ConsoleHost
 
 COMMANDS = (
     "status",
@@ -59,7 +62,7 @@ log = logging.getLogger(__name__)
 class ConsoleService:
     """Answers console requests inside the server."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: ConsoleHost) -> None:
         self.broker = broker
         self.handlers: dict[str, Callable[[dict[str, Any], str], Any]] = {
             "status": self.on_status,

@@ -107,14 +107,31 @@ class Closable(Protocol):
 OnSync = Callable[[str, bool, str], None]
 
 
+class PairEvents(Protocol):
+    """What a broker tells the controller of the pair it belongs to, for its event log
+    (the controller attaches itself with ``Member.attach``)."""
+
+    def sync_changed(self, side: str, in_sync: bool, reason: str) -> None:
+        """``OnSync``'s arguments: this server's feed ("active") or following
+        ("passive") became or stopped being in sync; an empty reason: progress only."""
+        ...
+
+    def quarantined(self, found: dict[str, Any]) -> None:
+        """Messages the peer never had were set aside in a quarantine file."""
+        ...
+
+    def federation_event(self, fields: dict[str, Any]) -> None:
+        """The fields of a `federation` event record (docs/federation.md)."""
+        ...
+
+
 class Member(Protocol):
     """What a pair's controller (``failover/controller.py``) asks of its broker; the
     broker implements it and never imports the controller."""
 
-    on_sync: OnSync | None
-    on_quarantine: Callable[[dict[str, Any]], None] | None
-    # The fields of a `federation` event record (docs/federation.md).
-    on_federation: Callable[[dict[str, Any]], None] | None
+    def attach(self, events: PairEvents | None) -> None:
+        """Tell ``events`` of sync, quarantine and federation from now on (None: no more)."""
+        ...
 
     def lead(self, epoch: int, role_bit: int) -> None:
         """This server is ACTIVE in ``epoch``: serve, log changes, feed a PASSIVE."""

@@ -11,7 +11,11 @@ way (docs/architecture.md, "Layout"):
 - ``FeedPort``: the replication feed as the channel that carries it sees it
   (``replication.Feed``);
 - ``MetricsSource``: what the metrics endpoint reads of the broker;
-- ``ManagementSource``: what the management API reads of the broker and asks of it.
+- ``ManagementSource``: what the management API reads of the broker and asks of it
+  (``DefinitionsHost``: what a definitions import asks of it);
+- ``FederationHost``: what federation (its links, their intake, the agent, the upstream
+  service) asks of the broker;
+- ``ConsoleHost``: what the console service reads of the broker and asks of it.
 
 ``server.Broker`` implements the hosts and the source. ``server`` imports ``connection``, ``replication``
 and ``metrics``; ``connection`` imports ``channel``; none of them imports ``server``, and
@@ -195,7 +199,16 @@ class MetricsSource(Protocol):
     def replication_status(self) -> dict[str, Any]: ...
 
 
-class ManagementSource(MetricsSource, Protocol):
+class DefinitionsHost(Protocol):
+    """What a definitions import asks of the broker: a vhost made on demand, a new
+    queue's timers."""
+
+    def vhost(self, name: str) -> VHost: ...
+
+    def watch_queue(self, queue: Queue) -> None: ...
+
+
+class ManagementSource(MetricsSource, DefinitionsHost, Protocol):
     """What the management API reads of the broker and asks of it: logins checked as
     AMQP's, its start time, a vhost made on demand and a queue's timers (definitions)."""
 
@@ -204,10 +217,6 @@ class ManagementSource(MetricsSource, Protocol):
     async def authenticate(
         self, username: str, password: str, address: str, mechanism: str
     ) -> User | Refused: ...
-
-    def vhost(self, name: str) -> VHost: ...
-
-    def watch_queue(self, queue: Queue) -> None: ...
 
     def enqueue(self, message: Any, queues: tuple[Queue, ...], vhost: str = "/") -> bool: ...
 
@@ -228,3 +237,60 @@ class ReplicationHost(Protocol):
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...
 
     def before_reset(self) -> None: ...
+
+
+class ControlPlane(Protocol):
+    """A control exchange's service as it sees the broker: it takes the exchange's
+    publishes and answers through the asker's reply address."""
+
+    config: ServerConfig
+    vhosts: dict[str, VHost]
+    pair: Pair
+    loop: asyncio.AbstractEventLoop
+
+    def receive_control(
+        self,
+        exchange: str,
+        receiver: Callable[[Any, Any], None],
+        vhost: str | None = "/",
+    ) -> None: ...
+
+    def reply_consumer(self, address: str) -> Any: ...
+
+    def enqueue(self, message: Any, queues: tuple[Queue, ...], vhost: str = "/") -> bool: ...
+
+
+class FederationHost(ControlPlane, Protocol):
+    """What federation asks of the broker: the links route into its vhosts once the
+    memory alarm and the store allow, the upstream service answers on amq.federation
+    and hears of connections that close, and either reports events for the pair's log."""
+
+    blocked: bool
+    leading: bool
+    message_budget: int
+
+    def now(self) -> float: ...
+
+    def check_memory(self) -> None: ...
+
+    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...
+
+    def when_closed(self, hook: Callable[[Any], None]) -> None: ...
+
+    def federation_event(self, fields: dict[str, Any]) -> None: ...
+
+
+class ConsoleHost(ControlPlane, Protocol):
+    """What the console service reads of the broker and asks of it (amq.console)."""
+
+    started: float
+    connections: set[Any]
+    control_received: dict[str, dict[str, int]]
+    # The federation agent (``federation.agent.Federation``), or None without one.
+    federation: Any
+
+    def open_connections(self) -> list[Any]: ...
+
+    def client_connections(self) -> list[Any]: ...
+
+    def store_status(self) -> dict[str, Any]: ...

@@ -56,8 +56,8 @@ class Leadership:
                 self.watch_queue(queue)
         if not self.feed.in_sync:
             self._mark_unprotected(True)
-            if self.on_sync is not None and self.config.replication.enabled:
-                self.on_sync("active", False, "ACTIVE with no in-sync passive")
+            if self.pair_events is not None and self.config.replication.enabled:
+                self.pair_events.sync_changed("active", False, "ACTIVE with no in-sync passive")
 
     def follow(self, url: str, connect_options: dict[str, Any]) -> None:
         """This server is PASSIVE: it takes its state from the ACTIVE at ``url``."""
@@ -115,8 +115,8 @@ class Leadership:
                 found["messages"],
                 found["path"],
             )
-            if self.on_quarantine is not None:
-                self.on_quarantine(found)
+            if self.pair_events is not None:
+                self.pair_events.quarantined(found)
 
     def _mark_unprotected(self, unprotected: bool, first_id: int | None = None) -> None:
         if not self.leading or self.store is None or not self.config.replication.enabled:
@@ -145,8 +145,8 @@ class Leadership:
         if reason:
             if in_sync:
                 self._mark_unprotected(False)
-            if self.on_sync is not None:
-                self.on_sync("active", in_sync, reason)
+            if self.pair_events is not None:
+                self.pair_events.sync_changed("active", in_sync, reason)
         self._release_confirms()
 
     def _feed_unprotected(self, first_id: int) -> None:
@@ -157,5 +157,5 @@ class Leadership:
     def _follower_sync(self, in_sync: bool, reason: str) -> None:
         if in_sync:
             clear_incomplete(self.config.data_dir)
-        if self.on_sync is not None:
-            self.on_sync("passive", in_sync, reason)
+        if self.pair_events is not None:
+            self.pair_events.sync_changed("passive", in_sync, reason)

@@ -44,10 +44,10 @@ from .core.changes import ChangeLog
 from .core.message import Message, MessageIds
 from .core.queue import Queue
 from .core.sync import Sink
-from .core.vhost import VHost
+from .core.vhost import REFUSED, VHost
 from .federation.agent import Federation
 from .federation.upstream import UpstreamService
-from .gate import Pair, Standalone
+from .gate import Pair, PairEvents, Standalone
 from .leadership import Leadership
 from .memory_account import MEMORY_CHECK_INTERVAL, MemoryAccount
 from .queue_timers import QueueTimers
@@ -119,13 +119,9 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         self.leading = config.failover.role is None
         self.feed = Feed(self, self._feed_sync, self._feed_unprotected)
         self.follower: Follower | None = None
-        # (side, in_sync, reason) for the pair's event log: "active" (this server's feed)
-        # or "passive" (this server following its peer).
-        self.on_sync: Callable[[str, bool, str], None] | None = None
-        self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
-        # The fields of a `federation` event record (a refused link's hello, say): the
-        # pair's controller writes it to the event log; standalone, nothing does.
-        self.on_federation: Callable[[dict[str, Any]], None] | None = None
+        # Who hears of sync, quarantine and federation events for the pair's event log:
+        # the pair's controller, once it attaches itself; standalone, nobody.
+        self.pair_events: PairEvents | None = None
         # What this server answers on amq.federation (``serve`` starts it).
         self.upstream: UpstreamService | None = None
         self.quarantined: list[dict[str, Any]] = []
@@ -164,8 +160,7 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         # What reached each control exchange's receiver, by authenticated user.
         self.control_received: dict[str, dict[str, int]] = {}
         self._held_timer: asyncio.TimerHandle | None = None
-        self.on_open: list[Callable[[Connection], None]] = []
-        self.on_close: list[Callable[[Connection], None]] = []
+        self._on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
         self.auth = Authenticator(config.users, config.auth, time.monotonic)
         # Direct reply-to: the reply consumer behind each address handed out in reply_to.
@@ -259,7 +254,7 @@ class Broker(MemoryAccount, Leadership, StoreSide):
 
     def enqueue(self, message: Message, queues: tuple[Queue, ...], vhost: str = "/") -> bool:
         """Put a message on given queues (the console's answers); False if refused."""
-        return self.vhost(vhost).enqueue(message, queues, self.now())
+        return self.vhost(vhost).enqueue(message, queues, self.now()) != REFUSED
 
     def watch_queue(self, queue: Queue) -> None:
         """A queue was declared (or redeclared): its timer follows its due time from now on."""
@@ -353,8 +348,6 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         connection.counted = True
         if self.blocked:
             self._apply_block(connection)
-        for hook in self.on_open:
-            hook(connection)
 
     def connection_closed(self, connection: Connection) -> None:
         self.connections.discard(connection)
@@ -365,8 +358,24 @@ class Broker(MemoryAccount, Leadership, StoreSide):
             vhost, user = connection.vhost.name, connection.user.name
             self.vhost_connections[vhost] -= 1
             self.user_connections[user] -= 1
-        for hook in self.on_close:
+        for hook in self._on_close:
             hook(connection)
+
+    def when_closed(self, hook: Callable[[Connection], None]) -> None:
+        """Call ``hook`` with each connection that closes from now on."""
+        self._on_close.append(hook)
+
+    def attach(self, events: PairEvents | None) -> None:
+        """The pair's controller hears sync, quarantine and federation events from now on
+        (None: nobody does any more)."""
+        self.pair_events = events
+
+    def federation_event(self, fields: dict[str, Any]) -> None:
+        """A `federation` event record's fields (a refused link's hello, say), for the
+        pair's event log; standalone, nothing records it."""
+        events = self.pair_events
+        if events is not None:
+            events.federation_event(fields)
 
     def channel_opened(self, connection: Connection) -> None:
         """Count a channel against its user's limit; raises 530 past it."""

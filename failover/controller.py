@@ -145,9 +145,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands):
         }
         # Replication follows the machine: the broker leads while ACTIVE and follows its
         # peer while PASSIVE (docs/durability.md, section 5).
-        broker.on_sync = self._on_sync
-        broker.on_quarantine = self._on_quarantine
-        broker.on_federation = self._on_federation
+        broker.attach(self)
         self._following = False
         self.init_witness_rule()
         self.init_pair_commands()
@@ -215,9 +213,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands):
             self.witness_client.close()
         # The broker stops after us, closing the replication link as it goes: nothing it
         # reports from then on belongs in the event log, whose last record is `stopped`.
-        self.broker.on_sync = None
-        self.broker.on_quarantine = None
-        self.broker.on_federation = None
+        self.broker.attach(None)
         self._write("stopped", listen=self.config.public_address, peer=self.config.failover.peer)
         self.events.close()
 
@@ -502,7 +498,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands):
             self.broker.follow(self._peer_url, options)
             self.machine = replace(self.machine, in_sync=self.broker.following_in_sync())
 
-    def _on_sync(self, side: str, in_sync: bool, reason: str) -> None:
+    def sync_changed(self, side: str, in_sync: bool, reason: str) -> None:
         """The broker's replication changed: recorded; a PASSIVE's state feeds the rule."""
         if side == "passive":
             self.machine = replace(self.machine, in_sync=in_sync)
@@ -523,7 +519,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands):
             lag_changes=lag.get("lag_changes"),
         )
 
-    def _on_quarantine(self, found: dict[str, Any]) -> None:
+    def quarantined(self, found: dict[str, Any]) -> None:
         self._write(
             "quarantine",
             messages=found["messages"],
@@ -531,7 +527,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands):
             queues=found["queues"],
         )
 
-    def _on_federation(self, fields: dict[str, Any]) -> None:
+    def federation_event(self, fields: dict[str, Any]) -> None:
         """A `federation` record (a refused hello: a client can send those at will, so
         at most one a second of each kind; the next says how many were left out)."""
         unrecorded = self._federation_records.admit(str(fields.get("kind")), self.loop.time())

@@ -235,11 +235,15 @@ class ChangeLog:
         self._batch = []
         self._batch_sync = False
 
-    def end_batch(self) -> None:
-        """Close the transaction: its changes become one Batch (nothing if empty)."""
+    def end_batch(self) -> int:
+        """Close the transaction: its changes become one Batch (nothing if empty). The
+        LSN its commit must wait for: the Batch's, if a change in it needs the disk (0:
+        none does)."""
         batch, self._batch = self._batch, None
-        if batch:
-            self.emit(Batch(tuple(batch)), self._batch_sync)
+        if not batch:
+            return 0
+        self.emit(Batch(tuple(batch)), self._batch_sync)
+        return self.lsn if self._batch_sync else 0
 
     def take(self) -> tuple[int, list[Entry]]:
         """The pending changes and the LSN of the first; the log is empty afterwards."""

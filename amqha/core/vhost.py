@@ -66,6 +66,8 @@ from .routing import EXCHANGE_CLASSES, ControlExchange, Exchange, arguments_size
 
 # What a server-named queue's name carries when the vhost is given no global name.
 DEFAULT_GLOBAL_NAME = "amqha"
+# What ``VHost.enqueue`` answers for a message a queue refused (reject-publish overflow).
+REFUSED = -1
 
 
 def _inequivalent(what: str, name: str, arg: str) -> exceptions.AMQPPreconditionFailed:
@@ -681,9 +683,14 @@ class VHost:
 
     # -- enqueue -------------------------------------------------------------------
 
-    def enqueue(self, message: Message, queues: tuple[Queue, ...], now: float) -> bool:
-        """Give a routed message its id, put it on its queues and start delivery; False
-        if any queue refused it (reject-publish overflow)."""
+    def enqueue(self, message: Message, queues: tuple[Queue, ...], now: float) -> int:
+        """Give a routed message its id, put it on its queues and start delivery. What
+        its confirm waits for, as a value: the LSN the store (and an in-sync PASSIVE)
+        must hold first, 0 when nothing it changed needs the disk, ``REFUSED`` if any
+        queue refused it (reject-publish overflow) (docs/architecture.md, "The walk of
+        a confirmed publish")."""
+        log = self.log
+        sync_before = log.sync_lsn if log is not None else 0
         ids = self.ids
         message.msg_id = ids.next
         ids.next += 1
@@ -703,7 +710,11 @@ class VHost:
             queue.published += 1
             if queue.consumers:
                 queue.drain(now)
-        return accepted
+        if not accepted:
+            return REFUSED
+        if log is not None and log.sync_lsn != sync_before:
+            return log.sync_lsn
+        return 0
 
     # -- routing -------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from config.federation import federated_exchange, federation_upstream
 from config.schema import ConfigError, FederatedExchange, FederationUpstream, ServerConfig
@@ -28,6 +28,9 @@ from config.tls import client_context
 from ..core import names
 from . import runtime
 from .link import Link
+
+if TYPE_CHECKING:
+    from ..host import FederationHost
 
 log = logging.getLogger("amqha.federation")
 
@@ -71,7 +74,7 @@ class Federation:
     or not; ``add`` and ``remove`` change the run-time ones."""
 
     def __init__(
-        self, broker: Any, on_event: Callable[[str, dict[str, Any]], None] | None = None
+        self, broker: FederationHost, on_event: Callable[[str, dict[str, Any]], None] | None = None
     ) -> None:
         config: ServerConfig = broker.config
         federation = config.federation

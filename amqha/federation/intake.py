@@ -25,11 +25,14 @@ from pamqp.header import ContentHeader
 
 from ..core import names
 from ..core.message import Message
+from ..core.vhost import REFUSED
 from ..wire import address_of, with_headers
 from . import model
 
 if TYPE_CHECKING:
     from config.schema import FederatedExchange
+
+    from ..host import FederationHost
 
 log = logging.getLogger("amqha.federation")
 
@@ -37,7 +40,7 @@ log = logging.getLogger("amqha.federation")
 class Intake:
     """Mixed into ``Link``, whose session, counters and in-flight deliveries it uses."""
 
-    broker: Any
+    broker: FederationHost
     spec: FederatedExchange
     confirm: bool
     upstream_name: str
@@ -98,7 +101,7 @@ class Intake:
             return
         vhost = self.broker.vhosts.get(self.spec.vhost)
         exchange = None if vhost is None else vhost.exchanges.get(self.spec.exchange)
-        if exchange is None:
+        if vhost is None or exchange is None:
             self.counters.drop("no_exchange")
             self._settle(entry, session)
             return
@@ -115,17 +118,15 @@ class Intake:
         message = Message(address_of(self.spec.exchange, routing_key), header, body)
         self.counters.taken(now, bool(deliver.redelivered))
         queues = vhost.route(exchange, routing_key, message)
-        log_ = vhost.log
-        before = log_.sync_lsn if log_ is not None else 0
-        accepted = vhost.enqueue(message, queues, now) if queues else True
+        wait = vhost.enqueue(message, queues, now) if queues else 0
         message.decoded = None
         broker = self.broker
         if not broker.blocked and Message.held > broker.message_budget:
             broker.check_memory()  # as a publish does: acks stop at once past the watermark
-        if not accepted:
+        if wait == REFUSED:
             self.counters.drop("rejected")
-        if self.confirm and log_ is not None and log_.sync_lsn != before:
-            self.broker.when_safe(log_.sync_lsn, lambda ok: self._safe(entry, session, ok))
+        elif self.confirm and wait:
+            self.broker.when_safe(wait, lambda ok: self._safe(entry, session, ok))
         else:
             self._settle(entry, session)
 

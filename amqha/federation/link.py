@@ -47,6 +47,8 @@ from .intake import Intake
 if TYPE_CHECKING:
     from config.schema import FederatedExchange
 
+    from ..host import FederationHost
+
 log = logging.getLogger("amqha.federation")
 
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -115,7 +117,7 @@ class Link(Intake):
 
     def __init__(
         self,
-        broker: Any,
+        broker: FederationHost,
         spec_: FederatedExchange,
         urls: tuple[str, ...],
         local_name: str,

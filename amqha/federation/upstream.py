@@ -11,7 +11,7 @@ refuses others with 403); the service checks the tag again, and answers only to 
 asking connection's own reply address (direct reply-to) or exclusive queue.
 
 Must not know: sockets, frames, the failover state machine (the broker's
-``on_federation`` callback writes the event records a pair keeps).
+``federation_event`` hands the event records a pair keeps to its controller).
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import names
 from ..core.message import Message
 from ..core.reserved import FEDERATION_EXCHANGE
 from ..logtext import escaped
 from ..wire import address_of, json_answer
+
+if TYPE_CHECKING:
+    from ..host import FederationHost
 
 FEDERATION_TAG = "federation"
 # A buffer queue with no consumer for this long is reported as an orphan (logged once).
@@ -231,7 +234,7 @@ class OrphanWatch:
 class UpstreamService:
     """Answers ``amq.federation`` requests inside the server (docs/federation.md)."""
 
-    def __init__(self, broker: Any, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, broker: FederationHost, clock: Callable[[], float] = time.time) -> None:
         self.broker = broker
         self.clock = clock
         self.registry = Registry(broker.config.global_name)
@@ -246,7 +249,7 @@ class UpstreamService:
 
     def start(self) -> None:
         self.broker.receive_control(FEDERATION_EXCHANGE, self.on_request, None)
-        self.broker.on_close.append(self._connection_closed)
+        self.broker.when_closed(self._connection_closed)
         self._timer = self.broker.loop.call_later(ORPHAN_CHECK, self._check_orphans)
 
     def stop(self) -> None:
@@ -379,21 +382,19 @@ class UpstreamService:
                 escaped(link.connection.user.name),
                 escaped(text),
             )
-        record = self.broker.on_federation
-        if record is not None:
-            record(
-                {
-                    "kind": kind,
-                    "name": link.name,
-                    "id": link.token[:16],
-                    "server": link.server,
-                    "exchange": link.exchange,
-                    "vhost": link.vhost,
-                    "address": getattr(link.connection, "peer", ""),
-                    "user": link.connection.user.name,
-                    "reason": text,
-                }
-            )
+        self.broker.federation_event(
+            {
+                "kind": kind,
+                "name": link.name,
+                "id": link.token[:16],
+                "server": link.server,
+                "exchange": link.exchange,
+                "vhost": link.vhost,
+                "address": getattr(link.connection, "peer", ""),
+                "user": link.connection.user.name,
+                "reason": text,
+            }
+        )
 
     def on_bindings(self, request: dict[str, Any], connection: Any) -> dict[str, Any]:
         vhost_name = _text(request, "vhost", "/")

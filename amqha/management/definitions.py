@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pamqp import exceptions
 
@@ -43,6 +43,9 @@ from ..core.reserved import ALTERNATE_EXCHANGE, CONTROL_EXCHANGES, STANDARD_EXCH
 from ..core.routing import arguments_size
 from ..wire import decode_field_table, field_table
 from . import access, shapes
+
+if TYPE_CHECKING:
+    from ..host import DefinitionsHost
 
 ALGORITHMS = {
     "rabbitmq-sha256": "rabbit_password_hashing_sha256",
@@ -546,7 +549,7 @@ def _check_size(arguments: dict[str, Any], limit: int, where: str) -> None:
         )
 
 
-def apply(plan: Plan, broker: Any, now: float) -> None:
+def apply(plan: Plan, broker: DefinitionsHost, now: float) -> None:
     """Declare what the plan holds, vhosts first, bindings last. A declare the model
     refuses (an existing queue with other arguments, say) stops the import there, named."""
     step = "vhosts"

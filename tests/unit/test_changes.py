@@ -31,7 +31,7 @@ from amqha.core.changes import (
 )
 from amqha.core.message import Message, MessageIds
 from amqha.core.queue import Queue
-from amqha.core.vhost import VHost
+from amqha.core.vhost import REFUSED, VHost
 from amqha.wire import address_of
 
 WALL = 1_700_000_000.0
@@ -54,10 +54,11 @@ class Logged:
         self.log = ChangeLog()
         self.vhost = VHost("/", lambda: self.now, self.log, MessageIds())
 
-    def publish(self, exchange: str, key: str, body: bytes, **kwargs: Any) -> bool:
+    def publish(self, exchange: str, key: str, body: bytes, **kwargs: Any) -> int:
+        """What the publish's confirm waits for (``VHost.enqueue``; 0 when unrouted)."""
         message = make_message(exchange, key, body, **kwargs)
         queues = self.vhost.route(self.vhost.get_exchange(exchange), key, message)
-        return self.vhost.enqueue(message, queues, self.now) if queues else True
+        return self.vhost.enqueue(message, queues, self.now) if queues else 0
 
     def changes(self) -> list[Any]:
         return self.log.take()[1]
@@ -107,7 +108,7 @@ def test_durable_wiring_and_persistent_messages_are_emitted_resolved() -> None:
     h.vhost.declare_exchange("jobs", "topic", durable=True)
     queue = h.vhost.declare_queue("", OWNER, h.now, durable=True, arguments={"x-message-ttl": 5000})
     h.vhost.bind_queue(queue.name, "jobs", "a.*", {}, OWNER)
-    assert h.publish("jobs", "a.b", b"hello")
+    assert h.publish("jobs", "a.b", b"hello") == 4  # its confirm waits for its Enqueued
     changes = h.changes()
     kinds = [type(c) for c in changes]
     assert kinds == [ExchangeDeclared, QueueDeclared, Bound, Enqueued]
@@ -127,8 +128,7 @@ def test_transient_things_emit_nothing() -> None:
     h.vhost.declare_queue("t", OWNER, h.now)
     h.vhost.declare_queue("x", OWNER, h.now, durable=True, exclusive=True)
     h.vhost.bind_queue("t", "fast", "", {}, OWNER)
-    h.publish("fast", "", b"m")
-    h.publish("", "x", b"m")
+    assert h.publish("fast", "", b"m") == h.publish("", "x", b"m") == 0  # nothing to wait for
     assert h.changes() == []
 
 
@@ -137,9 +137,22 @@ def test_a_transient_message_on_a_durable_queue_is_logged_but_needs_no_sync() ->
     h.vhost.declare_queue("d", OWNER, h.now, durable=True)
     h.changes()
     sync = h.log.sync_lsn
-    h.publish("", "d", b"m", persistent=False)
+    assert h.publish("", "d", b"m", persistent=False) == 0
     assert [type(c) for c in h.changes()] == [Enqueued]
     assert h.log.sync_lsn == sync
+
+
+def test_a_message_a_queue_refuses_is_refused_whatever_else_took_it() -> None:
+    h = Logged()
+    h.vhost.declare_exchange("both", "fanout", durable=True)
+    full = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    h.vhost.declare_queue("full", OWNER, h.now, durable=True, arguments=full)
+    h.vhost.declare_queue("open", OWNER, h.now, durable=True)
+    for name in ("full", "open"):
+        h.vhost.bind_queue(name, "both", "", {}, OWNER)
+    h.changes()
+    assert h.publish("both", "", b"1") == h.log.lsn > 0
+    assert h.publish("both", "", b"2") == REFUSED  # "open" took it; "full" did not
 
 
 def test_extend_logs_what_emitting_each_change_logs() -> None:
@@ -187,12 +200,19 @@ def test_a_transaction_is_one_batch() -> None:
     h.vhost.declare_queue("d", OWNER, h.now, durable=True)
     h.changes()
     h.log.begin_batch()
-    h.publish("", "d", b"1")
-    h.publish("", "d", b"2")
-    h.log.end_batch()
+    # Inside the transaction a publish waits for nothing: its commit waits for the batch.
+    assert h.publish("", "d", b"1") == h.publish("", "d", b"2") == 0
+    assert h.log.end_batch() == h.log.lsn
     (batch,) = h.changes()
     assert isinstance(batch, Batch) and [c.body for c in batch.changes] == [b"1", b"2"]
     assert h.log.sync_lsn == h.log.lsn
+    h.log.begin_batch()
+    h.publish("", "d", b"3", persistent=False)
+    assert h.log.end_batch() == 0  # a transient message: the commit waits for nothing
+    (batch,) = h.changes()
+    assert [c.body for c in batch.changes] == [b"3"]
+    h.log.begin_batch()
+    assert h.log.end_batch() == 0 and h.changes() == []  # an empty transaction
 
 
 # -- apply() of every kind ----------------------------------------------------------------

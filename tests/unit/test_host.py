@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from pathlib import Path
 
 import yaml
@@ -56,6 +57,9 @@ def test_the_broker_and_a_connection_provide_every_member_they_promise(tmp_path:
             host.ReplicationHost,
             host.MetricsSource,
             host.ManagementSource,
+            host.DefinitionsHost,
+            host.FederationHost,
+            host.ConsoleHost,
             Member,
         ):
             assert not missing(broker, protocol), (protocol.__name__, missing(broker, protocol))
@@ -79,3 +83,22 @@ def test_no_module_of_the_broker_imports_the_server_or_a_channel_its_connection(
         source = inspect.getsource(module)
         assert "from .server import" not in source, module.__name__
     assert "from .connection import" not in inspect.getsource(amqha.channel)
+
+
+def test_no_module_writes_into_the_broker() -> None:
+    """The broker's faces and the pair's controller change it through its methods (an
+    observer attaches itself, a hook is registered), never by setting its attributes or
+    filling its lists; only ``server.serve``, which builds it, wires its parts in."""
+    root = Path(__file__).resolve().parents[2]
+    writes = re.compile(
+        r"\bbroker\.\w+(?:\[[^]]*\])?\s*(?:=(?!=)|\+=|-=)|\bbroker\.\w+\.(?:append|add)\("
+    )
+    found = []
+    for folder in ("amqha", "failover", "peering", "config"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name == "server.py":
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if writes.search(line):
+                    found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
