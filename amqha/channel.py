@@ -244,7 +244,7 @@ class Channel(Publishing, Transactions, FeedSubscription):
         elif kind in (commands.Basic.Consume, commands.Basic.Get):
             allowed = (method.queue or self.last_queue) in self.connection.exclusive_queues  # type: ignore[attr-defined]
         if not allowed:
-            raise exceptions.AMQPAccessRefused(control_only_text(self.broker, method.name))
+            raise exceptions.AMQPAccessRefused(control_only_text(self.broker.pair, method.name))
 
     def reply(self, method: Method) -> None:
         self.connection.send(wire.method_frame(self.number, method))

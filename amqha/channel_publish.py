@@ -62,7 +62,9 @@ class Publishing:
                 # control plane (console, federation, the pair) never is (docs/limits.md).
                 flow.hold(connection, self.broker.block_reason())
             if connection.bypasses_gate and not self.broker.pair.serving():
-                raise exceptions.AMQPAccessRefused(control_only_text(self.broker, "Basic.Publish"))
+                raise exceptions.AMQPAccessRefused(
+                    control_only_text(self.broker.pair, "Basic.Publish")
+                )
         if exchange.internal:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - cannot publish to internal exchange '{publish.exchange}'"

@@ -8,13 +8,19 @@ Must not know: frames, queues, the broker beyond its pair's state.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 OPEN, CLOSING = "open", "closing"
 
 
-def control_only_text(broker: Any, what: str) -> str:
-    state = broker.pair.info().get("state", "not ACTIVE")
+class PairInfo(Protocol):
+    """The pair, as far as the wording needs it (``gate.Pair.info``)."""
+
+    def info(self) -> dict[str, Any]: ...
+
+
+def control_only_text(pair: PairInfo, what: str) -> str:
+    state = pair.info().get("state", "not ACTIVE")
     return (
         f"ACCESS_REFUSED - {what} refused: this server is {state}, not serving; a peering or "
         "administrator login may only use the control plane here"

@@ -22,6 +22,8 @@ from amqha.logtext import escaped
 from . import fsm
 
 if TYPE_CHECKING:
+    from amqha.gate import Member
+
     from .heartbeat import Heartbeat
 
 log = logging.getLogger("amqha.failover")
@@ -31,7 +33,7 @@ class FreezeRule:
     """Mixed into ``FailoverController``, whose machine, broker and records it uses."""
 
     machine: fsm.Machine
-    broker: Any
+    broker: Member
     heartbeat: Heartbeat
     timeout: float
     last_seq: int
