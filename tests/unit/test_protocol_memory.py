@@ -1,0 +1,124 @@
+"""A connection and its channels driven in memory (tests/memory_peer.py): frames in, frames
+out, no process and no socket. What a channel answers and which errors close what, with
+the exact frames: the channel's rules as the broker applies them, a millisecond a case."""
+
+from __future__ import annotations
+
+import pytest
+from pamqp import commands
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+
+from tests.memory_peer import MemoryPeer, solo_broker
+
+
+def content(body: bytes, **properties: object) -> tuple[ContentHeader, ContentBody]:
+    header = ContentHeader(0, len(body), commands.Basic.Properties(**properties))
+    return header, ContentBody(body)
+
+
+async def open_channel(peer: MemoryPeer, number: int = 1) -> None:
+    await peer.send(number, commands.Channel.Open())
+    assert peer.methods() == [(number, "Channel.OpenOk")]
+
+
+async def test_a_confirmed_publish_is_acked_with_its_sequence_number() -> None:
+    peer = await MemoryPeer.open(solo_broker())
+    await open_channel(peer)
+    await peer.send(1, commands.Confirm.Select(), commands.Queue.Declare(queue="q"))
+    assert peer.methods() == [(1, "Confirm.SelectOk"), (1, "Queue.DeclareOk")]
+    await peer.send(1, commands.Basic.Publish(routing_key="q"), *content(b"one"))
+    await peer.send(1, commands.Basic.Publish(routing_key="nowhere"), *content(b"two"))
+    frames = peer.take()
+    acks = [(c, f.delivery_tag, f.multiple) for c, f in frames if f.name == "Basic.Ack"]
+    assert acks == [(1, 1, False), (1, 2, False)]  # unroutable: confirmed all the same
+
+
+async def test_a_soft_error_closes_its_channel_only() -> None:
+    peer = await MemoryPeer.open(solo_broker())
+    await open_channel(peer, 1)
+    await open_channel(peer, 2)
+    await peer.send(1, commands.Basic.Publish(exchange="missing", routing_key="k"))
+    (closed,) = [f for c, f in peer.take() if c == 1]
+    assert closed.name == "Channel.Close" and closed.reply_code == 404
+    assert "missing" in closed.reply_text
+    await peer.send(2, commands.Queue.Declare(queue="still-here"))
+    assert peer.methods() == [(2, "Queue.DeclareOk")]
+    assert not peer.transport.closing
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"),
+    [
+        # A content header with no Basic.Publish before it.
+        (lambda: [content(b"x")[0]], 505),
+        # A body longer than its header said.
+        (
+            lambda: [
+                commands.Basic.Publish(routing_key="q"),
+                *content(b"xy")[:1],
+                ContentBody(b"xyz"),
+            ],
+            501,
+        ),
+        # A method on a channel that was never opened.
+        (lambda: [commands.Queue.Declare(queue="q")], 504),
+    ],
+    ids=["header-without-publish", "body-too-long", "unopened-channel"],
+)
+async def test_a_hard_error_closes_the_connection_with_its_code(frames, code) -> None:
+    peer = await MemoryPeer.open(solo_broker())
+    number = 3 if code == 504 else 1
+    if code != 504:
+        await open_channel(peer)
+    await peer.send(number, *frames())
+    closes = [f for c, f in peer.take() if c == 0 and f.name == "Connection.Close"]
+    assert [f.reply_code for f in closes] == [code]
+    await peer.send(0, commands.Connection.CloseOk())
+    assert peer.transport.closing
+
+
+async def test_get_answers_empty_then_the_message_with_its_content() -> None:
+    peer = await MemoryPeer.open(solo_broker())
+    await open_channel(peer)
+    await peer.send(1, commands.Queue.Declare(queue="q"), commands.Basic.Get(queue="q"))
+    assert peer.methods() == [(1, "Queue.DeclareOk"), (1, "Basic.GetEmpty")]
+    await peer.send(1, commands.Basic.Publish(routing_key="q"), *content(b"body", app_id="t"))
+    await peer.send(1, commands.Basic.Get(queue="q", no_ack=True))
+    (_, ok), (_, header), (_, body) = peer.take()
+    assert ok.name == "Basic.GetOk" and ok.message_count == 0
+    assert header.properties.app_id == "t" and body.value == b"body"
+
+
+async def test_a_transaction_publishes_at_its_commit_and_not_after_a_rollback() -> None:
+    peer = await MemoryPeer.open(solo_broker())
+    await open_channel(peer)
+    await peer.send(1, commands.Queue.Declare(queue="q"), commands.Tx.Select())
+    await peer.send(1, commands.Basic.Publish(routing_key="q"), *content(b"kept"))
+    await peer.send(1, commands.Queue.Declare(queue="q", passive=True))
+    assert [f.message_count for _, f in peer.take() if f.name == "Queue.DeclareOk"] == [0, 0]
+    await peer.send(1, commands.Tx.Commit())
+    await peer.send(1, commands.Basic.Publish(routing_key="q"), *content(b"dropped"))
+    await peer.send(1, commands.Tx.Rollback(), commands.Queue.Declare(queue="q", passive=True))
+    frames = peer.take()
+    assert [f.name for _, f in frames] == ["Tx.CommitOk", "Tx.RollbackOk", "Queue.DeclareOk"]
+    assert frames[-1][1].message_count == 1
+
+
+async def test_a_user_id_that_is_not_the_login_is_refused_on_its_channel() -> None:
+    peer = await MemoryPeer.open(solo_broker())
+    await open_channel(peer)
+    await peer.send(1, commands.Basic.Publish(routing_key="q"), *content(b"x", user_id="admin"))
+    (closed,) = [f for _, f in peer.take()]
+    assert closed.name == "Channel.Close" and closed.reply_code == 406
+    assert "user_id property set to 'admin'" in closed.reply_text
+
+
+async def test_a_message_over_the_size_limit_is_refused_before_its_body() -> None:
+    peer = await MemoryPeer.open(solo_broker(max_message_size=1024))
+    await open_channel(peer)
+    header = ContentHeader(0, 4096, commands.Basic.Properties())
+    await peer.send(1, commands.Basic.Publish(routing_key="q"), header)
+    (closed,) = [f for _, f in peer.take()]
+    assert closed.name == "Channel.Close" and closed.reply_code == 406
+    assert "larger than configured max size 1024" in closed.reply_text
