@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import re
@@ -102,6 +103,9 @@ def start(
     # Everything a server writes (store, event log, epoch, quarantine) is its user's
     # alone; the modules that make those files say so too, this covers any other.
     os.umask(0o077)
+    # SIGUSR1: every thread's stack to stderr, for a server that will not stop or answer
+    # (docs/operations.md, "A server that hangs"); the server goes on as before.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if config_path is None:
         if role is None:
             raise click.UsageError("give --config FILE, or --role to use config/<role>.yaml")

@@ -269,15 +269,26 @@ class ServerProcess:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
 
-    def terminate(self, timeout: float = 15.0) -> int:
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM and the exit status. A clean stop flushes the store: on a disk busy with
+        other writes (a fresh venv's) that takes seconds, hence the long wait. One that
+        does not end in time has its threads' stacks written to its log (SIGUSR1) before
+        the kill -9, and the error says where it hung."""
         assert self.process is not None
         if self.alive:
             os.kill(self.process.pid, signal.SIGTERM)
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=2)
             self.kill()
-            raise
+            raise AssertionError(
+                f"{self.name} did not stop within {timeout} s of SIGTERM; its stacks:\n"
+                + self.log()[-6000:]
+            ) from None
 
     def stop(self) -> None:
         """A clean stop (SIGTERM), a kill -9 if it takes over 5 s."""
