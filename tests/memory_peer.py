@@ -18,43 +18,23 @@ from pamqp.base import Frame
 
 from amqha.connection import OPEN, Connection
 from amqha.server import Broker
+from bench.hotpath import NullTransport
 from config import ServerConfig, User
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 TURNS = 50  # loop turns a send is given to settle (each a sleep(0)); bounded
 
 
-class KeepingTransport(asyncio.Transport):
-    """What the broker writes, kept; a loopback peer address (guest logs in from there)."""
+class KeepingTransport(NullTransport):
+    """``bench.hotpath``'s null transport (a loopback peer: guest logs in from there), with
+    what the broker writes kept."""
 
     def __init__(self) -> None:
         super().__init__()
         self.data = bytearray()
-        self.closing = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.data += data
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        """Nothing is buffered here."""
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 def solo_broker(**limits: Any) -> Broker:

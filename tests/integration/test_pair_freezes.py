@@ -29,6 +29,13 @@ from tests.durability import PERSISTENT, Ledger, drain
 from tests.pairs import MakePair, Pair, hold, poll
 from tests.support import ServerProcess
 
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (SIGSTOP), as /proc says."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 LINK_HEARTBEAT = 1
 # Past the peering's stuck verdict (6 s after the last frame, checked every second) and a
 # server's 2 s close of a silent link, with a margin for a loaded machine.
@@ -301,7 +308,9 @@ async def test_a_passive_thawed_into_its_peers_silence_is_not_voted_in(
     pid = pair.backup.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        await asyncio.sleep(3 * pair.timeout)
+        # Frozen through three of its peer's timeouts (state T: stopped by a signal).
+        await poll(lambda: stopped(pid), 10, "the backup stopped")
+        await hold(lambda: stopped(pid), 3 * pair.timeout, "the backup frozen")
         await asyncio.to_thread(to_backup.cut, "refuse")
         # Connections queued while it is frozen: their Open is read the moment it thaws.
         knocking = asyncio.ensure_future(knock(time.monotonic() + 2 * pair.timeout + 2.0))
