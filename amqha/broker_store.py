@@ -4,15 +4,14 @@ release confirms as the store (and the PASSIVE) hold them (docs/durability.md).
 Owns: opening the store and replaying what it holds into the vhosts, the hand-over of
 the change log once per turn of the loop, the store's progress as a sink of the confirm
 watermark (``StoreSink``), the publishes refused when a write fails (and publishers
-held until a retry writes), the channels and transactions waiting for an LSN to be safe,
-and closing the store.
+held until a retry writes), and closing the store. What the store's progress releases is the confirm pipeline's
+(``confirm_pipeline.py``), to which this side reports.
 
 Must not know: SQLite (``store.py``), frames. A part of ``server.Broker``.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import logging
@@ -23,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from .core.apply import apply_run
 from .core.changes import ChangeLog
-from .core.sync import watermark
 
 if TYPE_CHECKING:
     from .store import Store, StoreFailure
@@ -102,6 +100,7 @@ class StoreSide:
         # The feed first: the PASSIVE's store is the longer way to the watermark.
         self.store_sink = StoreSink(store)
         self.sinks = [self.feed, self.store_sink]
+        self.confirms.attach(self.sinks)
 
     def _changes_pending(self) -> None:
         """The first change of this turn: they all go to the store when the turn ends."""
@@ -124,7 +123,7 @@ class StoreSide:
     def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
         self.store_sink.reported(last_lsn)
         if failed is not None:
-            self._refuse_range(failed.first_lsn, failed.last_lsn)
+            self.confirms.refuse(failed.first_lsn, failed.last_lsn)
             self.store_failures += 1
             if not self.store_failing:
                 log.warning(
@@ -136,38 +135,7 @@ class StoreSide:
                 self._update_blocked()
             if self.store_retry is None:
                 self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
-        self._release_confirms()
-
-    def _refuse_range(self, first: int, last: int) -> None:
-        """The store could not write LSNs ``first``-``last``: what waits on them is
-        refused now, whatever the watermark. Held back until the watermark passed the
-        range (a PASSIVE behind it), such a publish was acked later, on the PASSIVE's
-        copy alone, and lost if this server then led from its own store."""
-        for channel in list(self.unsafe_channels):
-            channel.store_failed(first, last)
-        waiting = self.waiting_safe
-        if any(first <= lsn <= last for lsn, _ in waiting):
-            refused = [done for lsn, done in waiting if first <= lsn <= last]
-            self.waiting_safe = collections.deque(
-                (lsn, done) for lsn, done in waiting if not first <= lsn <= last
-            )
-            for done in refused:
-                done(False)
-
-    def _release_confirms(self) -> None:
-        """Confirms may go out up to what the store has and, with an in-sync PASSIVE,
-        what the PASSIVE has too (the watermark of docs/durability.md)."""
-        safe = watermark([sink.holds() for sink in self.sinks])
-        if safe <= self.safe_lsn:
-            return
-        self.safe_lsn = safe
-        for channel in list(self.unsafe_channels):
-            if not channel.store_progress(safe):
-                self.unsafe_channels.discard(channel)
-        waiting = self.waiting_safe
-        while waiting and waiting[0][0] <= safe:
-            _, done = waiting.popleft()
-            done(True)
+        self.confirms.advance()
 
     def _retry_store(self) -> None:
         """Let publishers try again: a write that fails again blocks them again."""
@@ -177,18 +145,8 @@ class StoreSide:
             log.warning("retrying the store: publishers unblocked")
             self._update_blocked()
 
-    def wait_for_safe(self, channel: Any) -> None:
-        self.unsafe_channels.add(channel)
-
-    def done_waiting(self, channel: Any) -> None:
-        self.unsafe_channels.discard(channel)
-
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
-        """Call ``done(ok)`` once the store (and an in-sync PASSIVE) has up to ``lsn``."""
-        if lsn <= self.safe_lsn or self.store is None:
-            self.loop.call_soon(done, True)
-        else:
-            self.waiting_safe.append((lsn, done))
+        self.confirms.when_safe(lsn, done)
 
     def store_status(self) -> dict[str, Any]:
         if self.store is None:
@@ -211,6 +169,7 @@ class StoreSide:
         store, self.store = self.store, None
         if store is None:
             return
+        self.confirms.attach([])  # nothing is written any more: nothing waits for it
         if self.log is not None:
             first, changes = self.log.take()
             if changes:

@@ -4,10 +4,12 @@ Owns: the channel's state (open / closing), consumers and their prefetch credit,
 unacknowledged deliveries and their tags, declarations, flow and close. Every method is
 checked against the channel's state before it is dispatched, by a dict keyed on the pamqp
 class. Its parts, mixed in: publishing and confirms (``channel_publish.py``), transactions
-(``channel_tx.py``), the replication feed's subscription (``channel_feed.py``).
+(``channel_tx.py``). A consume of a name that is not a queue goes to the service the
+broker names for it (``host.ConsumeService``), whose outlet then takes the channel's acks.
 
 Must not know: sockets (frames go out through ``connection.send``), how exchanges
-match keys or how queues store messages (that is ``core``).
+match keys or how queues store messages (that is ``core``), what a consume service is
+(the replication feed's is ``channel_feed.py``).
 
 Errors are raised as pamqp AMQP exceptions: a soft error closes this channel, a hard
 one the whole connection; the connection decides which from the class.
@@ -24,7 +26,6 @@ from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
 from . import wire
-from .channel_feed import FeedOutlet, FeedSubscription
 from .channel_publish import PendingPublish, Publishing
 from .channel_state import CLOSING, OPEN, control_only_text
 from .channel_tx import TX_ACK, TX_RETURN, Transactions, TxAction
@@ -32,10 +33,10 @@ from .core.arguments import QueueArgumentError, consumer_priority
 from .core.confirms import Confirms
 from .core.message import Message
 from .core.queue import Queue
-from .core.reserved import FEED_QUEUE, REPLY_TO, REPLY_TO_PREFIX
+from .core.reserved import REPLY_TO, REPLY_TO_PREFIX
 
 if TYPE_CHECKING:
-    from .host import ChannelHost, ChannelOwner
+    from .host import ChannelHost, ChannelOwner, ConsumeService, Outlet
 
 
 _CLOSE_INDEXES = (
@@ -119,9 +120,9 @@ class ChannelConsumer:
         )
 
 
-class Channel(Publishing, Transactions, FeedSubscription):
+class Channel(Publishing, Transactions):
     """One channel: frames in, its methods dispatched, consumers and acks (docs/architecture.md);
-    publishing, transactions and the replication feed's subscription are its parts'."""
+    publishing and transactions are its parts'."""
 
     def __init__(self, connection: ChannelOwner, number: int) -> None:
         self.connection = connection
@@ -139,7 +140,9 @@ class Channel(Publishing, Transactions, FeedSubscription):
         self.consumer_prefetch = 0
         self.global_prefetch = 0
         self.confirm = False
-        self.confirms = Confirms()
+        self.confirms = Confirms(number, connection)
+        # The confirm pipeline's book: publishes waiting for the watermark go there.
+        self.waiting = self.broker.confirms.waiting
         self.transaction: list[TxAction] | None = None
         # Deliveries acked inside the open transaction: a rollback makes them unacked again.
         self.transaction_acks: list[Unacked] = []
@@ -150,8 +153,9 @@ class Channel(Publishing, Transactions, FeedSubscription):
         # Direct reply-to: this channel's reply consumer and the address its requests carry.
         self.reply_consumer: ChannelConsumer | None = None
         self.reply_address = ""
-        # The replication feed's outlet, when the PASSIVE's link subscribed on this channel.
-        self.feed_outlet: FeedOutlet | None = None
+        # A consumer that is not a queue's (host.ConsumeService: the replication feed's),
+        # when one consumes on this channel: it gets the channel's acks.
+        self.outlet: Outlet | None = None
         self.handlers: dict[type, Callable[[Any], None]] = {
             commands.Channel.Open: self.on_channel_open,
             commands.Channel.Close: self.on_channel_close,
@@ -283,8 +287,8 @@ class Channel(Publishing, Transactions, FeedSubscription):
                 consumer.unacked -= 1
 
     def _ack(self, tag: int, multiple: bool) -> None:
-        if self.feed_outlet is not None:
-            self.broker.feed.acked(self.feed_outlet, tag, multiple)
+        if self.outlet is not None:
+            self.outlet.acked(tag, multiple)
             return
         entries = self._take_unacked(tag, multiple)
         if self.transaction is not None:
@@ -416,8 +420,13 @@ class Channel(Publishing, Transactions, FeedSubscription):
         if method.queue == REPLY_TO:
             self._consume_replies(tag, method)
             return
-        if method.queue == FEED_QUEUE:
-            self._consume_feed(tag, method)
+        if self.outlet is not None:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - this channel carries '{self.outlet.consumer_tag}' alone"
+            )
+        service = self.broker.consume_service(method.queue)
+        if service is not None:
+            self._consume_service(service, tag, method)
             return
         queue = self.vhost.get_queue(method.queue or self.last_queue, self.connection, True)
         try:
@@ -441,6 +450,33 @@ class Channel(Publishing, Transactions, FeedSubscription):
         if not method.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
         queue.drain(now)
+
+    def _consume_service(
+        self, service: ConsumeService, tag: str, method: commands.Basic.Consume
+    ) -> None:
+        """A consume of a name that is not a queue: its service checks it and answers the
+        outlet that takes this channel's acks (the replication feed's, channel_feed.py)."""
+        if method.no_ack or self.consumers or self.reply_consumer is not None:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - '{method.queue}' needs acks, on a channel of its own"
+            )
+        outlet = service.open(self, tag, method)
+        if not method.nowait:
+            self.reply(commands.Basic.ConsumeOk(tag))
+        self.outlet = outlet
+        outlet.start()
+
+    def next_tag(self) -> int:
+        """The next delivery tag, for an outlet's delivery (queues' share the sequence)."""
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        return tag
+
+    def cancel_consumer(self, tag: str) -> None:
+        """Tell the client its consumer ``tag`` is cancelled (a server-side Basic.Cancel),
+        if the channel is still open."""
+        if self.state is OPEN:
+            self.reply(commands.Basic.Cancel(tag, nowait=True))
 
     def _consume_replies(self, tag: str, method: commands.Basic.Consume) -> None:
         if not method.no_ack:
@@ -466,8 +502,10 @@ class Channel(Publishing, Transactions, FeedSubscription):
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
         if self.reply_consumer is not None and self.reply_consumer.tag == method.consumer_tag:
             self._stop_replies()
-        if self.feed_outlet is not None:
-            self.broker.feed.unsubscribed(self.feed_outlet)
+        outlet = self.outlet
+        if outlet is not None and outlet.consumer_tag == method.consumer_tag:
+            self.outlet = None
+            outlet.ended()
         consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._detach(consumer)
@@ -659,7 +697,7 @@ class Channel(Publishing, Transactions, FeedSubscription):
         """We never send Channel.Flow, so a FlowOk is only acknowledged by ignoring it."""
 
     def on_channel_close(self, method: commands.Channel.Close) -> None:
-        self.settle_confirms()
+        self.connection.settle_confirms(self.confirms)
         self.release()
         self.connection.send(wire.method_frame(self.number, commands.Channel.CloseOk()))
         self.connection.forget_channel(self.number)
@@ -672,7 +710,7 @@ class Channel(Publishing, Transactions, FeedSubscription):
         self, error: exceptions.AMQPError, class_id: int = 0, method_id: int = 0
     ) -> None:
         """Server-initiated Channel.Close for a soft error."""
-        self.settle_confirms()
+        self.connection.settle_confirms(self.confirms)
         self.release()
         self.state = CLOSING
         self.reply(
@@ -681,28 +719,17 @@ class Channel(Publishing, Transactions, FeedSubscription):
             )
         )
 
-    def settle_confirms(self) -> None:
-        """Before the channel's last frame: the confirms it owes go out first (a client
-        has released the channel once it reads Close-Ok). A server that is not serving
-        keeps no promise: the publisher sees them unconfirmed."""
-        connection = self.connection
-        if self not in connection.confirm_channels:
-            return
-        connection.confirm_channels.discard(self)
-        if connection.bypasses_gate or self.broker.pair.serving():
-            self.flush_confirms()
-
     def release(self) -> None:
         """The channel is going away: requeue what it holds, drop its consumers. Publishes
         not yet safe stay unconfirmed (the publisher sees the channel close first)."""
         if self.state is CLOSING:
             return
-        self.connection.confirm_channels.discard(self)
-        if self.feed_outlet is not None:
-            self.broker.feed.unsubscribed(self.feed_outlet)
+        self.connection.due_confirms.discard(self.confirms)
+        outlet, self.outlet = self.outlet, None
+        if outlet is not None:
+            outlet.ended()
         if self.confirms.unsafe:
-            self.confirms.drop_unsafe()
-            self.broker.done_waiting(self)
+            self.waiting.forget(self.confirms)
         self._stop_replies()
         self._drop_pending()
         consumers = list(self.consumers.values())

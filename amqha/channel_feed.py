@@ -1,10 +1,15 @@
-"""The replication feed's subscription on a channel, and its way out.
+"""The replication feed as a consume service: ``amq.replication`` on any channel.
 
-Owns: the Basic.Consume of ``amq.replication`` (only a login tagged peering, with proof of
-the pair's secret bound to this connection's nonce: core/feedauth.py, docs/security.md),
-and ``FeedOutlet``, through which the feed sends its runs as one consumer's deliveries.
+Owns: the checks on a Basic.Consume of ``amq.replication`` (only a login tagged peering,
+with proof of the pair's secret bound to this connection's nonce: core/feedauth.py,
+docs/security.md; only on an ACTIVE whose store and replication are on; one subscriber
+at a time), and ``FeedOutlet``, through which the feed sends its runs as one consumer's
+deliveries and hears their acks.
 
-Must not know: what the feed sends (replication.py), sockets. A mixin of ``channel.Channel``.
+The channel knows none of this: it routes the consume, the acks and the end of this
+outlet through ``host.ConsumeService`` and ``host.Outlet``, as it would any such service.
+
+Must not know: what the feed sends (replication.py), sockets, a channel's insides.
 """
 
 from __future__ import annotations
@@ -14,33 +19,45 @@ from typing import Any
 from pamqp import commands, exceptions
 
 from . import wire
-from .channel_state import OPEN
 from .core import feedauth
 from .core.reserved import FEED_QUEUE
+from .host import FeedServiceHost, OutletChannel
 
 # The pair's replication feed (see replication.py): only a peering login consumes it.
 _FEED_ADDRESS = wire.address_of(FEED_QUEUE, "")
 
 
 class FeedOutlet:
-    """The replication feed's way out through a channel (``replication.Outlet``): the
-    feed sends its runs as deliveries of one consumer, tagged by the channel, and never
-    touches the channel otherwise."""
+    """The replication feed's way out through a channel (``replication.Outlet`` to the
+    feed, ``host.Outlet`` to the channel): the feed sends its runs as deliveries of one
+    consumer, and the channel hands back their acks."""
 
-    __slots__ = ("channel", "consumer_tag", "tag_wire", "peer", "prefetch")
+    __slots__ = ("channel", "consumer_tag", "tag_wire", "peer", "prefetch", "feed", "key")
 
-    def __init__(self, channel: Any, consumer_tag: str) -> None:
+    def __init__(self, channel: OutletChannel, consumer_tag: str, feed: Any, key: bytes) -> None:
         self.channel = channel
         self.consumer_tag = consumer_tag
         self.tag_wire = wire.shortstr(consumer_tag)
         self.peer = channel.connection.peer
         self.prefetch = channel.consumer_prefetch
+        self.feed = feed
+        self.key = key  # the session key of this subscription (core/feedauth.py)
+
+    # -- as the channel sees it (host.Outlet) -------------------------------------------
+
+    def start(self) -> None:
+        self.feed.subscribe(self, self.key)
+
+    def acked(self, tag: int, multiple: bool) -> None:
+        self.feed.acked(self, tag, multiple)
+
+    def ended(self) -> None:
+        self.feed.unsubscribed(self)
+
+    # -- as the feed sees it (replication.Outlet) ----------------------------------------
 
     def next_tag(self) -> int:
-        channel = self.channel
-        tag = channel.next_delivery_tag
-        channel.next_delivery_tag = tag + 1
-        return tag
+        return self.channel.next_tag()
 
     def deliver(self, tag: int, header: bytes, body: bytes) -> None:
         channel = self.channel
@@ -60,22 +77,41 @@ class FeedOutlet:
         connection.flush()
 
     def cancel(self) -> None:
-        channel = self.channel
-        if channel.state is OPEN:
-            channel.reply(commands.Basic.Cancel(self.consumer_tag, nowait=True))
-            channel.connection.flush()
+        self.channel.cancel_consumer(self.consumer_tag)
+        self.channel.connection.flush()
 
     def detach(self) -> None:
-        if self.channel.feed_outlet is self:
-            self.channel.feed_outlet = None
+        """The feed is done with this outlet: it answers nothing more to the channel."""
+        self.feed = _Detached
 
 
-class FeedSubscription:
-    """The replication feed's Basic.Consume: part of ``Channel``."""
+class _Detached:
+    """The feed of an outlet the feed dropped: what the channel still hands it is
+    dropped (the feed had checked the outlet was its subscriber's)."""
 
-    def _consume_feed(self, tag: str, method: commands.Basic.Consume) -> None:
+    @staticmethod
+    def subscribe(outlet: FeedOutlet, key: bytes) -> None:
+        pass
+
+    @staticmethod
+    def acked(outlet: FeedOutlet, tag: int, multiple: bool) -> None:
+        pass
+
+    @staticmethod
+    def unsubscribed(outlet: FeedOutlet) -> None:
+        pass
+
+
+class FeedService:
+    """``amq.replication``'s consume service (``host.ConsumeService``)."""
+
+    def __init__(self, broker: FeedServiceHost) -> None:
+        self.broker = broker
+
+    def open(self, channel: OutletChannel, tag: str, method: commands.Basic.Consume) -> FeedOutlet:
         """The PASSIVE's replication link subscribes to this server's change stream."""
-        if "peering" not in self.connection.user.tags:
+        connection = channel.connection
+        if "peering" not in connection.user.tags:
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - '{FEED_QUEUE}' is the pair's replication feed: it needs "
                 "a user tagged 'peering'"
@@ -86,19 +122,15 @@ class FeedSubscription:
                 "NOT_FOUND - no replication feed here: this server is not ACTIVE, or "
                 "replication or the store is off"
             )
-        if method.no_ack or self.consumers or self.reply_consumer is not None:
-            raise exceptions.AMQPPreconditionFailed(
-                f"PRECONDITION_FAILED - '{FEED_QUEUE}' needs acks, on a channel of its own"
-            )
         # Only the pair's peer: proof of the pair's secret bound to this connection's
         # nonce, not a password alone (core/feedauth.py, docs/security.md).
         arguments = method.arguments or {}
         secret = broker.config.failover.secret
         client_nonce = feedauth.parse_nonce(arguments.get(feedauth.NONCE_ARGUMENT))
         if client_nonce is None or not feedauth.proof_holds(
-            secret, self.connection.nonce, client_nonce, arguments.get(feedauth.PROOF_ARGUMENT)
+            secret, connection.nonce, client_nonce, arguments.get(feedauth.PROOF_ARGUMENT)
         ):
-            broker.feed.refused(self.connection.peer, self.connection.user.name)
+            broker.feed.refused(connection.peer, connection.user.name)
             raise exceptions.AMQPAccessRefused(
                 f"ACCESS_REFUSED - '{FEED_QUEUE}' needs proof of the pair's secret"
             )
@@ -106,9 +138,5 @@ class FeedSubscription:
             raise exceptions.AMQPResourceLocked(
                 f"RESOURCE_LOCKED - '{FEED_QUEUE}' has a subscriber already"
             )
-        if not method.nowait:
-            self.reply(commands.Basic.ConsumeOk(tag))
-        self.feed_outlet = FeedOutlet(self, tag)
-        broker.feed.subscribe(
-            self.feed_outlet, feedauth.session_key(secret, self.connection.nonce, client_nonce)
-        )
+        key = feedauth.session_key(secret, connection.nonce, client_nonce)
+        return FeedOutlet(channel, tag, broker.feed, key)

@@ -4,8 +4,9 @@ Owns: the Basic.Publish → content header → body sequence (sizes checked agai
 before anything is decoded, ``user_id`` checked against the login, direct reply-to
 addresses filled in, federation link headers stripped from anyone but a link), routing a
 complete message to its queues, the control plane or a reply consumer, Basic.Return of a
-mandatory message that reached nothing, and the channel's confirms: what waits for the
-store and the PASSIVE (docs/durability.md), what is nacked when the store fails.
+mandatory message that reached nothing, and the channel's side of its confirms: each
+publish's seq and what it waits for, handed down as values (due now to the connection,
+waiting for the watermark to the confirm pipeline, ``core.confirms.Waiting``).
 
 Must not know: sockets (frames go out through the connection), how exchanges match keys
 or queues store messages (``core``). A mixin of ``channel.Channel``: it reads the
@@ -19,7 +20,7 @@ from typing import Any
 from pamqp import commands, exceptions
 
 from . import flow, wire
-from .channel_state import OPEN, control_only_text
+from .channel_state import control_only_text
 from .channel_tx import TX_PUBLISH
 from .core.message import Message
 from .core.reserved import REPLY_TO, REPLY_TO_PREFIX
@@ -200,15 +201,13 @@ class Publishing:
             confirms = self.confirms
             seq = confirms.seq = confirms.seq + 1  # confirms.publish(), inlined: hot path
             if wait > 0:
-                # Confirmed once the store has it on disk (``store_progress``).
-                if not confirms.unsafe:
-                    self.broker.wait_for_safe(self)
-                confirms.wait_for(seq, wait)
-            elif wait == REFUSED:
-                confirms.refuse(seq)
-                connection.confirms_due(self)
+                # Confirmed once the watermark passes ``wait``: the confirm pipeline
+                # hands the tracker to the connection then (broker_store.py).
+                self.waiting.expect(confirms, seq, wait)
             else:
-                connection.confirms_due(self)
+                if wait == REFUSED:
+                    confirms.refuse(seq)
+                connection.confirms_due(confirms)
 
     def _return_unroutable(self, message: Message) -> None:
         """Basic.Return 312 NO_ROUTE of a mandatory publish that reached nothing."""
@@ -242,27 +241,4 @@ class Publishing:
             self._return_unroutable(message)
         if self.confirm:
             self.confirms.publish()
-            self.connection.confirms_due(self)
-
-    def flush_confirms(self) -> None:
-        """Send the confirms that may go out (see core.confirms for the order)."""
-        for ack, seq, multiple in self.confirms.due():
-            self.connection.send(
-                wire.ack_frame(self.number, seq, multiple)
-                if ack
-                else wire.nack_frame(self.number, seq, multiple)
-            )
-
-    def store_progress(self, safe_lsn: int) -> bool:
-        """The store (and a PASSIVE) hold everything up to ``safe_lsn``. True while
-        publishes still wait."""
-        confirms = self.confirms
-        if confirms.progress(safe_lsn) and self.state is OPEN:
-            self.connection.confirms_due(self)
-        return bool(confirms.unsafe)
-
-    def store_failed(self, first: int, last: int) -> None:
-        """The store could not write LSNs ``first``-``last``: their publishes are nacked."""
-        confirms = self.confirms
-        if confirms.refuse_range(first, last) and self.state is OPEN:
-            self.connection.confirms_due(self)
+            self.connection.confirms_due(self.confirms)

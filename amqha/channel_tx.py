@@ -14,7 +14,7 @@ from typing import Any
 
 from pamqp import commands, exceptions
 
-from .channel_state import OPEN
+from .core.confirms import Commit
 
 # A hold on reading a connection (see Connection.hold_reading): a transaction's
 # Commit-Ok waits for the store.
@@ -83,26 +83,12 @@ class Transactions:
             self.reply(commands.Tx.CommitOk())
 
     def _commit_when_safe(self, lsn: int) -> None:
-        """Commit-Ok once the store has the transaction on disk; the connection is not
-        read meanwhile, so nothing overtakes it."""
+        """Commit-Ok once the store has the transaction on disk: the commit goes to the
+        confirm pipeline as a value and its connection answers it (``commit_done``); the
+        connection is not read meanwhile, so nothing overtakes it."""
         connection = self.connection
         connection.hold_reading(READ_HELD_STORE, True)
-
-        def done(ok: bool) -> None:
-            connection.hold_reading(READ_HELD_STORE, False)
-            if self.state is not OPEN or connection.channels.get(self.number) is not self:
-                return
-            if ok:
-                self.reply(commands.Tx.CommitOk())
-            else:
-                connection.fail(
-                    exceptions.AMQPInternalError(
-                        "INTERNAL_ERROR - the store could not write the transaction"
-                    )
-                )
-            connection.flush()
-
-        self.broker.when_safe(lsn, done)
+        self.broker.confirms.expect_commit(Commit(lsn, self.number, connection, self))
 
     def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
         actions = self._require_transaction()

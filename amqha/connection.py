@@ -45,6 +45,7 @@ from .gate import ACCEPT, Redirect, not_active_text
 from .logtext import escaped
 
 if TYPE_CHECKING:
+    from .core.confirms import Commit, Confirms
     from .core.queue import Queue
     from .core.vhost import VHost
     from .host import BrokerHost
@@ -130,7 +131,8 @@ class Connection(asyncio.Protocol):
         # Connection.Blocked when the alarm begins; ``told_blocked`` until Unblocked.
         self.publishes_messages = False
         self.told_blocked = False
-        self.confirm_channels: set[Channel] = set()
+        # Channels' confirm trackers with confirms due, written at the next flush.
+        self.due_confirms: set[Confirms] = set()
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
         self.timer: asyncio.TimerHandle | None = None
@@ -345,21 +347,64 @@ class Connection(asyncio.Protocol):
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
-    def confirms_due(self, channel: Channel) -> None:
-        self.confirm_channels.add(channel)
+    def confirms_due(self, confirms: Confirms) -> None:
+        """``confirms`` (a channel's, handed here by the channel or by the confirm
+        pipeline) has confirms that may go out: written at the next flush."""
+        self.due_confirms.add(confirms)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
+    def commit_done(self, commit: Commit, ok: bool) -> None:
+        """A transaction's changes are safe (``ok``), or the store could not write them:
+        Commit-Ok, or the connection fails. Until then the connection was not read, so
+        nothing overtook the commit."""
+        self.hold_reading(READ_HELD_STORE, False)
+        channel = self.channels.get(commit.channel)
+        if channel is None or channel is not commit.token or channel.state is CHANNEL_CLOSING:
+            return
+        if ok:
+            self.send(wire.method_frame(commit.channel, commands.Tx.CommitOk()))
+        else:
+            self.fail(
+                exceptions.AMQPInternalError(
+                    "INTERNAL_ERROR - the store could not write the transaction"
+                )
+            )
+        self.flush()
+
+    def settle_confirms(self, confirms: Confirms) -> None:
+        """Before a channel's last frame: the confirms it owes go out first (a client has
+        released the channel once it reads Close-Ok). A server that is not serving keeps
+        no promise: the publisher sees them unconfirmed."""
+        if confirms in self.due_confirms:
+            self.due_confirms.discard(confirms)
+            if self.bypasses_gate or self.broker.pair.serving():
+                self._write_confirms(confirms)
+
+    def _write_confirms(self, confirms: Confirms) -> None:
+        """The confirms that may go out (see core.confirms for the order), queued."""
+        number = confirms.channel
+        out = self.out
+        for ack, seq, multiple in confirms.due():
+            frame = (
+                wire.ack_frame(number, seq, multiple)
+                if ack
+                else wire.nack_frame(number, seq, multiple)
+            )
+            out.append(frame)
+            self.out_bytes += len(frame)
+
     def flush(self) -> None:
         self.flush_scheduled = False
-        if self.confirm_channels:
+        due = self.due_confirms
+        if due:
             if self.state >= CLOSING:
-                self.confirm_channels.clear()
+                due.clear()
             elif self.bypasses_gate or self.broker.pair.serving():
-                for channel in self.confirm_channels:
-                    channel.flush_confirms()
-                self.confirm_channels.clear()
+                for confirms in due:
+                    self._write_confirms(confirms)
+                due.clear()
             else:
                 # A confirm is a promise: a server that may have lost the service (frozen,
                 # stepping down) keeps it until the pair says it serves.
@@ -623,7 +668,7 @@ class Connection(asyncio.Protocol):
 
     def on_close(self, method: commands.Connection.Close) -> None:
         for channel in self.channels.values():
-            channel.settle_confirms()
+            self.settle_confirms(channel.confirms)
         self._release_all()
         self.send(wire.method_frame(0, commands.Connection.CloseOk()))
         self.flush()

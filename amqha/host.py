@@ -8,8 +8,11 @@ way (docs/architecture.md, "Layout"):
 - ``ConnectionHost``: what a connection asks of the broker (``BrokerHost``: that and
   what its channels ask);
 - ``ReplicationHost``: what the replication feed and follower ask of the broker;
-- ``FeedPort``: the replication feed as the channel that carries it sees it
-  (``replication.Feed``);
+- ``FeedPort``: the replication feed as its consume service sees it (``replication.Feed``),
+  ``FeedServiceHost``: what that service asks of the broker;
+- ``ConfirmBook``: the confirm pipeline, as a channel hands it what waits;
+- ``ConsumeService``, ``Outlet``, ``OutletChannel``: a consume of a name that is not a
+  queue, as the channel routes it without knowing what it is;
 - ``MetricsSource``: what the metrics endpoint reads of the broker;
 - ``ManagementSource``: what the management API reads of the broker and asks of it
   (``DefinitionsHost``: what a definitions import asks of it);
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 
     from .auth import Refused, User
     from .core.changes import ChangeLog
+    from .core.confirms import Commit, Confirms, Waiting
     from .core.message import MessageIds
     from .core.queue import Queue
     from .core.vhost import VHost
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
 
 
 class FeedPort(Protocol):
-    """The replication feed, as the channel that takes its subscription sees it."""
+    """The replication feed, as its consume service (``channel_feed.py``) sees it."""
 
     @property
     def live_subscriber(self) -> bool: ...
@@ -59,12 +63,72 @@ class FeedPort(Protocol):
     def unsubscribed(self, outlet: Any) -> None: ...
 
 
+class FeedServiceHost(Protocol):
+    """What the replication feed's consume service (``channel_feed.FeedService``) asks of
+    the broker."""
+
+    config: ServerConfig
+    log: ChangeLog | None
+    leading: bool
+    feed: FeedPort
+
+
+class Outlet(Protocol):
+    """A consumer that is not a queue's (``ConsumeService``), as its channel sees it:
+    the channel hands it the acks of its deliveries and tells it when it ends."""
+
+    consumer_tag: str
+
+    def start(self) -> None:
+        """After Consume-Ok: deliveries may begin."""
+
+    def acked(self, tag: int, multiple: bool) -> None: ...
+
+    def ended(self) -> None:
+        """Cancelled by its client, or its channel is closing."""
+
+
+class OutletChannel(Protocol):
+    """A channel, as an outlet on it sees it: its number, its connection, its prefetch,
+    its delivery tags and a way to tell its client a consumer was cancelled."""
+
+    number: int
+    connection: ChannelOwner
+    consumer_prefetch: int
+
+    def next_tag(self) -> int: ...
+
+    def cancel_consumer(self, tag: str) -> None: ...
+
+
+class ConsumeService(Protocol):
+    """What answers a Basic.Consume of a name that is not a queue (the replication feed's
+    ``amq.replication``): the channel routes the consume, its acks and its end here,
+    knowing nothing of what the service is."""
+
+    def open(self, channel: OutletChannel, tag: str, method: Any) -> Outlet:
+        """Check the consume (raise the AMQP error that refuses it) and answer its
+        outlet; nothing is delivered before ``Outlet.start``."""
+        ...
+
+
+class ConfirmBook(Protocol):
+    """The confirm pipeline (``confirm_pipeline.ConfirmPipeline``), as a channel hands it
+    what waits for the watermark."""
+
+    waiting: Waiting
+
+    def expect_commit(self, commit: Commit) -> None:
+        """A transaction's commit waits for its LSN (its connection answers it)."""
+        ...
+
+
 class ChannelHost(Protocol):
     """What a channel asks of the broker."""
 
     config: ServerConfig
     pair: Pair
-    feed: FeedPort
+    confirms: ConfirmBook
     log: ChangeLog | None
     leading: bool
     blocked: bool
@@ -87,11 +151,10 @@ class ChannelHost(Protocol):
 
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...
 
-    def wait_for_safe(self, channel: Any) -> None:
-        """``channel`` has confirms waiting for the watermark (``store_progress``)."""
+    def consume_service(self, queue: str) -> ConsumeService | None:
+        """The service behind a name consumed without a queue (``ConsumeService``), or
+        None for a queue."""
         ...
-
-    def done_waiting(self, channel: Any) -> None: ...
 
     def reply_consumer(self, address: str) -> Any:
         """The direct reply-to consumer behind ``address``, or None."""
@@ -116,14 +179,16 @@ class ChannelOwner(Protocol):
     published: bool
     write_paused: bool
     channels: dict[int, Any]
-    confirm_channels: set[Any]
+    due_confirms: set[Confirms]
     exclusive_queues: dict[str, Queue]
 
     def send(self, data: bytes) -> None: ...
 
     def flush(self) -> None: ...
 
-    def confirms_due(self, channel: Any) -> None: ...
+    def confirms_due(self, confirms: Confirms) -> None: ...
+
+    def settle_confirms(self, confirms: Confirms) -> None: ...
 
     def capability(self, name: str) -> bool: ...
 

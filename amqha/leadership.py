@@ -147,7 +147,7 @@ class Leadership:
                 self._mark_unprotected(False)
             if self.pair_events is not None:
                 self.pair_events.sync_changed("active", in_sync, reason)
-        self._release_confirms()
+        self.confirms.advance()
 
     def _feed_unprotected(self, first_id: int) -> None:
         """The in-sync PASSIVE is gone: messages from ``first_id`` on may be on this

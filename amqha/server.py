@@ -17,7 +17,6 @@ failover state machine (it only ever sees the ``gate.Pair`` interface).
 from __future__ import annotations
 
 import asyncio
-import collections
 import gc
 import logging
 import platform
@@ -38,11 +37,14 @@ from failover import keys
 from . import __version__
 from .auth import Authenticator, Refused
 from .broker_store import StoreSide, StoreSink
+from .channel_feed import FeedService
+from .confirm_pipeline import ConfirmPipeline
 from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
 from .core.changes import ChangeLog
 from .core.message import Message, MessageIds
 from .core.queue import Queue
+from .core.reserved import FEED_QUEUE
 from .core.sync import Sink
 from .core.vhost import REFUSED, VHost
 from .federation.agent import Federation
@@ -54,6 +56,7 @@ from .queue_timers import QueueTimers
 from .replication import Feed, Follower
 
 if TYPE_CHECKING:
+    from .host import ConsumeService
     from .store import Store
 
 log = logging.getLogger("amqha.server")
@@ -100,15 +103,11 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         # store is recovered (None: nothing is durable, as with store.enabled false).
         self.log: ChangeLog | None = None
         self.store: Store | None = None
-        self.safe_lsn = 0  # confirms may go out for everything up to this LSN
         self.store_sink: StoreSink | None = None  # with a store: its progress
-        # Where each turn's changes go, and whose progress releases confirms (with a
-        # store: the replication feed and the store; ``core.sync.Sink``).
+        # Where each turn's changes go (with a store: the replication feed and the store;
+        # ``core.sync.Sink``), whose progress the confirm pipeline turns into confirms.
         self.sinks: list[Sink] = []
-        self.unsafe_channels: set[Any] = set()  # channels with confirms waiting for it
-        self.waiting_safe: collections.deque[tuple[int, Callable[[bool], None]]] = (
-            collections.deque()
-        )
+        self.confirms = ConfirmPipeline(self.loop)
         self.store_failing = False
         self.store_failures = 0
         self.store_retry: asyncio.TimerHandle | None = None
@@ -118,6 +117,8 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         # (``follow``): the pair tells it which.
         self.leading = config.failover.role is None
         self.feed = Feed(self, self._feed_sync, self._feed_unprotected)
+        # Names consumed without a queue, and their services: the replication feed's.
+        self.consume_services: dict[str, ConsumeService] = {FEED_QUEUE: FeedService(self)}
         self.follower: Follower | None = None
         # Who hears of sync, quarantine and federation events for the pair's event log:
         # the pair's controller, once it attaches itself; standalone, nobody.
@@ -243,6 +244,14 @@ class Broker(MemoryAccount, Leadership, StoreSide):
 
     def reply_consumer(self, address: str) -> Any:
         return self.direct_replies.get(address)
+
+    @property
+    def safe_lsn(self) -> int:
+        """Confirms may go out for everything up to this LSN (the confirm pipeline's)."""
+        return self.confirms.safe_lsn
+
+    def consume_service(self, queue: str) -> ConsumeService | None:
+        return self.consume_services.get(queue)
 
     def add_reply(self, address: str, consumer: Any) -> None:
         self.direct_replies[address] = consumer

@@ -7,22 +7,34 @@ publish that is not yet safe, a nack only once every publish before it is confir
 A nack of a later publish never acks an earlier one that is not yet safe, and a
 ``multiple`` ack never covers a nacked one. See docs/durability.md.
 
-Must not know: frames, channels, the store.
+``Waiting`` is the confirm pipeline's book (docs/architecture.md, "The walk of a confirmed
+publish"): the trackers with publishes not yet safe and the transactions' commits. Given
+a new watermark (``advance``) or a range the store could not write (``refuse``), it
+answers what is released, as values; the caller hands each to its owner (a connection),
+which writes it. Nothing here calls anyone.
+
+Must not know: frames, channels, connections, the store.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import Any
 
 # One confirm to send: (ack? , sequence number, multiple?).
 Confirm = tuple[bool, int, bool]
 
 
 class Confirms:
-    __slots__ = ("seq", "confirmed", "unsafe", "nacks")
+    """One channel's confirms. ``channel`` and ``owner`` say where they go: the channel's
+    number and whoever writes them (its connection); this module never calls the owner."""
 
-    def __init__(self) -> None:
+    __slots__ = ("seq", "confirmed", "unsafe", "nacks", "channel", "owner")
+
+    def __init__(self, channel: int = 0, owner: Any = None) -> None:
+        self.channel = channel
+        self.owner = owner
         self.seq = 0  # the last publish's sequence number
         self.confirmed = 0  # every publish up to this one has been confirmed
         # (sequence number, LSN the store must pass) of publishes not yet safe, in order.
@@ -94,3 +106,79 @@ class Confirms:
             self.seq = self.unsafe[0][0] - 1
             self.nacks = [seq for seq in self.nacks if seq <= self.seq]
             self.unsafe.clear()
+
+
+class Commit:
+    """A transaction's commit waiting for the store: Commit-Ok on ``channel`` once
+    ``lsn`` is safe. ``token`` is the channel the commit came from (its number may be
+    reused by then); ``owner`` writes the answer."""
+
+    __slots__ = ("lsn", "channel", "owner", "token")
+
+    def __init__(self, lsn: int, channel: int, owner: Any, token: object) -> None:
+        self.lsn = lsn
+        self.channel = channel
+        self.owner = owner
+        self.token = token
+
+
+# What a new fact releases: trackers whose confirms are due, and commits, with whether
+# they succeeded (a refused range fails them).
+Released = tuple[list[Confirms], list[Commit]]
+
+
+class Waiting:
+    """What waits for the watermark. ``expect`` and ``expect_commit`` put it here;
+    ``advance`` and ``refuse`` answer what a fact releases (see the module docstring)."""
+
+    __slots__ = ("trackers", "commits")
+
+    def __init__(self) -> None:
+        # Trackers with publishes not yet safe (a dict: insertion order, quick removal).
+        self.trackers: dict[Confirms, None] = {}
+        self.commits: deque[Commit] = deque()  # in LSN order: each commit ends a batch
+
+    def expect(self, confirms: Confirms, seq: int, lsn: int) -> None:
+        """Publish ``seq`` of ``confirms`` is confirmed once ``lsn`` is safe."""
+        if not confirms.unsafe:
+            self.trackers[confirms] = None
+        confirms.unsafe.append((seq, lsn))
+
+    def expect_commit(self, commit: Commit) -> None:
+        self.commits.append(commit)
+
+    def forget(self, confirms: Confirms) -> None:
+        """The channel closes: its publishes not yet safe stay unconfirmed."""
+        confirms.drop_unsafe()
+        self.trackers.pop(confirms, None)
+
+    def advance(self, safe_lsn: int) -> Released:
+        """Everything up to ``safe_lsn`` is safe: the trackers with confirms now due, and
+        the commits now done."""
+        due = []
+        trackers = self.trackers
+        for confirms in list(trackers):
+            if confirms.progress(safe_lsn):
+                due.append(confirms)
+                if not confirms.unsafe:
+                    del trackers[confirms]
+        done = []
+        commits = self.commits
+        while commits and commits[0].lsn <= safe_lsn:
+            done.append(commits.popleft())
+        return due, done
+
+    def refuse(self, first: int, last: int) -> Released:
+        """The store could not write LSNs ``first``-``last``: the trackers with publishes
+        waiting on them (now nacks due), and the commits that fail."""
+        due = []
+        trackers = self.trackers
+        for confirms in list(trackers):
+            if confirms.refuse_range(first, last):
+                due.append(confirms)
+                if not confirms.unsafe:
+                    del trackers[confirms]
+        failed = [commit for commit in self.commits if first <= commit.lsn <= last]
+        if failed:
+            self.commits = deque(c for c in self.commits if not first <= c.lsn <= last)
+        return due, failed

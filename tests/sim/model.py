@@ -10,7 +10,7 @@ the oracle that checks what the clients were told against what the pair ends wit
 The protocol's rules are not modelled but run: each server's feed uses
 ``amqha.core.sync.Leader`` (or a subclass given to ``simulate``), its follower
 ``Eligibility``, and its publisher's confirms ``amqha.core.confirms.Confirms``. The
-shells around them copy ``amqha/replication.py`` and ``Broker`` (``_release_confirms``,
+shells around them copy ``amqha/replication.py`` and ``Broker`` (``ConfirmPipeline.advance``,
 ``lead``, ``follow``, ``before_reset``, the unprotected mark) step for step.
 
 Time is a tick counter and every choice comes from ``random.Random(seed)``: one seed is
@@ -354,7 +354,7 @@ class Node:
         self.release_confirms()
 
     def refuse_range(self, first: int, last: int) -> None:
-        """``Broker._refuse_range``: what waits on a failed write is refused at once."""
+        """``ConfirmPipeline.refuse``: what waits on a failed write is refused at once."""
         if self.confirms.refuse_range(first, last):
             self.emit_confirms()
         self.settles = collections.deque(
@@ -368,7 +368,7 @@ class Node:
             done(False)
 
     def release_confirms(self) -> None:
-        """``Broker._release_confirms``: the store's LSN and, gating, the PASSIVE's."""
+        """``ConfirmPipeline.advance``: the store's LSN and, gating, the PASSIVE's."""
         safe = self.feed.leader.watermark(self.store_lsn)
         if safe <= self.safe_lsn:
             return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amqha.core.confirms import Confirms
+from amqha.core.confirms import Commit, Confirms, Waiting
 
 
 def test_confirms_wait_for_the_store_and_go_out_as_one_multiple_ack() -> None:
@@ -73,3 +73,54 @@ def test_publishes_not_yet_safe_are_dropped_on_close() -> None:
     confirms.drop_unsafe()
     # Only what was safe before the close may still be confirmed.
     assert confirms.due() == [(True, 1, False)]
+
+
+# -- the confirm pipeline's book (core.confirms.Waiting) -----------------------------------
+
+
+def test_the_watermark_releases_trackers_and_commits_as_values() -> None:
+    """``advance`` answers what a new watermark frees, as values, and calls nobody: the
+    trackers whose confirms are now due, the commits now done, each once."""
+    waiting = Waiting()
+    one, two = Confirms(1, "conn-a"), Confirms(2, "conn-b")
+    waiting.expect(one, one.publish(), 5)
+    waiting.expect(one, one.publish(), 9)
+    waiting.expect(two, two.publish(), 7)
+    commit = Commit(8, 3, "conn-a", object())
+    waiting.expect_commit(commit)
+    assert waiting.advance(4) == ([], [])
+    due, done = waiting.advance(7)
+    assert due == [one, two] and done == []
+    assert one.due() == [(True, 1, False)] and two.due() == [(True, 1, False)]
+    assert list(waiting.trackers) == [one]  # two has nothing left waiting
+    due, done = waiting.advance(9)
+    assert due == [one] and done == [commit]
+    assert one.due() == [(True, 2, False)]
+    assert waiting.trackers == {} and not waiting.commits
+    assert waiting.advance(20) == ([], [])
+
+
+def test_a_refused_range_releases_its_nacks_and_fails_its_commits() -> None:
+    waiting = Waiting()
+    confirms = Confirms(1, "conn")
+    waiting.expect(confirms, confirms.publish(), 3)
+    waiting.expect(confirms, confirms.publish(), 6)
+    inside, after = Commit(5, 2, "conn", None), Commit(9, 2, "conn", None)
+    waiting.expect_commit(inside)
+    waiting.expect_commit(after)
+    due, failed = waiting.refuse(4, 6)
+    assert due == [confirms] and failed == [inside]
+    assert confirms.due() == []  # publish 1 is not safe yet: the nack waits for it
+    due, done = waiting.advance(9)
+    assert due == [confirms] and done == [after]
+    assert confirms.due() == [(True, 1, False), (False, 2, False)]
+
+
+def test_a_closed_channels_tracker_is_forgotten() -> None:
+    waiting = Waiting()
+    confirms = Confirms(1, "conn")
+    waiting.expect(confirms, confirms.publish(), 3)
+    waiting.forget(confirms)
+    assert waiting.trackers == {}
+    assert waiting.advance(10) == ([], [])
+    assert confirms.due() == []

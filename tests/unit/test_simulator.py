@@ -46,7 +46,7 @@ def test_one_seed_is_one_schedule() -> None:
 def test_a_failed_write_on_the_active_while_gating_is_nacked() -> None:
     """Seed 62 lost a confirmed message: a failed write on the ACTIVE while confirms
     waited for a PASSIVE behind it was acked later, on the PASSIVE's copy alone. The
-    broker refuses a failed range at once now (``Broker._refuse_range``)."""
+    broker refuses a failed range at once now (``ConfirmPipeline.refuse``)."""
     assert simulate(62, active_write_failures=True).ok
 
 
