@@ -132,7 +132,7 @@ class StoreSide:
                     failed.error,
                 )
                 self.store_failing = True
-                self._update_blocked()
+                self.update_blocked()
             if self.store_retry is None:
                 self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
         self.confirms.advance()
@@ -143,7 +143,7 @@ class StoreSide:
         if self.store_failing:
             self.store_failing = False
             log.warning("retrying the store: publishers unblocked")
-            self._update_blocked()
+            self.update_blocked()
 
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None:
         self.confirms.when_safe(lsn, done)

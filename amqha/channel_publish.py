@@ -152,7 +152,7 @@ class Publishing:
         pending.parts.append(payload)
         pending.received = received
         # A body in many frames is held here until complete: it counts against the watermark.
-        self.broker.count_input(len(payload))
+        self.broker.memory.count_input(len(payload))
         if received == pending.body_size:
             self._complete(pending, b"".join(pending.parts))
 
@@ -165,15 +165,16 @@ class Publishing:
         pending = self.pending
         if pending is not None:
             self.pending = None
-            self.broker.count_input(-pending.received)
+            self.broker.memory.count_input(-pending.received)
 
     def _complete(self, pending: PendingPublish, body: bytes) -> None:
         self._drop_pending()
         publish = pending.publish
         message = Message(publish.address, pending.header, body, pending.decoded)  # type: ignore[arg-type]
         broker = self.broker
-        if not broker.blocked and Message.held > broker.message_budget:
-            broker.check_memory()
+        memory = broker.memory
+        if not broker.blocked and Message.held > memory.message_budget:
+            memory.check()
         if self.transaction is not None:
             self._hold_in_transaction(len(body))
             self.transaction.append((TX_PUBLISH, pending.exchange, publish, message))

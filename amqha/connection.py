@@ -122,7 +122,7 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.read_holds = 0
         self.backlog: tuple[list[wire.RawFrame], int] | None = None
-        self.buffered = 0  # len(self.buffer) as last counted by broker.count_input
+        self.buffered = 0  # len(self.buffer) as last counted by broker.memory.count_input
         self.counted = False  # counted in the broker's per-vhost and per-user connections
         self.published = False
         # The pair's own link (a peering login): never held by the alarm (docs/limits.md).
@@ -184,7 +184,7 @@ class Connection(asyncio.Protocol):
         self._release_all()
         if self.write_paused:
             self.write_paused = False
-            self.broker.output_paused(-1)
+            self.broker.memory.output_paused(-1)
         self.buffer = bytearray()
         self.backlog = None
         self._count_input()
@@ -193,14 +193,14 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if not self.write_paused:
             self.write_paused = True
-            self.broker.output_paused(1)
+            self.broker.memory.output_paused(1)
         if self.published:
             self.hold_reading(READ_HELD_OUTPUT, True)
 
     def resume_writing(self) -> None:
         if self.write_paused:
             self.write_paused = False
-            self.broker.output_paused(-1)
+            self.broker.memory.output_paused(-1)
         self.hold_reading(READ_HELD_OUTPUT, False)
         self.wake_consumers()
 
@@ -221,7 +221,7 @@ class Connection(asyncio.Protocol):
         if self.transport is None or self.state >= CLOSED:
             return
         if bool(before & LASTING_HOLDS) != bool(after & LASTING_HOLDS):
-            self.broker.watch_unread(self, bool(after & LASTING_HOLDS))
+            self.broker.hangups.watch(self, bool(after & LASTING_HOLDS))
         if not before:
             self.transport.pause_reading()
         elif not after:
@@ -331,7 +331,7 @@ class Connection(asyncio.Protocol):
         """Keep the broker's count of partial frames held for reading up to date."""
         buffered = len(self.buffer)
         if buffered != self.buffered:
-            self.broker.count_input(buffered - self.buffered)
+            self.broker.memory.count_input(buffered - self.buffered)
             self.buffered = buffered
 
     # -- writing ----------------------------------------------------------------------

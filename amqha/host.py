@@ -10,7 +10,8 @@ way (docs/architecture.md, "Layout"):
 - ``ReplicationHost``: what the replication feed and follower ask of the broker;
 - ``FeedPort``: the replication feed as its consume service sees it (``replication.Feed``),
   ``FeedServiceHost``: what that service asks of the broker;
-- ``ConfirmBook``: the confirm pipeline, as a channel hands it what waits;
+- ``ConfirmBook``: the confirm pipeline, as a channel hands it what waits; ``Memory``
+  and ``Watch``: the memory account and the hangup watch, as connections use them;
 - ``ConsumeService``, ``Outlet``, ``OutletChannel``: a consume of a name that is not a
   queue, as the channel routes it without knowing what it is;
 - ``MetricsSource``: what the metrics endpoint reads of the broker;
@@ -112,6 +113,34 @@ class ConsumeService(Protocol):
         ...
 
 
+class Memory(Protocol):
+    """The memory account (``memory_account.MemoryAccount``), as what counts against it
+    and what reads it see it."""
+
+    over: bool  # the alarm is on
+    message_budget: int  # what messages may hold before the next check
+
+    def check(self) -> None: ...
+
+    def in_use(self) -> int: ...
+
+    def count_input(self, delta: int) -> None:
+        """Bytes of partial frames and bodies being assembled, counted against the
+        watermark (negative: released)."""
+        ...
+
+    def output_paused(self, delta: int) -> None:
+        """One more (+1) or one fewer (-1) connection whose socket stopped draining."""
+        ...
+
+
+class Watch(Protocol):
+    """The hangup watch (``held.HangupWatch``): a connection not read for a reason that
+    may last is watched for its client's going."""
+
+    def watch(self, connection: Any, watch: bool) -> None: ...
+
+
 class ConfirmBook(Protocol):
     """The confirm pipeline (``confirm_pipeline.ConfirmPipeline``), as a channel hands it
     what waits for the watermark."""
@@ -132,19 +161,12 @@ class ChannelHost(Protocol):
     log: ChangeLog | None
     leading: bool
     blocked: bool
-    message_budget: int
+    memory: Memory
 
     def now(self) -> float: ...
 
-    def check_memory(self) -> None: ...
-
     def block_reason(self) -> str:
         """Why publishers are blocked, as Connection.Blocked says it."""
-        ...
-
-    def count_input(self, delta: int) -> None:
-        """Bytes of partial frames and bodies being assembled, counted against the
-        memory watermark (negative: released)."""
         ...
 
     def watch_queue(self, queue: Queue) -> None: ...
@@ -231,15 +253,10 @@ class ConnectionHost(Protocol):
 
     def channel_closed(self, connection: Any) -> None: ...
 
-    def count_input(self, delta: int) -> None: ...
-
-    def output_paused(self, delta: int) -> None:
-        """One more (+1) or one fewer (-1) connection whose socket stopped draining."""
-        ...
+    memory: Memory
+    hangups: Watch
 
     def hold(self, connection: Any) -> None: ...
-
-    def watch_unread(self, connection: Any, watch: bool) -> None: ...
 
 
 class BrokerHost(ChannelHost, ConnectionHost, Protocol):
@@ -253,11 +270,9 @@ class MetricsSource(Protocol):
     pair: Pair
     vhosts: dict[str, VHost]
     blocked: bool
-    memory_over: bool
+    memory: Memory
 
     def open_connections(self) -> list[Any]: ...
-
-    def memory_in_use(self) -> int: ...
 
     def store_status(self) -> dict[str, Any]: ...
 
@@ -332,11 +347,9 @@ class FederationHost(ControlPlane, Protocol):
 
     blocked: bool
     leading: bool
-    message_budget: int
+    memory: Memory
 
     def now(self) -> float: ...
-
-    def check_memory(self) -> None: ...
 
     def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...
 

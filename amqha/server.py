@@ -5,10 +5,14 @@ the set of connections and the limits on them (per node, vhost and user), users 
 authentication (through ``auth``), server properties, the pair it belongs to
 (``Broker.pair``, a ``gate.Pair``: standalone unless a failover controller attaches
 itself), the receivers of the control exchanges, clean shutdown (every connection closed
-with 320, files flushed), and ``serve``, which builds a broker and its services. Its
-parts: the memory account and the alarm (``memory_account.py``), leading and following
-(``leadership.py``), the store's side and the confirms it releases (``broker_store.py``),
-the queue timers (``queue_timers.py``).
+with 320, files flushed), whether publishers are blocked (the memory alarm or a failing
+store), and ``serve``, which builds a broker and its services. The parts it holds, each
+its own object: the memory account and its alarm (``Broker.memory``,
+``memory_account.py``), the held connections and the hangup watch (``Broker.held``,
+``Broker.hangups``, ``held.py``), the confirm pipeline (``Broker.confirms``,
+``confirm_pipeline.py``), the queue timers (``Broker.timers``, ``queue_timers.py``). The
+parts mixed in: leading and following (``leadership.py``), the store's side
+(``broker_store.py``).
 
 Must not know: frames (``connection``), routing and queue rules (``core``), the
 failover state machine (it only ever sees the ``gate.Pair`` interface).
@@ -34,7 +38,7 @@ from config.schema import format_host_port
 from config.tls import server_context
 from failover import keys
 
-from . import __version__
+from . import __version__, flow
 from .auth import Authenticator, Refused
 from .broker_store import StoreSide, StoreSink
 from .channel_feed import FeedService
@@ -50,8 +54,9 @@ from .core.vhost import REFUSED, VHost
 from .federation.agent import Federation
 from .federation.upstream import UpstreamService
 from .gate import Pair, PairEvents, Standalone
+from .held import HangupWatch, HeldConnections
 from .leadership import Leadership
-from .memory_account import MEMORY_CHECK_INTERVAL, MemoryAccount
+from .memory_account import MemoryAccount
 from .queue_timers import QueueTimers
 from .replication import Feed, Follower
 
@@ -87,7 +92,7 @@ CAPABILITIES = {
 }
 
 
-class Broker(MemoryAccount, Leadership, StoreSide):
+class Broker(Leadership, StoreSide):
     """A broker process's state and its wiring; its parts: the memory account
     (``memory_account.py``), leadership (``leadership.py``), the store's side
     (``broker_store.py``), the queue timers (``queue_timers.py``)."""
@@ -131,21 +136,20 @@ class Broker(MemoryAccount, Leadership, StoreSide):
                 self.vhost(name)
         self.connections: set[Connection] = set()
         self.timers = QueueTimers(self.loop, self._on_queue_due, time.time)
-        # Publishers are blocked (Connection.Blocked, not read) while either holds.
-        self.memory_over = False
-        self.blocked = False
-        # Memory counted against the watermark beyond Message.held (see the docstring).
-        self.input_bytes = 0  # partial frames and multi-frame bodies being assembled
-        self.paused_outputs = 0  # connections whose socket stopped draining
-        # Connections not read for a reason that may last (blocked, say): asyncio would
-        # see their client's FIN or reset only by reading, so ``_check_hangups`` polls them.
-        self.unread: set[Connection] = set()
-        self.hangup_timer: asyncio.TimerHandle | None = None
         self.channel_count = 0
-        # What messages may hold before the watermark is reached, refreshed at each check:
-        # a publish compares Message.held with it and checks at once when past it.
-        self.message_budget = config.limits.memory_high_watermark
-        self.input_at_check = 0  # input_bytes when message_budget was last computed
+        self.memory = MemoryAccount(
+            self.loop,
+            config.limits.memory_high_watermark,
+            config.limits.output_buffer,
+            self._census,
+            self.update_blocked,
+        )
+        # Publishers are blocked (Connection.Blocked, not read) while the memory alarm is
+        # on or the store fails.
+        self.blocked = False
+        # Connections not read for a reason that may last (blocked, say): asyncio would
+        # see their client's FIN or reset only by reading, so the watch polls them.
+        self.hangups = HangupWatch(self.loop)
         # Open connections per vhost and per user, and channels per user, for the limits.
         self.vhost_connections: dict[str, int] = {}
         self.user_connections: dict[str, int] = {}
@@ -154,13 +158,12 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         self.started = time.time()
         self.server: asyncio.base_events.Server | None = None  # the first of ``servers``
         self.servers: list[asyncio.base_events.Server] = []
-        self.memory_timer: asyncio.TimerHandle | None = None
         self.tls_server: asyncio.base_events.Server | None = None
         self.pair: Pair = Standalone(config.name, config.public_address)
-        self.held: set[Connection] = set()
+        # Client connections held while the pair says this server is not serving.
+        self.held = HeldConnections(self.loop, lambda: self.pair.serving())
         # What reached each control exchange's receiver, by authenticated user.
         self.control_received: dict[str, dict[str, int]] = {}
-        self._held_timer: asyncio.TimerHandle | None = None
         self._on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
         self.auth = Authenticator(config.users, config.auth, time.monotonic)
@@ -350,6 +353,42 @@ class Broker(MemoryAccount, Leadership, StoreSide):
             )
         return None
 
+    # -- publishers blocked, connections held --------------------------------------------
+
+    def _census(self) -> tuple[int, int, int]:
+        """What the memory account counts: queues, connections and channels in use."""
+        queues = sum(len(vhost.queues) for vhost in self.vhosts.values())
+        return queues, len(self.connections), self.channel_count
+
+    def update_blocked(self) -> None:
+        """The memory alarm or the store's state changed: publishers are blocked while
+        either holds, and each connection is told (``flow.alarm``)."""
+        blocked = self.memory.over or self.store_failing
+        if blocked == self.blocked:
+            return
+        self.blocked = blocked
+        for connection in list(self.connections):
+            self._apply_block(connection)
+
+    def block_reason(self) -> str:
+        return "low on memory" if self.memory.over else "message store cannot write"
+
+    def _apply_block(self, connection: Connection) -> None:
+        """The alarm began or ended: ``flow`` says whom it tells and holds."""
+        if connection.transport is not None and connection.state == OPEN:
+            flow.alarm(connection, self.block_reason() if self.blocked else None)
+
+    def hold(self, connection: Connection) -> None:
+        """Hold a client connection's work until the pair serves again or steps down."""
+        self.held.hold(connection)
+
+    def hold_all(self) -> None:
+        for connection in self.client_connections():
+            self.held.hold(connection)
+
+    def release_held(self) -> None:
+        self.held.release()
+
     def connection_opened(self, connection: Connection) -> None:
         vhost, user = connection.vhost.name, connection.user.name
         self.vhost_connections[vhost] = self.vhost_connections.get(vhost, 0) + 1
@@ -360,8 +399,8 @@ class Broker(MemoryAccount, Leadership, StoreSide):
 
     def connection_closed(self, connection: Connection) -> None:
         self.connections.discard(connection)
-        self.held.discard(connection)
-        self.unread.discard(connection)
+        self.held.forget(connection)
+        self.hangups.watch(connection, False)
         if connection.counted:
             connection.counted = False
             vhost, user = connection.vhost.name, connection.user.name
@@ -438,7 +477,7 @@ class Broker(MemoryAccount, Leadership, StoreSide):
                 reuse_address=True,
                 backlog=1024,
             )
-        self.memory_timer = self.loop.call_later(MEMORY_CHECK_INTERVAL, self._memory_tick)
+        self.memory.start()
 
     async def _listen(self, host: str, port: int) -> list[asyncio.base_events.Server]:
         """One listener per address; ``::`` (all IPv6 addresses) serves IPv4 as well, on one
@@ -468,10 +507,8 @@ class Broker(MemoryAccount, Leadership, StoreSide):
         return self.server.sockets[0].getsockname()[1]
 
     async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
-        if self.memory_timer is not None:
-            self.memory_timer.cancel()
-        if self.hangup_timer is not None:
-            self.hangup_timer.cancel()
+        self.memory.stop()
+        self.hangups.stop()
         self.timers.close()
         try:
             for server in (*self.servers, self.tls_server):

@@ -121,8 +121,8 @@ class Intake:
         wait = vhost.enqueue(message, queues, now) if queues else 0
         message.decoded = None
         broker = self.broker
-        if not broker.blocked and Message.held > broker.message_budget:
-            broker.check_memory()  # as a publish does: acks stop at once past the watermark
+        if not broker.blocked and Message.held > broker.memory.message_budget:
+            broker.memory.check()  # as a publish does: acks stop at once past the watermark
         if wait == REFUSED:
             self.counters.drop("rejected")
         elif self.confirm and wait:

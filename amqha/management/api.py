@@ -272,9 +272,9 @@ class ManagementEndpoint:
         return {
             "name": broker.config.name,
             "uptime": time.time() - broker.started,
-            "mem_used": broker.memory_in_use(),
+            "mem_used": broker.memory.in_use(),
             "mem_limit": broker.config.limits.memory_high_watermark,
-            "mem_alarm": broker.memory_over,
+            "mem_alarm": broker.memory.over,
             "disk_alarm": bool(broker.store_status().get("failing")),
             "listen": broker.config.public_address,
             "peer_name": failover.peer_name,

@@ -300,7 +300,7 @@ class ObjectRoutes:
     async def alarms(self, request: web.Request) -> web.StreamResponse:
         broker = self.broker
         found = shapes.alarms(
-            self.node(), broker.memory_over, bool(broker.store_status().get("failing"))
+            self.node(), broker.memory.over, bool(broker.store_status().get("failing"))
         )
         if found:
             return json_reply(

@@ -29,15 +29,15 @@ def broker_with_watermark(tmp_path: Path, watermark: int) -> Broker:
 def test_partial_input_past_the_watermark_blocks_at_once(tmp_path: Path) -> None:
     async def check() -> None:
         broker = broker_with_watermark(tmp_path, 8 * MiB)
-        broker.check_memory()
+        broker.memory.check()
         for _ in range(7):
-            broker.count_input(MiB)
-        assert not broker.memory_over and not broker.blocked
-        broker.count_input(2 * MiB)  # 9 MiB held, and no timer has run
-        assert broker.memory_over and broker.blocked
-        broker.count_input(-9 * MiB)
-        broker.check_memory()
-        assert not broker.memory_over and not broker.blocked
+            broker.memory.count_input(MiB)
+        assert not broker.memory.over and not broker.blocked
+        broker.memory.count_input(2 * MiB)  # 9 MiB held, and no timer has run
+        assert broker.memory.over and broker.blocked
+        broker.memory.count_input(-9 * MiB)
+        broker.memory.check()
+        assert not broker.memory.over and not broker.blocked
 
     asyncio.run(check())
 
@@ -45,11 +45,11 @@ def test_partial_input_past_the_watermark_blocks_at_once(tmp_path: Path) -> None
 def test_input_counted_before_a_check_is_not_counted_twice(tmp_path: Path) -> None:
     async def check() -> None:
         broker = broker_with_watermark(tmp_path, 8 * MiB)
-        broker.count_input(6 * MiB)
-        broker.check_memory()  # the budget now allows for the 6 MiB held
-        broker.count_input(MiB)
-        assert not broker.memory_over
-        broker.count_input(2 * MiB)
-        assert broker.memory_over
+        broker.memory.count_input(6 * MiB)
+        broker.memory.check()  # the budget now allows for the 6 MiB held
+        broker.memory.count_input(MiB)
+        assert not broker.memory.over
+        broker.memory.count_input(2 * MiB)
+        assert broker.memory.over
 
     asyncio.run(check())
