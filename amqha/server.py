@@ -1,13 +1,13 @@
-"""The broker process: the listening socket, the vhosts, and the wiring of its parts.
+"""The broker process: the vhosts, the connections, and the wiring of its parts.
 
-Owns: the TCP listener and the amqps (TLS) listener beside it (the only socket code),
-the set of connections and the limits on them (per node, vhost and user), users and
+Owns: the set of connections and the limits on them (per node, vhost and user), users and
 authentication (through ``auth``), server properties, the pair it belongs to
 (``Broker.pair``, a ``gate.Pair``: standalone unless a failover controller attaches
 itself), the receivers of the control exchanges, clean shutdown (every connection closed
 with 320, files flushed), whether publishers are blocked (the memory alarm or a failing
 store), and ``serve``, which builds a broker and its services. The parts it holds, each
-its own object: the memory account and its alarm (``Broker.memory``,
+its own object: the listening sockets (``Broker.listener``, ``listener.py``: the only
+socket code), the memory account and its alarm (``Broker.memory``,
 ``memory_account.py``), the held connections and the hangup watch (``Broker.held``,
 ``Broker.hangups``, ``held.py``), the confirm pipeline (``Broker.confirms``,
 ``confirm_pipeline.py``), the queue timers (``Broker.timers``, ``queue_timers.py``). The
@@ -25,7 +25,6 @@ import gc
 import logging
 import platform
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +34,6 @@ from pamqp import exceptions
 
 from config import ServerConfig, User
 from config.schema import format_host_port
-from config.tls import server_context
 from failover import keys
 
 from . import __version__, flow
@@ -56,6 +54,7 @@ from .federation.upstream import UpstreamService
 from .gate import Pair, PairEvents, Standalone
 from .held import HangupWatch, HeldConnections
 from .leadership import Leadership
+from .listener import Listener
 from .memory_account import MemoryAccount
 from .queue_timers import QueueTimers
 from .replication import Feed, Follower
@@ -66,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqha.server")
 
-TLS_HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT = 2.0
 # Queued messages are many small long-lived objects: at the default thresholds (700,
 # 10, 10) the collector walks them over and over while queues fill, a sixth of the
@@ -156,9 +154,8 @@ class Broker(Leadership, StoreSide):
         self.user_channels: dict[str, int] = {}
         self.refused_sockets = 0
         self.started = time.time()
-        self.server: asyncio.base_events.Server | None = None  # the first of ``servers``
-        self.servers: list[asyncio.base_events.Server] = []
-        self.tls_server: asyncio.base_events.Server | None = None
+        # The listening sockets (the only socket code): each accepted one a Connection.
+        self.listener = Listener(self.loop, lambda: Connection(self))
         self.pair: Pair = Standalone(config.name, config.public_address)
         # Client connections held while the pair says this server is not serving.
         self.held = HeldConnections(self.loop, lambda: self.pair.serving())
@@ -463,57 +460,19 @@ class Broker(Leadership, StoreSide):
 
     async def start(self) -> None:
         self.open_store()
-        for host, port in self.config.addresses:
-            self.servers.extend(await self._listen(host, port))
-        self.server = self.servers[0]
-        tls = self.config.tls
-        if tls is not None:
-            self.tls_server = await self.loop.create_server(
-                lambda: Connection(self),
-                tls.host,
-                tls.port,
-                ssl=server_context(tls, self.config.source),
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
-                reuse_address=True,
-                backlog=1024,
-            )
+        await self.listener.open(self.config.addresses, self.config.tls, self.config.source)
         self.memory.start()
-
-    async def _listen(self, host: str, port: int) -> list[asyncio.base_events.Server]:
-        """One listener per address; ``::`` (all IPv6 addresses) serves IPv4 as well, on one
-        dual-stack socket where the OS has them, else on a second socket bound to 0.0.0.0."""
-        if host != "::":
-            return [await self._serve(host=host, port=port)]
-        if socket.has_dualstack_ipv6():
-            sock = socket.create_server(
-                ("::", port), family=socket.AF_INET6, backlog=1024, dualstack_ipv6=True
-            )
-            return [await self._serve(sock=sock)]
-        return [
-            await self._serve(host="::", port=port),
-            await self._serve(host="0.0.0.0", port=port),
-        ]
-
-    async def _serve(self, **where: Any) -> asyncio.base_events.Server:
-        if "sock" in where:
-            return await self.loop.create_server(lambda: Connection(self), **where)
-        return await self.loop.create_server(
-            lambda: Connection(self), reuse_address=True, backlog=1024, **where
-        )
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return self.server.sockets[0].getsockname()[1]
+        return self.listener.port
 
     async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
         self.memory.stop()
         self.hangups.stop()
         self.timers.close()
         try:
-            for server in (*self.servers, self.tls_server):
-                if server is not None:
-                    server.close()
+            self.listener.close()
             for connection in list(self.connections):
                 connection.close_forced(text)
             deadline = self.loop.time() + CLOSE_WAIT
