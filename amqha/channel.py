@@ -724,7 +724,7 @@ class Channel(Publishing, Transactions):
         not yet safe stay unconfirmed (the publisher sees the channel close first)."""
         if self.state is CLOSING:
             return
-        self.connection.due_confirms.discard(self.confirms)
+        self.connection.drop_confirms(self.confirms)
         outlet, self.outlet = self.outlet, None
         if outlet is not None:
             outlet.ended()

@@ -382,6 +382,11 @@ class Connection(asyncio.Protocol):
             if self.bypasses_gate or self.broker.pair.serving():
                 self._write_confirms(confirms)
 
+    def drop_confirms(self, confirms: Confirms) -> None:
+        """A channel goes away: what it owes is not written (the publisher sees the
+        channel close instead)."""
+        self.due_confirms.discard(confirms)
+
     def _write_confirms(self, confirms: Confirms) -> None:
         """The confirms that may go out (see core.confirms for the order), queued."""
         number = confirms.channel

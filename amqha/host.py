@@ -201,7 +201,6 @@ class ChannelOwner(Protocol):
     published: bool
     write_paused: bool
     channels: dict[int, Any]
-    due_confirms: set[Confirms]
     exclusive_queues: dict[str, Queue]
 
     def send(self, data: bytes) -> None: ...
@@ -211,6 +210,8 @@ class ChannelOwner(Protocol):
     def confirms_due(self, confirms: Confirms) -> None: ...
 
     def settle_confirms(self, confirms: Confirms) -> None: ...
+
+    def drop_confirms(self, confirms: Confirms) -> None: ...
 
     def capability(self, name: str) -> bool: ...
 
