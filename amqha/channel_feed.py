@@ -14,14 +14,12 @@ Must not know: what the feed sends (replication.py), sockets, a channel's inside
 
 from __future__ import annotations
 
-from typing import Any
-
 from pamqp import commands, exceptions
 
 from . import wire
 from .core import feedauth
 from .core.reserved import FEED_QUEUE
-from .host import FeedServiceHost, OutletChannel
+from .host import FeedPort, FeedServiceHost, OutletChannel
 
 # The pair's replication feed (see replication.py): only a peering login consumes it.
 _FEED_ADDRESS = wire.address_of(FEED_QUEUE, "")
@@ -34,25 +32,30 @@ class FeedOutlet:
 
     __slots__ = ("channel", "consumer_tag", "tag_wire", "peer", "prefetch", "feed", "key")
 
-    def __init__(self, channel: OutletChannel, consumer_tag: str, feed: Any, key: bytes) -> None:
+    def __init__(
+        self, channel: OutletChannel, consumer_tag: str, feed: FeedPort, key: bytes
+    ) -> None:
         self.channel = channel
         self.consumer_tag = consumer_tag
         self.tag_wire = wire.shortstr(consumer_tag)
         self.peer = channel.connection.peer
         self.prefetch = channel.consumer_prefetch
-        self.feed = feed
+        self.feed: FeedPort | None = feed
         self.key = key  # the session key of this subscription (core/feedauth.py)
 
     # -- as the channel sees it (host.Outlet) -------------------------------------------
 
     def start(self) -> None:
-        self.feed.subscribe(self, self.key)
+        if self.feed is not None:
+            self.feed.subscribe(self, self.key)
 
     def acked(self, tag: int, multiple: bool) -> None:
-        self.feed.acked(self, tag, multiple)
+        if self.feed is not None:
+            self.feed.acked(self, tag, multiple)
 
     def ended(self) -> None:
-        self.feed.unsubscribed(self)
+        if self.feed is not None:
+            self.feed.unsubscribed(self)
 
     # -- as the feed sees it (replication.Outlet) ----------------------------------------
 
@@ -81,25 +84,8 @@ class FeedOutlet:
         self.channel.connection.flush()
 
     def detach(self) -> None:
-        """The feed is done with this outlet: it answers nothing more to the channel."""
-        self.feed = _Detached
-
-
-class _Detached:
-    """The feed of an outlet the feed dropped: what the channel still hands it is
-    dropped (the feed had checked the outlet was its subscriber's)."""
-
-    @staticmethod
-    def subscribe(outlet: FeedOutlet, key: bytes) -> None:
-        pass
-
-    @staticmethod
-    def acked(outlet: FeedOutlet, tag: int, multiple: bool) -> None:
-        pass
-
-    @staticmethod
-    def unsubscribed(outlet: FeedOutlet) -> None:
-        pass
+        """The feed is done with this outlet: what the channel still hands it is dropped."""
+        self.feed = None
 
 
 class FeedService:

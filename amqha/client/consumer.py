@@ -114,17 +114,6 @@ class Consumer(Link):
         self._handling: set[asyncio.Task[None]] = set()
         self._consuming: tuple[aio_pika.abc.AbstractQueue, str] | None = None
 
-    async def start(self, timeout: float = 30.0) -> Consumer:
-        """Connect (at most ``timeout`` s, else ConnectionError) and start consuming."""
-        await self._start(timeout)
-        return self
-
-    async def __aenter__(self) -> Consumer:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     async def close(self, timeout: float = 10.0) -> None:
         """Stop consuming; callbacks still running get up to ``timeout`` s to finish
         (their messages are acked if the channel is still open), then are cancelled."""

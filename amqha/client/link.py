@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import aio_pika
 import aiormq
@@ -68,6 +68,21 @@ class Link:
     def failovers(self) -> int:
         """How many times this client moved to another server after losing one."""
         return self.failover.failovers
+
+    async def start(self, timeout: float = 30.0) -> Self:
+        """Connect (at most ``timeout`` s, else ConnectionError) and start publishing or
+        consuming."""
+        await self._start(timeout)
+        return self
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, timeout: float = 10.0) -> None:
+        raise NotImplementedError
 
     async def _start(self, timeout: float) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())

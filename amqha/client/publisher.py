@@ -131,17 +131,6 @@ class Publisher(Link):
         self._generation = 0
         self._confirming: set[asyncio.Task[None]] = set()
 
-    async def start(self, timeout: float = 30.0) -> Publisher:
-        """Connect (at most ``timeout`` s, else ConnectionError) and start publishing."""
-        await self._start(timeout)
-        return self
-
-    async def __aenter__(self) -> Publisher:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     @property
     def pending(self) -> int:
         """Messages held: sent or to be sent, not confirmed yet."""
