@@ -15,10 +15,7 @@ from typing import Any
 from pamqp import commands, exceptions
 
 from .core.confirms import Commit
-
-# A hold on reading a connection (see Connection.hold_reading): a transaction's
-# Commit-Ok waits for the store.
-READ_HELD_STORE = 32
+from .read_holds import READ_HELD_STORE
 
 # A transaction is data: the actions it will take on commit, in order.
 TX_PUBLISH, TX_ACK, TX_RETURN = 0, 1, 2

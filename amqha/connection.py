@@ -1,7 +1,7 @@
 """One client connection: the asyncio protocol that turns bytes into channel work.
 
-Owns: the protocol header check, the Start/Tune/Open handshake, reading credentials
-(PLAIN, AMQPLAIN) and waiting, unread, while ``auth`` decides the login, the failover
+Owns: the protocol header check, the Start/Tune/Open handshake, waiting, unread, while
+``auth`` decides the login (the credentials are read by ``sasl``), the failover
 gate (at StartOk for plain clients, at Connection.Open for those that take a redirect),
 channel 0, heartbeats both ways with dead-peer detection, the mapping of AMQP
 errors to Channel.Close or Connection.Close, and the write side: frames queued by
@@ -11,7 +11,8 @@ Bounds: until Connection.TuneOk a frame may be at most 4096 bytes, so a client t
 has not logged in can make us hold no more. Output is bounded: frames are written as
 soon as ``limits.output_buffer`` bytes are queued, and once the socket holds that much
 unwritten, deliveries to this connection stop and, if it publishes, it is no longer
-read (its Basic.Returns and confirms are what backs up) until the socket drains.
+read (its Basic.Returns and confirms are what backs up) until the socket drains (each
+reason a socket is not read is a bit of ``read_holds``).
 While it is not read for such a reason, the broker polls its socket for the client's
 FIN or reset (``hung_up``), which asyncio would only see by reading.
 The memory alarm holds a connection at a publish of a message (``flow``); a held
@@ -32,17 +33,25 @@ import secrets
 import struct
 from typing import TYPE_CHECKING, Any
 
-from pamqp import commands, decode, exceptions
+from pamqp import commands, exceptions
 
 from . import wire
 from .auth import Refused
 from .channel import Channel
 from .channel_state import CLOSING as CHANNEL_CLOSING
-from .channel_tx import READ_HELD_STORE
 from .core import feedauth
-from .flow import READ_HELD_MEMORY
 from .gate import ACCEPT, Redirect, not_active_text
 from .logtext import escaped
+from .read_holds import (
+    HEARTBEAT_PAUSING,
+    LASTING_HOLDS,
+    READ_HELD_BACKLOG,
+    READ_HELD_LOGIN,
+    READ_HELD_OUTPUT,
+    READ_HELD_PAIR,
+    READ_HELD_STORE,
+)
+from .sasl import MECHANISMS, credentials
 
 if TYPE_CHECKING:
     from .core.confirms import Commit, Confirms
@@ -76,19 +85,6 @@ FRAME_BUDGET = 0.005
 # table is the costly one to handle).
 FRAMES_PER_CLOCK_READ = 64
 LARGE_FRAME = 1024
-
-# Why the socket is not being read; reading resumes when no reason is left.
-# READ_HELD_MEMORY (1, flow.py): the alarm is on and this connection publishes messages
-READ_HELD_OUTPUT = 2  # this publisher's socket is not draining what we write to it
-READ_HELD_BACKLOG = 4  # frames of the last read still wait for their turn
-READ_HELD_PAIR = 8  # the pair says this server is not serving (a client connection's work waits)
-READ_HELD_LOGIN = 16  # a login is being checked: frames behind Start-Ok wait for its answer
-# Holds that stop our reading of a live peer: while one holds, its silence is ours, not its.
-HEARTBEAT_PAUSING = READ_HELD_MEMORY | READ_HELD_PAIR | READ_HELD_LOGIN
-# READ_HELD_STORE (32, channel_tx.py): a transaction's Commit-Ok waits for the store
-# Holds that may last: while one does, the broker watches the socket for the client's
-# going (asyncio sees a FIN or a reset only by reading).
-LASTING_HOLDS = READ_HELD_MEMORY | READ_HELD_OUTPUT | READ_HELD_PAIR | READ_HELD_STORE
 
 
 class Connection(asyncio.Protocol):
@@ -297,7 +293,7 @@ class Connection(asyncio.Protocol):
             frame = frames[index]
             index += 1
             state = self.state
-            if state != OPEN and state >= CLOSING and not self._is_close_frame(frame):
+            if state != OPEN and state >= CLOSING and not wire.is_connection_close(frame):
                 continue
             handle(frame)
             if self.state != OPEN:
@@ -450,18 +446,6 @@ class Connection(asyncio.Protocol):
 
     # -- frames -------------------------------------------------------------------------
 
-    @staticmethod
-    def _is_close_frame(frame: wire.RawFrame) -> bool:
-        return (
-            frame.channel == 0
-            and frame.kind == wire.FRAME_METHOD
-            and frame.payload[:4]
-            in (
-                struct.pack(">I", commands.Connection.Close.index),
-                struct.pack(">I", commands.Connection.CloseOk.index),
-            )
-        )
-
     def _handle(self, frame: wire.RawFrame) -> None:
         number = frame.channel
         try:
@@ -488,14 +472,14 @@ class Connection(asyncio.Protocol):
                 channel.handle_frame(frame)
             except exceptions.AMQPSoftError as error:
                 self._log_error(error, channel=number)
-                channel.close_with(error, *_method_ids(frame))
+                channel.close_with(error, *wire.method_ids(frame))
         except exceptions.AMQPHardError as error:
             self._log_error(error)
-            self.fail(error, *_method_ids(frame))
+            self.fail(error, *wire.method_ids(frame))
         except exceptions.AMQPSoftError as error:
             # A soft error outside a channel (channel 0) is a connection error.
             self._log_error(error)
-            self.fail(error, *_method_ids(frame))
+            self.fail(error, *wire.method_ids(frame))
 
     def _log_error(self, error: exceptions.AMQPError, channel: int = 0) -> None:
         where = f" channel {channel}" if channel else ""
@@ -548,7 +532,7 @@ class Connection(asyncio.Protocol):
                 0,
                 commands.Connection.Start(
                     server_properties=properties,
-                    mechanisms="PLAIN AMQPLAIN",
+                    mechanisms=MECHANISMS,
                     locales="en_US",
                 ),
             )
@@ -561,7 +545,7 @@ class Connection(asyncio.Protocol):
     def on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self._expect(AWAIT_START_OK, "Connection.StartOk")
         self.client_properties = dict(method.client_properties or {})
-        username, password = _credentials(method.mechanism, method.response)
+        username, password = credentials(method.mechanism, method.response)
         # A password check may take a while (scrypt, or the delay of a refusal): nothing is
         # read from this client meanwhile, so it holds no more memory than it has sent.
         self.state = AUTHENTICATING
@@ -809,37 +793,3 @@ class Connection(asyncio.Protocol):
             "channels": len(self.channels),
             "client": str(self.client_properties.get("product", "")),
         }
-
-
-def _method_ids(frame: wire.RawFrame) -> tuple[int, int]:
-    if frame.kind == wire.FRAME_METHOD and len(frame.payload) >= 4:
-        index = wire.method_index(frame.payload)
-        return index >> 16, index & 0xFFFF
-    return 0, 0
-
-
-def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
-    raw = (
-        response.encode("utf-8", "surrogateescape")
-        if isinstance(response, str)
-        else bytes(response)
-    )
-    if mechanism == "PLAIN":
-        parts = raw.split(b"\x00")
-        if len(parts) != 3:
-            return "", ""
-        return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-    if mechanism == "AMQPLAIN":
-        try:
-            # AMQPLAIN sends a field table without its length prefix.
-            _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
-        except Exception:
-            return "", ""
-        return _as_text(table.get("LOGIN", "")), _as_text(table.get("PASSWORD", ""))
-    raise exceptions.AMQPAccessRefused(
-        f"ACCESS_REFUSED - unsupported authentication mechanism '{mechanism}'"
-    )
-
-
-def _as_text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -22,9 +22,7 @@ from typing import Any
 from pamqp import commands
 
 from . import wire
-
-# The connection's read hold for the alarm (see connection.READ_HELD_*).
-READ_HELD_MEMORY = 1
+from .read_holds import READ_HELD_MEMORY
 
 
 def hold(connection: Any, reason: str) -> None:

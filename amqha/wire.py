@@ -200,6 +200,27 @@ def method_index(payload: bytes) -> int:
     return _method_index.unpack_from(payload)[0]
 
 
+def method_ids(frame: RawFrame) -> tuple[int, int]:
+    """A method frame's class and method ids, (0, 0) for any other frame."""
+    if frame.kind == FRAME_METHOD and len(frame.payload) >= 4:
+        index = method_index(frame.payload)
+        return index >> 16, index & 0xFFFF
+    return 0, 0
+
+
+_CLOSING_METHODS = (
+    method_index_bytes(commands.Connection.Close),
+    method_index_bytes(commands.Connection.CloseOk),
+)
+
+
+def is_connection_close(frame: RawFrame) -> bool:
+    """Connection.Close or Close-Ok: what a closing connection still reads."""
+    return (
+        frame.channel == 0 and frame.kind == FRAME_METHOD and frame.payload[:4] in _CLOSING_METHODS
+    )
+
+
 class Publish:
     """Basic.Publish decoded by the fast path.
 
