@@ -69,6 +69,15 @@ def _failover_in_args(record: logging.LogRecord) -> FailoverLog | None:
     return None
 
 
+def _connection_lost(record: logging.LogRecord) -> bool:
+    """A record whose cause is the server's connection lost: aiormq logs it (its reader
+    ended) the moment the socket dies, before the failover it starts has opened."""
+    error = record.exc_info[1] if record.exc_info else None
+    return isinstance(
+        error, (aiormq.exceptions.AMQPConnectionError, ConnectionError, asyncio.IncompleteReadError)
+    )
+
+
 class QuietDuringFailover(logging.Filter):
     """Passes on at DEBUG what aio-pika and aiormq log (up to ``highest``) about a
     connection while it fails over; everything else, and everything outside a failover,
@@ -83,8 +92,8 @@ class QuietDuringFailover(logging.Filter):
             return True
         failover = current_failover.get()
         if failover is None or not failover.quiet:
-            failover = _failover_in_args(record)
-        if failover is None or not failover.quiet:
+            failover = _failover_in_args(record) or failover
+        if failover is None or not (failover.quiet or _connection_lost(record)):
             return True
         message = record.getMessage()
         if record.levelno >= logging.ERROR:
