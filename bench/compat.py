@@ -41,7 +41,10 @@ Suites (``make compat``; downloads, so not part of ``make test``):
   tasks' results are back; the other half is sent after the kill.
 
 Every test that passes on RabbitMQ and not on an amqha column is listed by name.
-Everything runs on loopback; every process started here is stopped here, by pid.
+Everything runs on loopback; every process started here is stopped here, by pid. Here: each
+suite's run and how its outcomes are read, the tally and the table; the brokers are in
+``bench.compat_brokers``, where the suites come from and what they run with in
+``bench.compat_sources``.
 """
 
 from __future__ import annotations
@@ -49,175 +52,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import textwrap
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from tests.support import ROOT, ServerProcess, free_port
+from bench.compat_brokers import BROKERS
+from bench.compat_sources import (
+    AIOPIKA_PACKAGES,
+    PIKA_EXTRAS,
+    WORK,
+    SuiteUnavailable,
+    aio_pika_source,
+    amqplib_modules,
+    amqplib_source,
+    kombu_source,
+    pika_source,
+    say,
+    suite_python,
+)
+from tests.support import ROOT
 
-WORK = ROOT / "var" / "compat"
-KOMBU_VERSION = "5.7.0"
-PIKA_TAG = os.environ.get("PIKA_TAG", "1.4.4")
-PIKA_REPOSITORY = "https://github.com/pika/pika"
 # The whole acceptance directory: the blocking adapter, every asynchronous adapter (select,
 # asyncio, tornado, gevent) and the Twisted adapter, which need their own libraries.
 PIKA_FILES = ("tests/acceptance",)
-PIKA_CHECK_FILE = "tests/acceptance/async_adapter_tests.py"
-PIKA_EXTRAS = ("pytest", "pytest-timeout", "tornado", "gevent", "twisted")
-AIOPIKA_TAG = os.environ.get("AIOPIKA_TAG", "9.6.0")
-AIOPIKA_REPOSITORY = "https://github.com/mosquito/aio-pika"
-# What aio-pika's tests import beyond its own tree (its pyproject's dependencies and dev
-# group); the released package of the same version too, for its metadata (aio_pika reads
-# its own version from it), while the code imported is the tree's.
-AIOPIKA_PACKAGES = (
-    f"aio-pika=={AIOPIKA_TAG}",
-    "aiormq>=6.8,<7",
-    "yarl",
-    "aiomisc>=18.0",
-    "aiomisc-pytest",
-    "shortuuid",
-    "pytest",
-    "pytest-timeout",
-)
-AMQPLIB_TAG = os.environ.get("AMQPLIB_TAG", "v2.0.1")
-AMQPLIB_REPOSITORY = "https://github.com/amqp-node/amqplib"
+
 # amqplib's package.json gives each test 1 s; on a busy machine that measures the machine.
 AMQPLIB_TEST_TIMEOUT_MS = 30000
 FILE_TIMEOUT = 300
 SUITE_TIMEOUT = 1800
 CELERY_TASKS = 200
 
-
-class SuiteUnavailable(Exception):
-    """A suite's sources could not be obtained; the text says why."""
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-# -- brokers ----------------------------------------------------------------------------
-
-
-class Broker(NamedTuple):
-    """Where a suite finds the broker under test: its AMQP port, its amqps port (a
-    certificate the suites do not check: aio-pika's amqps tests turn verification off),
-    and, for the pair, every server's address and a way to kill -9 the ACTIVE."""
-
-    host: str
-    port: int
-    tls_port: int
-    servers: tuple[str, ...] = ()
-    kill_active: Callable[[], str] | None = None
-
-
-def _pki(folder: Path) -> Any:
-    from tests.certs import Pki
-
-    return Pki(folder / "pki")
-
-
-@contextmanager
-def amqha_broker(port: int | None = None, ipv6: bool = False) -> Iterator[Broker]:
-    with tempfile.TemporaryDirectory(prefix="amqha-compat-") as tmp:
-        tls_port = free_port()
-        server = ServerProcess(
-            Path(tmp), "compat", port=port, tls=_pki(Path(tmp)).listener(tls_port)
-        )
-        if ipv6:
-            server.config["server"]["listen"] = [server.address, f"[::1]:{server.port}"]
-        server.start()
-        try:
-            yield Broker("127.0.0.1", server.port, tls_port, (server.address,))
-        finally:
-            server.stop()
-
-
-# The pair's timings for suites that load the machine: a peer is lost after 3 s of silence.
-PAIR_HEARTBEAT = 0.25
-PAIR_TIMEOUT = 3.0
-PAIR_SETTLE_TIMEOUT = 60.0
-
-
-@contextmanager
-def amqha_pair_broker(port: int | None = None, ipv6: bool = False) -> Iterator[Broker]:
-    """The pair as it ships: the primary ACTIVE serves the suite (on ``port``, with its
-    amqps listener), the backup PASSIVE beside it, in sync before the suite starts and
-    replicating everything the suite does. ``kill_active`` kills -9 whichever server is
-    ACTIVE (for suites run through a failover) and names it."""
-    import asyncio
-
-    from tests.pairs import Pair
-
-    with tempfile.TemporaryDirectory(prefix="amqha-compat-pair-") as tmp:
-        tls_port = free_port()
-        pair = Pair(
-            Path(tmp),
-            heartbeat=PAIR_HEARTBEAT,
-            timeout=PAIR_TIMEOUT,
-            proxied=False,
-            ports=(port or free_port(), free_port()),
-        )
-        primary = pair.primary
-        primary.config["tls"] = _pki(Path(tmp)).listener(tls_port)
-        if ipv6:
-            primary.config["server"]["listen"] = [primary.address, f"[::1]:{primary.port}"]
-        pair.start()
-
-        async def settle() -> None:
-            await pair.wait_states("ACTIVE", "PASSIVE", timeout=PAIR_SETTLE_TIMEOUT)
-            await pair.wait_in_sync(pair.backup, timeout=PAIR_SETTLE_TIMEOUT)
-
-        def kill_active() -> str:
-            for server in pair.servers:
-                if pair.state(server) == "ACTIVE":
-                    pair.kill(server)
-                    return server.name
-            raise RuntimeError("no server of the pair is ACTIVE")
-
-        try:
-            asyncio.run(settle())
-            yield Broker(
-                "127.0.0.1",
-                primary.port,
-                tls_port,
-                tuple(server.address for server in pair.servers),
-                kill_active,
-            )
-        finally:
-            pair.stop()
-
-
-@contextmanager
-def rabbitmq_broker(port: int | None = None, ipv6: bool = False) -> Iterator[Broker]:
-    from bench.rabbitmq import RabbitNode, ensure_installed
-
-    installed, how = ensure_installed()
-    if not installed:
-        raise SuiteUnavailable(f"RabbitMQ is not available: {how}")
-    node = RabbitNode(port=port, ipv6=ipv6)
-    pki = _pki(node.dir)
-    tls_port = node.listen_tls(pki.server_cert, pki.server_key, pki.ca)
-    node.start()
-    try:
-        yield Broker("127.0.0.1", node.port, tls_port, (f"127.0.0.1:{node.port}",))
-    finally:
-        node.stop()
-
-
-BROKERS: dict[str, Callable[..., Any]] = {
-    "amqha": amqha_broker,
-    "amqha-pair": amqha_pair_broker,
-    "rabbitmq": rabbitmq_broker,
-}
 # What each amqha column is compared with.
 REFERENCE = "rabbitmq"
 
@@ -269,36 +137,6 @@ def outcomes(report: Path) -> dict[str, str]:
 # -- kombu ------------------------------------------------------------------------------
 
 
-def kombu_source() -> Path:
-    target = WORK / f"kombu-{KOMBU_VERSION}"
-    if not target.exists():
-        WORK.mkdir(parents=True, exist_ok=True)
-        say(f"downloading kombu {KOMBU_VERSION}'s sdist from PyPI")
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"kombu=={KOMBU_VERSION}",
-                "-d",
-                str(WORK),
-            ],
-            check=False,
-            timeout=600,
-        )
-        archive = WORK / f"kombu-{KOMBU_VERSION}.tar.gz"
-        if done.returncode != 0 or not archive.exists():
-            raise SuiteUnavailable(f"pip could not download kombu {KOMBU_VERSION}'s sdist")
-        with tarfile.open(archive) as tar:
-            tar.extractall(WORK, filter="data")
-    return target
-
-
 def kombu_suite(broker: str) -> dict[str, str]:
     source = kombu_source()
     with BROKERS[broker]() as under_test:
@@ -314,39 +152,6 @@ def kombu_suite(broker: str) -> dict[str, str]:
 
 
 # -- pika -------------------------------------------------------------------------------
-
-
-def pika_source() -> Path:
-    given = os.environ.get("PIKA_SOURCE")
-    if given:
-        source = Path(given)
-        if not (source / PIKA_CHECK_FILE).exists():
-            raise SuiteUnavailable(f"PIKA_SOURCE={given} has no {PIKA_CHECK_FILE}")
-        return source
-    target = WORK / f"pika-{PIKA_TAG}"
-    if not target.exists():
-        say(f"pika's acceptance tests are not in its sdist: cloning {PIKA_REPOSITORY} {PIKA_TAG}")
-        done = subprocess.run(
-            [
-                "git",
-                "clone",
-                "--quiet",
-                "--depth",
-                "1",
-                "--branch",
-                PIKA_TAG,
-                PIKA_REPOSITORY,
-                str(target),
-            ],
-            check=False,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            raise SuiteUnavailable(
-                f"cannot clone {PIKA_REPOSITORY} (tag {PIKA_TAG}); set PIKA_SOURCE to a pika "
-                "source tree that has tests/acceptance"
-            )
-    return target
 
 
 def pika_suite(broker: str) -> dict[str, str]:
@@ -397,69 +202,6 @@ def inside_namespace(suite: str, broker: str, source: Path, report: Path) -> Non
 
 
 # -- amqplib ------------------------------------------------------------------------------
-
-
-def amqplib_source() -> Path:
-    given = os.environ.get("AMQPLIB_SOURCE")
-    if given:
-        source = Path(given)
-        if not (source / "test" / "channel_api.test.js").exists():
-            raise SuiteUnavailable(f"AMQPLIB_SOURCE={given} has no test/channel_api.test.js")
-        return source
-    target = WORK / f"amqplib-{AMQPLIB_TAG}"
-    if not target.exists():
-        say(
-            f"amqplib's tests are not in its npm package: cloning {AMQPLIB_REPOSITORY} {AMQPLIB_TAG}"
-        )
-        done = subprocess.run(
-            [
-                "git",
-                "clone",
-                "--quiet",
-                "--depth",
-                "1",
-                "--branch",
-                AMQPLIB_TAG,
-                AMQPLIB_REPOSITORY,
-                str(target),
-            ],
-            check=False,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            raise SuiteUnavailable(
-                f"cannot clone {AMQPLIB_REPOSITORY} (tag {AMQPLIB_TAG}); set AMQPLIB_SOURCE to "
-                "an amqplib source tree that has test/"
-            )
-    return target
-
-
-def amqplib_modules(source: Path) -> Path:
-    """The test-only library amqplib's tests require, at the version its package.json names."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        raise SuiteUnavailable("node and npm are needed for amqplib's tests")
-    version = json.loads((source / "package.json").read_text())["devDependencies"]["claire"]
-    prefix = WORK / "amqplib-deps"
-    modules = prefix / "node_modules"
-    if not (modules / "claire" / "package.json").exists():
-        say(f"installing claire@{version} (amqplib's test library) with npm")
-        done = subprocess.run(
-            [
-                "npm",
-                "install",
-                "--prefix",
-                str(prefix),
-                "--no-save",
-                "--no-package-lock",
-                f"claire@{version}",
-            ],
-            check=False,
-            timeout=600,
-            stdout=sys.stderr,
-        )
-        if done.returncode != 0:
-            raise SuiteUnavailable(f"npm could not install claire@{version}")
-    return modules
 
 
 def amqplib_suite(broker: str) -> dict[str, str]:
@@ -571,39 +313,6 @@ AIO_PIKA_BROKER = textwrap.dedent(
 )
 
 
-def aio_pika_source() -> Path:
-    given = os.environ.get("AIOPIKA_SOURCE")
-    if given:
-        source = Path(given)
-        if not (source / "tests" / "conftest.py").exists() or not (source / "aio_pika").exists():
-            raise SuiteUnavailable(f"AIOPIKA_SOURCE={given} has no aio_pika/ and tests/conftest.py")
-        return source
-    target = WORK / f"aio-pika-{AIOPIKA_TAG}"
-    if not target.exists():
-        say(f"aio-pika's tests: cloning {AIOPIKA_REPOSITORY} {AIOPIKA_TAG}")
-        done = subprocess.run(
-            [
-                "git",
-                "clone",
-                "--quiet",
-                "--depth",
-                "1",
-                "--branch",
-                AIOPIKA_TAG,
-                AIOPIKA_REPOSITORY,
-                str(target),
-            ],
-            check=False,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            raise SuiteUnavailable(
-                f"cannot clone {AIOPIKA_REPOSITORY} (tag {AIOPIKA_TAG}); set AIOPIKA_SOURCE to "
-                "an aio-pika source tree"
-            )
-    return target
-
-
 def aio_pika_suite(broker: str) -> dict[str, str]:
     source = aio_pika_source()
     python = suite_python("aio-pika", AIOPIKA_PACKAGES)
@@ -648,25 +357,6 @@ CELERY_APP = textwrap.dedent(
         return x + y
     """
 )
-
-
-def suite_python(name: str, packages: tuple[str, ...]) -> Path:
-    """A virtualenv of a suite's own, with what it needs (never the project's)."""
-    venv = WORK / f"{name}-venv"
-    python = venv / "bin" / "python"
-    ready = venv / ".installed"
-    wanted = "\n".join(packages) + "\n"
-    if not ready.exists() or ready.read_text() != wanted:
-        say(f"installing {', '.join(packages)} into a virtualenv for {name}")
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", *packages], check=False, timeout=900
-        )
-        if done.returncode != 0:
-            raise SuiteUnavailable(f"pip could not install {', '.join(packages)} for {name}")
-        ready.write_text(wanted)
-    return python
-
 
 CELERY_CLIENT = textwrap.dedent(
     """

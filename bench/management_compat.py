@@ -247,7 +247,8 @@ def flower_calls(amqp_port: int, http_port: int, workdir: Path) -> dict[str, Any
     import re
     import signal
 
-    from bench.compat import CELERY_APP, suite_python
+    from bench.compat import CELERY_APP
+    from bench.compat_sources import suite_python
 
     python = suite_python("celery-flower", ("celery", "flower"))
     app_dir = workdir / "flower-app"

@@ -1,6 +1,8 @@
 """Store: real SQLite files in tmp_path, written through submit/notify, read back by recover.
 
-Every wait is bounded; the torn-tail test kills a writer process it started, by its pid.
+Every wait is bounded; the torn-tail test kills a writer process it started, by its pid. The
+tables the store gained later: a PASSIVE's pending runs and snapshot in test_store_passive.py,
+a quorum queue's delivery counts in test_store_delivery_counts.py.
 """
 
 from __future__ import annotations
@@ -15,120 +17,29 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from amqha.core import codec
 from amqha.core.changes import (
     Batch,
     Bound,
-    Change,
     Delivered,
     Enqueued,
     ExchangeDeclared,
     ExchangeDeleted,
-    PendingRun,
     QueueDeclared,
     QueueDeleted,
-    Redelivered,
     Reset,
-    RunWritten,
     Settled,
-    SnapshotEnd,
-    SnapshotPart,
     Unbound,
 )
 from amqha.store import Store, StoreFailure
 from amqha.store_file import MIN_BYTES, SCHEMA_VERSION, StoreError
-from amqha.store_write import needs_sync, without_enqueued
 from tests.support import ROOT
+from tests.unit import store_support
+from tests.unit.store_support import WAIT, Writer, message, queue, recovered, rows
 
-WAIT = 20.0
-
-
-class Writer:
-    """A started store and the notifications it sent; ``write`` waits for its own."""
-
-    def __init__(self, path: Path, max_bytes: int | None = None) -> None:
-        self.store = Store.open(path, max_bytes)
-        self.lsn = 0
-        self.notes: list[tuple[int, StoreFailure | None]] = []
-        self.changed = threading.Condition()
-        self.store.start(self.notify)
-
-    def notify(self, last_lsn: int, failed: StoreFailure | None) -> None:
-        with self.changed:
-            self.notes.append((last_lsn, failed))
-            self.changed.notify_all()
-
-    def submit(self, *changes: Change) -> int:
-        """Submit; the LSN of the last change."""
-        first = self.lsn + 1
-        self.lsn += len(changes)
-        self.store.submit(first, list(changes))
-        return self.lsn
-
-    def wait(self, lsn: int) -> StoreFailure | None:
-        """Wait until a notification covers ``lsn``; the failure it reported, if any."""
-        deadline = time.monotonic() + WAIT
-        with self.changed:
-            while True:
-                # Writes cover consecutive ranges: the first reaching ``lsn`` holds it.
-                for last, failed in self.notes:
-                    if last >= lsn:
-                        return failed
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no notification up to LSN {lsn} after {WAIT} s")
-                self.changed.wait(left)
-
-    def write(self, *changes: Change) -> StoreFailure | None:
-        return self.wait(self.submit(*changes))
-
-    def close(self) -> None:
-        self.store.close()
-
-
-def recovered(path: Path) -> list[Change]:
-    store = Store.open(path)
-    try:
-        return list(store.recover())
-    finally:
-        store.close()
-
-
-def rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    db = sqlite3.connect(path)
-    try:
-        return db.execute(sql).fetchall()
-    finally:
-        db.close()
-
-
-def message(queue: str, msg_id: int, persistent: bool = True, **fields: Any) -> Enqueued:
-    values: dict[str, Any] = {
-        "vhost": "/",
-        "queue": queue,
-        "msg_id": msg_id,
-        "address": b"\x00\x01k",
-        "header": b"header-%d" % msg_id,
-        "body": b"body-%d" % msg_id,
-        "deadline": None,
-        "persistent": persistent,
-    }
-    values.update(fields)
-    return Enqueued(**values)
-
-
-def queue(name: str, **arguments: Any) -> QueueDeclared:
-    return QueueDeclared("/", name, False, arguments)
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "store" / "amqha.db"
-
+path = store_support.path  # the store's file under tmp_path
 
 ARGUMENTS = {
     "x-max-length": 10,
@@ -642,248 +553,3 @@ def test_a_reset_replaces_everything_the_store_held(tmp_path: Path) -> None:
     again.close()
     assert [type(c).__name__ for c in recovered] == ["QueueDeclared", "Enqueued"]
     assert recovered[1].body == b"fresh"
-
-
-# -- a PASSIVE's pending runs --------------------------------------------------------------
-
-
-def test_a_pending_run_whose_changes_were_never_written_is_written_at_open(path: Path) -> None:
-    """The run is on disk, its rows are not (the server died between the two writes):
-    opening the store writes them, so recovery reads the run's changes."""
-    writer = Writer(path)
-    writer.write(queue("q"), message("q", 1))
-    run = codec.encode(7, [message("q", 2), Settled("/", "q", (1,), "ack"), message("q", 3)])
-    assert writer.write(PendingRun(1, run)) is None
-    writer.close()
-    assert rows(path, "SELECT seq FROM runs") == [(1,)]
-    assert [msg_id for (msg_id,) in rows(path, "SELECT msg_id FROM messages")] == [1]
-
-    store = Store.open(path)
-    assert store.pending_runs_written == 1
-    assert list(store.recover()) == [queue("q"), message("q", 2), message("q", 3)]
-    assert store.max_msg_id() == 3
-    store.close()
-    assert rows(path, "SELECT seq FROM runs") == []
-    assert Store.open(path).pending_runs_written == 0
-
-
-def test_a_pending_runs_changes_remove_it_in_a_write_without_an_fsync(path: Path) -> None:
-    writer = Writer(path)
-    writer.write(queue("q"))
-    changes = [message("q", 1), message("q", 2)]
-    assert writer.write(PendingRun(1, codec.encode(3, changes))) is None
-    assert writer.store._synchronous == "FULL"  # the run itself: on disk before its ack
-    assert writer.write(*changes, RunWritten(1)) is None
-    assert writer.store._synchronous == "NORMAL"  # its rows: the run was on disk first
-    assert writer.write(message("q", 3)) is None
-    assert writer.store._synchronous == "FULL"
-    writer.close()
-    assert rows(path, "SELECT seq FROM runs") == []
-    assert recovered(path) == [queue("q"), *changes, message("q", 3)]
-
-
-def test_a_pending_run_whose_changes_failed_to_write_stays_and_is_written_at_open(
-    path: Path,
-) -> None:
-    writer = Writer(path)
-    writer.write(queue("q"))
-    changes = [message("q", 1)]
-    assert writer.write(PendingRun(1, codec.encode(2, changes))) is None
-    # The write of its changes fails (a change SQLite cannot take): the run is not removed.
-    failure = writer.write(*changes, queue("bad", **{"x-thing": object()}), RunWritten(1))
-    assert failure is not None
-    writer.close()
-    assert rows(path, "SELECT seq FROM runs") == [(1,)]
-    assert recovered(path) == [queue("q"), message("q", 1)]
-
-
-def test_a_corrupt_pending_run_is_refused_at_open_naming_the_file(path: Path) -> None:
-    writer = Writer(path)
-    writer.write(PendingRun(1, codec.encode(1, [queue("q")])[:-3]))
-    writer.close()
-    with pytest.raises(StoreError) as refused:
-        Store.open(path)
-    assert str(refused.value).startswith(f"{path}: not a readable store (pending run 1: ")
-
-
-# -- a PASSIVE's snapshot --------------------------------------------------------------------
-
-
-def test_a_snapshots_runs_before_its_last_commit_without_an_fsync_and_its_last_with_one(
-    path: Path,
-) -> None:
-    """``SnapshotPart`` ends each run of a snapshot but the last: those commits skip the
-    fsync; the last one's (``SnapshotEnd``) covers them all, and recovery reads the whole
-    snapshot."""
-    writer = Writer(path)
-    writer.write(queue("old"), message("old", 1))
-    assert writer.write(Reset(), queue("q"), message("q", 1), SnapshotPart()) is None
-    assert writer.store._synchronous == "NORMAL"
-    assert writer.write(message("q", 2), message("q", 3), SnapshotPart()) is None
-    assert writer.store._synchronous == "NORMAL"
-    assert writer.write(message("q", 4), SnapshotEnd()) is None
-    assert writer.store._synchronous == "FULL"
-    writer.close()
-    assert recovered(path) == [queue("q"), *(message("q", i) for i in range(1, 5))]
-
-
-@pytest.mark.parametrize(
-    "last_run",
-    [[], [Delivered("/", "q", 1)], [message("q", 2, persistent=False)]],
-    ids=["empty", "a delivery mark", "a transient message"],
-)
-def test_a_snapshots_last_run_has_an_fsync_whatever_it_holds(
-    path: Path, last_run: list[Change]
-) -> None:
-    """Alone, none of these would need one; after runs written without it, the last
-    run's ack must mean the whole snapshot is on disk."""
-    writer = Writer(path)
-    assert writer.write(Reset(), queue("q"), message("q", 1), SnapshotPart()) is None
-    assert writer.store._synchronous == "NORMAL"
-    assert writer.write(*last_run, SnapshotEnd()) is None
-    assert writer.store._synchronous == "FULL"
-    writer.close()
-    assert message("q", 1) in recovered(path)
-
-
-def test_a_snapshot_part_in_a_write_with_other_changes_does_not_skip_their_fsync(
-    path: Path,
-) -> None:
-    """The writer takes every submission queued into one transaction: one that needs an
-    fsync gets it, whatever else the transaction holds."""
-    writer = Writer(path)
-    writer.store.submit(1, [Reset(), queue("q"), message("q", 1), SnapshotPart()])
-    writer.store.submit(5, [message("q", 2)])
-    writer.lsn = 5
-    assert writer.wait(5) is None
-    assert writer.store._synchronous == "FULL"
-    writer.close()
-    assert recovered(path) == [queue("q"), message("q", 1), message("q", 2)]
-
-
-def test_what_a_failed_write_keeps_leaves_its_snapshot_part_out() -> None:
-    """The wiring a failed write keeps is written again with an fsync, whatever run it
-    came with."""
-    kept = list(without_enqueued([queue("q"), message("q", 1), SnapshotPart(), SnapshotEnd()]))
-    assert kept == [queue("q")]
-    assert needs_sync(kept)
-
-
-def test_a_reset_written_with_a_runs_changes_drops_the_runs_before_it_and_keeps_the_rest(
-    path: Path,
-) -> None:
-    """Run 1's changes failed to write (still kept); runs 2 (a snapshot's first, with its
-    Reset) and 3 were kept and acked. Run 2's changes drop run 1, never run 3, whose
-    changes are still to write: opening the store writes them."""
-    writer = Writer(path)
-    writer.write(queue("q"), message("q", 1))
-    writer.write(PendingRun(1, codec.encode(2, [message("q", 2)])))
-    writer.write(PendingRun(2, codec.encode(0, [Reset(), queue("r"), message("r", 10)])))
-    writer.write(PendingRun(3, codec.encode(5, [message("r", 11)])))
-    writer.write(Reset(), queue("r"), message("r", 10), RunWritten(2))
-    writer.close()
-    assert rows(path, "SELECT seq FROM runs") == [(3,)]
-    assert recovered(path) == [queue("r"), message("r", 10), message("r", 11)]
-
-
-def test_a_reset_alone_keeps_every_pending_run(path: Path) -> None:
-    """A Reset written again after a failed write (without its run's end) drops no run:
-    its own run is still kept, and opening the store writes it and those after it."""
-    writer = Writer(path)
-    writer.write(PendingRun(4, codec.encode(0, [Reset(), queue("r")])))
-    writer.write(PendingRun(5, codec.encode(3, [message("r", 1)])))
-    writer.write(Reset(), queue("r"))
-    writer.close()
-    assert rows(path, "SELECT seq FROM runs") == [(4,), (5,)]
-    assert recovered(path) == [queue("r"), message("r", 1)]
-
-
-def test_a_version_1_store_gains_the_runs_table_at_open(path: Path) -> None:
-    writer = Writer(path)
-    writer.write(queue("q"), message("q", 1))
-    writer.close()
-    db = sqlite3.connect(path)
-    db.execute("DROP TABLE runs")
-    db.execute("DROP TABLE deliveries")
-    db.execute("UPDATE meta SET value = 1 WHERE key = 'version'")
-    db.commit()
-    db.close()
-    writer = Writer(path)
-    writer.write(PendingRun(1, codec.encode(2, [message("q", 2)])))
-    writer.close()
-    assert rows(path, "SELECT value FROM meta WHERE key = 'version'") == [(SCHEMA_VERSION,)]
-    assert recovered(path) == [queue("q"), message("q", 1), message("q", 2)]
-
-
-# -- a quorum queue's delivery counts ------------------------------------------------------
-
-
-QUORUM = {"x-queue-type": "quorum"}
-
-
-def test_delivery_counts_are_kept_for_stored_messages_until_they_are_settled(
-    path: Path,
-) -> None:
-    writer = Writer(path)
-    writer.write(queue("q", **QUORUM), *(message("q", i) for i in (1, 2, 3)))
-    writer.write(
-        Delivered("/", "q", 3),
-        Redelivered("/", "q", 1, 2),
-        Redelivered("/", "q", 2, 2),
-        Redelivered("/", "q", 1, 3),
-        # A transient message is not stored, nor is its count.
-        message("q", 4, persistent=False),
-        Redelivered("/", "q", 4, 2),
-    )
-    writer.write(Settled("/", "q", (2,), "ack"))
-    writer.close()
-    assert rows(path, "SELECT msg_id, count FROM deliveries") == [(1, 3)]
-    assert recovered(path)[-2:] == [message("q", 3), Redelivered("/", "q", 1, 3)]
-
-
-def test_a_count_and_its_settle_in_one_write_leave_no_row(path: Path) -> None:
-    writer = Writer(path)
-    writer.write(queue("q", **QUORUM), message("q", 1))
-    writer.write(Redelivered("/", "q", 1, 2), Settled("/", "q", (1,), "ack"))
-    writer.close()
-    assert rows(path, "SELECT * FROM deliveries") == []
-
-
-def test_counts_recorded_before_a_restart_are_deleted_by_settles_after_it(path: Path) -> None:
-    writer = Writer(path)
-    writer.write(queue("q", **QUORUM), message("q", 1), message("q", 2))
-    writer.write(Redelivered("/", "q", 1, 2))
-    writer.close()
-    writer = Writer(path)
-    writer.write(Settled("/", "q", (1,), "ack"))
-    writer.close()
-    assert rows(path, "SELECT * FROM deliveries") == []
-
-
-def test_deleting_a_queue_or_a_reset_deletes_its_counts(path: Path) -> None:
-    writer = Writer(path)
-    writer.write(queue("a", **QUORUM), queue("b", **QUORUM), message("a", 1), message("b", 2))
-    writer.write(Redelivered("/", "a", 1, 2), Redelivered("/", "b", 2, 4))
-    writer.write(QueueDeleted("/", "a"))
-    writer.close()
-    assert rows(path, "SELECT msg_id, count FROM deliveries") == [(2, 4)]
-    writer = Writer(path)
-    writer.write(Reset())
-    writer.close()
-    assert rows(path, "SELECT * FROM deliveries") == []
-
-
-def test_a_version_2_store_gains_the_deliveries_table_at_open(path: Path) -> None:
-    writer = Writer(path)
-    writer.write(queue("q", **QUORUM), message("q", 1))
-    writer.close()
-    db = sqlite3.connect(path)
-    db.execute("DROP TABLE deliveries")
-    db.execute("UPDATE meta SET value = 2 WHERE key = 'version'")
-    db.commit()
-    db.close()
-    writer = Writer(path)
-    writer.write(Redelivered("/", "q", 1, 2))
-    writer.close()
-    assert rows(path, "SELECT value FROM meta WHERE key = 'version'") == [(SCHEMA_VERSION,)]
-    assert recovered(path) == [queue("q", **QUORUM), message("q", 1), Redelivered("/", "q", 1, 2)]
