@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from amqha.client import Publisher
 from bench.soak import _replay_quarantine
 from tests.durability import take_all
 from tests.pairs import Pair, poll
+from tests.support import ServerProcess
 
 QUEUE = "dedup-kills"
 PUBLISHERS = 10
@@ -110,14 +112,22 @@ async def keep_sending(publisher: Publisher, numbers: Numbers, ledger: Ledger) -
         )
         future = await publisher.send(message, routing_key=QUEUE)
         ledger.held += 1
-        future.add_done_callback(lambda f, i=message_id: ledger.settled(i, f))
+        future.add_done_callback(partial(ledger.settled, message_id))
+
+
+def confirmed_at_least(ledger: Ledger, count: int) -> bool:
+    return len(ledger.confirmed) >= count
+
+
+def is_active(pair: Pair, server: ServerProcess) -> bool:
+    return pair.state(server) == "ACTIVE"
 
 
 async def declare(url: str, dedup: bool) -> None:
     connection = await aiormq.connect(url)
     try:
         channel = await connection.channel()
-        arguments = {"x-message-deduplication": True} if dedup else None
+        arguments: dict[str, Any] | None = {"x-message-deduplication": True} if dedup else None
         await channel.queue_declare(QUEUE, durable=True, arguments=arguments)
     finally:
         await connection.close()
@@ -151,14 +161,11 @@ async def dedup_kills(
             fraction = rng.uniform(0.1, 0.9)
             point = first + int((bounds[number] - first) * fraction)
             await numbers.allow(bounds[number])
-            await poll(
-                lambda p=point: len(ledger.confirmed) >= p, ROUND_TIMEOUT, "the kill's point"
-            )
+            await poll(partial(confirmed_at_least, ledger, point), ROUND_TIMEOUT, "the point")
             kill = pair.kill(active)
             moments.append(round(fraction, 3))
-            other = pair.other(active)
             await poll(
-                lambda o=other: pair.state(o) == "ACTIVE", ROUND_TIMEOUT, "the other takes over"
+                partial(is_active, pair, pair.other(active)), ROUND_TIMEOUT, "the other ACTIVE"
             )
             active.start(wait=False)  # the next round's settled() waits for it in sync
             say(
