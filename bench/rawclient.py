@@ -51,10 +51,15 @@ def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
 
 
 def publish_frames(
-    channel: int, routing_key: str, body: bytes, exchange: str = "", persistent: bool = False
+    channel: int,
+    routing_key: str,
+    body: bytes,
+    exchange: str = "",
+    persistent: bool = False,
+    headers: FieldTable | None = None,
 ) -> bytes:
     """One Basic.Publish with its content, ready to write (pamqp-encoded once)."""
-    properties = commands.Basic.Properties(delivery_mode=2 if persistent else None)
+    properties = commands.Basic.Properties(delivery_mode=2 if persistent else None, headers=headers)
     return b"".join(
         (
             frame.marshal(
@@ -320,6 +325,28 @@ class RawClient(asyncio.Protocol):
                     if chunk is None:
                         chunk = chunks[take] = frames * take
                     self._write(chunk)
+                    sent += take
+                if self.error is not None:
+                    raise self.error
+                self.window_waiter = self.loop.create_future()
+                await self.window_waiter
+                self.window_waiter = None
+        return self.nacked
+
+    async def publish_confirmed_each(
+        self, messages: list[bytes], window: int = 100, limit: float = 120.0
+    ) -> int:
+        """``publish_confirmed`` for messages that differ (each its own pre-encoded
+        frames, in order); returns how many were nacked."""
+        base = self.confirmed
+        sent = 0
+        count = len(messages)
+        async with asyncio.timeout(limit):
+            while self.confirmed - base < count:
+                room = window - (sent - (self.confirmed - base))
+                if room > 0 and sent < count:
+                    take = min(room, count - sent)
+                    self._write(b"".join(messages[sent : sent + take]))
                     sent += take
                 if self.error is not None:
                     raise self.error

@@ -1,7 +1,8 @@
 """``Publisher``: publishing with confirms through failovers, at least once (docs/client.md).
 
 Owns: the messages held from ``send`` until their confirm, sent again in order on the
-next ACTIVE after a failover (each with a message id), ``max_pending`` and what a full
+next ACTIVE after a failover (each with a message id, and with ``deduplicate`` the
+deduplication header the server drops a copy by), ``max_pending`` and what a full
 publisher does, a message the server refuses (nacked, or its channel closed over it) and
 the errors a publisher raises.
 
@@ -29,6 +30,10 @@ from .failover_log import describe
 from .link import Link
 
 log = logging.getLogger("amqha.client")
+
+# The header a queue declared with x-message-deduplication (or an exchange of type
+# x-message-deduplication) drops a second copy by (docs/client.md, "Exactly once").
+DEDUPLICATION_HEADER = "x-deduplication-header"
 
 
 class PublisherFull(RuntimeError):
@@ -86,6 +91,13 @@ class Publisher(Link):
     future fails with ``PublishRefused``. A server that owes confirms and sends nothing
     for ``silent_after`` s is left for the next listed one (docs/client.md).
 
+    With ``deduplicate=True`` every message also carries the header
+    ``x-deduplication-header`` set to its message id (the same on every send of it; one
+    the application set itself is kept, as are its other headers, on a copy of its
+    dict): a queue declared with ``x-message-deduplication`` then drops the copy sent
+    again after a failover and still confirms it, so the queue gets it once
+    (docs/client.md, "Exactly once"). The publisher declares nothing for it.
+
         async with Publisher(urls, max_pending=1000) as publisher:
             await publisher.publish(b"body", routing_key="orders")  # returns once confirmed
             confirmed = await publisher.send(b"next", routing_key="orders")  # held; not waited
@@ -101,6 +113,7 @@ class Publisher(Link):
         max_pending: int = 1000,
         when_full: Literal["block", "raise"] = "block",
         persistent: bool = True,
+        deduplicate: bool = False,
         setup: Callable[[aio_pika.abc.AbstractChannel], Awaitable[Any]] | None = None,
         name: str = "publisher",
         attempt_timeout: float = 5.0,
@@ -120,6 +133,7 @@ class Publisher(Link):
         self.max_pending = max_pending
         self.when_full = when_full
         self.persistent = persistent
+        self.deduplicate = deduplicate
         self.resent = 0  # sends of a message already sent on a lost connection
         self.refused = 0
         self._held: OrderedDict[int, _Held] = OrderedDict()
@@ -159,13 +173,19 @@ class Publisher(Link):
         outgoing = _as_message(message, self.persistent)
         if outgoing.message_id is None:
             outgoing.message_id = uuid.uuid4().hex  # type: ignore[misc]  # shown to the application
+        properties = outgoing.properties  # held: every send of it carries the same
+        if self.deduplicate:
+            # A copy: the application's dict (aio-pika's Message shares it) stays as it was.
+            headers = dict(properties.headers or {})
+            headers.setdefault(DEDUPLICATION_HEADER, outgoing.message_id)
+            properties.headers = headers
         self._seq += 1
         held = _Held(
             self._seq,
             exchange,
             routing_key,
             outgoing.body,
-            outgoing.properties,
+            properties,
             asyncio.get_running_loop().create_future(),
         )
         self._held[held.seq] = held

@@ -360,3 +360,87 @@ async def test_a_setup_the_server_refuses_fails_the_start_with_its_answer(
 
     with pytest.raises(RuntimeError, match="setup failed: .*NOT_FOUND"):
         await Consumer([server.url], "q", _ack, setup=setup).start(timeout=30)
+
+
+class Headers:
+    """What a consumer callback saw: each delivery's body, message id and headers."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[bytes, str | None, dict[str, Any]]] = []
+
+    async def __call__(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        self.deliveries.append((message.body, message.message_id, dict(message.headers)))
+
+    def of(self, body: bytes) -> list[tuple[str | None, dict[str, Any]]]:
+        return [(i, h) for b, i, h in self.deliveries if b == body]
+
+
+@pytest.mark.timeout(120)
+async def test_a_deduplicating_publisher_sends_the_message_id_as_the_deduplication_header(
+    make_server: Any,
+) -> None:
+    """With ``deduplicate=True`` each message carries ``x-deduplication-header`` equal to
+    its message id, beside the application's own headers, whose dict is left as it was;
+    the same message published twice carries the same id and header both times. Without
+    it, no such header."""
+    server = make_server().start()
+    urls = [server.url]
+    seen = Headers()
+    async with (
+        Publisher(urls, setup=declare("dedup-header"), deduplicate=True) as publisher,
+        Publisher(urls, setup=declare("dedup-header"), name="plain") as plain,
+        Consumer(urls, "dedup-header", seen, setup=declare("dedup-header")),
+    ):
+        headers: dict[str, Any] = {"app": "kept"}
+        message = aio_pika.Message(b"with headers", headers=headers, delivery_mode=2)
+        await publisher.publish(message, routing_key="dedup-header")
+        assert headers == {"app": "kept"} and message.headers is headers
+        await publisher.publish(message, routing_key="dedup-header")  # the same message again
+        await publisher.publish(b"bytes", routing_key="dedup-header")
+        own = aio_pika.Message(b"own id", message_id="order-17")
+        await publisher.publish(own, routing_key="dedup-header")
+        await plain.publish(b"plain", routing_key="dedup-header")
+        await poll(lambda: len(seen.deliveries) == 5, 30, "the five messages consumed")
+    twice = seen.of(b"with headers")
+    assert len(twice) == 2 and twice[0] == twice[1]
+    assert twice[0] == (
+        message.message_id,
+        {"app": "kept", "x-deduplication-header": message.message_id},
+    )
+    [(bytes_id, bytes_headers)] = seen.of(b"bytes")
+    assert bytes_id and bytes_headers == {"x-deduplication-header": bytes_id}
+    assert seen.of(b"own id") == [("order-17", {"x-deduplication-header": "order-17"})]
+    [(plain_id, plain_headers)] = seen.of(b"plain")
+    assert plain_id and "x-deduplication-header" not in plain_headers
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_sent_again_after_a_failover_keeps_its_deduplication_header(
+    make_pair: MakePair,
+) -> None:
+    """Messages sent to a stopped ACTIVE get no confirm; it is killed, and the publisher
+    sends them again on the backup: each with the message id and the
+    ``x-deduplication-header`` it had, which a deduplicating queue drops a copy by."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    urls = [pair.primary.url, pair.backup.url]
+    seen = Headers()
+    async with (
+        Publisher(urls, setup=declare("dedup-again"), deduplicate=True) as publisher,
+        Consumer(urls, "dedup-again", seen, setup=declare("dedup-again")),
+    ):
+        await publisher.publish(b"before", routing_key="dedup-again")
+        messages = [aio_pika.Message(b"again-%d" % n, delivery_mode=2) for n in range(5)]
+        assert pair.primary.process is not None
+        os.kill(pair.primary.process.pid, signal.SIGSTOP)  # it reads nothing more
+        futures = [await publisher.send(m, routing_key="dedup-again") for m in messages]
+        pair.kill(pair.primary)  # the sends die unread with it
+        await asyncio.wait_for(asyncio.gather(*futures), 60)
+        assert publisher.resent >= 5 and publisher.server == pair.backup.address
+        await poll(lambda: len(seen.deliveries) >= 6, 30, "the messages consumed")
+    for message in messages:
+        found = seen.of(message.body)
+        assert found, f"{message.body!r} consumed"
+        for message_id, headers in found:
+            assert message_id == message.message_id
+            assert headers == {"x-deduplication-header": message.message_id}
