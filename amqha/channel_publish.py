@@ -187,7 +187,11 @@ class Publishing:
             return
         vhost = self.vhost
         queues = vhost.route(exchange, publish.routing_key, message)
-        wait = vhost.enqueue(message, queues, self.broker.now()) if queues else 0
+        wait = (
+            vhost.enqueue(message, queues, self.broker.now())
+            if queues
+            else vhost.unrouted_wait(exchange)
+        )
         delivered = bool(queues) or (
             exchange.name == ""
             and publish.routing_key.startswith(REPLY_TO_PREFIX)

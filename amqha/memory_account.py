@@ -2,7 +2,8 @@
 
 Owns: what the process holds for its clients, counted as it changes (never by walking
 queues or connections): message bytes plus a per-message overhead (``Message.held``),
-arguments of bindings, exchanges and queues (``ArgumentBytes``), partial frames and
+arguments of bindings, exchanges and queues (``ArgumentBytes``), deduplication keys
+(``DedupBytes``), partial frames and
 content being assembled, output held for sockets that do not drain, a fixed cost per
 queue, connection, channel and priority lane in use. When that passes
 ``limits.memory_high_watermark`` the alarm is on (``over``) until it falls below, and the
@@ -19,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from .core.dedup import DedupBytes
 from .core.message import Message
 from .core.priority import Lane
 from .core.routing import ArgumentBytes
@@ -98,6 +100,7 @@ class MemoryAccount:
         return (
             Message.held
             + ArgumentBytes.held
+            + DedupBytes.held
             + self.input_bytes
             + self.paused_outputs * self.output_buffer
             + queues * QUEUE_COST

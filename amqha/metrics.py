@@ -118,6 +118,9 @@ class Snapshot:
     replication: dict[str, Any] = field(default_factory=dict)
     pair: dict[str, Any] = field(default_factory=dict)
     federation: list[dict[str, Any]] = field(default_factory=list)  # one per link
+    # (kind "exchange" or "queue", vhost, name, keys held, hits, evictions): one per
+    # deduplicating exchange or queue.
+    dedup: list[tuple[str, str, str, int, int, int]] = field(default_factory=list)
     number: int = 0  # how many snapshots this endpoint has taken, this one included
 
 
@@ -145,7 +148,12 @@ def take_snapshot(broker: MetricsSource) -> Snapshot:
     if federation is not None:
         snapshot.federation = federation.status()
     for vhost in broker.vhosts.values():
+        for exchange in vhost.exchanges.values():
+            if exchange.dedup is not None:
+                snapshot.dedup.append(_dedup_figures("exchange", vhost.name, exchange))
         for queue in vhost.visible_queues():
+            if queue.dedup is not None:
+                snapshot.dedup.append(_dedup_figures("queue", vhost.name, queue))
             snapshot.queued_bytes += queue.bytes
             snapshot.queues.append(
                 QueueFigures(
@@ -160,6 +168,30 @@ def take_snapshot(broker: MetricsSource) -> Snapshot:
                 )
             )
     return snapshot
+
+
+def _dedup_figures(kind: str, vhost: str, owner: Any) -> tuple[str, str, str, int, int, int]:
+    memory = owner.dedup
+    counters = memory.counters
+    return (kind, vhost, owner.name, len(memory), counters.hits, counters.evictions)
+
+
+def dedup_metrics(owners: list[tuple[str, str, str, int, int, int]]) -> Iterator[Metric]:
+    """Per deduplicating exchange or queue: keys held, copies dropped, keys evicted."""
+    labels = ["kind", "vhost", "name"]
+    families = (
+        GaugeMetricFamily("amqha_dedup_keys", "Deduplication keys held", labels=labels),
+        CounterMetricFamily(
+            "amqha_dedup_copies_dropped", "Messages dropped as copies", labels=labels
+        ),
+        CounterMetricFamily(
+            "amqha_dedup_keys_evicted", "Keys evicted from a full cache", labels=labels
+        ),
+    )
+    for kind, vhost, name, *figures in owners:
+        for family, value in zip(families, figures, strict=True):
+            family.add_metric([kind, vhost, name], value)
+    yield from families
 
 
 def resident_memory() -> int:
@@ -178,6 +210,7 @@ class SnapshotCollector(Collector):
         yield from broker_metrics(snapshot)
         yield from pair_metrics(snapshot.pair)
         yield from federation_metrics(snapshot.federation)
+        yield from dedup_metrics(snapshot.dedup)
         yield CounterMetricFamily(
             "amqha_metrics_snapshots",
             "Snapshots of the broker taken for scrapes (one pass over the queues each)",

@@ -50,6 +50,7 @@ from .core.changes import (
     Batch,
     Bound,
     Change,
+    DedupSeen,
     Enqueued,
     PendingRun,
     QueueDeclared,
@@ -453,6 +454,8 @@ def _leaves_out(change: Change, unreplicated: set[tuple[str, str]]) -> bool:
         return (change.vhost, change.queue) in unreplicated  # type: ignore[union-attr]
     if kind is QueueDeclared:
         return (change.vhost, change.name) in unreplicated  # type: ignore[union-attr]
+    if kind is DedupSeen:
+        return change.kind == "q" and (change.vhost, change.owner) in unreplicated  # type: ignore[union-attr]
     if kind is Bound or kind is Unbound:
         return (not change.to_exchange) and (  # type: ignore[union-attr]
             change.vhost,  # type: ignore[union-attr]

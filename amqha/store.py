@@ -39,6 +39,7 @@ from amqha.core import codec
 from amqha.core.changes import (
     Bound,
     Change,
+    DedupSeen,
     Delivered,
     Enqueued,
     ExchangeDeclared,
@@ -240,6 +241,12 @@ class Store:
                 (queue_id,),
             ).fetchall():
                 yield Redelivered(vhost, name, msg_id, count)
+        # Deduplication keys last, their owners made: each owner's in the order taken.
+        for vhost, kind, owner, seq, key, expires in db.execute(
+            "SELECT vhost, kind, owner, seq, key, expires FROM dedup"
+            " ORDER BY vhost, kind, owner, seq"
+        ).fetchall():
+            yield DedupSeen(vhost, kind, owner, key, expires, seq, 0, True)
 
     def max_msg_id(self) -> int:
         """The highest msg_id the store has seen (0: none): new ids start above it."""

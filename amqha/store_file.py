@@ -17,8 +17,9 @@ import contextlib
 import os
 import sqlite3
 
-# 2: the runs table; 3: the deliveries table (an older file gets what it lacks at open)
-SCHEMA_VERSION = 3
+# 2: the runs table; 3: the deliveries table; 4: the dedup table (an older file gets
+# what it lacks at open)
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x616D7168  # "amqh" in the SQLite header: the file is an amqha store
 # The smallest disk budget that holds the empty schema with room to work.
 MIN_BYTES = 64 * 1024
@@ -57,12 +58,25 @@ CREATE TABLE deliveries (
     queue INTEGER NOT NULL, msg_id INTEGER NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (queue, msg_id)
 ) WITHOUT ROWID;
+CREATE TABLE dedup (
+    vhost TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT NOT NULL, seq INTEGER NOT NULL,
+    key BLOB NOT NULL, expires REAL,
+    PRIMARY KEY (vhost, kind, owner, seq)
+) WITHOUT ROWID;
 """
 _RUNS_TABLE = "CREATE TABLE runs (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)"
 # A quorum queue's delivery counts of 2 and more (``Redelivered``), for stored messages.
 _DELIVERIES_TABLE = (
     "CREATE TABLE deliveries (queue INTEGER NOT NULL, msg_id INTEGER NOT NULL,"
     " count INTEGER NOT NULL, PRIMARY KEY (queue, msg_id)) WITHOUT ROWID"
+)
+
+
+# A deduplication cache's keys kept on disk (``changes.DedupSeen``).
+_DEDUP_TABLE = (
+    "CREATE TABLE dedup (vhost TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT NOT NULL,"
+    " seq INTEGER NOT NULL, key BLOB NOT NULL, expires REAL,"
+    " PRIMARY KEY (vhost, kind, owner, seq)) WITHOUT ROWID"
 )
 
 
@@ -180,6 +194,8 @@ def prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
             db.execute(_RUNS_TABLE)
         if version < 3:
             db.execute(_DELIVERIES_TABLE)
+        if version < 4:
+            db.execute(_DEDUP_TABLE)
         if version < SCHEMA_VERSION:
             db.execute("UPDATE meta SET value = ? WHERE key = 'version'", (SCHEMA_VERSION,))
         db.execute("COMMIT")

@@ -22,6 +22,7 @@ from amqha.core.changes import (
     Batch,
     Bound,
     Change,
+    DedupSeen,
     Delivered,
     Enqueued,
     ExchangeDeclared,
@@ -90,6 +91,10 @@ _DELETE_COUNTS = f"DELETE FROM deliveries WHERE queue = {_QUEUE_ID}"
 COUNTED_QUEUES = (
     "SELECT DISTINCT vhost, name FROM queues WHERE id IN (SELECT queue FROM deliveries)"
 )
+# A deduplication cache's keys (``DedupSeen``): an owner keeps its last ``keep`` by seq.
+_ADD_KEY = "INSERT OR REPLACE INTO dedup VALUES (?, ?, ?, ?, ?, ?)"
+_PRUNE_KEYS = "DELETE FROM dedup WHERE vhost = ? AND kind = ? AND owner = ? AND seq <= ?"
+_DELETE_KEYS = "DELETE FROM dedup WHERE vhost = ? AND kind = ? AND owner = ?"
 _ADD_RUN = "INSERT OR REPLACE INTO runs VALUES (?, ?)"
 _REMOVE_RUN = "DELETE FROM runs WHERE seq = ?"
 _REMOVE_RUNS_BEFORE = "DELETE FROM runs WHERE seq < ?"
@@ -147,7 +152,7 @@ def needs_sync(changes: Iterable[Any]) -> bool:
         return False
     for change in changes:
         kind = type(change)
-        if kind is Settled or kind is Delivered or kind is Redelivered:
+        if kind is Settled or kind is Delivered or kind is Redelivered or kind is DedupSeen:
             continue
         if kind is Enqueued:
             if change.persistent:
@@ -175,6 +180,7 @@ class Write:
         "settled",
         "delivered",
         "redelivered",
+        "keys",
         "counted",
         "high_id",
         "run",
@@ -195,6 +201,8 @@ class Write:
         # (vhost, queue, msg_id) -> delivery count; ``counted``: the (vhost, queue) that
         # may have rows in the deliveries table (only their settles look there).
         self.redelivered: dict[Any, int] = {}
+        # Deduplication keys to keep, and per owner the last seq and how many it keeps.
+        self.keys: dict[Any, list[DedupSeen]] = {}
         self.counted = counted if counted is not None else set()
         self.high_id = high_id
         # The pending run whose changes ``add`` writes now (they end with its
@@ -224,6 +232,9 @@ class Write:
                     high_id = msg_id
             elif kind is Redelivered:
                 self.redelivered[change[:3]] = change.deliveries
+            elif kind is DedupSeen:
+                if change.persistent:
+                    self.keys.setdefault(change[:3], []).append(change)
             elif kind is Batch:
                 self.high_id = high_id
                 self.add(change.changes)
@@ -288,11 +299,16 @@ class Write:
                     db.execute(_SETTLE_COUNTS, (vhost, name, listed))
         for (vhost, name), msg_id in self.delivered.items():
             db.execute(_MARK_DELIVERED, (msg_id, vhost, name))
+        for owner, keys in self.keys.items():
+            db.executemany(_ADD_KEY, [(*owner, k.seq, k.key, k.expires) for k in keys])
+            last = keys[-1]
+            db.execute(_PRUNE_KEYS, (*owner, last.seq - last.keep))
         # Emptied in place: ``add`` holds their bound methods across a flush.
         self.enqueued.clear()
         self.settled.clear()
         self.delivered.clear()
         self.redelivered.clear()
+        self.keys.clear()
 
     def queue_id(self, key: Any) -> int | None:
         row = self.db.execute(_QUEUE_ID_OF, key).fetchone()
@@ -314,6 +330,7 @@ class Write:
             db.execute(_DELETE_MESSAGES, (vhost, name))
             db.execute(_DELETE_BINDINGS_TO_QUEUE, (vhost, name))
             db.execute(_DELETE_QUEUE, (vhost, name))
+            db.execute(_DELETE_KEYS, (vhost, "q", name))
         elif kind is Bound or kind is Unbound:
             vhost, source, destination, to_exchange, routing_key, arguments = change
             db.execute(
@@ -338,6 +355,7 @@ class Write:
             db.execute(_DELETE_BINDINGS_FROM, (vhost, name))
             db.execute(_DELETE_BINDINGS_TO_EXCHANGE, (vhost, name))
             db.execute(_DELETE_EXCHANGE, (vhost, name))
+            db.execute(_DELETE_KEYS, (vhost, "x", name))
         elif kind is PendingRun:
             db.execute(_ADD_RUN, change)
         elif kind is RunWritten:
@@ -356,6 +374,7 @@ class Write:
             db.execute("DELETE FROM deliveries")
             self.counted.clear()
             db.execute("DELETE FROM messages")
+            db.execute("DELETE FROM dedup")
             db.execute("DELETE FROM bindings")
             db.execute("DELETE FROM queues")
             db.execute("DELETE FROM exchanges")

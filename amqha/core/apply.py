@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from . import dedup
 from .changes import (
     Batch,
     Bound,
     Change,
+    DedupSeen,
     Delivered,
     Enqueued,
     ExchangeDeclared,
@@ -31,6 +33,7 @@ from .changes import (
     Settled,
     Unbound,
 )
+from .dedup import SeenCache
 from .message import Message
 from .queue import Queue
 from .routing import Exchange
@@ -69,6 +72,15 @@ def apply(state: State, change: Change, now: float) -> None:
             queue = vhost.queues.get(change.queue)
             if queue is not None:
                 queue.mark_delivered(change.msg_id)
+        case DedupSeen():
+            owner: Any = (
+                vhost.exchanges.get(change.owner)
+                if change.kind == "x"
+                else vhost.queues.get(change.owner)
+            )
+            memory = owner.dedup if owner is not None else None
+            if type(memory) is SeenCache:
+                memory.take(change.key, change.expires, change.seq)
         case Redelivered():
             queue = vhost.queues.get(change.queue)
             if queue is not None and queue.counter is not None:
@@ -132,7 +144,10 @@ def apply_run(state: State, changes: list[Change], now: float) -> None:
             last_vhost, last_queue = vhost_name, queue_name
         queue, ids = found
         if queue is not None:
-            queue.restore(Message(c.address, c.header, c.body, None, c.msg_id), c.deadline)
+            message = Message(c.address, c.header, c.body, None, c.msg_id)
+            queue.restore(message, c.deadline)
+            if queue.dedup is not None:
+                dedup.restored(queue, message)
         if c.msg_id >= ids.next:
             ids.seen(c.msg_id)
 
@@ -166,6 +181,7 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
     contents: list[
         tuple[str, str, int, list[tuple[Message, float | None]], list[tuple[int, int]]]
     ] = []
+    caches: list[DedupSeen] = []
     for name, vhost in vhosts.items():
         wanted = {
             queue.name: queue
@@ -211,6 +227,7 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
         for queue in wanted.values():
             counts = list(_counts(queue).items())
             contents.append((name, queue.name, queue.delivered_mark, queue.messages(), counts))
+        caches.extend(_cache_keys(name, vhost, wanted))
     yield from wiring
     new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
     for vhost_name, queue_name, mark, messages, counts in contents:
@@ -232,6 +249,22 @@ def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Ite
             )
         for msg_id, count in counts:
             yield Redelivered(vhost_name, queue_name, msg_id, count)
+    yield from caches
+
+
+def _cache_keys(name: str, vhost: VHost, wanted: dict[str, Queue]) -> Iterator[DedupSeen]:
+    """The keys of the vhost's stored deduplication caches, oldest first."""
+    owners: list[tuple[str, Any]] = [
+        ("x", e) for e in vhost.exchanges.values() if _stored_exchange(e) and e.dedup is not None
+    ]
+    owners += [("q", q) for q in wanted.values() if type(q.dedup) is SeenCache]
+    for kind, owner in owners:
+        cache = owner.dedup
+        settings = cache.settings
+        for key, (expires, seq) in list(cache.entries.items()):
+            yield DedupSeen(
+                name, kind, owner.name, key, expires, seq, settings.size, settings.persistent
+            )
 
 
 def snapshot(vhosts: dict[str, VHost]) -> dict[str, Any]:

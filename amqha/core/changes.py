@@ -112,6 +112,22 @@ class Settled(NamedTuple):
     reason: str
 
 
+class DedupSeen(NamedTuple):
+    """A deduplication cache took ``key`` (``core.dedup``): the ``owner`` exchange
+    (``kind`` "x") or queue ("q") drops a message with that key until ``expires``
+    (wall-clock seconds, None: until evicted). ``seq`` numbers the owner's keys; the
+    store keeps the last ``keep`` of them, and only when ``persistent``."""
+
+    vhost: str
+    kind: str
+    owner: str
+    key: bytes
+    expires: float | None
+    seq: int
+    keep: int
+    persistent: bool
+
+
 class Reset(NamedTuple):
     """A snapshot starts: every durable exchange, queue, binding and message is dropped,
     and the changes that follow rebuild them (a PASSIVE joining its ACTIVE)."""
@@ -136,6 +152,7 @@ Change = (
     | Delivered
     | Redelivered
     | Settled
+    | DedupSeen
     | Reset
     | Batch
 )

@@ -21,6 +21,7 @@ from .changes import (
     Batch,
     Bound,
     Change,
+    DedupSeen,
     Delivered,
     Enqueued,
     ExchangeDeclared,
@@ -56,6 +57,7 @@ _KIND = {
     Batch: 10,
     Reset: 11,
     Redelivered: 12,
+    DedupSeen: 13,
 }
 
 
@@ -127,6 +129,19 @@ def _encode(change: Change, out: list[bytes]) -> None:
             _U8.pack(c.to_exchange),
             _name(c.routing_key),
             field_table(c.arguments),
+        )
+    elif kind is DedupSeen:
+        c = change
+        expires = math.nan if c.expires is None else c.expires
+        out += (
+            _name(c.vhost),
+            _name(c.kind),
+            _name(c.owner),
+            _blob(c.key),
+            _F64.pack(expires),
+            _I64.pack(c.seq),
+            _U32.pack(c.keep),
+            _U8.pack(c.persistent),
         )
     elif kind is Batch:
         c = change
@@ -278,6 +293,23 @@ def _decode(reader: _Reader, depth: int) -> Change:
         return Reset()
     if kind == 12:
         return Redelivered(reader.name(), reader.name(), reader.i64(), reader.u32())
+    if kind == 13:
+        vhost, owner_kind, owner = reader.name(), reader.name(), reader.name()
+        key = reader.blob()
+        (expires,) = _F64.unpack(reader.take(8))
+        seq, keep, persistent = reader.i64(), reader.u32(), reader.flag()
+        if owner_kind not in ("x", "q"):
+            raise ValueError(f"a deduplication key of an unknown owner kind {owner_kind!r}")
+        return DedupSeen(
+            vhost,
+            owner_kind,
+            owner,
+            key,
+            None if math.isnan(expires) else expires,
+            seq,
+            keep,
+            persistent,
+        )
     raise ValueError(f"unknown change kind {kind}")
 
 

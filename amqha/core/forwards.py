@@ -2,7 +2,7 @@
 also goes on a hidden queue, bound for an upstream, unless the path rule refuses it.
 
 Owns: ``Forward``, one exchange's forward to one hidden queue, and whether it takes a
-message (its ``x-amqha-path`` extended by this server, by ``names``' rule).
+message (``add_forwards``: the hidden queues of an exchange's forwards that take one) (its ``x-amqha-path`` extended by this server, by ``names``' rule).
 
 Must not know: how forwards are set or hidden queues made (``vhost``), routing, the
 link that consumes the hidden queue (``amqha.federation``).
@@ -33,3 +33,12 @@ class Forward:
     def takes(self, message: Message) -> bool:
         path = names.extended(names.path_of(message.headers()), self.local)
         return names.crossing(path, self.upstream, self.max_hops) is None
+
+
+def add_forwards(
+    forwards: dict[str, tuple[Forward, ...]], exchange: str, message: Message, queues: dict
+) -> None:
+    """Add to ``queues`` the hidden queues of ``exchange``'s forwards that take ``message``."""
+    for forward in forwards.get(exchange, ()):
+        if forward.takes(message):
+            queues[forward.queue] = None

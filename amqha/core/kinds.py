@@ -1,7 +1,8 @@
 """Queue kinds: which queue a declare's arguments make.
 
 Owns: ``new_queue``, the one place that picks a plain ``Queue``, a quorum queue (a
-``Queue`` with a ``quorum.DeliveryCounter``) or a ``priority.PriorityQueue``.
+``Queue`` with a ``quorum.DeliveryCounter``) or a ``priority.PriorityQueue``, and gives
+one declared with deduplication its memory (``dedup.InQueue`` or ``dedup.SeenCache``).
 
 Must not know: how any of them works, the vhost's rules for a declare (``vhost``,
 ``arguments``).
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .changes import ChangeLog
+from .dedup import BY_MESSAGE_ID, InQueue, SeenCache, queue_settings
 from .priority import PriorityQueue
 from .queue import Queue
 from .quorum import DeliveryCounter
@@ -35,7 +37,10 @@ def new_queue(
     quorum = arguments.get("x-queue-type") == "quorum"
     if not quorum and arguments.get("x-max-priority"):
         kind = PriorityQueue
+    dedup = queue_settings(name, arguments, durable)
     queue = kind(name, durable, exclusive_owner, auto_delete, arguments, now, log, vhost)
     if quorum:
         queue.counter = DeliveryCounter(queue.limits.delivery_limit)
+    if dedup is not None:
+        queue.dedup = SeenCache(dedup) if dedup.by == BY_MESSAGE_ID else InQueue(dedup)
     return queue

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .changes import ChangeLog, Settled
+from .dedup import in_id_order
 from .message import Message
 from .queue import Queue
 
@@ -175,6 +176,14 @@ class PriorityQueue(Queue):
             if priority > self._top:
                 self._top = priority
         return lane
+
+    def holds(self, msg_id: int) -> bool:
+        if msg_id in self.outstanding:
+            return True
+        return any(
+            in_id_order(lane.ready, msg_id) or any(e[0] == msg_id for e in lane.returned)
+            for lane in self.lanes.values()
+        )
 
     def _head_lane(self) -> Lane:
         """The highest lane that holds a message (the queue is not empty)."""

@@ -50,6 +50,7 @@ from typing import Any, Protocol
 
 from .arguments import QueueLimits
 from .changes import ChangeLog, Delivered, Enqueued, Settled
+from .dedup import InQueue, SeenCache, in_id_order
 from .message import Message
 
 
@@ -113,6 +114,9 @@ class Queue:
     # A quorum queue's delivery counts (docs/compat.md, "Quorum queues"); set by
     # ``kinds.new_queue``. A class default, as ``active_consumer``.
     counter: DeliveryCounting | None = None
+    # What drops copies of a message (``dedup.InQueue`` or ``dedup.SeenCache``); set by
+    # ``kinds.new_queue`` for a queue declared with deduplication. A class default too.
+    dedup: InQueue | SeenCache | None = None
 
     def __init__(
         self,
@@ -193,6 +197,14 @@ class Queue:
     @property
     def consumer_count(self) -> int:
         return len(self.consumers)
+
+    def holds(self, msg_id: int) -> bool:
+        """Whether message ``msg_id`` is still in this queue, delivered or not."""
+        if msg_id in self.outstanding:
+            return True
+        if in_id_order(self.ready, msg_id):
+            return True
+        return any(entry[0] == msg_id for entry in self.returned)
 
     # -- enqueue -----------------------------------------------------------------
 

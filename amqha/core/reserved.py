@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pamqp import exceptions
+
 from . import names
 from .queue import Queue
-from .routing import DirectExchange
+from .routing import ALTERNATE_EXCHANGE, DirectExchange
 
 PEER_EXCHANGE = "amq.peer"
 CONSOLE_EXCHANGE = "amq.console"
@@ -52,7 +54,6 @@ CONTROL_EXCHANGES = {
     FEDERATION_EXCHANGE: ("direct", "federation"),
 }
 
-ALTERNATE_EXCHANGE = "alternate-exchange"
 # Arguments that name another exchange a message may be sent on to.
 EXCHANGE_REFERENCES = (ALTERNATE_EXCHANGE,)
 
@@ -78,3 +79,10 @@ class DefaultExchange(DirectExchange):
         if routing_key.startswith(names.BUFFER_PREFIX):
             return ()  # a federation buffer queue takes only what its bindings route
         return (queue,)
+
+
+def hidden_refusal(name: str) -> exceptions.AMQPAccessRefused:
+    """What a client meets that names a hidden queue, by any route."""
+    return exceptions.AMQPAccessRefused(
+        f"ACCESS_REFUSED - queue '{name}' is the server's own (a hidden federation queue)"
+    )

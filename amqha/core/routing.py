@@ -1,7 +1,9 @@
 """Exchanges and routing: which destinations a routing key (and headers) reach.
 
 Owns: the four exchange types (direct, fanout, topic, headers), their bindings and
-matching, including the topic wildcards `*` (one word) and `#` (zero or more words).
+matching, including the topic wildcards `*` (one word) and `#` (zero or more words), and
+the deduplicating fanout (``x-message-deduplication``: its cache is ``core.dedup``'s, its
+check the vhost's, before routing).
 A destination is anything hashable — the vhost binds queues and exchanges.
 
 Must not know: queues' contents, connections, the clock.
@@ -12,10 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from .dedup import EXCHANGE_TYPE as DEDUP_EXCHANGE
+from .dedup import SeenCache, exchange_settings
+
 HeadersFn = Callable[[], dict[str, Any]]
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers", DEDUP_EXCHANGE)
 
+
+# The argument naming an exchange's alternate exchange (RabbitMQ's).
+ALTERNATE_EXCHANGE = "alternate-exchange"
 
 # What one argument item is counted as beyond its text: the Python objects that hold it.
 ARGUMENT_ITEM_OVERHEAD = 64
@@ -117,6 +125,8 @@ class Exchange:
     publish_tag: str | None = None
     # A control-plane exchange: outside the routing graph (see ControlExchange).
     control = False
+    # The cache of a deduplicating exchange (DedupExchange).
+    dedup: SeenCache | None = None
 
     def __init__(
         self,
@@ -274,6 +284,28 @@ class FanoutExchange(Exchange):
 
     def index(self) -> dict[str, set]:
         return {"": set(self._counts)} if self._counts else {}
+
+
+class DedupExchange(FanoutExchange):
+    """``x-message-deduplication``: a fanout (as in the plugin, routing keys are not
+    matched) whose cache of ``x-deduplication-header`` values drops a copy before it is
+    routed (``VHost.route``). A wrong argument refuses the declare (a 406)."""
+
+    kind = DEDUP_EXCHANGE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dedup = SeenCache(exchange_settings(self.name, self.arguments))
+
+
+def alternate_of(exchange: Exchange, exchanges: dict[str, Exchange]) -> list[Exchange]:
+    """RabbitMQ's rule: an exchange with no destination for a message hands it to its
+    alternate exchange (if that exists), which may hand it on to its own."""
+    name = exchange.arguments.get(ALTERNATE_EXCHANGE)
+    alternate = exchanges.get(name) if isinstance(name, str) else None
+    if alternate is None or alternate.control:
+        return []
+    return [alternate]
 
 
 def topic_matches(pattern: str, routing_key: str) -> bool:
@@ -472,4 +504,5 @@ EXCHANGE_CLASSES: dict[str, type[Exchange]] = {
     "fanout": FanoutExchange,
     "topic": TopicExchange,
     "headers": HeadersExchange,
+    DEDUP_EXCHANGE: DedupExchange,
 }

@@ -30,7 +30,7 @@ from typing import Any
 
 from pamqp import exceptions
 
-from . import names
+from . import dedup, names
 from .arguments import (
     REPLICATE,
     QueueArgumentError,
@@ -49,7 +49,7 @@ from .changes import (
     Unbound,
 )
 from .deadletter import dead_letter, is_cycle
-from .forwards import Forward
+from .forwards import Forward, add_forwards
 from .kinds import new_queue
 from .message import Message, MessageIds
 from .queue import Queue
@@ -61,8 +61,9 @@ from .reserved import (
     STANDARD_EXCHANGES,
     UNDELETABLE,
     DefaultExchange,
+    hidden_refusal,
 )
-from .routing import EXCHANGE_CLASSES, ControlExchange, Exchange, arguments_size
+from .routing import EXCHANGE_CLASSES, ControlExchange, Exchange, alternate_of, arguments_size
 
 # What a server-named queue's name carries when the vhost is given no global name.
 DEFAULT_GLOBAL_NAME = "amqha"
@@ -309,7 +310,7 @@ class VHost:
         take its messages)."""
         queue = self.queues.get(name)
         if queue is not None and name in self.hidden:
-            raise _hidden_refusal(name)
+            raise hidden_refusal(name)
         self._check_guard(name, owner, reading)
         if queue is None:
             raise exceptions.AMQPNotFound(f"NOT_FOUND - no queue '{name}' in vhost '{self.name}'")
@@ -360,7 +361,7 @@ class VHost:
                 f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.'"
             )
         elif name in self.hidden:
-            raise _hidden_refusal(name)
+            raise hidden_refusal(name)
         self._check_guard(name, owner)
         arguments = arguments or {}
         if HIDDEN in arguments:
@@ -535,7 +536,7 @@ class VHost:
         if queue is None:
             return 0
         if name in self.hidden:
-            raise _hidden_refusal(name)
+            raise hidden_refusal(name)
         self._check_guard(name, owner)
         self._check_owner(queue, owner)
         if if_unused and queue.consumers:
@@ -622,7 +623,7 @@ class VHost:
         exchange = self._bindable_or_missing(exchange_name)
         queue = self.queues.get(queue_name)
         if queue_name in self.hidden:
-            raise _hidden_refusal(queue_name)
+            raise hidden_refusal(queue_name)
         self._check_guard(queue_name, owner)
         if queue is not None:
             self._check_owner(queue, owner)
@@ -697,7 +698,14 @@ class VHost:
         expiration_ms = message.expiration_ms()
         expiration = None if expiration_ms is None else expiration_ms / 1000.0
         accepted = True
+        copies = 0
         for queue in queues:
+            memory = queue.dedup
+            if memory is not None:
+                copy, key = dedup.find(memory, message, now, queue)
+                if copy:
+                    copies += 1
+                    continue
             limits = queue.limits
             if (
                 limits.max_length is not None or limits.max_length_bytes is not None
@@ -707,12 +715,18 @@ class VHost:
                     queue.refuse(message)
                 continue
             queue.enqueue(message, now, expiration)
+            if memory is not None and key is not None:
+                dedup.remember(
+                    memory, key, message, now, queue, queue.log, (self.name, "q", queue.name)
+                )
             queue.published += 1
             if queue.consumers:
                 queue.drain(now)
         if not accepted:
             return REFUSED
-        if log is not None and log.sync_lsn != sync_before:
+        if log is not None and (log.sync_lsn != sync_before or copies):
+            # A copy dropped waits as long as what came before it: its first may be
+            # still on its way to the disk or the PASSIVE.
             return log.sync_lsn
         return 0
 
@@ -720,20 +734,29 @@ class VHost:
 
     def route(self, exchange: Exchange, routing_key: str, message: Message) -> tuple[Queue, ...]:
         """The queues a message reaches, each once, following exchange-to-exchange bindings
-        and, from an exchange that routes it nowhere, that exchange's alternate exchange."""
+        and, from an exchange that routes it nowhere, that exchange's alternate exchange.
+        A deduplicating exchange routes a copy nowhere (``unrouted_wait``)."""
+        memory = exchange.dedup
+        if memory is not None:
+            log = self.log if self._logged_exchange(exchange) else None
+            where = (self.name, "x", exchange.name)
+            if dedup.dropped(memory, message, self.wall_clock(), log, where):
+                return ()
         found = exchange.route(routing_key, message.headers)
         forwards = self.forwards
         if exchange.name not in self._has_exchange_destinations and (
             found or ALTERNATE_EXCHANGE not in exchange.arguments
         ):
             if forwards and exchange.name in forwards:
-                return self._forwarded(exchange, message, found)
+                found_with: dict[Queue, None] = dict.fromkeys(found)
+                add_forwards(forwards, exchange.name, message, found_with)
+                return tuple(found_with)
             return found
         queues: dict[Queue, None] = {}
         seen: set[int] = {id(exchange)}
-        pending = list(found) or self._alternate_of(exchange)
+        pending = list(found) or alternate_of(exchange, self.exchanges)
         if forwards:
-            self._add_forwards(exchange, message, queues)
+            add_forwards(forwards, exchange.name, message, queues)
         while pending:
             destination = pending.pop()
             if isinstance(destination, Exchange):
@@ -741,31 +764,18 @@ class VHost:
                     continue
                 seen.add(id(destination))
                 reached = destination.route(routing_key, message.headers)
-                pending.extend(reached or self._alternate_of(destination))
+                pending.extend(reached or alternate_of(destination, self.exchanges))
                 if forwards:
-                    self._add_forwards(destination, message, queues)
+                    add_forwards(forwards, destination.name, message, queues)
             else:
                 queues[destination] = None
         return tuple(queues)
 
-    def _forwarded(self, exchange: Exchange, message: Message, found: tuple) -> tuple:
-        queues: dict[Queue, None] = dict.fromkeys(found)
-        self._add_forwards(exchange, message, queues)
-        return tuple(queues)
-
-    def _add_forwards(self, exchange: Exchange, message: Message, queues: dict) -> None:
-        for forward in self.forwards.get(exchange.name, ()):
-            if forward.takes(message):
-                queues[forward.queue] = None
-
-    def _alternate_of(self, exchange: Exchange) -> list[Exchange]:
-        """RabbitMQ's rule: an exchange with no destination for a message hands it to its
-        alternate exchange (if that exists), which may hand it on to its own."""
-        name = exchange.arguments.get(ALTERNATE_EXCHANGE)
-        alternate = self.exchanges.get(name) if isinstance(name, str) else None
-        if alternate is None or alternate.control:
-            return []
-        return [alternate]
+    def unrouted_wait(self, exchange: Exchange) -> int:
+        """What the confirm of a publish that reached no queue waits for: through a
+        deduplicating exchange, what came before it (its first, or the key it left)."""
+        log = self.log
+        return log.sync_lsn if exchange.dedup is not None and log is not None else 0
 
     # -- dead letters --------------------------------------------------------------
 
@@ -786,9 +796,3 @@ class VHost:
         )
         if targets:
             self.enqueue(dead, targets, self.wall_clock())
-
-
-def _hidden_refusal(name: str) -> exceptions.AMQPAccessRefused:
-    return exceptions.AMQPAccessRefused(
-        f"ACCESS_REFUSED - queue '{name}' is the server's own (a hidden federation queue)"
-    )

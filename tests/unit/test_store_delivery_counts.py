@@ -80,6 +80,7 @@ def test_a_version_2_store_gains_the_deliveries_table_at_open(path: Path) -> Non
     writer.close()
     db = sqlite3.connect(path)
     db.execute("DROP TABLE deliveries")
+    db.execute("DROP TABLE dedup")
     db.execute("UPDATE meta SET value = 2 WHERE key = 'version'")
     db.commit()
     db.close()

@@ -191,6 +191,7 @@ def test_a_version_1_store_gains_the_runs_table_at_open(path: Path) -> None:
     db = sqlite3.connect(path)
     db.execute("DROP TABLE runs")
     db.execute("DROP TABLE deliveries")
+    db.execute("DROP TABLE dedup")
     db.execute("UPDATE meta SET value = 1 WHERE key = 'version'")
     db.commit()
     db.close()

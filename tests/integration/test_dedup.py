@@ -1,0 +1,164 @@
+"""Message deduplication on real servers through a real client (aio-pika): the plugin's
+interface (an ``x-message-deduplication`` exchange and queue argument, every copy still
+confirmed), a bad argument refused with 406 naming it and nothing made, the keys a
+durable queue's cache took surviving a restart, and exactly once through kill -9s of the
+ACTIVE: ``Publisher(deduplicate=True)`` sends again what the kill left unconfirmed, the
+new ACTIVE drops each copy and confirms it (docs/compat.md, "Message deduplication")."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aio_pika
+import aiormq
+import pytest
+
+from amqha.client import Publisher
+from tests.pairs import MakePair
+from tests.support import ServerProcess, soak_size
+
+DEDUP = "x-message-deduplication"
+
+
+async def _publish(channel: Any, exchange: Any, key: Any, routing_key: str, **headers) -> None:
+    if key is not None:
+        headers["x-deduplication-header"] = key
+    message = aio_pika.Message(b"m", headers=headers or None, delivery_mode=2)
+    await exchange.publish(message, routing_key=routing_key)  # confirmed, or it raises
+
+
+async def _count(channel: Any, queue: str) -> int:
+    declared = await channel.declare_queue(queue, passive=True)
+    return declared.declaration_result.message_count
+
+
+async def test_the_plugins_exchange_and_queue_drop_copies_and_confirm_them(
+    broker: ServerProcess,
+) -> None:
+    connection = await aio_pika.connect(broker.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.declare_exchange(
+            "dedup-x", DEDUP, arguments={"x-cache-size": 10, "x-cache-ttl": 60_000}
+        )
+        queue = await channel.declare_queue("dedup-x-q", auto_delete=True)
+        await queue.bind(exchange, "#")
+        for _ in range(5):
+            await _publish(channel, exchange, "deduplicate-this", "#")
+        await _publish(channel, exchange, None, "#")
+        await _publish(channel, exchange, None, "#")
+        assert await _count(channel, "dedup-x-q") == 3
+
+        await channel.declare_queue("dedup-q", arguments={DEDUP: True}, auto_delete=True)
+        default = channel.default_exchange
+        for key in ("k", "k", 42, 42, 4.2, 4.2):
+            await _publish(channel, default, key, "dedup-q")
+        assert await _count(channel, "dedup-q") == 3
+        first = await (await channel.get_queue("dedup-q")).get(no_ack=False)
+        await _publish(channel, default, "k", "dedup-q")  # delivered, not acked: a copy
+        await first.ack()
+        await _publish(channel, default, "k", "dedup-q")  # acked: in again
+        assert await _count(channel, "dedup-q") == 3
+
+
+@pytest.mark.parametrize(
+    "declare, named",
+    [
+        (("exchange", "bad-x", DEDUP, {}), "x-cache-size"),
+        (("exchange", "bad-x", DEDUP, {"x-cache-size": 0}), "x-cache-size"),
+        (("exchange", "bad-x", DEDUP, {"x-cache-size": 5, "x-cache-ttl": -1}), "x-cache-ttl"),
+        (("queue", "bad-q", None, {DEDUP: "yes"}), DEDUP),
+        (("queue", "bad-q", None, {"x-deduplication-by": "message-id"}), "x-cache-size"),
+    ],
+)
+async def test_a_bad_argument_is_refused_naming_it_and_nothing_is_made(
+    broker: ServerProcess, declare: tuple, named: str
+) -> None:
+    what, name, kind, arguments = declare
+    connection = await aio_pika.connect(broker.url)
+    async with connection:
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match=named):
+            if what == "exchange":
+                await channel.declare_exchange(name, kind, arguments=arguments)
+            else:
+                await channel.declare_queue(name, arguments=arguments)
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelNotFoundEntity):
+            if what == "exchange":
+                await channel.declare_exchange(name, passive=True)
+            else:
+                await channel.declare_queue(name, passive=True)
+
+
+async def test_a_durable_queues_message_id_cache_survives_a_restart(make_server: Any) -> None:
+    server = make_server().start()
+    arguments = {"x-deduplication-by": "message-id", "x-cache-size": 100}
+    for round_ in range(2):
+        connection = await aio_pika.connect(server.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            queue = await channel.declare_queue("by-id", durable=True, arguments=arguments)
+            for message_id in ("a", "b"):
+                message = aio_pika.Message(b"m", message_id=message_id, delivery_mode=2)
+                await channel.default_exchange.publish(message, routing_key="by-id")
+            if round_ == 0:
+                assert await _count(channel, "by-id") == 2
+                for _ in range(2):  # consumed: the keys stay
+                    await queue.get(no_ack=True)
+            else:
+                assert await _count(channel, "by-id") == 0
+        if round_ == 0:
+            server.kill()
+            server.start()
+
+
+async def test_kills_of_the_active_leave_each_message_once(make_pair: MakePair) -> None:
+    """Each round (4 in ``make test``, 20 in ``make soak``): 200 messages under a
+    deduplicating Publisher, the ACTIVE killed with some unconfirmed, the killed server
+    restarted; at the end the queue holds every message id exactly once."""
+    kills = soak_size(4, 20)
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    urls = [pair.primary.url, pair.backup.url]
+
+    async def setup(channel: aio_pika.abc.AbstractChannel) -> None:
+        await channel.declare_queue("once", durable=True, arguments={DEDUP: True})
+
+    sent: list[str] = []
+    started = time.monotonic()
+    async with Publisher(urls, setup=setup, max_pending=200, deduplicate=True) as publisher:
+        for number in range(kills):
+            active, _ = await pair.settled(timeout=60, interval=0.1)
+            futures = []
+            for index in range(200):
+                message = aio_pika.Message(f"{number}-{index}".encode(), delivery_mode=2)
+                futures.append(await publisher.send(message, routing_key="once"))
+                sent.append(message.message_id or "")
+                if index == 50:
+                    await asyncio.wait_for(futures[0], 30)
+            pair.kill(active)
+            active.start(wait=False)
+            await publisher.flush(60)
+            assert all(f.done() and f.exception() is None for f in futures)
+        resent = publisher.resent
+    active, _ = await pair.settled(timeout=60, interval=0.1)
+    for path in pair.quarantine_files():
+        raise AssertionError(f"a quarantine file: {path}")  # no dual active expected here
+    seen: list[str] = []
+    connection = await aio_pika.connect(active.url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("once", durable=True, arguments={DEDUP: True})
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            seen.append(message.message_id or "")
+    lost = set(sent) - set(seen)
+    duplicates = len(seen) - len(set(seen))
+    print(
+        f"{kills} kills in {time.monotonic() - started:.1f} s: {len(sent)} confirmed, "
+        f"{resent} sent again, {len(lost)} lost, {duplicates} duplicates"
+    )
+    assert not lost and duplicates == 0 and set(seen) <= set(sent)
+    assert resent > 0  # the kills left confirms unsent: copies reached the new ACTIVE
