@@ -16,7 +16,7 @@ import aiormq
 import pytest
 
 from amqha.client import Publisher
-from tests.pairs import MakePair
+from tests.pairs import MakePair, client_vote, poll
 from tests.support import ServerProcess, soak_size
 
 DEDUP = "x-message-deduplication"
@@ -162,3 +162,78 @@ async def test_kills_of_the_active_leave_each_message_once(make_pair: MakePair) 
     )
     assert not lost and duplicates == 0 and set(seen) <= set(sent)
     assert resent > 0  # the kills left confirms unsent: copies reached the new ACTIVE
+
+
+def _passive_syncs(pair: Any, server: Any) -> list[dict[str, Any]]:
+    return [e for e in pair.events(server) if e["event"] == "sync" and e.get("side") == "passive"]
+
+
+async def test_kills_of_the_active_right_after_a_catch_up_leave_each_message_once(
+    make_pair: MakePair,
+) -> None:
+    """A backlog, a deduplicating Publisher that keeps sending; twice: kill -9 and restart
+    the PASSIVE, and the moment its event log says in sync (the snapshot, then the
+    changes since, applied), kill -9 the ACTIVE and restart it. Every message once."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    urls = [pair.primary.url, pair.backup.url]
+
+    async def setup(channel: aio_pika.abc.AbstractChannel) -> None:
+        await channel.declare_queue("caught-up", durable=True, arguments={DEDUP: True})
+
+    sent: list[str] = []
+    futures: list[asyncio.Future[None]] = []
+    stop = asyncio.Event()
+
+    async def keep_sending(publisher: Publisher) -> None:
+        number = 0
+        while not stop.is_set():
+            message = aio_pika.Message(b"x" * 2000, delivery_mode=2)
+            futures.append(await publisher.send(message, routing_key="caught-up"))
+            sent.append(message.message_id or "")
+            number += 1
+            if number % 50 == 0:
+                await asyncio.sleep(0.01)
+
+    async with Publisher(urls, setup=setup, max_pending=200, deduplicate=True) as publisher:
+        sending = asyncio.create_task(keep_sending(publisher))
+        try:
+            for _ in range(2):
+                active, passive = await pair.settled(timeout=60, interval=0.1)
+                target = len(sent) + 3000  # a backlog for the snapshot to carry
+                await poll(lambda: len(sent) >= target, 60, "a backlog sent")  # noqa: B023
+                pair.kill(passive)
+                seen = len(_passive_syncs(pair, passive))
+                passive.start()
+                await poll(
+                    lambda: any(
+                        e.get("sync") == "in_sync"
+                        for e in _passive_syncs(pair, passive)[seen:]  # noqa: B023
+                    ),
+                    60,
+                    "the restarted passive in sync",
+                    interval=0.005,
+                )
+                pair.kill(active)
+                await client_vote([passive], retry_for=30)
+                await poll(lambda: pair.state(passive) == "ACTIVE", 60, "the takeover")  # noqa: B023
+                active.start(wait=False)
+        finally:
+            stop.set()
+            await asyncio.wait_for(sending, 60)
+        await publisher.flush(60)
+        assert all(f.done() and f.exception() is None for f in futures)
+        resent = publisher.resent
+    active, _ = await pair.settled(timeout=60, interval=0.1)
+    assert pair.quarantine_files() == []
+    seen_ids: list[str] = []
+    connection = await aio_pika.connect(active.url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("caught-up", durable=True, arguments={DEDUP: True})
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            seen_ids.append(message.message_id or "")
+    lost = set(sent) - set(seen_ids)
+    duplicates = len(seen_ids) - len(set(seen_ids))
+    print(f"{len(sent)} confirmed, {resent} sent again, {len(lost)} lost, {duplicates} duplicates")
+    assert not lost and duplicates == 0
