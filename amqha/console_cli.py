@@ -107,6 +107,9 @@ def console(
     \b
     status                          both servers: role, state, epoch, peer, clients; health
     recover                         fail back to the primary (backup ACTIVE -> PASSIVE)
+    switchover [--wait S]           hand the service from the ACTIVE to its in-sync PASSIVE
+                                    (planned: publishers wait, nothing confirmed twice);
+                                    --wait: until the PASSIVE is in sync, at most S s
     promote [--force]               make the server that is not ACTIVE serve, when its peer
                                     is down (--force: even if the peer is ACTIVE, which then
                                     steps down; messages queued there stay there)

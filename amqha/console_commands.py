@@ -31,7 +31,7 @@ from .console_text import (
     print_status,
     states,
 )
-from .console_words import events_limit, parse_words
+from .console_words import events_limit, parse_words, wait_seconds
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,17 @@ async def _recover(line: _Line) -> int:
     async with ConsoleClient(target, line.timeout) as console:
         result = await console.call("recover")
     done(line.as_json, "recover", target, result, f"recover: {result['result']}")
+    return EXIT_OK
+
+
+async def _switchover(line: _Line) -> int:
+    """Hands the service from the ACTIVE, whichever it is, to its in-sync PASSIVE."""
+    wait = wait_seconds(line.options.get("--wait", "0"))
+    target = await _active(line.servers, line.timeout, "switchover")
+    # The answer comes once the drain is over (at most 10 s) or the wait ran out.
+    async with ConsoleClient(target, line.timeout + wait + 15) as console:
+        result = await console.call("switchover", wait=wait)
+    done(line.as_json, "switchover", target, result, f"switchover: {result['result']}")
     return EXIT_OK
 
 
@@ -166,6 +177,7 @@ async def _view(line: _Line) -> int:
 _HANDLERS: dict[str, Callable[[_Line], Awaitable[int]]] = {
     "status": _status,
     "recover": _recover,
+    "switchover": _switchover,
     "promote": _promote_command,
     "controller": _controller,
     "events": _events_command,

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 COMMANDS = (
     "status",
     "recover",
+    "switchover",
     "promote",
     "connections",
     "queues",
@@ -67,6 +68,7 @@ class ConsoleService:
         self.handlers: dict[str, Callable[[dict[str, Any], str], Any]] = {
             "status": self.on_status,
             "recover": self.on_pair_command("recover"),
+            "switchover": self.on_pair_command("switchover"),
             "promote": self.on_pair_command("promote"),
             "connections": self.on_connections,
             "queues": self.on_queues,

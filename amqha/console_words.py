@@ -18,6 +18,7 @@ from .console_service import COMMANDS
 _SYNTAX: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     "status": ((), {}),
     "recover": ((), {}),
+    "switchover": ((), {"--wait": False}),
     "promote": ((), {"--force": True}),
     "connections": ((), {}),
     "queues": ((), {}),
@@ -104,6 +105,16 @@ def parse_words(words: list[str]) -> tuple[str, list[str], dict[str, Any]]:
     if command == "controller" and positional[0] not in ("stop", "start"):
         usage("usage: controller stop|start")
     return command, positional, options
+
+
+def wait_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        usage("switchover: --wait takes seconds from 0 to 3600")
+    return value
 
 
 def events_limit(text: str) -> int:

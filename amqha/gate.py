@@ -169,6 +169,16 @@ class Member(Protocol):
         """Stop reading clients and sending confirms (a frozen server waking)."""
         ...
 
+    def hold_clients(self, hold: bool) -> None:
+        """A planned switchover drains this ACTIVE: stop reading (``hold``) or read again
+        its client connections, and any that opens meanwhile."""
+        ...
+
+    def undrained(self) -> str | None:
+        """Why this ACTIVE cannot hand over yet (None: drained): a confirm it owes not
+        written, or a change not yet on its in-sync PASSIVE."""
+        ...
+
     def release_held(self) -> None: ...
 
 

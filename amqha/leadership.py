@@ -23,6 +23,7 @@ from .quarantine import (
     read_unprotected_mark,
     write_unprotected_mark,
 )
+from .read_holds import READ_HELD_SWITCHOVER
 from .replication import Follower
 
 log = logging.getLogger("amqha.server")
@@ -64,6 +65,7 @@ class Leadership:
         if not self.leading and self.follower is not None:
             return
         self.leading = False
+        self.switching = False
         if self.federation is not None:
             self.federation.set_leading(False)
         self.feed.drop("this server is no longer ACTIVE")
@@ -80,6 +82,30 @@ class Leadership:
             self.config.failover.secret,
         )
         self.loop.create_task(self.follower.start())
+
+    def hold_clients(self, hold: bool) -> None:
+        """A planned switchover (failover/switchover.py): no client connection is read
+        while it drains, so nothing changes but what was read before; what clients sent
+        meanwhile waits in their sockets for the new ACTIVE."""
+        self.switching = hold
+        for connection in self.client_connections():
+            connection.hold_reading(READ_HELD_SWITCHOVER, hold)
+
+    def undrained(self) -> str | None:
+        if not self.feed.in_sync:
+            return "no PASSIVE in sync"
+        waiting = self.confirms.waiting
+        if waiting.trackers or waiting.commits:
+            return "confirms wait for the store or the PASSIVE"
+        for connection in self.client_connections():
+            if connection.due_confirms or connection.backlog is not None:
+                return "confirms not yet written to a client"
+        log_ = self.log
+        if log_ is not None and self.feed.replicated_lsn < log_.lsn:
+            # Deliveries and acks too: the new ACTIVE must know what was delivered here
+            # (redelivered) and what was settled (gone).
+            return f"the PASSIVE holds LSN {self.feed.replicated_lsn} of {log_.lsn}"
+        return None
 
     def passive_stalled(self, limit: float) -> None:
         if self.leading:

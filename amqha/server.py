@@ -57,6 +57,7 @@ from .leadership import Leadership
 from .listener import Listener
 from .memory_account import MemoryAccount
 from .queue_timers import QueueTimers
+from .read_holds import READ_HELD_SWITCHOVER
 from .replication import Feed, Follower
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ class Broker(Leadership, StoreSide):
         # member leads while ACTIVE (``lead``) and follows its ACTIVE peer while PASSIVE
         # (``follow``): the pair tells it which.
         self.leading = config.failover.role is None
+        # A planned switchover drains this ACTIVE: publishers are not read (leadership.py).
+        self.switching = False
         self.feed = Feed(self, self._feed_sync, self._feed_unprotected)
         # Names consumed without a queue, and their services: the replication feed's.
         self.consume_services: dict[str, ConsumeService] = {FEED_QUEUE: FeedService(self)}
@@ -391,6 +394,8 @@ class Broker(Leadership, StoreSide):
         self.vhost_connections[vhost] = self.vhost_connections.get(vhost, 0) + 1
         self.user_connections[user] = self.user_connections.get(user, 0) + 1
         connection.counted = True
+        if self.switching and not connection.bypasses_gate:
+            connection.hold_reading(READ_HELD_SWITCHOVER, True)
         if self.blocked:
             self._apply_block(connection)
 

@@ -6,7 +6,7 @@ Modules: ``bench.broker_bench``, ``bench.durable_bench`` and ``bench.federation_
 (amqha beside RabbitMQ: the second on a durable queue with persistent messages, the third
 through a federated exchange), ``bench.failover_bench``,
 ``bench.client_freeze_bench`` and ``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench``,
-``bench.store_bench`` and ``bench.dedup_bench`` (``run(sizes) -> dict``). A module
+``bench.store_bench``, ``bench.dedup_bench`` and ``bench.switchover_bench`` (``run(sizes) -> dict``). A module
 that is not there is skipped and said so; one that fails is reported with its error,
 and the others still run. The JSON goes to stdout and to ``bench/out/latest.json``;
 a short table goes to stderr.
@@ -39,6 +39,7 @@ BENCHES = {
     "federation": "bench.federation_bench",
     "client_freeze": "bench.client_freeze_bench",
     "dedup": "bench.dedup_bench",
+    "switchover": "bench.switchover_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 

@@ -2,7 +2,7 @@
 
 Owns: feeding the machine (signed, validated state messages from the peer, every client
 Connection.Open through the broker's gate; the console's recover / promote / controller
-commands are ``pair_commands``'), carrying out its actions in order (persist the epoch
+commands are ``pair_commands``', the planned switchover ``switchover``'s), carrying out its actions in order (persist the epoch
 before serving, and never serve if that fails; send the handover; close clients and
 administrators with a redirect; log), the fence after a freeze (the machine decides it on
 PAUSED; ``freeze_rule`` notices the freeze, holds the work and releases it), the
@@ -47,6 +47,7 @@ from .freeze_rule import FreezeRule
 from .heartbeat import Heartbeat
 from .pair_commands import PairCommands
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
+from .switchover import Switchover
 from .witness_rule import WitnessRule
 
 log = logging.getLogger("amqha.failover")
@@ -61,7 +62,7 @@ MALFORMED_RECORD_INTERVAL = 60.0
 CLIENT_RECORD_INTERVAL = 1.0
 
 
-class FailoverController(FreezeRule, WitnessRule, PairCommands):
+class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
     def __init__(self, broker: Member, config: ServerConfig) -> None:
         assert config.failover.role is not None and config.failover.peer is not None
         self.broker = broker
@@ -149,6 +150,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands):
         self._following = False
         self.init_witness_rule()
         self.init_pair_commands()
+        self.init_switchover()
 
     def _make_peering(self, on_up: Callable[[], None]) -> Peering:
         # A restarted peer gives us one timeout of grace before a client vote can make it
@@ -352,6 +354,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands):
             return
         outcome = fsm.step(self.machine, fsm.PEER_EVENT[peer.state], now, peer)
         self.apply(outcome)
+        self._heard_after_switchover(peer)
         if outcome.machine.misconfigured is None and not self.peer_heard:
             self.peer_heard = True
             log.info("peer %s heard: %s epoch %d", escaped(peer.name), peer.state.value, peer.epoch)

@@ -3,7 +3,7 @@
 Owns: the single transition table that maps every (state, event) pair of docs/failover.md
 to a handler (the roles, states, events and the values a step takes and returns are in
 ``values`` and re-exported here), the client vote, epochs, dual-active resolution,
-misconfiguration detection and the manual failback. `step()` is the only entry point: it takes
+misconfiguration detection, the manual failback and the planned switchover. `step()` is the only entry point: it takes
 a `Machine` value, an event and the current monotonic time, and returns an `Outcome` value
 carrying the new machine, the transition (if any), the answer to whoever asked (a client, the
 console, the peer's handover) and the actions the host must carry out.
@@ -192,6 +192,7 @@ def step(
         peer_expiry=max(machine.peer_expiry, now + machine.timeout),
         misconfigured=None,
         peer_gone=False,
+        handed_over=None if event is Event.PEER_ACTIVE else machine.handed_over,
     )
     if heard.fenced and peer.epoch > heard.epoch and event is not Event.PEER_ACTIVE:
         outcome = _overtaken(heard, event, peer)
@@ -543,13 +544,50 @@ def _manual_recover(machine: Machine, event: Event, now: float) -> Outcome:
     # Clients sent on before HANDOVER reaches the primary are told "no active server" (or
     # sent back here) for that moment; they retry, as after any failover.
     return _move(
-        machine,
+        replace(machine, handed_over=now),
         State.PASSIVE,
         event,
         "manual recovery: handing the service back to the primary",
         decision=_ACCEPT,
         actions=(SendHandover(), RedirectClients(peer.listen)),
     )
+
+
+def _switchover(machine: Machine, event: Event, now: float) -> Outcome:
+    """A planned switchover: the ACTIVE (either role), drained by its host (nothing read
+    left unconfirmed, its in-sync PASSIVE holding everything), hands the service to that
+    PASSIVE, which takes it in the next epoch of its own (HANDOVER)."""
+    peer = machine.peer
+    if machine.fenced:
+        return Outcome(machine, decision=_REFUSE_FROZEN)
+    if machine.misconfigured is not None:
+        return Outcome(machine, decision=Refuse(machine.misconfigured))
+    if peer is None or not machine.peer_alive(now):
+        return Outcome(machine, decision=Refuse(f"the {_peer_role(machine)} is not heard from"))
+    if peer.state != State.PASSIVE:
+        return Outcome(
+            machine, decision=Refuse(f"the {_peer_role(machine)} is {peer.state}, not PASSIVE")
+        )
+    if not peer.in_sync:
+        return Outcome(
+            machine,
+            decision=Refuse(
+                f"the {_peer_role(machine)} is not in sync: it would serve without messages "
+                "this server confirmed"
+            ),
+        )
+    return _move(
+        replace(machine, handed_over=now),
+        State.PASSIVE,
+        event,
+        f"planned switchover: handing the service to the {_peer_role(machine)}",
+        decision=_ACCEPT,
+        actions=(SendHandover(), RedirectClients(peer.listen)),
+    )
+
+
+def _peer_role(machine: Machine) -> str:
+    return "backup" if machine.role is Role.PRIMARY else "primary"
 
 
 def _take_handover(machine: Machine, event: Event, now: float) -> Outcome:
@@ -590,6 +628,8 @@ def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
     If exactly one of them is in sync with the ACTIVE they followed, that one leads."""
     peer = machine.peer
     assert peer is not None
+    if machine.handed_over is not None and now < machine.handed_over + machine.timeout:
+        return Outcome(machine)  # the peer's state crossed our handover: it takes it next
     if machine.in_sync != peer.in_sync:
         if machine.in_sync:
             return _become_active(
@@ -642,6 +682,7 @@ def _same_role(machine: Machine, event: Event, now: float) -> Outcome:
 _RECOVER_ON_ACTIVE_BACKUP = "recover runs on the backup while it is ACTIVE; this server is "
 _HANDOVER_ONLY_PASSIVE = "a handover is taken only while PASSIVE; this server is "
 _ALREADY_ACTIVE = "this server is already ACTIVE: nothing to promote"
+_SWITCHOVER_ONLY_ACTIVE = "a switchover runs on the ACTIVE server; this server is "
 
 # The whole machine. Every (state, event) pair is a key: a missing one is a bug, not a no-op.
 TRANSITIONS: dict[tuple[State, Event], Handler] = {
@@ -659,6 +700,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PRIMARY, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.PRIMARY, Event.PAUSED): _paused,
     (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
+    (State.PRIMARY, Event.SWITCHOVER): _refuse(_SWITCHOVER_ONLY_ACTIVE + "PRIMARY"),
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
     (State.BACKUP, Event.PEER_PRIMARY): _backup_waits_for_primary,
     (State.BACKUP, Event.PEER_BACKUP): _same_role,
@@ -673,6 +715,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.BACKUP, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.BACKUP, Event.PAUSED): _paused,
     (State.BACKUP, Event.FORCE_PROMOTE): _promote,
+    (State.BACKUP, Event.SWITCHOVER): _refuse(_SWITCHOVER_ONLY_ACTIVE + "BACKUP"),
     # ACTIVE: this server serves clients.
     (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
     (State.ACTIVE, Event.PEER_BACKUP): _stay("the restarted backup follows us"),
@@ -687,6 +730,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.ACTIVE, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.ACTIVE, Event.PAUSED): _paused,
     (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
+    (State.ACTIVE, Event.SWITCHOVER): _switchover,
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _passive_sees_primary_start,
     (State.PASSIVE, Event.PEER_BACKUP): _backup_returns,
@@ -701,6 +745,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.PASSIVE, Event.PAUSED): _paused,
     (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
+    (State.PASSIVE, Event.SWITCHOVER): _refuse(_SWITCHOVER_ONLY_ACTIVE + "PASSIVE"),
 }
 
 

@@ -44,6 +44,7 @@ class PairCommands:
             "recover": self._command_recover,
             "promote": self._command_promote,
             "controller": self._command_controller,
+            "switchover": self._command_switchover,  # type: ignore[attr-defined]
         }
 
     def command(self, name: str, args: dict[str, Any], user: str) -> Any:

@@ -40,6 +40,7 @@ class Event(StrEnum):
     WITNESS_AGREES = "WITNESS_AGREES"
     WITNESS_DISAGREES = "WITNESS_DISAGREES"
     PAUSED = "PAUSED"  # this process was frozen past its timeout; `now` is the thaw
+    SWITCHOVER = "SWITCHOVER"  # planned: the drained ACTIVE hands the service to its peer
 
 
 # The event a peer's state message raises: named here, not by coincidence of enum values.
@@ -105,6 +106,10 @@ class Machine:
     reconnect: float = 0.0
     thawed: float | None = None
     thaw_seq: int = 0
+    # When this server handed the service over (a switchover, a recover): until the peer
+    # is heard ACTIVE, or a timeout has passed, a PASSIVE peer is one whose state message
+    # crossed the handover, not one to lead beside.
+    handed_over: float | None = None
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:

@@ -218,7 +218,9 @@ def _failover(
         latest, latest_on = min(bounds, default=(taken, new.node))
         latest = min(latest, taken)
     trigger = opened.get("trigger")
-    if trigger in MANUAL_TRIGGERS or (ended and ended.get("trigger") == "MANUAL_RECOVER"):
+    if ended and ended.get("trigger") == "SWITCHOVER":
+        cause = "switchover"  # planned: the old ACTIVE drained and handed over
+    elif trigger in MANUAL_TRIGGERS or (ended and ended.get("trigger") == "MANUAL_RECOVER"):
         cause = "manual"
     elif freeze is not None:
         cause = "freeze"

@@ -92,7 +92,7 @@ FEDERATION_EVENT = "federation"
 LINK_UP = "link_up"
 LINK_FAILED = "link_failed"
 LINK_DOWN_KINDS = ("link_down", LINK_FAILED)
-RECOVERY_TRIGGERS = ("MANUAL_RECOVER", "HANDOVER")
+RECOVERY_TRIGGERS = ("MANUAL_RECOVER", "SWITCHOVER", "HANDOVER")
 RECOVER_COMMAND = r"(?i)^\s*recover\b"
 MINUTE = 60
 
@@ -288,6 +288,7 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
 OUTCOMES = ("takeover", "already_active", "survivor_down", "unresolved")
 # Why a failover happened (docs/report.md, "Failovers"), in the order the rules are tried.
 CAUSES = (
+    "switchover",
     "manual",
     "freeze",
     "stopped",

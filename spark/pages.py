@@ -44,7 +44,8 @@ GLOSSARY = (
     " the cause), `silence` (nothing heard from it for the peer"
     " timeout; it may have been frozen or cut off), `cut link` (both servers lived through it:"
     " the link between them was cut; clients on the old ACTIVE's side may have been served"
-    " by both, shown as dual active), `manual` (`console recover` or `promote`), `stopped` (the"
+    " by both, shown as dual active), `switchover` (planned: `console switchover` drained the"
+    " old ACTIVE and handed over), `manual` (`console recover` or `promote`), `stopped` (the"
     " old ACTIVE was stopped cleanly), `dual active` (the new ACTIVE took over while the old"
     " one was still ACTIVE, with no loss logged), `unknown` (no rule fits).",
     "**Detection**: from the old ACTIVE's last state message to the survivor's `peer lost`."

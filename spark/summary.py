@@ -370,6 +370,8 @@ def _tail_summaries(tables: Mapping[str, Sequence[Row]], figures: PairFigures) -
                 1 for r in recoveries if r["trigger"] == "MANUAL_RECOVER"
             ),
             "handovers": sum(1 for r in recoveries if r["trigger"] == "HANDOVER"),
+            # planned switchovers handed over (each also one handover, on the peer)
+            "switchovers": sum(1 for r in recoveries if r["trigger"] == "SWITCHOVER"),
         },
         "misconfigurations": len(tables["misconfigurations"]),
         "witness": figures.witness,

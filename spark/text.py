@@ -228,7 +228,8 @@ def _state_lines(p: Mapping) -> list[str]:
     lines.append(f"    redirects   {p['redirects']}, refusals {p['refusals']}")
     lines.append(
         f"    recoveries  {rec['manual_recover_transitions']} failback(s) done,"
-        f" {rec['recover_commands']} recover command(s), {rec['handovers']} handover(s);"
+        f" {rec['recover_commands']} recover command(s), {rec['switchovers']} planned"
+        f" switchover(s), {rec['handovers']} handover(s);"
         f" misconfigurations {p['misconfigurations']}"
     )
     return lines

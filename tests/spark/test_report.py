@@ -224,6 +224,7 @@ def test_console_recovery_details(tmp_path: Path) -> None:
         "recover_commands": 2,
         "manual_recover_transitions": 1,
         "handovers": 1,
+        "switchovers": 0,
     }
     refused, accepted = (r for r in report.tables["recoveries"] if r["event"] == "console")
     assert refused["result"].startswith("refused")

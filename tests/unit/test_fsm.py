@@ -30,7 +30,7 @@ from failover.fsm import (
 )
 
 # The cells of promotion and of a dead, frozen or witnessed peer are claimed there.
-from tests.unit import test_fsm_peer_down  # noqa: F401
+from tests.unit import test_fsm_peer_down, test_fsm_switchover  # noqa: F401
 from tests.unit.fsm_support import (
     CELL_TESTS,
     EXPIRED,
