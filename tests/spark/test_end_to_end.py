@@ -1,14 +1,22 @@
-"""``amqha report`` on the logs a real pair wrote through a kill -9, a recovery, a freeze and
-a SIGTERM, under a confirming publisher.
+"""``amqha report`` on the logs a real pair wrote through a kill -9, a recovery, two planned
+switchovers, a freeze and a SIGTERM, under a confirming publisher.
 
 Two real ``amqha`` processes: the primary is killed with SIGKILL and a client's connect
 makes the backup ACTIVE; the primary restarts PASSIVE and ``console recover`` hands the
-service back; the primary is frozen (SIGSTOP) and a client's vote makes the backup ACTIVE,
+service back; two planned switchovers (``console switchover``) move it to the backup and
+back; the primary is frozen (SIGSTOP) and a client's vote makes the backup ACTIVE,
 the primary thaws and steps down; the ACTIVE backup is stopped with SIGTERM and a client's
 vote makes the primary ACTIVE. A publisher confirms throughout, knocking on both servers;
 none of its confirmed messages may be missing at the end. Then the real command line runs
 the Spark job on both servers' event logs: every takeover has its row, with its cause and
 bounds that hold the outage the test saw.
+
+The command runs twice, cold, as an operator runs it (a new process and JVM each time),
+with a cache directory of the test's own where a report ran before: the first run's JVM
+writes the class archive, the second starts from it; both give the report the
+reference computes, print the summary alone on stdout (the JVM logs elsewhere), and the
+same. Whether a run marks, writes, uses or does without the archive is decided before
+any JVM starts: tests/unit/test_report_jvm.py.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ import pytest
 
 from amqha.console import ConsoleClient
 from failover.events import read_events
+from spark import jvm, reference
 from spark.model import CLOCK_RESOLUTION_S
 from tests.durability import Ledger, drain, keep_publishing
 from tests.pairs import ADMIN, MakePair, client_vote, poll, url_of
+from tests.spark.compare import same
 from tests.support import ROOT
 
 QUEUE = "e2e-report"
@@ -39,7 +49,7 @@ QUEUE = "e2e-report"
 
 @pytest.mark.spark(child=True)  # Spark in a child process only
 async def test_report_shows_each_takeover_with_its_cause_and_outage(
-    make_pair: MakePair, tmp_path: Path
+    make_pair: MakePair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Peered through proxies: a proxy accepts while its server is down, so the backup has no
     # evidence of death (docs/failover.md) and loses the primary by silence, the timeout's
@@ -69,6 +79,20 @@ async def test_report_shows_each_takeover_with_its_cause_and_outage(
         await pair.wait_states("ACTIVE", "PASSIVE")
         back = time.time()
         await poll(lambda: confirmed_by("primary", back), 15, "the primary serving")
+        # 2b. Two planned switchovers: to the backup and back (each waits for its PASSIVE
+        # to be in sync).
+        for active, passive in ((pair.primary, pair.backup), (pair.backup, pair.primary)):
+            async with ConsoleClient(url_of(active, ADMIN), 60) as admin:
+                assert (await admin.call("switchover", wait=30))["state"] == "PASSIVE"
+            await poll(lambda: pair.state(passive) == "ACTIVE", 30, "the switchover")  # noqa: B023
+            switched = time.time()
+            await poll(
+                lambda: confirmed_by(passive.name, switched),  # noqa: B023
+                30,
+                "the new ACTIVE serving",
+            )
+        # The old ACTIVE rejoins as PASSIVE with a snapshot: in sync before the next fault.
+        await pair.settled()
         # 3. The ACTIVE primary frozen: a client's vote makes the backup ACTIVE; thawed, the
         # primary hears the higher epoch and steps down.
         assert pair.primary.process is not None
@@ -105,9 +129,33 @@ async def test_report_shows_each_takeover_with_its_cause_and_outage(
     command = [sys.executable, "-m", "amqha", "report", "--out", str(out), "--master", "local[2]"]
     for server in pair.servers:
         command += ["--events", str(server.events_path.parent)]
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # its own class archive
+    # A report ran here before: the mark it left, as its run decided (no JVM needed).
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    assert jvm.class_archive() is None
+    assert [p.name for p in (cache / "amqha").iterdir()][0].endswith(".jsa.seen")
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}  # its own class archive
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    (archive,) = (cache / "amqha").glob("*.jsa")
+    assert f"class archive: this JVM writes {archive}" in (out / "spark.log").read_text()
+    assert archive.stat().st_size > 0
+    assert sorted(p.name for p in (cache / "amqha").iterdir()) == [archive.name]
+    again = out.with_name("again")
+    rerun = [
+        *command[: command.index("--out") + 1],
+        str(again),
+        *command[command.index("--out") + 2 :],
+    ]
+    second = subprocess.run(rerun, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"class archive: {archive}\n" in (again / "spark.log").read_text()
+    expected = reference.compute([str(s.events_path.parent) for s in pair.servers]).summary
+    for run, folder in ((result, out), (second, again)):
+        same(json.loads((folder / "summary.json").read_text()), expected, folder.name)
+        assert run.stdout.startswith("amqha failover report\n")
+        assert "[warning]" not in run.stdout and "WARNING" not in run.stdout
+    assert result.stdout == second.stdout
 
     report = json.loads((out / "summary.json").read_text())
     assert report["bad_lines"] == 0
@@ -128,15 +176,18 @@ async def test_report_shows_each_takeover_with_its_cause_and_outage(
     assert [(r["from_node"], r["to_node"], r["cause"]) for r in rows] == [
         ("primary", "backup", "silence"),
         ("backup", "primary", "manual"),
+        ("primary", "backup", "switchover"),
+        ("backup", "primary", "switchover"),
         ("primary", "backup", "freeze"),
         ("backup", "primary", "stopped"),
     ]
-    assert summary["failovers"]["count"] == 4
-    assert report["fleet"]["takeover_delay_s"]["count"] == 3  # all but the manual one
+    assert summary["failovers"]["count"] == 6
+    assert summary["failovers"]["by_cause"]["switchover"] == 2  # planned, counted apart
+    assert report["fleet"]["takeover_delay_s"]["count"] == 3  # all but the planned ones
     # The outage the logs prove, and the longest they allow, hold what happened: the kill
     # and the SIGTERM at the test's clock (the same clock), the freeze to within a heartbeat
     # (the process stopped between its last tick, where the gap starts, and the next).
-    crash, _, freeze, term = rows
+    crash, _, _, _, freeze, term = rows
     slack = CLOCK_RESOLUTION_S
     seen = float(crash["end"]) - killed
     assert float(crash["outage_s"]) - slack <= seen <= float(crash["max_outage_s"]) + slack
@@ -157,7 +208,8 @@ async def test_report_shows_each_takeover_with_its_cause_and_outage(
     # The kill's loss, the freeze's, the SIGTERM's.
     assert summary["incidents"]["by_outcome"]["takeover"] >= 3
     recoveries = summary["manual_recoveries"]
-    assert (recoveries["recover_commands"], recoveries["handovers"]) == (1, 1)
+    assert (recoveries["recover_commands"], recoveries["handovers"]) == (1, 3)
+    assert recoveries["switchovers"] == 2
     assert summary["state_seconds"]["primary"]["DOWN"] > 0
     assert 0 < summary["availability"] < 1
     assert "freeze (silence, gap" in result.stdout and "stopped (" in result.stdout

@@ -1,6 +1,6 @@
 """What the report's driver JVM starts with (spark/jvm.py), decided before any JVM starts:
 whether a run marks its cache directory, writes the class archive, starts from it or does
-without it; and what a run that wrote one keeps. tests/spark/test_cold_start.py runs the
+without it; and what a run that wrote one keeps. tests/spark/test_end_to_end.py runs the
 JVMs that write and use it."""
 
 from __future__ import annotations
