@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .follower import Follower
 from .quarantine import (
     clear_incomplete,
     clear_unprotected_mark,
@@ -24,7 +25,6 @@ from .quarantine import (
     write_unprotected_mark,
 )
 from .read_holds import READ_HELD_SWITCHOVER
-from .replication import Follower
 
 log = logging.getLogger("amqha.server")
 
@@ -55,6 +55,7 @@ class Leadership:
             vhost.set_log(self.log)
             for queue in vhost.queues.values():
                 self.watch_queue(queue)
+        self.feed.set_leading(True)
         if not self.feed.in_sync:
             self._mark_unprotected(True)
             if self.pair_events is not None and self.config.replication.enabled:
@@ -69,6 +70,7 @@ class Leadership:
         if self.federation is not None:
             self.federation.set_leading(False)
         self.feed.drop("this server is no longer ACTIVE")
+        self.feed.set_leading(False)
         for vhost in self.vhosts.values():
             vhost.set_log(None)
         if not self.config.replication.enabled or self.store is None:

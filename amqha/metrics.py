@@ -347,6 +347,18 @@ def broker_metrics(snapshot: Snapshot) -> Iterator[Metric]:
             "Age of the oldest run the PASSIVE has not acked",
             value=feed["lag_seconds"] or 0.0,
         )
+    if feed is not None and feed.get("when_alone") == "hold":
+        yield GaugeMetricFamily(
+            "amqha_replication_held_confirms",
+            "Publishes whose confirms wait for a PASSIVE in sync (replication.when_alone: hold)",
+            value=feed.get("held_confirms") or 0,
+        )
+        since = feed.get("held_since")
+        yield GaugeMetricFamily(
+            "amqha_replication_held_seconds",
+            "Seconds since confirms last went out for want of an in-sync PASSIVE (0: none held)",
+            value=0.0 if since is None else max(0.0, time.time() - since),
+        )
     follower = replication.get("follower")
     if follower is not None:
         yield GaugeMetricFamily(

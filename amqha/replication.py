@@ -1,6 +1,6 @@
 """Replication: the ACTIVE's change stream, pushed to the PASSIVE over the peering.
 
-Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
+Owns: the ``Feed`` on the ACTIVE (the ``Follower`` on the PASSIVE is ``follower``'s).
 
 - The feed has at most one subscriber: a ``peering`` login consuming the control queue
   ``amq.replication`` with proof of the pair's secret (``core.feedauth``). It sends a
@@ -11,17 +11,7 @@ Owns: the ``Feed`` on the ACTIVE and the ``Follower`` on the PASSIVE.
   ("the PASSIVE holds everything up to LSN n"), its prefetch the flow control. The rules
   (when confirms wait for the PASSIVE, when it is in sync, where the unprotected mark
   starts) are ``core.sync.Leader``'s; in sync is declared with a marker in the stream.
-- The follower keeps a lean consuming link (``peering.ConsumerLink``) to the ACTIVE
-  subscribed to the feed. Each run is handled in the socket's read, its MAC checked
-  first; it is eligible to take over only from the ACTIVE's marker on
-  (``core.sync.Eligibility``). Every run is decoded (so validated) before anything of
-  it is stored or acked, then kept in the store as received (a pending run: one row),
-  acked once that is written, and applied with ``core.apply`` (the same function as
-  recovery) and written as rows after, in order, paced by the store's writer. A live
-  run's row is written with an fsync; a snapshot's runs before its last without one
-  (the last one's covers them), and none of a snapshot is applied before its end is
-  on disk: what the ACTIVE waits for, while catching up and in sync, is the decode and
-  one row per run; the rows and the state are off its way.
+- The follower (``follower.Follower``) subscribes, stores, applies and acks.
 
 Must not know: the failover state machine (the pair tells the broker to lead or to
 follow: see ``Broker.lead``/``Broker.follow``), the store's files. See
@@ -33,7 +23,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,28 +30,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from failover import keys
-from peering import ConsumerLink, Link, LinkClosed
-
 from .core import codec, feedauth
-from .core.apply import apply_run, state_changes
+from .core.apply import state_changes
 from .core.changes import (
     Batch,
     Bound,
     Change,
     DedupSeen,
     Enqueued,
-    PendingRun,
     QueueDeclared,
-    Reset,
-    RunWritten,
     Settled,
-    SnapshotEnd,
-    SnapshotPart,
     Unbound,
 )
-from .core.reserved import FEED_QUEUE
-from .core.sync import Eligibility, Leader, Phase, SentRun
+from .core.sync import Leader, Phase, SentRun
 
 if TYPE_CHECKING:
     from .host import ReplicationHost
@@ -163,7 +143,13 @@ class Feed:
         self.on_sync = on_sync
         # Protection was lost: the first message id the PASSIVE may not hold.
         self.on_unprotected = on_unprotected
+        config = broker.config
+        self.hold_alone = (
+            config.replication.when_alone == "hold" and config.failover.role is not None
+        )
         self.leader = Leader()
+        # When confirms began to wait for want of an in-sync PASSIVE (hold_alone), or None.
+        self.held_since: float | None = None
         self.subscriber: _Subscriber | None = None
         self.sent_lsn = 0
         self._snapshot: Iterator[Change] | None = None
@@ -233,6 +219,8 @@ class Feed:
         if leader.in_sync:
             mark = leader.unprotected_from(self._backlog_first_id(), self.broker.ids.next)
         was_in_sync = leader.drop()
+        if was_in_sync and self.hold_alone:
+            self.held_since = time.time()  # no confirm goes out from now on
         self._snapshot = None
         self._carry = []
         self._pending.clear()
@@ -398,6 +386,7 @@ class Feed:
                 leader.sync_lsn,
             )
         if synced.declared:
+            self.held_since = None
             sync_lsn = leader.sync_lsn
             # The marker: after every run it covers, so the PASSIVE reads it holding them.
             self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: sync_lsn})
@@ -431,9 +420,26 @@ class Feed:
             ),
             "lag_seconds": round(time.monotonic() - oldest.sent_at, 3) if oldest else 0.0,
             "replicated_lsn": leader.replicated_lsn,
+            "when_alone": "hold" if self.hold_alone else "confirm",
+            **self._held(),
             "snapshots": self.snapshots,
             "refused_subscriptions": self.refusals,
         }
+
+    def set_leading(self, leading: bool) -> None:
+        """This server leads (or no longer does): with ``when_alone: hold`` its confirms
+        wait for an in-sync PASSIVE from now on (a PASSIVE's own writes never wait)."""
+        self.leader.hold_alone = self.hold_alone and leading
+        self.held_since = time.time() if self.leader.hold_alone and not self.in_sync else None
+
+    def _held(self) -> dict[str, Any]:
+        """``when_alone: hold`` with no PASSIVE in sync: the publishes whose confirms wait,
+        and since when (wall clock) none has gone out."""
+        if not self.hold_alone or self.leader.gating or self.held_since is None:
+            return {"held_confirms": 0, "held_since": None}
+        waiting = self.broker.confirms.waiting
+        held = sum(len(tracker.unsafe) for tracker in waiting.trackers)
+        return {"held_confirms": held, "held_since": round(self.held_since, 3)}
 
 
 def _cut(changes: list[Change], budget: int = RUN_BYTES) -> int:
@@ -462,335 +468,3 @@ def _leaves_out(change: Change, unreplicated: set[tuple[str, str]]) -> bool:
             change.destination,  # type: ignore[union-attr]
         ) in unreplicated
     return False
-
-
-class _Session:
-    """One subscription's proof state: the session key, the next delivery tag."""
-
-    __slots__ = ("key", "next_tag")
-
-    def __init__(self, key: bytes) -> None:
-        self.key = key
-        self.next_tag: int | None = None  # the first run's tag starts the count
-
-
-def max_run_bytes(max_message_size: int) -> int:
-    """The largest run a follower reads: a run is cut after RUN_BYTES, so it holds at
-    most that and one more change (a message, or a transaction's)."""
-    return RUN_BYTES + 2 * max_message_size + (1 << 20)
-
-
-class Follower:
-    """The PASSIVE's side: subscribe to the ACTIVE's feed, apply, store, ack."""
-
-    def __init__(
-        self,
-        broker: ReplicationHost,
-        url: str,
-        on_sync: Callable[[bool, str], None],
-        connect_options: dict[str, Any],
-        name: str,
-        secret: bytes,
-    ) -> None:
-        self.broker = broker
-        self.secret = secret
-        self.on_sync = on_sync
-        self.eligibility = Eligibility()
-        self.state = "connecting"
-        self.applied = 0
-        self.runs = 0
-        self.snapshot_started = 0.0
-        self.last_snapshot_seconds: float | None = None
-        # From a snapshot's end on disk to its last run applied (``_apply_next``).
-        self.applying_since: float | None = None
-        self.last_apply_seconds: float | None = None
-        # Runs kept in the store as received and not applied yet, in order:
-        # (seq, changes, now) for a live run (decoded on arrival, kept decoded), (seq,
-        # bytes, now) for a snapshot's run (decoded again when applied: held as bytes,
-        # it takes about 60% of the memory). Every run is decoded, so validated, before
-        # anything of it is stored or acked.
-        self._unapplied: collections.deque[tuple[int, list[Change] | bytes, float]] = (
-            collections.deque()
-        )
-        # A snapshot is arriving (from its first run to its end on disk): nothing is
-        # applied meanwhile, so the runs are stored and acked as fast as they come.
-        self._receiving_snapshot = False
-        self._writing = 0  # applied runs whose rows the store has not written yet
-        self.pending_runs = 0  # runs kept as received, their changes not written yet
-        self.refused_runs = 0  # runs that did not authenticate or validate
-        # This server leads now (``detach``): nothing more from the feed is applied or acked.
-        self.detached = False
-        self.link = ConsumerLink(
-            url,
-            FEED_QUEUE,
-            self._on_run,
-            name=f"{name}->replication",
-            prefetch=FOLLOWER_PREFETCH,
-            on_up=self._subscribed,
-            on_cancelled=self._cancelled,
-            consume_arguments=self._consume_arguments,
-            login_proof=self._login_proof,
-            max_body=max_run_bytes(broker.config.limits.max_message_size),
-            client_properties={"product": "amqha replication", "amqha_node": name},
-            **connect_options,
-        )
-
-    @property
-    def in_sync(self) -> bool:
-        """Eligible to take over: the ACTIVE has said this server holds every change it
-        ever confirmed, and nothing since has ended that (``core.sync.Eligibility``)."""
-        return self.eligibility.in_sync
-
-    async def start(self) -> None:
-        await self.link.start()
-
-    def detach(self) -> None:
-        """This server leads now: from this instant no run is applied, no marker taken and
-        nothing acked, even a run whose write completes later (its changes are in the
-        state already, ``settle`` having run), and the link is closed. An ack sent after
-        leading would let the old ACTIVE, still serving in a split, confirm a change on
-        the word of a server that no longer follows it. ``stop`` ends the reconnecting."""
-        self.detached = True
-        current = self.link.link
-        if current is not None:
-            current.close("this server is ACTIVE now")
-
-    async def stop(self) -> None:
-        await self.link.stop()
-
-    def settle(self) -> None:
-        """Apply, in order, every run kept and not applied yet (before this server
-        leads: what it leads with holds every run it received)."""
-        unapplied = self._unapplied
-        while unapplied:
-            self._apply_next()
-
-    def _apply_next(self) -> int:
-        """Apply the oldest kept run: its changes to the state and to the store as rows,
-        with the run's removal (a write without an fsync: the run was on disk first).
-        Returns the LSN the store must pass for those rows."""
-        seq, run, now = self._unapplied.popleft()
-        changes = codec.decode(run)[1] if isinstance(run, bytes) else run
-        self.pending_runs -= 1
-        self.applied += len(changes)
-        broker = self.broker
-        lsn = broker.replicated([*changes, RunWritten(seq)])
-        apply_run(broker, changes, now)
-        if not self._unapplied and self.applying_since is not None:
-            log.info(
-                "replication: every kept run applied, %.3f s after the snapshot's end was on disk",
-                time.monotonic() - self.applying_since,
-            )
-            self.last_apply_seconds = round(time.monotonic() - self.applying_since, 3)
-            self.applying_since = None
-        return lsn
-
-    def _drain(self) -> None:
-        """Apply kept runs in the background, in order: at most ``APPLY_AHEAD`` whose rows
-        the store has not written yet (the store's writer sets the pace), and none while
-        a snapshot arrives. Each step returns to the loop, so that runs still arriving
-        are stored and acked between two steps."""
-        if self.detached or self._receiving_snapshot:
-            return
-        while self._unapplied and self._writing < APPLY_AHEAD:
-            self._writing += 1
-            self.broker.when_safe(self._apply_next(), self._written)
-
-    def _written(self, ok: bool) -> None:
-        self._writing -= 1
-        if not ok and not self.detached:
-            # The run stays in the store's runs table, to be written at its next open,
-            # after runs written since: a new snapshot must replace it first (its Reset
-            # removes the runs kept before it). The state goes on in order meanwhile.
-            current = self.link.link
-            if current is not None:
-                self._store_failed(current)
-        self._drain()
-
-    def _ended(self, reason: str) -> None:
-        if self.eligibility.ended():
-            self.on_sync(False, reason)
-
-    def _subscribed(self) -> None:
-        """A new subscription: the ACTIVE sends a new snapshot, so whatever this server
-        held is not known to be complete until the ACTIVE says so again."""
-        if self.detached:
-            return
-        self.state = "catching_up"
-        if self.eligibility.subscribed():
-            self.on_sync(False, "subscribed again to the ACTIVE's feed: catching up")
-
-    def _login_proof(self, server_properties: dict[str, Any]) -> str:
-        """The peering login answers the ACTIVE's nonce: its password is never sent
-        (docs/security.md, "Logins")."""
-        server_nonce = feedauth.parse_nonce(server_properties.get(feedauth.NONCE_PROPERTY))
-        if server_nonce is None:
-            raise LinkClosed("the server gave no nonce: not an amqha server that can feed us")
-        return keys.peering_login_proof(self.secret, server_nonce, self.link.user)
-
-    def _consume_arguments(self, link: Link, server_properties: dict[str, Any]) -> dict[str, Any]:
-        """At Connection.Start: prove the pair's secret, bound to the server's nonce, and
-        keep the session key that every run must carry a MAC with (core/feedauth.py)."""
-        server_nonce = feedauth.parse_nonce(server_properties.get(feedauth.NONCE_PROPERTY))
-        if server_nonce is None:
-            raise LinkClosed("the server gave no nonce: not an amqha server that can feed us")
-        client_nonce = secrets.token_bytes(feedauth.NONCE_BYTES)
-        link.context = _Session(feedauth.session_key(self.secret, server_nonce, client_nonce))
-        return {
-            feedauth.NONCE_ARGUMENT: client_nonce.hex(),
-            feedauth.PROOF_ARGUMENT: feedauth.subscribe_proof(
-                self.secret, server_nonce, client_nonce
-            ),
-        }
-
-    def _authentic(
-        self, link: Link, tag: int, headers: dict[str, Any], marker: Any, end: bool, body: bytes
-    ) -> bool:
-        """Whether a run comes from the pair's ACTIVE, in order and unchanged. A run that
-        does not is refused: never stored, applied or acked, and the link is closed."""
-        session = link.context
-        problem = None
-        if not isinstance(session, _Session):
-            problem = "a run on a link with no proof"
-        elif session.next_tag is not None and tag != session.next_tag:
-            problem = f"a run out of order (tag {tag}, expected {session.next_tag})"
-        elif marker is not None and (
-            not isinstance(marker, int) or isinstance(marker, bool) or not 0 <= marker < 1 << 63
-        ):
-            problem = "an in-sync marker without an LSN"
-        elif not feedauth.run_mac_holds(
-            session.key, tag, end, marker, body, headers.get(feedauth.MAC_HEADER)
-        ):
-            problem = "a run whose MAC does not hold: not from the pair's ACTIVE, or altered"
-        if problem is None:
-            session.next_tag = tag + 1
-            return True
-        self.refused_runs += 1
-        log.error("replication: %s: refused, resubscribing", problem)
-        self._ended(f"refused {problem}")
-        link.close(problem)
-        return False
-
-    def _cancelled(self) -> None:
-        """The ACTIVE ended the subscription while serving on: it confirms alone now."""
-        if self.detached:
-            return
-        self._ended("the ACTIVE cancelled the replication subscription")
-
-    def _declared(self, link: Link, tag: int, sync_lsn: int) -> None:
-        """The ACTIVE's marker: every change it confirmed is in this server's store."""
-        link.ack(tag)
-        self.state = "in_sync"
-        if self.eligibility.declared(sync_lsn):
-            seconds = round(time.monotonic() - self.snapshot_started, 3)
-            self.on_sync(
-                True,
-                f"in sync at LSN {sync_lsn}, {seconds} s after the snapshot started "
-                f"(snapshot on disk in {self.last_snapshot_seconds} s, "
-                f"{len(self._unapplied)} runs to apply)",
-            )
-
-    def _on_run(
-        self, link: Link, tag: int, properties: commands.Basic.Properties, body: bytes
-    ) -> None:
-        """One run from the feed, in the socket's read (see the module docstring)."""
-        if self.detached:
-            return
-        headers = properties.headers or {}
-        marker = headers.get(IN_SYNC)
-        end = bool(headers.get(SNAPSHOT_END))
-        if not self._authentic(link, tag, headers, marker, end, body):
-            return
-        if marker is not None:
-            self._declared(link, tag, marker)
-            return
-        try:
-            first, changes = codec.decode(body)
-        except ValueError as error:
-            self.refused_runs += 1
-            log.error("replication: a run that does not decode (%s): resubscribing", error)
-            self._ended("a run from the ACTIVE that does not decode")
-            link.close("a run that does not decode")
-            return
-        if changes and type(changes[0]) is Reset:  # a snapshot starts
-            self._reset()
-        self._keep(link, tag, body, changes, first == 0, end)
-
-    def _keep(
-        self, link: Link, tag: int, body: bytes, changes: list[Change], snapshot: bool, end: bool
-    ) -> None:
-        """A run, decoded (so valid): kept in the store as received (one row), acked once
-        that is written, its changes applied and written as rows after (``_drain``).
-
-        A live run's row is written with an fsync. A snapshot's run before its last is
-        written without one: only the last one's ack counts (``core.sync.Leader``), its
-        write has an fsync whatever it holds, which covers every write before it, and a
-        crash before it leaves the data dir's ``incomplete`` mark (on disk before the
-        snapshot's first run): the snapshot is taken again. A snapshot's runs are
-        applied once its end is on disk, so that what the ACTIVE waits for (the end's
-        ack, then the marker) is the decode and one row per run."""
-        broker = self.broker
-        seq = next(_RUN_SEQS)
-        if snapshot:
-            lsn = broker.replicated(
-                [PendingRun(seq, body), SnapshotEnd() if end else SnapshotPart()]
-            )
-            self._unapplied.append((seq, body, broker.now()))
-        else:
-            lsn = broker.replicated([PendingRun(seq, body)])
-            self._unapplied.append((seq, changes, broker.now()))
-        self.pending_runs += 1
-        self.runs += 1
-
-        def kept(ok: bool) -> None:
-            if self.detached:
-                return
-            if not ok:
-                self._store_failed(link)
-                return
-            if end:
-                # Not yet in sync: the ACTIVE confirmed changes alone meanwhile, and says
-                # when this server holds them (its marker).
-                self.state = "closing"
-                self.last_snapshot_seconds = round(time.monotonic() - self.snapshot_started, 3)
-                self._receiving_snapshot = False
-                self.applying_since = time.monotonic()
-                log.info(
-                    "replication: snapshot on disk in %s s (%d runs to apply); waiting for "
-                    "the ACTIVE's word",
-                    self.last_snapshot_seconds,
-                    len(self._unapplied),
-                )
-            link.ack(tag)
-            self._drain()
-
-        broker.when_safe(lsn, kept)
-
-    def _store_failed(self, link: Link) -> None:
-        # Not on this disk: never acked. The link is dropped so the ACTIVE stops waiting
-        # for us (it confirms on its own store, and says so); we subscribe again, from a
-        # new snapshot, once writes work.
-        self.state = "store_failing"
-        self._ended("this server's store could not write the changes")
-        link.close("this server's store could not write the changes")
-
-    def _reset(self) -> None:
-        self.snapshot_started = time.monotonic()
-        self.state = "catching_up"
-        self._receiving_snapshot = True
-        self._ended("a new snapshot from the ACTIVE")
-        self.broker.before_reset()
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "state": self.state if self.link.connected else "disconnected",
-            "in_sync": self.in_sync,
-            "sync_lsn": self.eligibility.sync_lsn,
-            "applied_changes": self.applied,
-            "runs": self.runs,
-            "pending_runs": self.pending_runs,
-            "unapplied_runs": len(self._unapplied),
-            "refused_runs": self.refused_runs,
-            "last_snapshot_seconds": self.last_snapshot_seconds,
-            "last_apply_seconds": self.last_apply_seconds,
-        }

@@ -51,6 +51,7 @@ from .core.sync import Sink
 from .core.vhost import REFUSED, VHost
 from .federation.agent import Federation
 from .federation.upstream import UpstreamService
+from .follower import Follower
 from .gate import Pair, PairEvents, Standalone
 from .held import HangupWatch, HeldConnections
 from .leadership import Leadership
@@ -58,7 +59,7 @@ from .listener import Listener
 from .memory_account import MemoryAccount
 from .queue_timers import QueueTimers
 from .read_holds import READ_HELD_SWITCHOVER
-from .replication import Feed, Follower
+from .replication import Feed
 
 if TYPE_CHECKING:
     from .host import ConsumeService

@@ -194,6 +194,9 @@ class ReplicationConfig:
 
     enabled: bool = True
     default: bool = True  # durable queues without x-amqha-replicate are replicated
+    # With no in-sync PASSIVE, the ACTIVE confirms on its own disk ("confirm") or its
+    # confirms wait until a PASSIVE is in sync again ("hold"): docs/durability.md.
+    when_alone: str = "confirm"
 
 
 @dataclass(frozen=True)

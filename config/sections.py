@@ -376,9 +376,21 @@ def read_store(path: str, section: Section) -> StoreConfig:
 
 def read_replication(section: Section) -> ReplicationConfig:
     """The ``replication`` section: on or off, and whether queues are replicated by default."""
+    when_alone = section.get("when_alone", str, "confirm")
+    if when_alone not in WHEN_ALONE:
+        raise ConfigError(
+            section.path,
+            section.key("when_alone"),
+            f"must be one of {', '.join(WHEN_ALONE)}, got {when_alone!r}",
+        )
     replication = ReplicationConfig(
         enabled=section.get("enabled", bool, True),
         default=section.get("default", bool, True),
+        when_alone=when_alone,
     )
     section.check_unknown()
     return replication
+
+
+# What an ACTIVE with no in-sync PASSIVE does with a confirm (docs/durability.md).
+WHEN_ALONE = ("confirm", "hold")

@@ -77,9 +77,11 @@ class Synced(NamedTuple):
 class Leader:
     """The ACTIVE's side of the protocol for one subscription at a time."""
 
-    __slots__ = ("phase", "replicated_lsn", "sync_lsn", "unacked")
+    __slots__ = ("phase", "replicated_lsn", "sync_lsn", "unacked", "hold_alone")
 
-    def __init__(self) -> None:
+    def __init__(self, hold_alone: bool = False) -> None:
+        # ``replication.when_alone: hold``: with no in-sync PASSIVE, no confirm goes out.
+        self.hold_alone = hold_alone
         self.phase = Phase.NONE
         self.replicated_lsn = 0
         self.sync_lsn: int | None = None
@@ -95,8 +97,12 @@ class Leader:
         return self.phase is Phase.CLOSING or self.phase is Phase.IN_SYNC
 
     def holds(self) -> int | None:
-        """As a sink: the PASSIVE's LSN while confirms wait for it, else None."""
-        return self.replicated_lsn if self.gating else None
+        """As a sink: the PASSIVE's LSN while confirms wait for it; with no PASSIVE in
+        sync, None (the ACTIVE confirms alone), or 0 when it holds them (the watermark
+        never moves back: what was confirmed stays confirmed, nothing more goes out)."""
+        if self.gating:
+            return self.replicated_lsn
+        return 0 if self.hold_alone else None
 
     def watermark(self, store_lsn: int) -> int:
         """Confirms may go out up to this LSN: the store's, and while gating the

@@ -226,3 +226,16 @@ def test_the_federation_tag_is_known(tmp_path: Path) -> None:
     data["users"].append({"name": "efa", "password": "efa-pw-123", "tags": ["federation"]})
     user = load_config(write(tmp_path, data)).user("efa")
     assert user is not None and user.tags == ("federation",)
+
+
+def test_replication_when_alone_is_confirm_or_hold(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, VALID)).replication.when_alone == "confirm"
+    held = with_change("replication", "when_alone", "hold")
+    assert load_config(write(tmp_path, held)).replication.when_alone == "hold"
+    assert_error(
+        tmp_path,
+        with_change("replication", "when_alone", "sometimes"),
+        "replication.when_alone",
+        "confirm, hold",
+        "'sometimes'",
+    )
