@@ -44,6 +44,7 @@ EXIT_NOT_AUTHORISED = 5  # logged in, but not allowed: not an administrator, vho
 EXIT_AUTH_FAILED = 6  # the login itself was refused: wrong user name or password
 EXIT_SPLIT = 7  # two servers ACTIVE at once
 EXIT_WITNESS = 8  # the pair serves, but a witness does not answer or fails verification
+EXIT_CONFIG_DRIFT = 9  # the pair serves, but the two servers' shared settings differ
 
 # Every error code the console prints (JSON ``error.code``), with its exit status.
 ERROR_EXITS = {
@@ -63,6 +64,7 @@ ERROR_EXITS = {
     "not_authorised": EXIT_NOT_AUTHORISED,
     "split": EXIT_SPLIT,
     "witness_unheard": EXIT_WITNESS,
+    "config_drift": EXIT_CONFIG_DRIFT,
 }
 
 # The file `amqha pair` writes with the addresses it started the servers on, and where

@@ -107,6 +107,7 @@ def console(
     \b
     status                          both servers: role, state, epoch, peer, clients; health
     recover                         fail back to the primary (backup ACTIVE -> PASSIVE)
+    config-diff                     the settings both servers must share, where they differ
     switchover [--wait S]           hand the service from the ACTIVE to its in-sync PASSIVE
                                     (planned: publishers wait, nothing confirmed twice);
                                     --wait: until the PASSIVE is in sync, at most S s
@@ -128,7 +129,8 @@ def console(
     \b
     Exit status: 0 done / healthy, 1 the command failed or was refused, 2 bad usage,
     3 a server down or none ACTIVE, 4 not in sync, 5 not authorised, 6 login refused,
-    7 two servers ACTIVE (docs/operations.md).
+    7 two servers ACTIVE, 8 a witness not heard, 9 the two servers' shared settings
+    differ (docs/operations.md).
     """
     # A server that is down is reported as such; aiormq's own error lines would repeat it.
     logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)

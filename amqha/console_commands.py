@@ -19,7 +19,15 @@ from typing import Any
 
 import click
 
-from .console import ERROR_EXITS, EXIT_DOWN, EXIT_OK, ConsoleClient, ConsoleError, Server
+from .console import (
+    ERROR_EXITS,
+    EXIT_CONFIG_DRIFT,
+    EXIT_DOWN,
+    EXIT_OK,
+    ConsoleClient,
+    ConsoleError,
+    Server,
+)
 from .console_federation import federation_change, federation_row
 from .console_health import health, status_all
 from .console_text import (
@@ -103,6 +111,36 @@ async def _switchover(line: _Line) -> int:
     return EXIT_OK
 
 
+async def _config_diff(line: _Line) -> int:
+    """The settings the servers named must share, where they differ, side by side."""
+    if len(line.servers) < 2:
+        raise ConsoleError(
+            "usage", "config-diff needs both servers (--server twice, or amqha pair's)"
+        )
+    settings = []
+    for server in line.servers:
+        async with _reaching([server], line.timeout) as console:
+            settings.append((server, await console.call("config-diff")))
+    keys = sorted({k for _, each in settings for k in each})
+    differ = [k for k in keys if len({each.get(k) for _, each in settings}) > 1]
+    if line.as_json:
+        echo_json(
+            {
+                "differ": [
+                    {"key": k, **{s.where: each.get(k) for s, each in settings}} for k in differ
+                ]
+            }
+        )
+    elif not differ:
+        click.echo(f"the {len(keys)} shared settings match")
+    else:
+        for key in differ:
+            click.echo(key)
+            for server, each in settings:
+                click.echo(f"  {server.where}: {each.get(key, '(not set)')}")
+    return EXIT_CONFIG_DRIFT if differ else EXIT_OK
+
+
 async def _promote_command(line: _Line) -> int:
     await _promote(line.servers, bool(line.options.get("--force")), line.timeout, line.as_json)
     return EXIT_OK
@@ -178,6 +216,7 @@ _HANDLERS: dict[str, Callable[[_Line], Awaitable[int]]] = {
     "status": _status,
     "recover": _recover,
     "switchover": _switchover,
+    "config-diff": _config_diff,
     "promote": _promote_command,
     "controller": _controller,
     "events": _events_command,

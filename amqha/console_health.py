@@ -88,4 +88,12 @@ def _sync_health(statuses: list[dict[str, Any]]) -> tuple[str, str]:
     for status in statuses:
         for problem in witness_problems(status):
             return "witness_unheard", problem
+    for status in statuses:
+        keys = status.get("config_drift") or []
+        if keys:
+            shown = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
+            return "config_drift", (
+                f"config drift: {status.get('name')}'s settings differ from its peer's: {shown}"
+                " (amqha console config-diff shows them)"
+            )
     return "healthy", "healthy: one ACTIVE, its PASSIVE in sync"

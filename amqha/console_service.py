@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import exceptions
 
+from config.digest import shared_settings
+
 from .core.message import Message
 from .core.reserved import CONSOLE_EXCHANGE
 from .federation.agent import Refused
@@ -52,6 +54,7 @@ COMMANDS = (
     "delete",
     "close-connection",
     "federation",
+    "config-diff",
 )
 ADMINISTRATOR = "administrator"
 # The tag whose connections close-connection never closes: the pair's own links.
@@ -80,6 +83,7 @@ class ConsoleService:
             "delete": self.on_delete,
             "close-connection": self.on_close_connection,
             "federation": self.on_federation,
+            "config-diff": self.on_config,
         }
 
     def start(self) -> None:
@@ -206,6 +210,11 @@ class ConsoleService:
             escaped(str(args.get("exchange"))),
         )
         return result
+
+    def on_config(self, args: dict[str, Any], user: str) -> dict[str, str]:
+        """This server's settings the pair must share, as text without secrets: what
+        ``amqha console config-diff`` compares."""
+        return shared_settings(self.broker.config)
 
     def on_connections(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
         return [{"name": c.peer, **c.describe()} for c in self.broker.connections]

@@ -19,6 +19,7 @@ _SYNTAX: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     "status": ((), {}),
     "recover": ((), {}),
     "switchover": ((), {"--wait": False}),
+    "config-diff": ((), {}),
     "promote": ((), {"--force": True}),
     "connections": ((), {}),
     "queues": ((), {}),

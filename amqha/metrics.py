@@ -380,6 +380,11 @@ def pair_metrics(status: dict[str, Any]) -> Iterator[Metric]:
         state.add_metric([name], int(name == current))
     yield state
     yield GaugeMetricFamily("amqha_pair_epoch", "The pair's epoch", value=status.get("epoch", 0))
+    yield GaugeMetricFamily(
+        "amqha_config_drift_keys",
+        "Settings the pair must share that differ from the peer's (0: they match)",
+        value=len(status.get("config_drift") or []),
+    )
     peer = status.get("peer") or {}
     last_seen = peer.get("last_seen")
     seen = GaugeMetricFamily(

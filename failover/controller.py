@@ -41,6 +41,7 @@ from config.tls import client_context
 from peering import Peering
 
 from . import fsm, keys, peer_message
+from .drift import ConfigDrift
 from .epoch import load_epoch, store_epoch
 from .events import EventLog, RecordThrottle
 from .freeze_rule import FreezeRule
@@ -151,6 +152,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
         self.init_witness_rule()
         self.init_pair_commands()
         self.init_switchover()
+        self.drift = ConfigDrift(config)
 
     def _make_peering(self, on_up: Callable[[], None]) -> Peering:
         # A restarted peer gives us one timeout of grace before a client vote can make it
@@ -242,6 +244,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
                 "clients": self.clients,
                 "version": __version__,
                 "in_sync": machine.in_sync,
+                "config": self.drift.ours,
             },
         )
 
@@ -355,6 +358,8 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
         outcome = fsm.step(self.machine, fsm.PEER_EVENT[peer.state], now, peer)
         self.apply(outcome)
         self._heard_after_switchover(peer)
+        if outcome.machine.misconfigured is None and self.drift.heard(parsed.config):
+            self._config_drift(peer.name)
         if outcome.machine.misconfigured is None and not self.peer_heard:
             self.peer_heard = True
             log.info("peer %s heard: %s epoch %d", escaped(peer.name), peer.state.value, peer.epoch)
@@ -362,6 +367,20 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
         if outcome.machine.misconfigured is None:
             self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
         self._heard_echo(heard, self.boot)
+
+    def _config_drift(self, peer: str) -> None:
+        """The settings that differ from the peer's changed: logged, by key only."""
+        keys = self.drift.keys
+        if keys:
+            log.warning(
+                "config drift: %d setting(s) differ from %s's: %s",
+                len(keys),
+                escaped(peer),
+                escaped(", ".join(keys[:20])),
+            )
+        else:
+            log.info("config drift: none left, the settings match %s's", escaped(peer))
+        self._write("config_drift", peer=peer, keys=keys)
 
     def _on_handover(self, peer: fsm.PeerInfo, now: float) -> None:
         known = self.machine.peer
@@ -655,6 +674,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
                 "target": self.config.failover.peer,
             },
             "misconfigured": machine.misconfigured,
+            "config_drift": self.drift.keys,
             "in_sync": machine.in_sync,
             # A PASSIVE that lost its peer: what the next client's connection would do.
             "takeover": fsm.vote_outlook(machine, now),

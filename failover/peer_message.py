@@ -66,6 +66,8 @@ class StateMessage:
     seq: int
     ts: float | None  # the peer's wall clock when it sent the message
     heard: tuple[str, int] | None  # the last (boot, seq) of ours the peer had received
+    # The digests of the settings the pair must share (config.digest), if sent.
+    config: dict[str, str] | None = None
 
 
 def signature(secret: bytes, kind: str, body: bytes) -> str:
@@ -147,7 +149,33 @@ def parse(
         data["seq"],
         float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None,
         _heard(heard),
+        _config(data.get("config")),
     )
+
+
+# Bounds on the ``config`` field: keys, and the length of a key and of a digest.
+CONFIG_KEYS_MAX = 1000
+CONFIG_KEY_LENGTH = 300
+CONFIG_DIGEST_LENGTH = 64
+
+
+def _config(value: Any) -> dict[str, str] | None:
+    """Optional (a release before it sends none): the settings' digests."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or len(value) > CONFIG_KEYS_MAX
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= CONFIG_KEY_LENGTH
+            and len(v) <= CONFIG_DIGEST_LENGTH
+            for k, v in value.items()
+        )
+    ):
+        raise MalformedPeerMessage("field", "field 'config' is not a map of settings to digests")
+    return value
 
 
 def _heard(value: Any) -> tuple[str, int] | None:

@@ -165,6 +165,7 @@ class ManagementEndpoint:
         get("/api/health/checks/local-alarms", objects.alarms)
         get("/api/health/checks/amqha-active", objects.check_active)
         get("/api/health/checks/amqha-active-in-sync", objects.check_active_in_sync)
+        get("/api/health/checks/amqha-config-match", objects.check_config_match)
         get("/api/definitions", objects.get_definitions)
         post("/api/definitions", objects.post_definitions)
         get("/api/amqha/events", history.events)

@@ -319,6 +319,9 @@ class ObjectRoutes:
         status["serving"] = self.broker.pair.serving()
         return check_reply(*shapes.active_in_sync(status, self.broker.replication_status()))
 
+    async def check_config_match(self, request: web.Request) -> web.StreamResponse:
+        return check_reply(*shapes.config_match(self.broker.pair.status()))
+
     # -- definitions ----------------------------------------------------------------------
 
     async def get_definitions(self, request: web.Request) -> web.StreamResponse:

@@ -277,6 +277,8 @@ def nodes_shape(
             "in_sync": this_in_sync,
             "listen": status.get("listen") or own.get("listen"),
             "replication": sync,
+            # The settings the pair must share that differ from the peer's (by key).
+            "config_drift": list(status.get("config_drift") or []),
         },
     }
     peer = status.get("peer")
@@ -312,6 +314,14 @@ def nodes_shape(
     # Two servers ACTIVE as this server sees it: both named, and what resolves it.
     this["amqha"]["dual_active"] = dual_active([status])
     return [this, peer_shape]
+
+
+def config_match(status: dict[str, Any]) -> tuple[bool, str]:
+    """Do the settings the pair must share match the peer's? (answer, why not)."""
+    keys = list(status.get("config_drift") or [])
+    if keys:
+        return False, "config drift: the settings differ from the peer's: " + ", ".join(keys[:20])
+    return True, "the settings the pair shares match the peer's (as last heard)"
 
 
 def active_in_sync(status: dict[str, Any], replication: dict[str, Any]) -> tuple[bool, str]:
