@@ -172,6 +172,7 @@ class ManagementEndpoint:
         get("/api/amqha/peer-events", history.peer_events)
         get("/api/amqha/history", history.history)
         get("/api/amqha/timeline", history.timeline)
+        post("/api/amqha/switchover", objects.post_switchover)
         # A listing also answers with a trailing slash, as RabbitMQ's router does: Celery
         # Flower asks for /api/queues/ (its URL join drops the default vhost's "/").
         for resource in list(app.router.resources()):

@@ -14,6 +14,7 @@ Must not know: the listener, its sockets and logins (``api``), the JSON's shapes
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from pamqp.header import ContentHeader
 
 from ..core.kinds import new_queue
 from ..core.message import Message
+from ..gate import ConsoleRefused
 from ..logtext import escaped
 from ..wire import address_of
 from . import access, definitions, guard, shapes
@@ -318,6 +320,26 @@ class ObjectRoutes:
         status = self.broker.pair.status()
         status["serving"] = self.broker.pair.serving()
         return check_reply(*shapes.active_in_sync(status, self.broker.replication_status()))
+
+    async def post_switchover(self, request: web.Request) -> web.StreamResponse:
+        """A planned switchover (docs/failover.md), as ``amqha console switchover``: on the
+        ACTIVE, by an administrator; ``{"wait": S}`` waits for the PASSIVE to be in sync."""
+        need(access.is_admin(request["user"]))
+        text = await request.text()
+        try:
+            body = json.loads(text) if text.strip() else {}
+        except ValueError:
+            raise ApiError(400, "bad_request", 'the body must be JSON: {"wait": SECONDS}') from None
+        wait = body.get("wait", 0) if isinstance(body, dict) else None
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 3600:
+            raise ApiError(400, "bad_request", "wait must be a number of seconds from 0 to 3600")
+        try:
+            result = self.broker.pair.command("switchover", {"wait": wait}, request["user"].name)
+            if asyncio.iscoroutine(result):
+                result = await result
+        except ConsoleRefused as refused:
+            raise ApiError(409, "refused", str(refused)) from None
+        return json_reply(result)
 
     async def check_config_match(self, request: web.Request) -> web.StreamResponse:
         return check_reply(*shapes.config_match(self.broker.pair.status()))

@@ -18,8 +18,9 @@ import pytest
 
 from amqha.client import Consumer, Publisher
 from amqha.console import ConsoleClient, ConsoleError
+from tests.integration.test_management import MGMT_USERS, Api
 from tests.pairs import ADMIN, MakePair, poll, url_of
-from tests.support import ROOT, soak_size
+from tests.support import ROOT, free_port, soak_size
 
 QUEUE = "switch"
 
@@ -185,3 +186,27 @@ async def test_a_kill_as_the_switchover_runs_loses_nothing(
         await poll(lambda: set(sent) <= received.ids, 60, "every message consumed")
     for path in pair.quarantine_files():
         raise AssertionError(f"quarantined: {path}")
+
+
+async def test_the_management_api_switches_over_for_an_administrator_only(
+    make_pair: MakePair,
+) -> None:
+    """POST /api/amqha/switchover: refused to a management or monitoring login (403) and
+    for a bad body (400); an administrator's moves the service, as the console's does."""
+    pair = make_pair(proxied=False, users=MGMT_USERS)
+    port = free_port()
+    pair.primary.config["management"] = {"listen": f"127.0.0.1:{port}"}
+    pair.start()
+    await pair.settled(timeout=60)
+    api = Api(port)
+    for user in ("mgmt", "watcher", "guest"):
+        status, _ = await api.call("POST", "/api/amqha/switchover", user, json={"wait": 5})
+        assert status in (401, 403), (user, status)
+    status, body = await api.call("POST", "/api/amqha/switchover", json={"wait": "soon"})
+    assert status == 400 and "wait" in body["reason"]
+    status, body = await api.call("POST", "/api/amqha/switchover", json={"wait": 30})
+    assert status == 200, body
+    assert body["to"] == "backup" and body["state"] == "PASSIVE"
+    await poll(lambda: pair.state(pair.backup) == "ACTIVE", 30, "the backup ACTIVE")
+    status, body = await api.call("POST", "/api/amqha/switchover", json={"wait": 0})
+    assert status == 409 and "this server is PASSIVE" in body["reason"]
