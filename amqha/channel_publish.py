@@ -205,11 +205,9 @@ class Publishing:
         if self.confirm:
             confirms = self.confirms
             seq = confirms.seq = confirms.seq + 1  # confirms.publish(), inlined: hot path
-            if wait > 0:
-                # Confirmed once the watermark passes ``wait``: the confirm pipeline
-                # hands the tracker to the connection then (broker_store.py).
-                self.waiting.expect(confirms, seq, wait)
-            else:
+            # With something to wait for, confirmed once the watermark passes ``wait``: the
+            # confirm pipeline hands the tracker to the connection then (broker_store.py).
+            if wait <= 0 or not self.waiting.expect(confirms, seq, wait):
                 if wait == REFUSED:
                     confirms.refuse(seq)
                 connection.confirms_due(confirms)

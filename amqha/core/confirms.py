@@ -131,18 +131,24 @@ class Waiting:
     """What waits for the watermark. ``expect`` and ``expect_commit`` put it here;
     ``advance`` and ``refuse`` answer what a fact releases (see the module docstring)."""
 
-    __slots__ = ("trackers", "commits")
+    __slots__ = ("trackers", "commits", "safe_lsn")
 
     def __init__(self) -> None:
         # Trackers with publishes not yet safe (a dict: insertion order, quick removal).
         self.trackers: dict[Confirms, None] = {}
         self.commits: deque[Commit] = deque()  # in LSN order: each commit ends a batch
+        self.safe_lsn = 0  # as of the last ``advance``
 
-    def expect(self, confirms: Confirms, seq: int, lsn: int) -> None:
-        """Publish ``seq`` of ``confirms`` is confirmed once ``lsn`` is safe."""
+    def expect(self, confirms: Confirms, seq: int, lsn: int) -> bool:
+        """Publish ``seq`` of ``confirms`` is confirmed once ``lsn`` is safe. False when it
+        is safe already (a copy a deduplicating queue dropped, whose first is): nothing
+        waits, and the caller hands the confirm out as for a transient message."""
+        if lsn <= self.safe_lsn:
+            return False
         if not confirms.unsafe:
             self.trackers[confirms] = None
         confirms.unsafe.append((seq, lsn))
+        return True
 
     def expect_commit(self, commit: Commit) -> None:
         self.commits.append(commit)
@@ -155,6 +161,7 @@ class Waiting:
     def advance(self, safe_lsn: int) -> Released:
         """Everything up to ``safe_lsn`` is safe: the trackers with confirms now due, and
         the commits now done."""
+        self.safe_lsn = safe_lsn
         due = []
         trackers = self.trackers
         for confirms in list(trackers):

@@ -124,3 +124,16 @@ def test_a_closed_channels_tracker_is_forgotten() -> None:
     assert waiting.trackers == {}
     assert waiting.advance(10) == ([], [])
     assert confirms.due() == []
+
+
+def test_a_publish_whose_lsn_is_safe_already_waits_for_nothing() -> None:
+    """A copy a deduplicating queue dropped waits for what came before it; when that is
+    safe already, nothing will advance the watermark for it: ``expect`` says so."""
+    waiting = Waiting()
+    confirms = Confirms()
+    waiting.advance(10)
+    assert waiting.expect(confirms, confirms.publish(), 7) is False
+    assert not confirms.unsafe and confirms not in waiting.trackers
+    assert confirms.due() == [(True, 1, False)]
+    assert waiting.expect(confirms, confirms.publish(), 11) is True
+    assert confirms.due() == []
