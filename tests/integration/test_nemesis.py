@@ -12,9 +12,9 @@ from bench.nemesis_plan import Fault
 
 
 async def test_a_short_fixed_schedule_loses_nothing(tmp_path: Path) -> None:
-    faults = [Fault(5.0, "freeze", "active", 3.0), Fault(15.0, "kill", "active", 1.0)]
+    faults = [Fault(3.0, "freeze", "active", 3.0), Fault(10.0, "kill", "active", 1.0)]
     result = await nemesis.run(
-        nemesis.Options(duration=30.0, seed=0, namespaces=False, faults=faults, keep_dir=tmp_path)
+        nemesis.Options(duration=20.0, seed=0, namespaces=False, faults=faults, keep_dir=tmp_path)
     )
     print(result)
     assert "error" not in result, result.get("error")

@@ -57,6 +57,7 @@ def switchover_records(pair: Any, server: Any) -> list[str]:
     return [e["phase"] for e in pair.events(server) if e["event"] == "switchover"]
 
 
+@pytest.mark.soak
 async def test_switchovers_back_and_forth_under_load_lose_and_duplicate_nothing(
     make_pair: MakePair,
 ) -> None:
@@ -149,12 +150,14 @@ async def test_a_switchover_is_refused_with_its_reason_when_the_passive_is_away(
     assert switchover_records(pair, pair.primary) == ["failed", "failed", "failed"]
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("victim", ["active", "passive"])
 async def test_a_kill_as_the_switchover_runs_loses_nothing_and_stores_nothing_twice(
     make_pair: MakePair, victim: str
 ) -> None:
-    """The switchover asked and a server killed at once, under a deduplicating Publisher
-    and a deduplicating queue: whichever way the race goes (handed over, or failed and
+    """The switchover asked and a server killed at once (1 round in ``make test``, 4 in
+    ``make soak``; the second and later a little after the ask), under a deduplicating
+    Publisher and a deduplicating queue: whichever way the race goes (handed over, or failed and
     served on, or a failover), once the pair has healed the queue holds every confirmed
     message, each once (docs/compat.md, "Message deduplication")."""
     pair = make_pair().start()
@@ -168,7 +171,7 @@ async def test_a_kill_as_the_switchover_runs_loses_nothing_and_stores_nothing_tw
     sent: list[str] = []
     futures: list[asyncio.Future[None]] = []
     async with Publisher(urls, setup=setup, max_pending=100, deduplicate=True) as publisher:
-        for round_ in range(2):
+        for round_ in range(soak_size(1, 4)):
             active, passive = await pair.settled(timeout=60, interval=0.1)
             for number in range(200):
                 message = aio_pika.Message(f"{round_}-{number}".encode(), delivery_mode=2)
