@@ -14,6 +14,8 @@ import random
 import time
 from typing import Any
 
+import pytest
+
 from amqha.core import codec
 from amqha.core.changes import (
     Bound,
@@ -27,9 +29,12 @@ from amqha.core.changes import (
 from tests.fake_active import Delivery, FakeActive, signed
 from tests.integration.test_replication import declare, replication, wait_in_sync
 from tests.pairs import PAIR_SECRET, Pair
+from tests.support import soak_size
 
 SEED = 20261126
-SUBSCRIPTIONS = 40
+# Subscriptions of the fake ACTIVE, each with its mangled runs: 20 in make test, 80 in make
+# soak (the seed is the same: make test's are the first 20 of make soak's).
+SUBSCRIPTIONS = soak_size(20, 80)
 SECONDS = 60.0
 
 
@@ -85,6 +90,7 @@ HEADERS: list[dict[str, Any]] = [
 ]
 
 
+@pytest.mark.soak
 async def test_mangled_runs_that_authenticate_never_crash_the_passive_nor_get_acked(
     make_pair: Any,
 ) -> None:
