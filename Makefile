@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 		{ apt-get update -qq && apt-get install -y -qq chromium; } || \
 		echo "chromium not installed: the web page's browser test will skip, saying why"; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev,speed]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'
 	@touch $(STAMP)
 
 ## Start the pair on loopback (primary :5672, backup :5673, or PORTS=P,B; a taken port is
