@@ -748,6 +748,26 @@ def with_headers(header_payload: bytes, headers: dict[str, Any]) -> bytes:
     )
 
 
+def headers_of(header_payload: bytes) -> dict[str, Any]:
+    """A content header's headers property alone ({} without one), read without decoding
+    the other properties (what deduplication asks of every message); a 502 as
+    ``decode_properties`` when it does not decode."""
+    (flags,) = _short.unpack_from(header_payload, 12)
+    if not flags & _HEADERS_FLAG:
+        return {}
+    try:
+        at = 14
+        for flag in _SHORTSTR_FLAGS_BEFORE_HEADERS:
+            if flags & flag:
+                at += 1 + header_payload[at]
+        _, table = _table(header_payload, at, 0, _Entries(_UNCOUNTED))
+    except Exception as error:  # struct.error, IndexError, ValueError...
+        raise exceptions.AMQPSyntaxError(
+            f"SYNTAX_ERROR - cannot decode message properties: {error}"
+        ) from error
+    return table
+
+
 def json_answer(correlation_id: str | None, answer: dict[str, Any]) -> tuple[bytes, bytes]:
     """The content header and body of a control plane's JSON answer (the console's, the
     federation upstream's), to be delivered to the asker's reply address."""

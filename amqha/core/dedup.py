@@ -29,6 +29,7 @@ from typing import Any
 
 from pamqp import exceptions
 
+from ..wire import headers_of
 from .changes import ChangeLog, DedupSeen
 
 EXCHANGE_TYPE = "x-message-deduplication"
@@ -39,6 +40,8 @@ CACHE_TTL = "x-cache-ttl"
 PERSISTENCE = "x-cache-persistence"
 HEADER = "x-deduplication-header"
 TTL_HEADER = "x-cache-ttl"
+_HEADER_BYTES = HEADER.encode()
+_TTL_BYTES = TTL_HEADER.encode()
 BY_HEADER, BY_MESSAGE_ID = "header", "message-id"
 PERSISTENCE_MODES = ("memory", "disk")
 EXCHANGE_ARGUMENTS = (CACHE_SIZE, CACHE_TTL, PERSISTENCE)
@@ -172,7 +175,10 @@ def message_key(message: Any, by: str) -> bytes | None:
             return None
         key = _key_of(value)
     else:
-        headers = message.headers()
+        header = message.header
+        if _HEADER_BYTES not in header:  # the common case of a message without it: no decode
+            return None
+        headers = headers_of(header) if message.decoded is None else message.headers()
         if HEADER not in headers:
             return None
         key = _key_of(headers[HEADER])
@@ -184,6 +190,8 @@ def message_key(message: Any, by: str) -> bytes | None:
 def message_ttl(message: Any, default: float | None) -> float | None:
     """The cache TTL for this message in seconds: its ``x-cache-ttl`` header (ms) when it
     is a non-negative integer, else the cache's."""
+    if _TTL_BYTES not in message.header:
+        return default
     headers = message.headers()
     value = headers.get(TTL_HEADER) if headers else None
     if isinstance(value, (bytes, str)):
