@@ -174,6 +174,10 @@ class Member(Protocol):
         its client connections, and any that opens meanwhile."""
         ...
 
+    def passive_in_sync(self) -> bool:
+        """Whether this ACTIVE's feed has an in-sync PASSIVE now."""
+        ...
+
     def undrained(self) -> str | None:
         """Why this ACTIVE cannot hand over yet (None: drained): a confirm it owes not
         written, or a change not yet on its in-sync PASSIVE."""

@@ -93,6 +93,9 @@ class Leadership:
         for connection in self.client_connections():
             connection.hold_reading(READ_HELD_SWITCHOVER, hold)
 
+    def passive_in_sync(self) -> bool:
+        return self.feed.in_sync
+
     def undrained(self) -> str | None:
         if not self.feed.in_sync:
             return "no PASSIVE in sync"

@@ -62,7 +62,14 @@ class Switchover:
 
     def _switchover_refusal(self) -> str | None:
         decision = fsm.step(self.machine, fsm.Event.SWITCHOVER, self.loop.time()).decision
-        return None if isinstance(decision, fsm.Accept) else getattr(decision, "reason", "refused")
+        if not isinstance(decision, fsm.Accept):
+            return getattr(decision, "reason", "refused")
+        if not self.broker.passive_in_sync():
+            # Its state messages may still say in sync for a heartbeat or two after its
+            # replication link dropped: the feed knows first.
+            peer = "backup" if self.machine.role is fsm.Role.PRIMARY else "primary"
+            return f"the {peer} is not in sync: its replication link is down or catching up"
+        return None
 
     async def _switchover(self, wait: float, user: str) -> dict[str, Any]:
         started = time.monotonic()
@@ -81,6 +88,8 @@ class Switchover:
         drain_deadline = self.loop.time() + DRAIN_TIMEOUT
         why = self.broker.undrained()
         while why is not None and self.loop.time() < drain_deadline:
+            if not self.broker.passive_in_sync():
+                break  # the PASSIVE went away: no drain can end now
             await asyncio.sleep(DRAIN_POLL)
             why = self.broker.undrained()
         if why is None:

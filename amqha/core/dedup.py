@@ -61,6 +61,13 @@ class DedupBytes:
     held = 0
 
 
+def _held(key: bytes, sign: int) -> int:
+    """What remembering (``sign`` 1) or forgetting (-1) ``key`` changes in the count."""
+    cost = sign * (len(key) + ENTRY_OVERHEAD)
+    DedupBytes.held += cost
+    return cost
+
+
 class DedupArgumentError(exceptions.AMQPPreconditionFailed):
     pass
 
@@ -250,17 +257,13 @@ class SeenCache:
         if key in entries:
             del entries[key]
         else:
-            cost = len(key) + ENTRY_OVERHEAD
-            self.bytes += cost
-            DedupBytes.held += cost
+            self.bytes += _held(key, 1)
         self.seq = seq if seq is not None and seq > self.seq else self.seq + 1
         entries[key] = (expires, self.seq)
         size = self.settings.size or 0
         while len(entries) > size:
             oldest, _ = entries.popitem(last=False)
-            cost = len(oldest) + ENTRY_OVERHEAD
-            self.bytes -= cost
-            DedupBytes.held -= cost
+            self.bytes += _held(oldest, -1)
             self.counters.evictions += 1
 
 
@@ -296,9 +299,7 @@ class InQueue:
     def take(self, key: bytes, msg_id: int, queue: Any) -> None:
         ids = self.ids
         if key not in ids:
-            cost = len(key) + ENTRY_OVERHEAD
-            self.bytes += cost
-            DedupBytes.held += cost
+            self.bytes += _held(key, 1)
         ids[key] = msg_id
         if len(ids) > 2 * (queue.message_count + queue.unacked) + 1024:
             for stale in [k for k, i in ids.items() if not queue.holds(i)]:
@@ -306,9 +307,7 @@ class InQueue:
 
     def _forget(self, key: bytes) -> None:
         del self.ids[key]
-        cost = len(key) + ENTRY_OVERHEAD
-        self.bytes -= cost
-        DedupBytes.held -= cost
+        self.bytes += _held(key, -1)
 
 
 def in_id_order(messages: Any, msg_id: int) -> bool:

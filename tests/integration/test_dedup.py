@@ -16,11 +16,17 @@ import aiormq
 import pytest
 
 from amqha.client import Publisher
+from tests.durability import take_all
 from tests.integration.test_replication import replay
 from tests.pairs import MakePair, client_vote, poll
 from tests.support import ServerProcess, soak_size
 
 DEDUP = "x-message-deduplication"
+
+
+async def message_ids(url: str, queue: str) -> list[str]:
+    """The message ids of everything left on ``queue``, taken as it is read."""
+    return [m.header.properties.message_id or "" for m in await take_all(url, queue)]
 
 
 async def _publish(channel: Any, exchange: Any, key: Any, routing_key: str, **headers) -> None:
@@ -157,13 +163,7 @@ async def test_kills_of_the_active_leave_each_message_once(make_pair: MakePair) 
     # aside what it confirmed alone: replayed as an operator would, through the same check.
     for path in pair.quarantine_files():
         await asyncio.to_thread(replay, path, active.url)
-    seen: list[str] = []
-    connection = await aio_pika.connect(active.url)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue("once", durable=True, arguments={DEDUP: True})
-        while (message := await queue.get(no_ack=True, fail=False)) is not None:
-            seen.append(message.message_id or "")
+    seen = await message_ids(active.url, "once")
     lost = set(sent) - set(seen)
     duplicates = len(seen) - len(set(seen))
     print(
@@ -239,13 +239,7 @@ async def test_kills_of_the_active_right_after_a_catch_up_leave_each_message_onc
     active, _ = await pair.settled(timeout=60, interval=0.1)
     for path in pair.quarantine_files():  # a dual active's: replayed through the check
         await asyncio.to_thread(replay, path, active.url)
-    seen_ids: list[str] = []
-    connection = await aio_pika.connect(active.url)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue("caught-up", durable=True, arguments={DEDUP: True})
-        while (message := await queue.get(no_ack=True, fail=False)) is not None:
-            seen_ids.append(message.message_id or "")
+    seen_ids = await message_ids(active.url, "caught-up")
     lost = set(sent) - set(seen_ids)
     duplicates = len(seen_ids) - len(set(seen_ids))
     print(f"{len(sent)} confirmed, {resent} sent again, {len(lost)} lost, {duplicates} duplicates")

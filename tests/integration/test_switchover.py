@@ -19,6 +19,7 @@ import pytest
 
 from amqha.client import Consumer, Publisher
 from amqha.console import ConsoleClient, ConsoleError
+from tests.integration.test_dedup import message_ids
 from tests.integration.test_management import MGMT_USERS, Api
 from tests.integration.test_replication import replay
 from tests.pairs import ADMIN, MakePair, poll, url_of
@@ -192,13 +193,7 @@ async def test_a_kill_as_the_switchover_runs_loses_nothing_and_stores_nothing_tw
     active, _ = await pair.settled(timeout=60, interval=0.1)
     for path in pair.quarantine_files():  # a dual active's: replayed through the check
         await asyncio.to_thread(replay, path, active.url)
-    held: list[str] = []
-    connection = await aio_pika.connect(active.url)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(QUEUE, durable=True, arguments=arguments)
-        while (message := await queue.get(no_ack=True, fail=False)) is not None:
-            held.append(message.message_id or "")
+    held = await message_ids(active.url, QUEUE)
     assert set(sent) <= set(held), f"{len(set(sent) - set(held))} confirmed messages lost"
     assert len(held) == len(set(held)), "a message stored twice"
 
