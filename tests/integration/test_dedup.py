@@ -17,9 +17,10 @@ import pytest
 
 from amqha.client import Publisher
 from tests.durability import take_all
+from tests.integration.protocol_support import scrape
 from tests.integration.test_replication import replay
 from tests.pairs import MakePair, client_vote, poll
-from tests.support import ServerProcess, soak_size
+from tests.support import ServerProcess, free_port, soak_size
 
 DEDUP = "x-message-deduplication"
 
@@ -244,3 +245,28 @@ async def test_kills_of_the_active_right_after_a_catch_up_leave_each_message_onc
     duplicates = len(seen_ids) - len(set(seen_ids))
     print(f"{len(sent)} confirmed, {resent} sent again, {len(lost)} lost, {duplicates} duplicates")
     assert not lost and duplicates == 0
+
+
+async def test_each_deduplicating_exchange_and_queue_has_its_figures(make_server: Any) -> None:
+    """Keys held, copies dropped and keys evicted, per exchange and per queue, scraped."""
+    port = free_port()
+    server = make_server("deduped", metrics={"listen": f"127.0.0.1:{port}"}).start()
+    connection = await aio_pika.connect(server.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.declare_exchange("dx", DEDUP, arguments={"x-cache-size": 2})
+        bound = await channel.declare_queue("dx-q", auto_delete=True)
+        await bound.bind(exchange, "")
+        for key in ("a", "a", "b", "c", "c"):  # 2 copies dropped, "a" evicted by "c"
+            await _publish(channel, exchange, key, "")
+        await channel.declare_queue("dq", arguments={DEDUP: True}, auto_delete=True)
+        for key in ("k", "k", "k", "l"):
+            await _publish(channel, channel.default_exchange, key, "dq")
+        figures = await asyncio.to_thread(scrape, port)
+    exchange_labels = (("kind", "exchange"), ("name", "dx"), ("vhost", "/"))
+    queue_labels = (("kind", "queue"), ("name", "dq"), ("vhost", "/"))
+    assert figures[("amqha_dedup_keys", exchange_labels)] == 2
+    assert figures[("amqha_dedup_copies_dropped_total", exchange_labels)] == 2
+    assert figures[("amqha_dedup_keys_evicted_total", exchange_labels)] == 1
+    assert figures[("amqha_dedup_keys", queue_labels)] == 2
+    assert figures[("amqha_dedup_copies_dropped_total", queue_labels)] == 2
