@@ -387,6 +387,14 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
         if known is None or known.name != peer.name:
             self._malformed("handover", f"handover from {peer.name!r}, which is not our peer", None)
             return
+        if (
+            self.freeze_report_pending()
+            or time.monotonic() - self.heartbeat.last_tick > self.timeout
+        ):
+            # Read in the moment after a freeze, before the machine has taken PAUSED: it
+            # may be stale (fsm.STALE_HANDOVER); the peer serves on, or is voted back in.
+            log.warning("handover from %s ignored: %s", escaped(peer.name), fsm.STALE_HANDOVER)
+            return
         outcome = fsm.step(self.machine, fsm.Event.HANDOVER, now)
         self.apply(outcome)
         if isinstance(outcome.decision, fsm.Refuse):

@@ -429,7 +429,7 @@ def _paused(machine: Machine, event: Event, now: float) -> Outcome:
         witness_agrees=False,
     )
     if machine.state is not State.ACTIVE:
-        return Outcome(thawed)
+        return Outcome(replace(thawed, paused_at=now))
     return Outcome(replace(thawed, thawed=now), actions=(Fence(FROZEN),))
 
 
@@ -594,6 +594,10 @@ def _take_handover(machine: Machine, event: Event, now: float) -> Outcome:
     """The failback's other half: the ACTIVE peer has stepped down in our favour."""
     if machine.misconfigured is not None:
         return Outcome(machine, decision=Refuse(machine.misconfigured))
+    if machine.paused_at is not None and now < (
+        machine.paused_at + machine.timeout + machine.reconnect
+    ):
+        return Outcome(machine, decision=Refuse(STALE_HANDOVER))
     return _become_active(machine, event, "the peer handed the service over", _ACCEPT)
 
 
@@ -680,6 +684,10 @@ def _same_role(machine: Machine, event: Event, now: float) -> Outcome:
 
 
 _RECOVER_ON_ACTIVE_BACKUP = "recover runs on the backup while it is ACTIVE; this server is "
+STALE_HANDOVER = (
+    "a handover read right after this server was frozen may be stale (the peer was voted "
+    "back in meanwhile): not taken"
+)
 _HANDOVER_ONLY_PASSIVE = "a handover is taken only while PASSIVE; this server is "
 _ALREADY_ACTIVE = "this server is already ACTIVE: nothing to promote"
 _SWITCHOVER_ONLY_ACTIVE = "a switchover runs on the ACTIVE server; this server is "

@@ -110,6 +110,10 @@ class Machine:
     # is heard ACTIVE, or a timeout has passed, a PASSIVE peer is one whose state message
     # crossed the handover, not one to lead beside.
     handed_over: float | None = None
+    # When this server, not ACTIVE, was last found thawed from a freeze (PAUSED): a handover
+    # read within a timeout (and the link's reconnect) after it may be one the peer sent
+    # before it moved on (voted back in meanwhile), and is not taken.
+    paused_at: float | None = None
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:

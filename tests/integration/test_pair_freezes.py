@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,9 +25,10 @@ from dataclasses import dataclass, field
 import aiormq
 from pamqp import commands
 
+from amqha.console import ConsoleClient, ConsoleError
 from amqha.quarantine import read_quarantine
 from tests.durability import PERSISTENT, Ledger, drain
-from tests.pairs import MakePair, Pair, hold, poll
+from tests.pairs import ADMIN, MakePair, Pair, hold, poll, url_of
 from tests.support import ServerProcess
 
 
@@ -433,3 +435,39 @@ def records_after(pair: Pair, server: ServerProcess, event: str, since: float) -
     """``event`` records ``server`` wrote since monotonic time ``since``."""
     wall = time.time() - (time.monotonic() - since)
     return [r for r in pair.events(server) if r["event"] == event and r["ts"] >= wall]
+
+
+async def test_a_switchovers_target_frozen_as_it_is_handed_the_service_never_confirms_beside(
+    make_pair: MakePair,
+) -> None:
+    """The PASSIVE frozen past every timeout the moment the ACTIVE is asked to switch over
+    (its last state messages still say in sync): whether the handover went out or the
+    switchover failed, the ACTIVE serves again within the freeze (the clients vote it back
+    in), and at the thaw the frozen server does not take the handover it reads late: it
+    never confirms, never two servers confirm, nothing confirmed is lost."""
+    pair, queue = await frozen_pair(make_pair)
+    primary, backup = pair.primary, pair.backup
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        await pair.settled(timeout=60)
+        stopped = threading.Event()
+
+        async def ask() -> str:
+            await asyncio.to_thread(stopped.wait, 30)
+            try:
+                async with ConsoleClient(url_of(primary, ADMIN), 20) as console:
+                    return str((await console.call("switchover"))["result"])
+            except ConsoleError as refused:
+                return str(refused)
+
+        asked = asyncio.ensure_future(ask())
+        since = time.monotonic()
+        thaw = await freeze(backup, FREEZE, once_stopped=stopped.set)
+        print("switchover:", await asked)
+        assert confirms.by("primary", after=since + 2, before=thaw) >= 50, "no service"
+        await pair.settled(timeout=60)
+        await poll(lambda: confirms.by("primary", after=thaw) >= 50, 30, "the primary serving")
+        assert confirms.by("backup", after=since) == 0, "the frozen server confirmed"
+        assert confirms.switches(after=since) == 0
+        assert pair.state(primary) == "ACTIVE" and pair.state(backup) == "PASSIVE"
+    await assert_nothing_confirmed_lost(pair, confirms, queue)

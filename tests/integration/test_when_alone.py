@@ -13,6 +13,7 @@ import aiormq
 import pytest
 
 from tests.durability import drain
+from tests.integration.test_replication import replication
 from tests.pairs import MakePair, client_vote, poll
 
 QUEUE = "alone"
@@ -34,6 +35,17 @@ async def _publish(url: str, count: int, prefix: str) -> tuple[Any, list[asyncio
     return connection, futures
 
 
+async def _held_confirms(pair: Any, active: Any, count: int) -> dict[str, Any]:
+    """The ACTIVE's feed status once it holds ``count`` confirms (bounded: 30 s)."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        feed = (await replication(pair, active)).get("feed") or {}
+        if feed.get("held_confirms") == count:
+            return feed
+        assert asyncio.get_running_loop().time() < deadline, f"not {count} held: {feed}"
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize("mode", ["hold", "confirm"])
 async def test_with_no_passive_in_sync_the_active_holds_its_confirms_or_not(
     make_pair: MakePair, mode: str
@@ -46,11 +58,13 @@ async def test_with_no_passive_in_sync_the_active_holds_its_confirms_or_not(
 
     pair.kill(passive)
     alone_connection, alone = await _publish(active.url, 50, "alone")
-    await asyncio.sleep(1.5)  # a second and a half of the ACTIVE alone
-    done = sum(f.done() for f in alone)
     if mode == "confirm":
         await asyncio.wait_for(asyncio.gather(*alone), 30)
     else:
+        # Every one of them read and stored, and held: the feed says so; none confirmed.
+        held = await _held_confirms(pair, active, 50)
+        assert held["held_since"] is not None
+        done = sum(f.done() for f in alone)
         assert done == 0, f"{done} confirms went out with no PASSIVE in sync"
         passive.start()
         await asyncio.wait_for(asyncio.gather(*alone), 60)  # once it is in sync

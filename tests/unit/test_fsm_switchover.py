@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from failover.fsm import (
+    STALE_HANDOVER,
     Accept,
     Event,
     RedirectClients,
@@ -103,3 +104,17 @@ def test_a_peer_state_that_crossed_the_handover_does_not_take_the_service_back()
     # A handover never taken (the backup died with it): after a timeout the primary leads.
     late = step(crossed.machine, Event.PEER_PASSIVE, NOW + 0.01 + 3.5, backup)
     assert late.machine.state is State.ACTIVE
+
+
+def test_a_handover_read_right_after_a_freeze_is_not_taken() -> None:
+    """Frozen as its peer handed over, the PASSIVE reads the handover at the thaw: the
+    peer may have been voted back in meanwhile, so it is not taken within a timeout (and
+    the link's reconnect) of the thaw; after that a handover is taken as ever."""
+    machine = ours(Role.BACKUP, State.PASSIVE, peer=peer(Role.PRIMARY, State.ACTIVE))
+    thawed = step(machine, Event.PAUSED, NOW).machine
+    assert thawed.paused_at == NOW
+    refused = step(thawed, Event.HANDOVER, NOW + 0.1)
+    assert refused.machine.state is State.PASSIVE
+    assert refused.decision == Refuse(STALE_HANDOVER)
+    later = step(thawed, Event.HANDOVER, NOW + 3.5)
+    assert later.machine.state is State.ACTIVE
