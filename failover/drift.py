@@ -20,11 +20,13 @@ class ConfigDrift:
     def __init__(self, config: ServerConfig) -> None:
         self.ours = digests(config)
         self.keys: list[str] = []
+        self._theirs: dict[str, str] | None = None  # the peer's last, as heard
 
     def heard(self, theirs: dict[str, str] | None) -> bool:
         """The peer's digests from a state message: whether the drifted keys changed."""
-        if theirs is None:
-            return False
+        if theirs is None or theirs == self._theirs:
+            return False  # the same digests as a heartbeat ago: nothing to compare again
+        self._theirs = theirs
         keys = drifted(self.ours, theirs)
         if keys == self.keys:
             return False

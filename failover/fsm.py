@@ -149,6 +149,8 @@ __all__ = [
     "next_epoch",
     "step",
     "vote_outlook",
+    "peer_role",
+    "STALE_HANDOVER",
 ]
 
 
@@ -563,16 +565,16 @@ def _switchover(machine: Machine, event: Event, now: float) -> Outcome:
     if machine.misconfigured is not None:
         return Outcome(machine, decision=Refuse(machine.misconfigured))
     if peer is None or not machine.peer_alive(now):
-        return Outcome(machine, decision=Refuse(f"the {_peer_role(machine)} is not heard from"))
+        return Outcome(machine, decision=Refuse(f"the {peer_role(machine)} is not heard from"))
     if peer.state != State.PASSIVE:
         return Outcome(
-            machine, decision=Refuse(f"the {_peer_role(machine)} is {peer.state}, not PASSIVE")
+            machine, decision=Refuse(f"the {peer_role(machine)} is {peer.state}, not PASSIVE")
         )
     if not peer.in_sync:
         return Outcome(
             machine,
             decision=Refuse(
-                f"the {_peer_role(machine)} is not in sync: it would serve without messages "
+                f"the {peer_role(machine)} is not in sync: it would serve without messages "
                 "this server confirmed"
             ),
         )
@@ -580,13 +582,14 @@ def _switchover(machine: Machine, event: Event, now: float) -> Outcome:
         replace(machine, handed_over=now),
         State.PASSIVE,
         event,
-        f"planned switchover: handing the service to the {_peer_role(machine)}",
+        f"planned switchover: handing the service to the {peer_role(machine)}",
         decision=_ACCEPT,
         actions=(SendHandover(), RedirectClients(peer.listen)),
     )
 
 
-def _peer_role(machine: Machine) -> str:
+def peer_role(machine: Machine) -> str:
+    """The peer's role, in words."""
     return "backup" if machine.role is Role.PRIMARY else "primary"
 
 

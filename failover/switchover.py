@@ -67,8 +67,10 @@ class Switchover:
         if not self.broker.passive_in_sync():
             # Its state messages may still say in sync for a heartbeat or two after its
             # replication link dropped: the feed knows first.
-            peer = "backup" if self.machine.role is fsm.Role.PRIMARY else "primary"
-            return f"the {peer} is not in sync: its replication link is down or catching up"
+            return (
+                f"the {fsm.peer_role(self.machine)} is not in sync: its replication link is"
+                " down or catching up"
+            )
         return None
 
     async def _switchover(self, wait: float, user: str) -> dict[str, Any]:
