@@ -22,6 +22,7 @@ import click
 from config import ConfigError, load_config
 from config.schema import format_host_port
 from failover.epoch import EpochFileError
+from failover.maintenance import MaintenanceFileError
 
 from .ports import PAIR_FILE
 
@@ -135,6 +136,8 @@ def start(
         asyncio.run(serve(config, pair=pair))
     except EpochFileError as error:
         raise click.ClickException(f"bad epoch file: {error}") from None
+    except MaintenanceFileError as error:
+        raise click.ClickException(f"bad maintenance file: {error}") from None
     except ConfigError as error:  # data_dir/federations.json, federation.id (federation.md)
         raise click.ClickException(f"cannot start: {error}") from None
     except StoreError as error:

@@ -111,6 +111,8 @@ def console(
     switchover [--wait S]           hand the service from the ACTIVE to its in-sync PASSIVE
                                     (planned: publishers wait, nothing confirmed twice);
                                     --wait: until the PASSIVE is in sync, at most S s
+    maintenance on|off SERVER       SERVER (primary, backup) is never voted in nor promoted
+                                    while on; its stop raises no alarm (switch over first)
     promote [--force]               make the server that is not ACTIVE serve, when its peer
                                     is down (--force: even if the peer is ACTIVE, which then
                                     steps down; messages queued there stay there)

@@ -111,6 +111,19 @@ async def _switchover(line: _Line) -> int:
     return EXIT_OK
 
 
+async def _maintenance(line: _Line) -> int:
+    """Puts a server in maintenance or out of it, through the ACTIVE if one answers (else
+    the first that does): the peer learns it from the next state message."""
+    action, server = line.positional
+    results = await status_all(line.servers, line.timeout)
+    ordered = sorted(line.servers, key=lambda s: dict(results).get(s, {}).get("state") != "ACTIVE")
+    async with _reaching(ordered, line.timeout) as console:
+        result = await console.call("maintenance", on=action == "on", server=server)
+        target = console.server
+    done(line.as_json, "maintenance", target, result, f"maintenance: {result['result']}")
+    return EXIT_OK
+
+
 async def _config_diff(line: _Line) -> int:
     """The settings the servers named must share, where they differ, side by side."""
     if len(line.servers) < 2:
@@ -216,6 +229,7 @@ _HANDLERS: dict[str, Callable[[_Line], Awaitable[int]]] = {
     "status": _status,
     "recover": _recover,
     "switchover": _switchover,
+    "maintenance": _maintenance,
     "config-diff": _config_diff,
     "promote": _promote_command,
     "controller": _controller,

@@ -37,6 +37,9 @@ def health(results: list[tuple[Server, Any]]) -> tuple[str, str]:
         for server, status in results:
             if status.get("error", {}).get("code") == wanted:
                 return wanted, f"{server.where}: {status['error']['message']}"
+    planned = _maintenance(results)
+    if planned is not None:
+        return "maintenance", planned
     for server, status in results:
         if "error" in status:
             return status["error"][
@@ -66,6 +69,24 @@ def health(results: list[tuple[Server, Any]]) -> tuple[str, str]:
             " held by a second server"
         )
     return _sync_health(statuses)
+
+
+def _maintenance(results: list[tuple[Server, Any]]) -> str | None:
+    """A server in maintenance beside one ACTIVE that is not: unprotected, as planned (no
+    alarm: docs/failover.md, "Maintenance"), whether the other answers or not."""
+    answered = [status for _, status in results if "error" not in status]
+    on = sorted({role for status in answered for role in status.get("maintenance") or []})
+    active = [s for s in answered if s.get("state") == "ACTIVE"]
+    if not on or len(active) != 1 or dual_active(answered) is not None:
+        return None
+    leader = active[0]
+    if leader.get("role") in on:
+        return None
+    alone = "alone" if not (leader.get("peer") or {}).get("alive") else "with no takeover ready"
+    return (
+        f"unprotected (maintenance): the {on[0]} is in maintenance; {leader.get('name')} is"
+        f" ACTIVE {alone}"
+    )
 
 
 def _sync_health(statuses: list[dict[str, Any]]) -> tuple[str, str]:

@@ -27,6 +27,7 @@ _SYNTAX: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     "bindings": ((), {}),
     "events": ((), {"--follow": True, "-f": True, "--limit": False}),
     "controller": (("stop|start",), {}),
+    "maintenance": (("on|off", "SERVER"), {}),
     "purge": (("QUEUE",), {"--vhost": False}),
     "delete": (("QUEUE",), {"--vhost": False, "--if-empty": True, "--if-unused": True}),
     "close-connection": (("NAME",), {"--reason": False}),
@@ -105,6 +106,8 @@ def parse_words(words: list[str]) -> tuple[str, list[str], dict[str, Any]]:
         usage(f"usage: {syntax(command)}")
     if command == "controller" and positional[0] not in ("stop", "start"):
         usage("usage: controller stop|start")
+    if command == "maintenance" and positional[0] not in ("on", "off"):
+        usage("usage: maintenance on|off SERVER (primary, backup or a server's name)")
     return command, positional, options
 
 

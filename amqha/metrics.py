@@ -385,6 +385,14 @@ def pair_metrics(status: dict[str, Any]) -> Iterator[Metric]:
         "Settings the pair must share that differ from the peer's (0: they match)",
         value=len(status.get("config_drift") or []),
     )
+    maintenance = GaugeMetricFamily(
+        "amqha_pair_maintenance",
+        "1 for a server of the pair in maintenance (never voted in; its stop is planned)",
+        labels=["server"],
+    )
+    for role in ("primary", "backup"):
+        maintenance.add_metric([role], int(role in (status.get("maintenance") or [])))
+    yield maintenance
     peer = status.get("peer") or {}
     last_seen = peer.get("last_seen")
     seen = GaugeMetricFamily(

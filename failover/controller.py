@@ -46,6 +46,7 @@ from .epoch import load_epoch, store_epoch
 from .events import EventLog, RecordThrottle
 from .freeze_rule import FreezeRule
 from .heartbeat import Heartbeat
+from .maintenance_rule import MaintenanceRule
 from .pair_commands import PairCommands
 from .peer_message import HANDOVER_TYPE, STATE_TYPE, MalformedPeerMessage
 from .switchover import Switchover
@@ -63,7 +64,7 @@ MALFORMED_RECORD_INTERVAL = 60.0
 CLIENT_RECORD_INTERVAL = 1.0
 
 
-class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
+class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, MaintenanceRule):
     def __init__(self, broker: Member, config: ServerConfig) -> None:
         assert config.failover.role is not None and config.failover.peer is not None
         self.broker = broker
@@ -152,6 +153,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
         self.init_witness_rule()
         self.init_pair_commands()
         self.init_switchover()
+        self.init_maintenance()
         self.drift = ConfigDrift(config)
 
     def _make_peering(self, on_up: Callable[[], None]) -> Peering:
@@ -245,6 +247,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
                 "version": __version__,
                 "in_sync": machine.in_sync,
                 "config": self.drift.ours,
+                "maintenance": self.maintenance.to_json(),
             },
         )
 
@@ -310,6 +313,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
             peer_state=peer.state.value if peer else None,
             last_seen=self.peer_last_seen,
             evidence="refused" if self.machine.peer_gone else "silence",
+            maintenance=peer is not None and self._in_maintenance(peer.role),
         )
 
     def _on_peer_gone(self, pauses: int) -> None:
@@ -351,7 +355,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
         # The last of our messages the peer heard, in this boot of ours: after a freeze, an
         # echo of one sent since the thaw is news (fsm: the rule after a freeze).
         echo = heard[1] if heard is not None and heard[0] == self.boot else 0
-        peer = replace(parsed.peer, echo=echo)
+        peer = self._heard_maintenance(replace(parsed.peer, echo=echo), parsed.maintenance)
         if kind == HANDOVER_TYPE:
             self._on_handover(peer, now)
             return
@@ -683,6 +687,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover):
             },
             "misconfigured": machine.misconfigured,
             "config_drift": self.drift.keys,
+            "maintenance": sorted(self.maintenance.roles),
             "in_sync": machine.in_sync,
             # A PASSIVE that lost its peer: what the next client's connection would do.
             "takeover": fsm.vote_outlook(machine, now),

@@ -1,7 +1,8 @@
 """Durable storage of this server's failover epoch (docs/failover.md, "Epochs").
 
 Owns: the one-line `epoch` file in the server's data dir, written atomically so that a crash
-at any moment leaves either the old epoch or the new one, never a torn file.
+at any moment leaves either the old epoch or the new one, never a torn file (`write_durably`,
+which the pair's other small files use too).
 
 Must not know: when or why the epoch changes (the state machine decides and asks, through
 `PersistEpoch`), nor anything about the peer.
@@ -54,19 +55,25 @@ def load_epoch(data_dir: str | os.PathLike[str]) -> int:
 
 
 def store_epoch(data_dir: str | os.PathLike[str], epoch: int) -> None:
-    """Replace the stored epoch durably: temp file, fsync, rename, fsync the directory."""
+    """Replace the stored epoch durably."""
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    write_durably(data_dir, EPOCH_FILE, f"{epoch}\n")
+
+
+def write_durably(data_dir: str | os.PathLike[str], name: str, text: str) -> None:
+    """Replace the small file ``name`` in the data dir: temp file, fsync, rename, fsync the
+    directory; a crash leaves the old content or the new, never a torn file."""
     directory = Path(data_dir)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # mkstemp makes the file 0600: the epoch file is this server's user's only.
-    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{EPOCH_FILE}.", suffix=".tmp")
+    # mkstemp makes the file 0600: the file is this server's user's only.
+    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="ascii") as temp:
-            temp.write(f"{epoch}\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as temp:
+            temp.write(text)
             temp.flush()
             os.fsync(temp.fileno())
-        os.replace(temp_name, directory / EPOCH_FILE)
+        os.replace(temp_name, directory / name)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise

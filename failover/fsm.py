@@ -87,6 +87,11 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   lost peer like any other: the vote decides, with the witness. Hearing its peer in an
   epoch above its own, in any state and in any message, it has been overtaken: it yields
   (the peer led after it). A timeout passing alone never lifts the fence.
+- Maintenance (`amqha console maintenance on|off SERVER`). A server in maintenance never
+  becomes ACTIVE but by FORCE_PROMOTE: the client vote, PROMOTE and a handover are refused
+  with the reason, and where the table would have it lead (a primary starting, both
+  PASSIVE) it stays. Its peer, told so by its state messages, leads where the primary
+  would have (if in sync), and a switchover or a recover towards it is refused.
 - Client answers. A server that is not ACTIVE redirects a client to the peer when the peer
   is alive and ACTIVE; otherwise it refuses with the misconfiguration reason if there is one,
   and otherwise redirects to nobody ("no active server, retry later").
@@ -151,6 +156,7 @@ __all__ = [
     "vote_outlook",
     "peer_role",
     "STALE_HANDOVER",
+    "IN_MAINTENANCE",
 ]
 
 
@@ -371,8 +377,23 @@ def _unsynced(machine: Machine) -> bool:
     return machine.state is not State.ACTIVE and not machine.in_sync
 
 
+IN_MAINTENANCE = (
+    "this server is in maintenance: it is never voted in nor promoted "
+    "(`amqha console maintenance off`, or `promote --force`)"
+)
+
+
+def _peer_in_maintenance(machine: Machine) -> str:
+    return (
+        f"the {peer_role(machine)} is in maintenance: it does not take the service "
+        "(`amqha console maintenance off` first)"
+    )
+
+
 def _primary_starts(why: str) -> Handler:
     def primary_starts(machine: Machine, event: Event, now: float) -> Outcome:
+        if machine.maintenance:
+            return Outcome(machine)  # the backup, told so, leads
         if not machine.in_sync:
             # Our store may hold part of a snapshot: the backup, whose store is whole,
             # leads (it sees us not in sync), and we follow it.
@@ -389,6 +410,8 @@ def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
     allow it."""
     if now < machine.peer_expiry or machine.misconfigured is not None:
         return Outcome(machine, decision=_not_serving(machine, now))
+    if machine.maintenance:
+        return Outcome(machine, decision=_REFUSE_MAINTENANCE)
     why = _PEER_GONE_VOTE if machine.peer_gone else "no peer heard for a timeout: client vote"
     # With a witness, evidence of death does not skip it: a firewall that answers with TCP
     # resets looks like a dead process from here while the witness still hears the peer
@@ -461,6 +484,7 @@ def _active_client(machine: Machine, event: Event, now: float) -> Outcome:
 
 
 _REFUSE_FROZEN = Refuse(FROZEN)
+_REFUSE_MAINTENANCE = Refuse(IN_MAINTENANCE)
 
 
 def _active_peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
@@ -543,6 +567,8 @@ def _manual_recover(machine: Machine, event: Event, now: float) -> Outcome:
         return Outcome(machine, decision=Refuse("the primary is not heard from: keep serving"))
     if peer.state != State.PASSIVE:
         return Outcome(machine, decision=Refuse(f"the primary is {peer.state}, not PASSIVE"))
+    if peer.maintenance:
+        return Outcome(machine, decision=Refuse(_peer_in_maintenance(machine)))
     # Clients sent on before HANDOVER reaches the primary are told "no active server" (or
     # sent back here) for that moment; they retry, as after any failover.
     return _move(
@@ -570,6 +596,8 @@ def _switchover(machine: Machine, event: Event, now: float) -> Outcome:
         return Outcome(
             machine, decision=Refuse(f"the {peer_role(machine)} is {peer.state}, not PASSIVE")
         )
+    if peer.maintenance:
+        return Outcome(machine, decision=Refuse(_peer_in_maintenance(machine)))
     if not peer.in_sync:
         return Outcome(
             machine,
@@ -597,6 +625,8 @@ def _take_handover(machine: Machine, event: Event, now: float) -> Outcome:
     """The failback's other half: the ACTIVE peer has stepped down in our favour."""
     if machine.misconfigured is not None:
         return Outcome(machine, decision=Refuse(machine.misconfigured))
+    if machine.maintenance:
+        return Outcome(machine, decision=_REFUSE_MAINTENANCE)
     if machine.paused_at is not None and now < (
         machine.paused_at + machine.timeout + machine.reconnect
     ):
@@ -623,6 +653,10 @@ def _promote(machine: Machine, event: Event, now: float) -> Outcome:
         why = "promoted by an administrator: the peer follows"
     else:
         why = "promoted by an administrator: the peer is not heard"
+    if machine.maintenance:
+        if event is not Event.FORCE_PROMOTE:
+            return Outcome(machine, decision=_REFUSE_MAINTENANCE)
+        why += "; forced while in maintenance"
     if _unsynced(machine):
         if event is not Event.FORCE_PROMOTE:
             return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
@@ -637,6 +671,14 @@ def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
     assert peer is not None
     if machine.handed_over is not None and now < machine.handed_over + machine.timeout:
         return Outcome(machine)  # the peer's state crossed our handover: it takes it next
+    if machine.maintenance:
+        return Outcome(machine)  # the peer, told so, leads
+    if peer.maintenance:
+        if machine.in_sync:
+            return _become_active(
+                machine, event, "both servers PASSIVE: the peer is in maintenance"
+            )
+        return Outcome(machine)
     if machine.in_sync != peer.in_sync:
         if machine.in_sync:
             return _become_active(
@@ -650,8 +692,8 @@ def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
 
 def _backup_returns(machine: Machine, event: Event, now: float) -> Outcome:
     """The backup restarted while we stood by: we hold the service, unless we are not in
-    sync (then the backup, which held it, leads)."""
-    if _unsynced(machine) and not machine.takeover_unsynced:
+    sync (then the backup, which held it, leads) or in maintenance (the backup leads)."""
+    if machine.maintenance or (_unsynced(machine) and not machine.takeover_unsynced):
         return Outcome(machine)
     return _become_active(machine, event, "the backup restarted: we hold the service")
 
@@ -662,7 +704,13 @@ def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Out
     and this backup (whose store held the service) leads, if its own store is whole."""
     peer = machine.peer
     assert peer is not None
-    if not peer.in_sync and machine.in_sync:
+    if machine.maintenance or not machine.in_sync:
+        return Outcome(machine)
+    if peer.maintenance:
+        return _become_active(
+            machine, event, f"the primary is {peer.state} and in maintenance: the backup leads"
+        )
+    if not peer.in_sync:
         return _become_active(
             machine, event, f"the primary is {peer.state} and not in sync: the backup leads"
         )
@@ -674,7 +722,11 @@ def _passive_sees_primary_start(machine: Machine, event: Event, now: float) -> O
     active), unless its store is incomplete: then we lead, if we are in sync."""
     peer = machine.peer
     assert peer is not None
-    if not peer.in_sync and machine.in_sync:
+    if machine.maintenance or not machine.in_sync:
+        return Outcome(machine)
+    if peer.maintenance:
+        return _become_active(machine, event, "the restarted primary is in maintenance: we lead")
+    if not peer.in_sync:
         return _become_active(
             machine, event, "the restarted primary's store is incomplete: we lead"
         )

@@ -2,8 +2,8 @@
 
 Owns: what ``amqha console`` asks of the pair through the broker's ``gate.Pair.command``:
 ``recover`` (the failback, run on the ACTIVE backup), ``promote`` (``--force``: without
-the peer's agreement), ``controller stop|start`` (a stopped controller neither sends nor
-hears state); each fed to the machine, answered, refused with ``ConsoleRefused`` and its
+the peer's agreement), ``maintenance`` (``maintenance_rule``), ``controller stop|start``
+(a stopped controller neither sends nor hears state); each fed to the machine, answered, refused with ``ConsoleRefused`` and its
 reason, and recorded as a ``console`` event (docs/operations.md, docs/failover.md).
 ``FailoverController`` inherits it.
 
@@ -45,6 +45,7 @@ class PairCommands:
             "promote": self._command_promote,
             "controller": self._command_controller,
             "switchover": self._command_switchover,  # type: ignore[attr-defined]
+            "maintenance": self._command_maintenance,  # type: ignore[attr-defined]
         }
 
     def command(self, name: str, args: dict[str, Any], user: str) -> Any:
@@ -75,11 +76,15 @@ class PairCommands:
             raise ConsoleRefused(f"promote refused: {reason}")
         peer = before.peer
         warning = (
-            f"messages queued on {peer.name if peer else 'the peer'} are not here: they come "
-            "back only if that server rejoins with its queues"
+            f"every message {peer.name if peer else 'the peer'} confirmed is here (this "
+            "server was in sync)"
+            if before.in_sync and before.state is fsm.State.PASSIVE
+            else f"messages queued on {peer.name if peer else 'the peer'} may not be here: "
+            "they come back only if that server rejoins with its queues"
         )
         result = f"{self.machine.name} is ACTIVE in epoch {self.machine.epoch}; {warning}"
         self._write("console", user=user, command=command, result=result)
+        self._promoted_out_of_maintenance(user)  # type: ignore[attr-defined]
         return {"result": result, "state": self.machine.state.value}
 
     def _command_controller(self, args: dict[str, Any], user: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import fsm, keys
+from .maintenance import View
 
 STATE_TYPE = "amqha.peer.state"
 HANDOVER_TYPE = "amqha.peer.handover"
@@ -68,6 +69,8 @@ class StateMessage:
     heard: tuple[str, int] | None  # the last (boot, seq) of ours the peer had received
     # The digests of the settings the pair must share (config.digest), if sent.
     config: dict[str, str] | None = None
+    # The pair's maintenance view as the peer keeps it (docs/failover.md, "Maintenance").
+    maintenance: View | None = None
 
 
 def signature(secret: bytes, kind: str, body: bytes) -> str:
@@ -150,7 +153,17 @@ def parse(
         float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None,
         _heard(heard),
         _config(data.get("config")),
+        _maintenance(data.get("maintenance")),
     )
+
+
+def _maintenance(value: Any) -> View | None:
+    if value is None:
+        return None
+    try:
+        return View.from_json(value)
+    except ValueError as error:
+        raise MalformedPeerMessage("field", f"field 'maintenance': {error}") from None
 
 
 # Bounds on the ``config`` field: keys, and the length of a key and of a digest.

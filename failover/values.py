@@ -68,6 +68,8 @@ class PeerInfo:
     # The sequence number of our own latest state message (this boot of ours) the peer says
     # it has heard; 0: none. An echo at or above `Machine.thaw_seq` is news after a thaw.
     echo: int = 0
+    # The peer is in maintenance (docs/failover.md, "Maintenance"): it never leads.
+    maintenance: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,9 @@ class Machine:
     # read within a timeout (and the link's reconnect) after it may be one the peer sent
     # before it moved on (voted back in meanwhile), and is not taken.
     paused_at: float | None = None
+    # This server is in maintenance (the controller sets it): no client vote, handover,
+    # start-up rule or PROMOTE makes it ACTIVE; FORCE_PROMOTE still does.
+    maintenance: bool = False
 
     @classmethod
     def start(cls, name: str, role: Role, epoch: int, timeout: float, now: float) -> Machine:

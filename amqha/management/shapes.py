@@ -279,6 +279,7 @@ def nodes_shape(
             "replication": sync,
             # The settings the pair must share that differ from the peer's (by key).
             "config_drift": list(status.get("config_drift") or []),
+            "maintenance": status.get("role") in (status.get("maintenance") or []),
         },
     }
     peer = status.get("peer")
@@ -308,12 +309,18 @@ def nodes_shape(
             # subscribed); None where this server is not the ACTIVE.
             "replication_state": sync.get("state") if sync["side"] == "active" else None,
             "listen": (peer or {}).get("listen") or own.get("peer_listen"),
+            "maintenance": (peer or {}).get("role") in (status.get("maintenance") or [])
+            or _peer_role(status.get("role")) in (status.get("maintenance") or []),
             **lag,
         },
     }
     # Two servers ACTIVE as this server sees it: both named, and what resolves it.
     this["amqha"]["dual_active"] = dual_active([status])
     return [this, peer_shape]
+
+
+def _peer_role(role: Any) -> str | None:
+    return {"primary": "backup", "backup": "primary"}.get(role)
 
 
 def config_match(status: dict[str, Any]) -> tuple[bool, str]:
@@ -338,6 +345,10 @@ def active_in_sync(status: dict[str, Any], replication: dict[str, Any]) -> tuple
     sync = _sync_of(replication)
     if sync["side"] != "active" or not sync["peer_in_sync"]:
         state = sync.get("state") or "no PASSIVE subscribed"
+        planned = [r for r in status.get("maintenance") or [] if r != status.get("role")]
+        if planned:
+            # A planned stop raises no alarm (docs/failover.md, "Maintenance").
+            return True, f"unprotected (maintenance): the {planned[0]} is in maintenance ({state})"
         return False, f"the PASSIVE is not in sync ({state})"
     return True, "ACTIVE, PASSIVE in sync"
 

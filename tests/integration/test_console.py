@@ -38,7 +38,10 @@ async def test_interactive_prompt_runs_commands_until_quit(make_pair: MakePair) 
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.count("amqha> ") >= 6  # one prompt per line read
-    assert "status | recover | switchover [--wait WAIT] | promote [--force] | connections" in out
+    assert (
+        "status | recover | switchover [--wait WAIT] | maintenance on|off SERVER | promote [--force]"
+        " | connections" in out
+    )
     rows = [line.split() for line in out.splitlines() if line.startswith("127.0.0.1:")]
     states = {row[1]: row[3] for row in rows if len(row) > 3}
     assert states == {"primary": "ACTIVE", "backup": "PASSIVE"}

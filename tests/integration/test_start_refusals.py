@@ -14,6 +14,7 @@ import pytest
 
 from config.schema import DEMO_SECRET
 from failover.epoch import EPOCH_FILE
+from failover.maintenance import MAINTENANCE_FILE
 from tests.pairs import PAIR_SECRET, failover_section
 from tests.support import free_port, start_to_exit
 
@@ -100,6 +101,20 @@ def test_a_corrupt_epoch_file_is_one_line(tmp_path: Path, content: bytes) -> Non
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"Error: bad epoch file: {data_dir / EPOCH_FILE}: corrupt")
     assert "the peer's data dir" in lines[0]
+
+
+def test_a_corrupt_maintenance_file_is_one_line(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / MAINTENANCE_FILE).write_text('{"on": "primary"}')
+    config = tmp_path / "server.yaml"
+    config.write_text(pair_file("primary").replace("{name: primary,", f"{{data_dir: '{data_dir}',"))
+    result = start_to_exit(config)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if "listening" not in line]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"Error: bad maintenance file: {data_dir / MAINTENANCE_FILE}:")
+    assert "delete it" in lines[0]
 
 
 def test_the_demo_secret_is_refused_on_a_listener_beyond_loopback(tmp_path: Path) -> None:

@@ -91,6 +91,9 @@ def test_the_signature_covers_body_and_type_and_needs_the_secret() -> None:
         ({"state": "KING"}, "field"),
         ({"seq": -1}, "field"),
         ({"boot": None}, "field"),
+        ({"maintenance": {"on": ["tertiary"], "seq": 1}}, "field"),
+        ({"maintenance": {"on": [], "seq": -1}}, "field"),
+        ({"maintenance": ["primary"]}, "field"),
     ],
 )
 def test_invalid_fields_are_refused_even_when_signed(changes: dict[str, Any], kind: str) -> None:
