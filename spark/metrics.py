@@ -46,7 +46,7 @@ from spark.model import (
     unnamed_pair,
 )
 from spark.records import federation_links, incident_rows, key_to_failovers, noted_records
-from spark.runs import Point, record_key, state_runs, unprotected_spans
+from spark.runs import Point, maintenance_spans, overlap, record_key, state_runs, unprotected_spans
 from spark.spans import Span, shift
 from spark.spells import active_spells, spell_rows, unprotected_rows
 from spark.summary import PairFigures, build_summary, daily_rows, pair_summary
@@ -260,11 +260,20 @@ def pair_report(
     # that writes them): without any it is not known, which is not 0.
     recorded = any(r["event"] == SYNC_EVENT for node in nodes for r in pair.records[node])
     unprotected_by_day: dict[str, tuple[float, float, float]] = {}
+    planned_by_day: dict[str, float] = {}
     if recorded:
         own = {node: unprotected_spans(runs[node], pair.records[node]) for node in nodes}
         tables["unprotected"], unprotected_by_day = unprotected_rows(
             name, own, offsets, window, days, known
         )
+        # The part of it while the ACTIVE's peer was in maintenance, by the ACTIVE's own
+        # records (one clock): planned, counted apart.
+        planned = {
+            node: overlap(own[node], maintenance_spans(pair.records[node])) for node in nodes
+        }
+        if any(planned.values()):
+            _, by_day = unprotected_rows(name, planned, offsets, window, days, known)
+            planned_by_day = {day: seconds for day, (seconds, _, _) in by_day.items()}
     tables["incidents"] = incident_rows(name, pair.records, offsets, window, known)
     tables["failovers"] = failover_rows(
         name, nodes, runs, pair.records, offsets, window, known, dual.point
@@ -299,6 +308,7 @@ def pair_report(
         witness=noted.witness,
         freezes=_freezes(pair, offsets, window),
         recorded=recorded,
+        planned_by_day=planned_by_day,
         bulk_by_day=bulk_by_day,
         no_data=False,
         warnings=warnings,

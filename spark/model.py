@@ -62,6 +62,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("link", "string"),
     ("upstream", "string"),
     ("gap", "double"),
+    ("server", "string"),  # maintenance: the role put in or out of it
+    ("on", "string"),  # maintenance: JSON true or false, read as its text
 )
 CORRUPT_COLUMN = "_corrupt_record"
 

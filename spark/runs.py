@@ -103,3 +103,45 @@ def unprotected_spans(
         if since is not None:
             spans.append((since, end))
     return [(s, e) for s, e in spans if e > s]
+
+
+MAINTENANCE_EVENT = "maintenance"
+
+
+def maintenance_spans(records: Sequence[Row]) -> list[Span]:
+    """When, on a node's own clock, its peer was in maintenance by the node's own records
+    (``maintenance`` records of the other role, applied ones: a refused one has a
+    ``result``); one left on runs to the end of the log (docs/report.md, "Unprotected
+    time")."""
+    spans: list[Span] = []
+    since: float | None = None
+    for r in records:
+        if r["event"] != MAINTENANCE_EVENT or r.get("result") is not None:
+            continue
+        if r.get("server") == r.get("role"):
+            continue
+        on = r.get("on") in (True, "true")  # a string column reads JSON true as its text
+        if on and since is None:
+            since = r["ts"]
+        elif not on and since is not None:
+            spans.append((since, r["ts"]))
+            since = None
+    if since is not None:
+        spans.append((since, math.inf))
+    return spans
+
+
+def overlap(spans: Sequence[Span], within: Sequence[Span]) -> list[Span]:
+    """The parts of ``spans`` inside ``within`` (both sorted and disjoint)."""
+    out: list[Span] = []
+    j = 0
+    for s, e in spans:
+        while j < len(within) and within[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(within) and within[k][0] < e:
+            lo, hi = max(s, within[k][0]), min(e, within[k][1])
+            if hi > lo:
+                out.append((lo, hi))
+            k += 1
+    return out

@@ -158,6 +158,8 @@ SPECIAL_FIELDS = (
     "link",
     "upstream",
     "gap",
+    "server",
+    "on",
 )
 BUCKET_KEY = ("pair", "node", "bucket", "minute", "state")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spark.model import CAUSES, OUTCOMES, REPORT_STATES, SCHEMA_VERSION
@@ -122,6 +122,9 @@ def fleet_unprotected(pairs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "seconds": seconds if recorded else None,
         "fraction": seconds / pair_seconds if recorded and pair_seconds > 0 else None,
         "max_seconds": sum(p["unprotected"]["max_seconds"] for p in recorded) if recorded else None,
+        "planned_seconds": sum(p["unprotected"]["planned_seconds"] for p in recorded)
+        if recorded
+        else None,
         "not_recorded": sorted(n for n, p in pairs.items() if not p["unprotected"]["recorded"]),
     }
 
@@ -173,6 +176,8 @@ class PairFigures:
     bulk_by_day: Mapping[str, tuple[int, int]]
     no_data: bool
     warnings: list[str]
+    # Per day, the unprotected seconds while the ACTIVE's peer was in maintenance (planned).
+    planned_by_day: Mapping[str, float] = field(default_factory=dict)
 
     @staticmethod
     def unobserved(warnings: list[str]) -> PairFigures:
@@ -266,15 +271,23 @@ UNPROTECTED_KEYS = (
     "spans",
     "longest_s",
     "uncertain",
+    "planned_seconds",
+    "unplanned_seconds",
 )
 
 
-def _unprotected_summary(rows: Sequence[Row], daily: Sequence[Row], length: float) -> dict:
-    """The pair's unprotected time over the window: its days' sums."""
+def _unprotected_summary(
+    rows: Sequence[Row], daily: Sequence[Row], length: float, planned_by_day: Mapping[str, float]
+) -> dict:
+    """The pair's unprotected time over the window: its days' sums; the planned part (the
+    peer in maintenance) and the rest apart."""
     seconds = sum(d["unprotected_s"] for d in daily)
+    planned = min(seconds, sum(planned_by_day.get(d["day"], 0.0) for d in daily))
     return {
         "recorded": True,
         "seconds": seconds,
+        "planned_seconds": planned,
+        "unplanned_seconds": seconds - planned,
         "fraction": seconds / length if length > 0 else None,
         "min_seconds": sum(d["min_unprotected_s"] for d in daily),
         "max_seconds": sum(d["max_unprotected_s"] for d in daily),
@@ -405,7 +418,9 @@ def pair_summary(
         "max_availability": 1 - measure(outage.certain) / length if length > 0 else None,
         "uncertain": any(r["uncertain"] for r in uncertain),
         **spelled,
-        "unprotected": _unprotected_summary(tables["unprotected"], tables["daily"], length)
+        "unprotected": _unprotected_summary(
+            tables["unprotected"], tables["daily"], length, figures.planned_by_day
+        )
         if figures.recorded
         else dict.fromkeys(UNPROTECTED_KEYS, None) | {"recorded": False},
         **_record_summaries(tables, figures.freezes),

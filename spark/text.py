@@ -97,6 +97,11 @@ def _unprotected_text(u: Mapping) -> str:
     )
     if u["uncertain"]:
         text += f", {u['uncertain']} uncertain: {u['min_seconds']:.3f}s .. {u['max_seconds']:.3f}s"
+    if u["planned_seconds"]:
+        text += (
+            f"; planned (a server in maintenance) {u['planned_seconds']:.3f}s,"
+            f" unplanned {u['unplanned_seconds']:.3f}s"
+        )
     return text
 
 
@@ -296,7 +301,8 @@ def _fleet_lines(fleet: Mapping, pairs: int) -> list[str]:
     if unprotected["pairs_recorded"]:
         lines.append(
             f"  unprotected {unprotected['seconds']:.3f}s ({_percent(unprotected['fraction'])})"
-            f" over {unprotected['pairs_recorded']} pair(s) with sync records"
+            f" over {unprotected['pairs_recorded']} pair(s) with sync records, planned"
+            f" {unprotected['planned_seconds']:.3f}s (a server in maintenance)"
         )
     if unprotected["not_recorded"]:
         lines.append(

@@ -268,6 +268,19 @@ def sync_caught_up() -> tuple[Server, Server]:
     return _in_order(primary, backup)
 
 
+def maintenance_patch() -> tuple[Server, Server]:
+    """sync_caught_up, with the backup put in maintenance on the ACTIVE primary at 19.5 s
+    and out of it at 23 s (a refused attempt at 19.6 s changes nothing). Unprotected: 1.01 ..
+    3.0 and 20 .. 25, of which 20 .. 23 planned."""
+    primary, backup = sync_caught_up()
+    on = {"server": "backup", "by": "console", "user": "admin"}
+    primary.record(19.5, "maintenance", "ACTIVE", 1, on=True, **on)
+    primary.record(19.6, "maintenance", "ACTIVE", 1, on=False, result="refused: no", **on)
+    backup.record(19.51, "maintenance", "PASSIVE", 1, server="backup", on=True, by="peer")
+    primary.record(23.0, "maintenance", "ACTIVE", 1, on=False, **on)
+    return _in_order(primary, backup)
+
+
 def unprotected_takeover(backup_skew: float = 0.0) -> tuple[Server, Server]:
     """_start_replicating, then _restart_passive: the in-sync backup takes over at 14 s with
     no PASSIVE (its out_of_sync record at 14.001 s); the primary, back at 30 s and PASSIVE at

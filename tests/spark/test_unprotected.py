@@ -35,6 +35,7 @@ class Unprotected:
     spans: list[tuple[str, float, float]]
     seconds: float
     quarantines: list[tuple[float, str, int]] = field(default_factory=list)  # at, node, messages
+    planned: float = 0.0  # of ``seconds``, while the ACTIVE's peer was in maintenance
 
 
 CASES = {
@@ -52,6 +53,11 @@ CASES = {
         [("primary", 1.01, 2.0), ("primary", 12.6, 20.02), ("backup", 15.0, 22.0)],
         0.99 + 9.4,
         quarantines=[(20.5, "primary", 7)],
+    ),
+    # As sync_caught_up, with the backup in maintenance 19.5 .. 23 s by the primary's records:
+    # 20 .. 23 of the second span is planned.
+    "maintenance_patch": Unprotected(
+        [("primary", 1.01, 3.0), ("primary", 20.0, 25.0)], 6.99, planned=3.0
     ),
 }
 
@@ -84,6 +90,8 @@ def test_reference_gives_the_known_answer(name: str, estimate_skew: bool, tmp_pa
     same(unprotected["seconds"], known.seconds, "seconds")
     same(unprotected["fraction"], known.seconds / summary["window"]["seconds"], "fraction")
     assert unprotected["spans"] == len(known.spans)
+    same(unprotected["planned_seconds"], known.planned, "planned")
+    same(unprotected["unplanned_seconds"], known.seconds - known.planned, "unplanned")
     assert unprotected["min_seconds"] <= unprotected["seconds"] <= unprotected["max_seconds"]
     (daily,) = report.tables["daily"]
     same(daily["unprotected_s"], known.seconds, "daily")
@@ -100,6 +108,11 @@ def test_reference_gives_the_known_answer(name: str, estimate_skew: bool, tmp_pa
     fleet = report.summary["fleet"]["unprotected"]
     assert (fleet["pairs_recorded"], fleet["not_recorded"]) == (1, [])
     same(fleet["seconds"], known.seconds, "fleet")
+    same(fleet["planned_seconds"], known.planned, "fleet planned")
+    text = render_text(report.summary, report.tables)
+    assert ("planned (a server in maintenance) 3.000s, unplanned 3.990s" in text) == bool(
+        known.planned
+    )
 
 
 def test_one_server_alone_is_exact_when_the_other_is_not_unprotected(tmp_path: Path) -> None:
@@ -136,6 +149,7 @@ def test_logs_without_sync_records_are_not_recorded(tmp_path: Path) -> None:
         "seconds": None,
         "fraction": None,
         "max_seconds": None,
+        "planned_seconds": None,
         "not_recorded": [PAIR],
     }
     text = render_text(report.summary, report.tables)
