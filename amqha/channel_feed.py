@@ -17,7 +17,8 @@ from __future__ import annotations
 from pamqp import commands, exceptions
 
 from . import wire
-from .core import feedauth
+from .core import feedauth, protocol
+from .core.protocol import PROTOCOL
 from .core.reserved import FEED_QUEUE
 from .host import FeedPort, FeedServiceHost, OutletChannel
 
@@ -30,10 +31,24 @@ class FeedOutlet:
     feed, ``host.Outlet`` to the channel): the feed sends its runs as deliveries of one
     consumer, and the channel hands back their acks."""
 
-    __slots__ = ("channel", "consumer_tag", "tag_wire", "peer", "prefetch", "feed", "key")
+    __slots__ = (
+        "channel",
+        "consumer_tag",
+        "tag_wire",
+        "peer",
+        "prefetch",
+        "feed",
+        "key",
+        "protocol",
+    )
 
     def __init__(
-        self, channel: OutletChannel, consumer_tag: str, feed: FeedPort, key: bytes
+        self,
+        channel: OutletChannel,
+        consumer_tag: str,
+        feed: FeedPort,
+        key: bytes,
+        protocol: int = PROTOCOL,
     ) -> None:
         self.channel = channel
         self.consumer_tag = consumer_tag
@@ -42,12 +57,13 @@ class FeedOutlet:
         self.prefetch = channel.consumer_prefetch
         self.feed: FeedPort | None = feed
         self.key = key  # the session key of this subscription (core/feedauth.py)
+        self.protocol = protocol  # what the feed speaks to this PASSIVE (core/protocol.py)
 
     # -- as the channel sees it (host.Outlet) -------------------------------------------
 
     def start(self) -> None:
         if self.feed is not None:
-            self.feed.subscribe(self, self.key)
+            self.feed.subscribe(self, self.key, self.protocol)
 
     def acked(self, tag: int, multiple: bool) -> None:
         if self.feed is not None:
@@ -124,5 +140,11 @@ class FeedService:
             raise exceptions.AMQPResourceLocked(
                 f"RESOURCE_LOCKED - '{FEED_QUEUE}' has a subscriber already"
             )
+        try:
+            speaks = protocol.parse(arguments.get(protocol.ARGUMENT))
+        except ValueError as error:
+            raise exceptions.AMQPPreconditionFailed(
+                f"PRECONDITION_FAILED - '{FEED_QUEUE}': {error}"
+            ) from None
         key = feedauth.session_key(secret, connection.nonce, client_nonce)
-        return FeedOutlet(channel, tag, broker.feed, key)
+        return FeedOutlet(channel, tag, broker.feed, key, protocol.spoken(speaks))

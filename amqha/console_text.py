@@ -170,6 +170,12 @@ def print_status(results: list[tuple[Server, Any]], verdict: tuple[str, str]) ->
         )
         if status.get("takeover"):
             click.echo(f"{'':24} {status.get('name')}: {status['takeover']}")
+        spoken = status.get("protocol") or {}
+        if spoken.get("peer") is not None and spoken.get("peer") != spoken.get("this"):
+            click.echo(
+                f"{'':24} {status.get('name')}: upgrade in progress: this release speaks protocol"
+                f" {spoken['this']}, its peer {spoken['peer']}; the pair speaks {spoken['spoken']}"
+            )
         for problem in witness_problems(status):
             click.echo(f"{'':24} {problem}")
     click.echo(f"pair: {verdict[1]}")

@@ -30,7 +30,7 @@ from pamqp import commands
 from failover import keys
 from peering import ConsumerLink, Link, LinkClosed
 
-from .core import codec, feedauth
+from .core import codec, feedauth, protocol
 from .core.apply import apply_run
 from .core.changes import (
     Change,
@@ -231,6 +231,7 @@ class Follower:
         client_nonce = secrets.token_bytes(feedauth.NONCE_BYTES)
         link.context = _Session(feedauth.session_key(self.secret, server_nonce, client_nonce))
         return {
+            protocol.ARGUMENT: protocol.PROTOCOL,
             feedauth.NONCE_ARGUMENT: client_nonce.hex(),
             feedauth.PROOF_ARGUMENT: feedauth.subscribe_proof(
                 self.secret, server_nonce, client_nonce

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from .core import codec, feedauth
+from .core import codec, feedauth, protocol
 from .core.apply import state_changes
 from .core.changes import (
     Batch,
@@ -118,12 +118,13 @@ class Outlet(Protocol):
 
 
 class _Subscriber:
-    __slots__ = ("outlet", "prefetch", "key")
+    __slots__ = ("outlet", "prefetch", "key", "protocol")
 
-    def __init__(self, outlet: Outlet, key: bytes) -> None:
+    def __init__(self, outlet: Outlet, key: bytes, protocol: int) -> None:
         self.outlet = outlet
         self.prefetch = outlet.prefetch or FOLLOWER_PREFETCH
         self.key = key  # the session key: every run's MAC (core/feedauth.py)
+        self.protocol = protocol  # what it is spoken (core/protocol.py)
 
 
 class Feed:
@@ -190,12 +191,13 @@ class Feed:
             user,
         )
 
-    def subscribe(self, outlet: Outlet, key: bytes) -> None:
+    def subscribe(self, outlet: Outlet, key: bytes, speaks: int = protocol.PROTOCOL) -> None:
         """The PASSIVE, proven (the channel checked its proof), subscribes: at most one
-        at a time (the channel refuses a second while one is live)."""
+        at a time (the channel refuses a second while one is live). ``speaks``: the
+        protocol it is spoken (core/protocol.py)."""
         assert self.subscriber is None
         log_ = self.broker.log
-        self.subscriber = _Subscriber(outlet, key)
+        self.subscriber = _Subscriber(outlet, key, speaks)
         self.leader.subscribe()
         # The state already holds every change up to the log's last LSN, taken or not.
         self._snapshot_lsn = log_.lsn if log_ is not None else 0
@@ -360,6 +362,10 @@ class Feed:
         headers: dict[str, Any] | None = None,
     ) -> None:
         outlet = subscriber.outlet
+        if subscriber.protocol < protocol.DEDUP_CHANGES:
+            # A PASSIVE of the previous release cannot read them: it keeps no
+            # deduplication cache (docs/operations.md, "Upgrading").
+            changes = [c for c in changes if type(c) is not DedupSeen]
         body = codec.encode(first, changes)
         tag = outlet.next_tag()
         marker = headers.get(IN_SYNC) if headers else None

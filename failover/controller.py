@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 from amqha import __version__
-from amqha.core import feedauth
+from amqha.core import feedauth, protocol
 from amqha.core.message import Message
 from amqha.core.reserved import PEER_EXCHANGE
 from amqha.gate import ACCEPT, Accept, Member, Redirect, not_active_text
@@ -105,6 +105,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.peer_last_seen: float | None = None  # wall clock of the last peer state message
         self.peer_boot: str | None = None
         self.peer_seq = -1
+        self.peer_protocol: int | None = None  # what the peer's release speaks, once heard
         self.malformed = 0
         self._malformed_records = RecordThrottle(MALFORMED_RECORD_INTERVAL)
         self._client_records = RecordThrottle(CLIENT_RECORD_INTERVAL)
@@ -248,6 +249,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
                 "in_sync": machine.in_sync,
                 "config": self.drift.ours,
                 "maintenance": self.maintenance.to_json(),
+                "protocol": protocol.PROTOCOL,
             },
         )
 
@@ -350,6 +352,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             self._malformed("replay", f"replayed or reordered (seq {parsed.seq})", connection)
             return
         self.peer_boot, self.peer_seq = parsed.boot, parsed.seq
+        self.peer_protocol = parsed.protocol
         now = self.loop.time()
         heard = parsed.heard
         # The last of our messages the peer heard, in this boot of ours: after a freeze, an
@@ -688,6 +691,12 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             "misconfigured": machine.misconfigured,
             "config_drift": self.drift.keys,
             "maintenance": sorted(self.maintenance.roles),
+            # While one server is upgraded after the other: the lower of the two is spoken.
+            "protocol": {
+                "this": protocol.PROTOCOL,
+                "peer": self.peer_protocol,
+                "spoken": protocol.spoken(self.peer_protocol or protocol.PROTOCOL),
+            },
             "in_sync": machine.in_sync,
             # A PASSIVE that lost its peer: what the next client's connection would do.
             "takeover": fsm.vote_outlook(machine, now),

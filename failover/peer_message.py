@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from amqha.core import protocol
+
 from . import fsm, keys
 from .maintenance import View
 
@@ -71,6 +73,8 @@ class StateMessage:
     config: dict[str, str] | None = None
     # The pair's maintenance view as the peer keeps it (docs/failover.md, "Maintenance").
     maintenance: View | None = None
+    # The protocol the peer's release speaks (amqha.core.protocol; none sent: 1).
+    protocol: int = 1
 
 
 def signature(secret: bytes, kind: str, body: bytes) -> str:
@@ -154,7 +158,15 @@ def parse(
         _heard(heard),
         _config(data.get("config")),
         _maintenance(data.get("maintenance")),
+        _protocol(data.get("protocol")),
     )
+
+
+def _protocol(value: Any) -> int:
+    try:
+        return protocol.parse(value)
+    except ValueError as error:
+        raise MalformedPeerMessage("field", f"field 'protocol': {error}") from None
 
 
 def _maintenance(value: Any) -> View | None:

@@ -186,8 +186,10 @@ class ServerProcess:
             else:
                 self.config[section] = values
         self.process: subprocess.Popen[bytes] | None = None
-        # What runs the server after the interpreter (a test's own launcher may replace it).
+        # What runs the server after the interpreter (a test's own launcher may replace it),
+        # and from which tree of the code (another release's: tests/test_rolling_upgrade.py).
         self.command: tuple[str, ...] = ("-m", "amqha", "start")
+        self.code: Path = ROOT
 
     @property
     def address(self) -> str:
@@ -213,6 +215,8 @@ class ServerProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.code != ROOT:  # found before the installed tree
+            env["PYTHONPATH"] = os.pathsep.join([str(self.code), env.get("PYTHONPATH", "")])
         self.process = subprocess.Popen(
             [
                 *self.prefix,
@@ -224,7 +228,7 @@ class ServerProcess:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cwd=self.code,
             env=env,
         )
         log.close()
