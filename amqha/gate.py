@@ -178,6 +178,12 @@ class Member(Protocol):
         """Whether this ACTIVE's feed has an in-sync PASSIVE now."""
         ...
 
+    def hold_until_rejoined(self, seconds: float) -> None:
+        """This server just took the service by a handover: until the server that handed
+        it over is its in-sync PASSIVE again (at most ``seconds``), no confirm goes out on
+        this server alone."""
+        ...
+
     def undrained(self) -> str | None:
         """Why this ACTIVE cannot hand over yet (None: drained): a confirm it owes not
         written, or a change not yet on its in-sync PASSIVE."""

@@ -96,6 +96,9 @@ class Leadership:
     def passive_in_sync(self) -> bool:
         return self.feed.in_sync
 
+    def hold_until_rejoined(self, seconds: float) -> None:
+        self.feed.hold_until_in_sync(seconds)
+
     def undrained(self) -> str | None:
         if not self.feed.in_sync:
             return "no PASSIVE in sync"

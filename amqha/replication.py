@@ -20,6 +20,7 @@ docs/durability.md, section 5.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import logging
@@ -151,6 +152,8 @@ class Feed:
         self.leader = Leader()
         # When confirms began to wait for want of an in-sync PASSIVE (hold_alone), or None.
         self.held_since: float | None = None
+        # After a handover: the end of the wait for the old ACTIVE (hold_until_in_sync).
+        self._rejoin_timer: asyncio.TimerHandle | None = None
         self.subscriber: _Subscriber | None = None
         self.sent_lsn = 0
         self._snapshot: Iterator[Change] | None = None
@@ -393,6 +396,7 @@ class Feed:
             )
         if synced.declared:
             self.held_since = None
+            self._end_rejoin_wait()
             sync_lsn = leader.sync_lsn
             # The marker: after every run it covers, so the PASSIVE reads it holding them.
             self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: sync_lsn})
@@ -435,13 +439,50 @@ class Feed:
     def set_leading(self, leading: bool) -> None:
         """This server leads (or no longer does): with ``when_alone: hold`` its confirms
         wait for an in-sync PASSIVE from now on (a PASSIVE's own writes never wait)."""
+        self._end_rejoin_wait()
         self.leader.hold_alone = self.hold_alone and leading
         self.held_since = time.time() if self.leader.hold_alone and not self.in_sync else None
+
+    def hold_until_in_sync(self, seconds: float) -> None:
+        """This ACTIVE took the service by a handover (a planned switchover, a recover):
+        the server that handed it over, drained, rejoins as PASSIVE at once, and until it
+        is in sync again no confirm goes out on this server alone, whatever
+        ``when_alone`` says (docs/failover.md, "Planned switchover"). After ``seconds``
+        without it, or at once with ``seconds`` 0 (it is lost), ``when_alone`` applies
+        again."""
+        if seconds <= 0:
+            if self._rejoin_timer is not None:
+                self._rejoin_timer.cancel()
+                self._rejoin_late()
+            return
+        if self.in_sync or self.leader.hold_alone:
+            return
+        self.leader.hold_alone = True
+        self.held_since = time.time()
+        self._rejoin_timer = asyncio.get_running_loop().call_later(seconds, self._rejoin_late)
+
+    def _rejoin_late(self) -> None:
+        self._rejoin_timer = None
+        if self.leader.hold_alone and not self.hold_alone and not self.in_sync:
+            log.warning(
+                "replication: the server that handed the service over is not in sync yet:"
+                " confirming alone (replication.when_alone: confirm)"
+            )
+            self.leader.hold_alone = False
+            self.held_since = None
+            self.on_sync(False, "")  # the confirms held meanwhile go out
+
+    def _end_rejoin_wait(self) -> None:
+        """In sync (or no longer leading): the wait after a handover is over."""
+        if self._rejoin_timer is not None:
+            self._rejoin_timer.cancel()
+            self._rejoin_timer = None
+            self.leader.hold_alone = self.hold_alone
 
     def _held(self) -> dict[str, Any]:
         """``when_alone: hold`` with no PASSIVE in sync: the publishes whose confirms wait,
         and since when (wall clock) none has gone out."""
-        if not self.hold_alone or self.leader.gating or self.held_since is None:
+        if not self.leader.hold_alone or self.leader.gating or self.held_since is None:
             return {"held_confirms": 0, "held_since": None}
         waiting = self.broker.confirms.waiting
         held = sum(len(tracker.unsafe) for tracker in waiting.trackers)

@@ -62,6 +62,10 @@ MALFORMED_RECORD_INTERVAL = 60.0
 # guest looping on a PASSIVE's port wrote 19 MB in 15 s. Once a second keeps the report's
 # timeline of redirects; the counters in status have every attempt.
 CLIENT_RECORD_INTERVAL = 1.0
+# After taking the service by a handover, the longest confirms wait for the server that
+# handed it over to be in sync again (its snapshot of a large backlog takes seconds); sooner
+# if it is lost. Then ``replication.when_alone`` applies.
+REJOIN_WAIT = 10.0
 
 
 class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, MaintenanceRule):
@@ -303,6 +307,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         if not self.peer_heard or self.machine.peer_alive(now):
             return
         self.peer_heard = False
+        self.broker.hold_until_rejoined(0)  # no rejoin to wait for now
         peer = self.machine.peer
         name = escaped(peer.name) if peer else None
         if self.machine.peer_gone:
@@ -516,6 +521,10 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         if transition is not None:
             self._log_transition(transition)
         self._lead_or_follow()
+        if transition is not None and transition.trigger is fsm.Event.HANDOVER:
+            # The drained server that handed over rejoins at once: nothing is confirmed on
+            # this one alone meanwhile (docs/failover.md, "Planned switchover").
+            self.broker.hold_until_rejoined(max(REJOIN_WAIT, self.timeout))
         return outcome.decision
 
     # -- replication ----------------------------------------------------------------------

@@ -220,3 +220,53 @@ async def test_the_management_api_switches_over_for_an_administrator_only(
     await poll(lambda: pair.state(pair.backup) == "ACTIVE", 30, "the backup ACTIVE")
     status, body = await api.call("POST", "/api/amqha/switchover", json={"wait": 0})
     assert status == 409 and "this server is PASSIVE" in body["reason"]
+
+
+async def test_nothing_is_confirmed_on_one_copy_while_the_old_active_rejoins(
+    make_pair: MakePair,
+) -> None:
+    """The old ACTIVE rejoins as PASSIVE right after the handover, taking a snapshot of a
+    backlog (about 40 MB here): a message published to the new ACTIVE meanwhile is
+    confirmed only once the old one is in sync again, never on the new one alone."""
+    pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    primary, backup = pair.primary, pair.backup
+    body = b"x" * 40_000
+    connection = await aio_pika.connect(primary.url, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("backlog", durable=True)
+        await asyncio.gather(
+            *(
+                channel.default_exchange.publish(
+                    aio_pika.Message(body, delivery_mode=2), routing_key="backlog"
+                )
+                for _ in range(1000)
+            )
+        )
+    await pair.wait_in_sync(backup, timeout=60)
+    await switchover(primary)
+    connection = await aio_pika.connect(backup.url, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        published = time.time()
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"during", delivery_mode=2), routing_key="backlog", timeout=60
+        )
+        confirmed = time.time()
+
+    def in_sync_again() -> list[float]:
+        return [
+            e["ts"]
+            for e in pair.events(backup)
+            if e["event"] == "sync" and e["side"] == "active" and e["sync"] == "in_sync"
+        ]
+
+    synced = await poll(in_sync_again, 60, "the old ACTIVE in sync again")
+    # Published while the old ACTIVE was still catching up (the backlog saw to that) ...
+    assert published < synced[-1], (published, synced)
+    # ... and confirmed only after it was in sync: the record is written before the
+    # confirms it releases go out.
+    assert confirmed >= synced[-1], (confirmed, synced)
+    status = await pair.status(backup)
+    assert status["replication"]["feed"]["when_alone"] == "confirm"  # the configured mode back
