@@ -99,11 +99,26 @@ Decisions where the pair's outline (docs/failover.md) is silent:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
+from .fsm_steps import (
+    NO_ACTIVE_KNOWN,
+    Handler,
+    adopt_epoch,
+    after_freeze,
+    become_active,
+    go_passive,
+    misconfiguration,
+    move,
+    next_epoch,
+    not_serving,
+    overtaken,
+    refuse,
+    report_misconfiguration,
+    stay,
+    unfence_if_not_active,
+)
 from .values import (
-    _ROLE_OF_START_STATE,
     PEER_EVENT,
     Accept,
     Action,
@@ -160,10 +175,7 @@ __all__ = [
 ]
 
 
-Handler = Callable[[Machine, Event, float], Outcome]
-
 _ACCEPT = Accept()
-_NO_ACTIVE_KNOWN = Redirect(None)
 
 
 def step(
@@ -187,12 +199,12 @@ def step(
             raise ValueError(f"{event} needs the peer's state message")
         if event is Event.PAUSED:
             machine = replace(machine, thaw_seq=thaw_seq)
-        return _unfence_if_not_active(TRANSITIONS[(machine.state, event)](machine, event, now))
+        return unfence_if_not_active(TRANSITIONS[(machine.state, event)](machine, event, now))
     if PEER_EVENT[peer.state] != event:
         raise ValueError(f"{event} does not match a peer in state {peer.state}")
-    reason = _misconfiguration(machine, peer)
+    reason = misconfiguration(machine, peer)
     if reason is not None:
-        return _report_misconfiguration(machine, peer, reason)
+        return report_misconfiguration(machine, peer, reason)
     heard = replace(
         machine,
         peer=peer,
@@ -203,162 +215,13 @@ def step(
         handed_over=None if event is Event.PEER_ACTIVE else machine.handed_over,
     )
     if heard.fenced and peer.epoch > heard.epoch and event is not Event.PEER_ACTIVE:
-        outcome = _overtaken(heard, event, peer)
+        outcome = overtaken(heard, event, peer)
     else:
-        outcome = _after_freeze(TRANSITIONS[(machine.state, event)](heard, event, now), peer)
-    return _adopt_epoch(_unfence_if_not_active(outcome), peer.epoch)
-
-
-def _overtaken(machine: Machine, event: Event, peer: PeerInfo) -> Outcome:
-    """A fenced ACTIVE hears its peer in an epoch above its own: the peer led after us,
-    whatever it is now (restarted, say). We yield and never serve what we held."""
-    reason = (
-        f"frozen, then heard the peer {peer.name} {peer.state} in epoch {peer.epoch}, above "
-        f"ours ({machine.epoch}): it led after us; we yield"
-    )
-    return _move(machine, State.PASSIVE, event, reason, actions=(RedirectClients(None),))
-
-
-def _after_freeze(outcome: Outcome, peer: PeerInfo) -> Outcome:
-    """A fenced ACTIVE still ACTIVE after the table ran on a peer message: it serves again
-    if the message echoes one sent after the thaw (news, not a stale message)."""
-    machine = outcome.machine
-    if not machine.fenced or machine.state is not State.ACTIVE:
-        return outcome
-    if peer.echo < max(machine.thaw_seq, 1):
-        return outcome
-    why = f"the peer {peer.name} answered after the thaw: {peer.state} in epoch {peer.epoch}"
-    return replace(
-        outcome,
-        machine=replace(machine, thawed=None),
-        actions=(*outcome.actions, Unfence(why)),
-    )
-
-
-def _unfence_if_not_active(outcome: Outcome) -> Outcome:
-    """Only an ACTIVE is fenced: one that leaves ACTIVE drops the fence (its clients are
-    closed with a redirect, what was held is never confirmed)."""
-    machine = outcome.machine
-    if machine.thawed is None or machine.state is State.ACTIVE:
-        return outcome
-    return replace(outcome, machine=replace(machine, thawed=None))
+        outcome = after_freeze(TRANSITIONS[(machine.state, event)](heard, event, now), peer)
+    return adopt_epoch(unfence_if_not_active(outcome), peer.epoch)
 
 
 _PEER_EVENTS = frozenset(PEER_EVENT.values())
-
-
-def _misconfiguration(machine: Machine, peer: PeerInfo) -> str | None:
-    if peer.name == machine.name:
-        return f"peer has our name {peer.name!r}: two servers must not share a name"
-    if peer.role == machine.role:
-        return f"peer {peer.name!r} is also {peer.role}: a pair needs one primary, one backup"
-    started_as = _ROLE_OF_START_STATE.get(peer.state)
-    if started_as is not None and started_as != peer.role:
-        return f"peer {peer.name!r} reports {peer.state} but is configured {peer.role}"
-    return None
-
-
-def _report_misconfiguration(machine: Machine, peer: PeerInfo, reason: str) -> Outcome:
-    if machine.misconfigured == reason:
-        return Outcome(machine)
-    report = LogMisconfigured(peer.name, peer.epoch, reason)
-    return Outcome(replace(machine, misconfigured=reason), actions=(report,))
-
-
-def _adopt_epoch(outcome: Outcome, peer_epoch: int) -> Outcome:
-    machine = outcome.machine
-    if peer_epoch <= machine.epoch:
-        return outcome
-    # An ACTIVE that stays ACTIVE hearing a higher epoch (its peer led meanwhile, then
-    # restarted or yielded) serves on in a new epoch above it, never in the peer's.
-    epoch = next_epoch(machine.role, peer_epoch) if machine.state is State.ACTIVE else peer_epoch
-    return replace(
-        outcome,
-        machine=replace(machine, epoch=epoch),
-        actions=(*outcome.actions, PersistEpoch(epoch)),
-    )
-
-
-def _move(
-    machine: Machine,
-    to: State,
-    trigger: Event,
-    reason: str,
-    decision: Decision | None = None,
-    actions: tuple[Action, ...] = (),
-) -> Outcome:
-    moved = replace(machine, state=to)
-    return Outcome(moved, Transition(machine.state, to, trigger, reason), decision, actions)
-
-
-def next_epoch(role: Role, above: int) -> int:
-    """The first epoch above ``above`` that ``role`` may lead in: odd for the primary, even
-    for the backup, so the two never serve in one epoch."""
-    epoch = above + 1
-    return epoch if (epoch % 2 == 1) == (role is Role.PRIMARY) else epoch + 1
-
-
-def _become_active(
-    machine: Machine, trigger: Event, reason: str, decision: Decision | None = None
-) -> Outcome:
-    # A new term: above every epoch this server has held or heard, of its own role's parity
-    # (see "Disjoint epochs" above), durable before serving.
-    known = machine.peer.epoch if machine.peer is not None else 0
-    epoch = next_epoch(machine.role, max(machine.epoch, known))
-    active = replace(machine, state=State.ACTIVE, epoch=epoch)
-    return Outcome(
-        active,
-        Transition(machine.state, State.ACTIVE, trigger, reason),
-        decision,
-        (PersistEpoch(epoch),),
-    )
-
-
-def _not_serving(machine: Machine, now: float) -> Decision:
-    peer = machine.peer
-    if peer is not None and peer.state == State.ACTIVE and now < machine.peer_expiry:
-        return Redirect(peer.listen)
-    if machine.misconfigured is not None:
-        return Refuse(machine.misconfigured)
-    return _NO_ACTIVE_KNOWN
-
-
-# Handler factories: each table entry names its "why", which becomes the handler's docstring
-# and, for transitions, the reason written to the event log.
-
-
-def _stay(why: str) -> Handler:
-    def stay(machine: Machine, event: Event, now: float) -> Outcome:
-        return Outcome(machine)
-
-    stay.__doc__ = why
-    return stay
-
-
-def _go_active(why: str) -> Handler:
-    def go_active(machine: Machine, event: Event, now: float) -> Outcome:
-        return _become_active(machine, event, why)
-
-    go_active.__doc__ = why
-    return go_active
-
-
-def _go_passive(why: str) -> Handler:
-    def go_passive(machine: Machine, event: Event, now: float) -> Outcome:
-        return _move(machine, State.PASSIVE, event, why)
-
-    go_passive.__doc__ = why
-    return go_passive
-
-
-def _refuse(why: str) -> Handler:
-    refusal = Refuse(why)
-
-    def refuse(machine: Machine, event: Event, now: float) -> Outcome:
-        return Outcome(machine, decision=refusal)
-
-    refuse.__doc__ = why
-    return refuse
 
 
 # Handlers whose result depends on more than the cell.
@@ -398,7 +261,7 @@ def _primary_starts(why: str) -> Handler:
             # Our store may hold part of a snapshot: the backup, whose store is whole,
             # leads (it sees us not in sync), and we follow it.
             return Outcome(machine)
-        return _become_active(machine, event, why)
+        return become_active(machine, event, why)
 
     primary_starts.__doc__ = why + "; unless our store is incomplete (the backup leads)"
     return primary_starts
@@ -409,7 +272,7 @@ def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
     us ACTIVE (failover), unless this PASSIVE is not in sync and the configuration does not
     allow it."""
     if now < machine.peer_expiry or machine.misconfigured is not None:
-        return Outcome(machine, decision=_not_serving(machine, now))
+        return Outcome(machine, decision=not_serving(machine, now))
     if machine.maintenance:
         return Outcome(machine, decision=_REFUSE_MAINTENANCE)
     why = _PEER_GONE_VOTE if machine.peer_gone else "no peer heard for a timeout: client vote"
@@ -423,10 +286,10 @@ def _client_vote(machine: Machine, event: Event, now: float) -> Outcome:
     if _unsynced(machine):
         if not machine.takeover_unsynced:
             return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
-        return _become_active(
+        return become_active(
             machine, event, why + ", NOT in sync (failover.takeover_unsynced)", _ACCEPT
         )
-    return _become_active(machine, event, why, _ACCEPT)
+    return become_active(machine, event, why, _ACCEPT)
 
 
 _PEER_GONE_VOTE = "the peer's process is gone (its link dropped, its port refuses): client vote"
@@ -465,9 +328,9 @@ def _active_client(machine: Machine, event: Event, now: float) -> Outcome:
     if not machine.fenced:
         return Outcome(machine, decision=_ACCEPT)
     if now < machine.peer_expiry or machine.misconfigured is not None:
-        decision = _not_serving(machine, now)
+        decision = not_serving(machine, now)
         return Outcome(
-            machine, decision=decision if decision != _NO_ACTIVE_KNOWN else _REFUSE_FROZEN
+            machine, decision=decision if decision != NO_ACTIVE_KNOWN else _REFUSE_FROZEN
         )
     why = (
         _PEER_GONE_VOTE
@@ -525,7 +388,7 @@ def _peer_gone(machine: Machine, event: Event, now: float) -> Outcome:
 
 def _backup_never_serves_first(machine: Machine, event: Event, now: float) -> Outcome:
     """A backup that has not seen an ACTIVE primary never serves first."""
-    return Outcome(machine, decision=_not_serving(machine, now))
+    return Outcome(machine, decision=not_serving(machine, now))
 
 
 def _resolve_dual_active(machine: Machine, event: Event, now: float) -> Outcome:
@@ -545,7 +408,7 @@ def _resolve_dual_active(machine: Machine, event: Event, now: float) -> Outcome:
         logged = replace(machine, dual_active_logged=peer.epoch)
         return Outcome(logged, actions=(LogDualActive(peer.name, peer.epoch, reason),))
     reason = f"peer {peer.name} also ACTIVE in epoch {peer.epoch}; we yield ({rule})"
-    return _move(
+    return move(
         machine,
         State.PASSIVE,
         event,
@@ -571,7 +434,7 @@ def _manual_recover(machine: Machine, event: Event, now: float) -> Outcome:
         return Outcome(machine, decision=Refuse(_peer_in_maintenance(machine)))
     # Clients sent on before HANDOVER reaches the primary are told "no active server" (or
     # sent back here) for that moment; they retry, as after any failover.
-    return _move(
+    return move(
         replace(machine, handed_over=now),
         State.PASSIVE,
         event,
@@ -606,7 +469,7 @@ def _switchover(machine: Machine, event: Event, now: float) -> Outcome:
                 "this server confirmed"
             ),
         )
-    return _move(
+    return move(
         replace(machine, handed_over=now),
         State.PASSIVE,
         event,
@@ -631,7 +494,7 @@ def _take_handover(machine: Machine, event: Event, now: float) -> Outcome:
         machine.paused_at + machine.timeout + machine.reconnect
     ):
         return Outcome(machine, decision=Refuse(STALE_HANDOVER))
-    return _become_active(machine, event, "the peer handed the service over", _ACCEPT)
+    return become_active(machine, event, "the peer handed the service over", _ACCEPT)
 
 
 def _promote(machine: Machine, event: Event, now: float) -> Outcome:
@@ -661,7 +524,7 @@ def _promote(machine: Machine, event: Event, now: float) -> Outcome:
         if event is not Event.FORCE_PROMOTE:
             return Outcome(machine, decision=Refuse(_NOT_IN_SYNC))
         why += "; forced while NOT in sync"
-    return _become_active(machine, event, why, _ACCEPT)
+    return become_active(machine, event, why, _ACCEPT)
 
 
 def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
@@ -675,18 +538,16 @@ def _primary_leads(machine: Machine, event: Event, now: float) -> Outcome:
         return Outcome(machine)  # the peer, told so, leads
     if peer.maintenance:
         if machine.in_sync:
-            return _become_active(
-                machine, event, "both servers PASSIVE: the peer is in maintenance"
-            )
+            return become_active(machine, event, "both servers PASSIVE: the peer is in maintenance")
         return Outcome(machine)
     if machine.in_sync != peer.in_sync:
         if machine.in_sync:
-            return _become_active(
+            return become_active(
                 machine, event, "both servers PASSIVE: we are in sync, the peer is not"
             )
         return Outcome(machine)
     if machine.role is Role.PRIMARY:
-        return _become_active(machine, event, "both servers PASSIVE: the primary leads")
+        return become_active(machine, event, "both servers PASSIVE: the primary leads")
     return Outcome(machine)
 
 
@@ -695,7 +556,7 @@ def _backup_returns(machine: Machine, event: Event, now: float) -> Outcome:
     sync (then the backup, which held it, leads) or in maintenance (the backup leads)."""
     if machine.maintenance or (_unsynced(machine) and not machine.takeover_unsynced):
         return Outcome(machine)
-    return _become_active(machine, event, "the backup restarted: we hold the service")
+    return become_active(machine, event, "the backup restarted: we hold the service")
 
 
 def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Outcome:
@@ -707,11 +568,11 @@ def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Out
     if machine.maintenance or not machine.in_sync:
         return Outcome(machine)
     if peer.maintenance:
-        return _become_active(
+        return become_active(
             machine, event, f"the primary is {peer.state} and in maintenance: the backup leads"
         )
     if not peer.in_sync:
-        return _become_active(
+        return become_active(
             machine, event, f"the primary is {peer.state} and not in sync: the backup leads"
         )
     return Outcome(machine)
@@ -725,11 +586,9 @@ def _passive_sees_primary_start(machine: Machine, event: Event, now: float) -> O
     if machine.maintenance or not machine.in_sync:
         return Outcome(machine)
     if peer.maintenance:
-        return _become_active(machine, event, "the restarted primary is in maintenance: we lead")
+        return become_active(machine, event, "the restarted primary is in maintenance: we lead")
     if not peer.in_sync:
-        return _become_active(
-            machine, event, "the restarted primary's store is incomplete: we lead"
-        )
+        return become_active(machine, event, "the restarted primary's store is incomplete: we lead")
     return Outcome(machine)
 
 
@@ -752,55 +611,55 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     # PRIMARY: the primary has started and not yet heard its peer.
     (State.PRIMARY, Event.PEER_PRIMARY): _same_role,
     (State.PRIMARY, Event.PEER_BACKUP): _primary_starts("the peer is a fresh backup: we lead"),
-    (State.PRIMARY, Event.PEER_ACTIVE): _go_passive("the backup took over while we were down"),
+    (State.PRIMARY, Event.PEER_ACTIVE): go_passive("the backup took over while we were down"),
     (State.PRIMARY, Event.PEER_PASSIVE): _primary_starts("the backup waits PASSIVE, none ACTIVE"),
     (State.PRIMARY, Event.CLIENT_REQUEST): _client_vote,
-    (State.PRIMARY, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PRIMARY"),
-    (State.PRIMARY, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),
+    (State.PRIMARY, Event.MANUAL_RECOVER): refuse(_RECOVER_ON_ACTIVE_BACKUP + "PRIMARY"),
+    (State.PRIMARY, Event.HANDOVER): refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),
     (State.PRIMARY, Event.PROMOTE): _promote,
     (State.PRIMARY, Event.PEER_GONE): _peer_gone,
     (State.PRIMARY, Event.WITNESS_AGREES): _witness_says(True),
     (State.PRIMARY, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.PRIMARY, Event.PAUSED): _paused,
     (State.PRIMARY, Event.FORCE_PROMOTE): _promote,
-    (State.PRIMARY, Event.SWITCHOVER): _refuse(_SWITCHOVER_ONLY_ACTIVE + "PRIMARY"),
+    (State.PRIMARY, Event.SWITCHOVER): refuse(_SWITCHOVER_ONLY_ACTIVE + "PRIMARY"),
     # BACKUP: the backup has started and not yet seen an ACTIVE primary.
     (State.BACKUP, Event.PEER_PRIMARY): _backup_waits_for_primary,
     (State.BACKUP, Event.PEER_BACKUP): _same_role,
-    (State.BACKUP, Event.PEER_ACTIVE): _go_passive("the primary is ACTIVE: normal start"),
+    (State.BACKUP, Event.PEER_ACTIVE): go_passive("the primary is ACTIVE: normal start"),
     (State.BACKUP, Event.PEER_PASSIVE): _backup_waits_for_primary,
     (State.BACKUP, Event.CLIENT_REQUEST): _backup_never_serves_first,
-    (State.BACKUP, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "BACKUP"),
-    (State.BACKUP, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "BACKUP"),
+    (State.BACKUP, Event.MANUAL_RECOVER): refuse(_RECOVER_ON_ACTIVE_BACKUP + "BACKUP"),
+    (State.BACKUP, Event.HANDOVER): refuse(_HANDOVER_ONLY_PASSIVE + "BACKUP"),
     (State.BACKUP, Event.PROMOTE): _promote,
     (State.BACKUP, Event.PEER_GONE): _peer_gone,
     (State.BACKUP, Event.WITNESS_AGREES): _witness_says(True),
     (State.BACKUP, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.BACKUP, Event.PAUSED): _paused,
     (State.BACKUP, Event.FORCE_PROMOTE): _promote,
-    (State.BACKUP, Event.SWITCHOVER): _refuse(_SWITCHOVER_ONLY_ACTIVE + "BACKUP"),
+    (State.BACKUP, Event.SWITCHOVER): refuse(_SWITCHOVER_ONLY_ACTIVE + "BACKUP"),
     # ACTIVE: this server serves clients.
-    (State.ACTIVE, Event.PEER_PRIMARY): _stay("the restarted primary follows us"),
-    (State.ACTIVE, Event.PEER_BACKUP): _stay("the restarted backup follows us"),
+    (State.ACTIVE, Event.PEER_PRIMARY): stay("the restarted primary follows us"),
+    (State.ACTIVE, Event.PEER_BACKUP): stay("the restarted backup follows us"),
     (State.ACTIVE, Event.PEER_ACTIVE): _resolve_dual_active,
-    (State.ACTIVE, Event.PEER_PASSIVE): _stay("the peer follows us"),
+    (State.ACTIVE, Event.PEER_PASSIVE): stay("the peer follows us"),
     (State.ACTIVE, Event.CLIENT_REQUEST): _active_client,
     (State.ACTIVE, Event.MANUAL_RECOVER): _manual_recover,
-    (State.ACTIVE, Event.HANDOVER): _refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
-    (State.ACTIVE, Event.PROMOTE): _refuse(_ALREADY_ACTIVE),
+    (State.ACTIVE, Event.HANDOVER): refuse(_HANDOVER_ONLY_PASSIVE + "ACTIVE"),
+    (State.ACTIVE, Event.PROMOTE): refuse(_ALREADY_ACTIVE),
     (State.ACTIVE, Event.PEER_GONE): _active_peer_gone,
     (State.ACTIVE, Event.WITNESS_AGREES): _witness_says(True),
     (State.ACTIVE, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.ACTIVE, Event.PAUSED): _paused,
-    (State.ACTIVE, Event.FORCE_PROMOTE): _refuse(_ALREADY_ACTIVE),
+    (State.ACTIVE, Event.FORCE_PROMOTE): refuse(_ALREADY_ACTIVE),
     (State.ACTIVE, Event.SWITCHOVER): _switchover,
     # PASSIVE: the peer serves (or did until recently); this server stands by.
     (State.PASSIVE, Event.PEER_PRIMARY): _passive_sees_primary_start,
     (State.PASSIVE, Event.PEER_BACKUP): _backup_returns,
-    (State.PASSIVE, Event.PEER_ACTIVE): _stay("normal passive duty"),
+    (State.PASSIVE, Event.PEER_ACTIVE): stay("normal passive duty"),
     (State.PASSIVE, Event.PEER_PASSIVE): _primary_leads,
     (State.PASSIVE, Event.CLIENT_REQUEST): _client_vote,
-    (State.PASSIVE, Event.MANUAL_RECOVER): _refuse(_RECOVER_ON_ACTIVE_BACKUP + "PASSIVE"),
+    (State.PASSIVE, Event.MANUAL_RECOVER): refuse(_RECOVER_ON_ACTIVE_BACKUP + "PASSIVE"),
     (State.PASSIVE, Event.HANDOVER): _take_handover,
     (State.PASSIVE, Event.PROMOTE): _promote,
     (State.PASSIVE, Event.PEER_GONE): _peer_gone,
@@ -808,7 +667,7 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PASSIVE, Event.WITNESS_DISAGREES): _witness_says(False),
     (State.PASSIVE, Event.PAUSED): _paused,
     (State.PASSIVE, Event.FORCE_PROMOTE): _promote,
-    (State.PASSIVE, Event.SWITCHOVER): _refuse(_SWITCHOVER_ONLY_ACTIVE + "PASSIVE"),
+    (State.PASSIVE, Event.SWITCHOVER): refuse(_SWITCHOVER_ONLY_ACTIVE + "PASSIVE"),
 }
 
 
