@@ -276,6 +276,25 @@ class Pair:
         ]
         return bool(records) and records[-1].get("sync") == "in_sync"
 
+    def feeds_in_sync(self, server: ServerProcess) -> bool:
+        """Whether this ACTIVE's feed has an in-sync PASSIVE since it last became ACTIVE
+        (its event log's last active ``sync`` record). The PASSIVE's own record alone can
+        be older than this ACTIVE's term: a primary restarted and leading again before its
+        backup re-subscribed leaves the backup's "in sync" of the term before."""
+        events = lifetime(self.events(server))
+        became = max(
+            (
+                i
+                for i, e in enumerate(events)
+                if e["event"] == "transition" and e.get("to") == "ACTIVE"
+            ),
+            default=None,
+        )
+        if became is None:
+            return False
+        records = [e for e in events[became:] if e["event"] == "sync" and e.get("side") == "active"]
+        return bool(records) and records[-1].get("sync") == "in_sync"
+
     async def settled(
         self, timeout: float = 60.0, interval: float = 0.02
     ) -> tuple[ServerProcess, ServerProcess]:
@@ -292,7 +311,9 @@ class Pair:
                 active, passive = self.backup, self.primary
             else:
                 return None
-            return (active, passive) if not self.replicating or self.in_sync(passive) else None
+            if self.replicating and not (self.in_sync(passive) and self.feeds_in_sync(active)):
+                return None
+            return active, passive
 
         found: tuple[ServerProcess, ServerProcess] = await poll(
             healthy,
