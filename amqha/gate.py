@@ -178,6 +178,11 @@ class Member(Protocol):
         """Whether this ACTIVE's feed has an in-sync PASSIVE now."""
         ...
 
+    def refollow(self) -> None:
+        """This PASSIVE's ACTIVE leads in a new term: subscribe to it again, from a
+        snapshot."""
+        ...
+
     def hold_until_rejoined(self, seconds: float) -> None:
         """This server just took the service by a handover: until the server that handed
         it over is its in-sync PASSIVE again (at most ``seconds``), no confirm goes out on

@@ -75,6 +75,7 @@ class Leadership:
             vhost.set_log(None)
         if not self.config.replication.enabled or self.store is None:
             return
+        self._follow_with = (url, connect_options)
         self.follower = Follower(
             self,
             url,
@@ -84,6 +85,19 @@ class Leadership:
             self.config.failover.secret,
         )
         self.loop.create_task(self.follower.start())
+
+    def refollow(self) -> None:
+        """This PASSIVE's ACTIVE leads in a new term (restarted and leading again before we
+        subscribed to it): what this server held in sync was the term before's. Subscribe
+        again, from a snapshot (docs/durability.md, section 5, "A new term")."""
+        follower = self.follower
+        if self.leading or follower is None:
+            return
+        follower.settle()
+        follower.detach()
+        self.loop.create_task(follower.stop())
+        self.follower = None
+        self.follow(*self._follow_with)
 
     def hold_clients(self, hold: bool) -> None:
         """A planned switchover (failover/switchover.py): no client connection is read

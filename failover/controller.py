@@ -110,6 +110,8 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.peer_boot: str | None = None
         self.peer_seq = -1
         self.peer_protocol: int | None = None  # what the peer's release speaks, once heard
+        # The epoch of the ACTIVE this PASSIVE was last in sync with (None: not in sync).
+        self._synced_epoch: int | None = None
         self.malformed = 0
         self._malformed_records = RecordThrottle(MALFORMED_RECORD_INTERVAL)
         self._client_records = RecordThrottle(CLIENT_RECORD_INTERVAL)
@@ -369,6 +371,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             return
         outcome = fsm.step(self.machine, fsm.PEER_EVENT[peer.state], now, peer)
         self.apply(outcome)
+        self._new_term(peer)
         self._heard_after_switchover(peer)
         if outcome.machine.misconfigured is None and self.drift.heard(parsed.config):
             self._config_drift(peer.name)
@@ -544,10 +547,35 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             self.broker.follow(self._peer_url, options)
             self.machine = replace(self.machine, in_sync=self.broker.following_in_sync())
 
+    def _new_term(self, peer: fsm.PeerInfo) -> None:
+        """A PASSIVE in sync hears its peer ACTIVE in an epoch above the one it was in sync
+        in: a new term (the ACTIVE restarted and leads again before this server subscribed
+        to it, confirming alone meanwhile). What this server holds is the old term's: it
+        is not in sync, so no client's vote makes it ACTIVE, until it has caught up again
+        (docs/durability.md, section 5, "A new term")."""
+        machine, synced = self.machine, self._synced_epoch
+        if (
+            machine.state is not fsm.State.PASSIVE
+            or not machine.in_sync
+            or peer.state is not fsm.State.ACTIVE
+            or synced is None
+            or peer.epoch <= synced
+        ):
+            return
+        self.sync_changed(
+            "passive",
+            False,
+            f"{peer.name} leads in epoch {peer.epoch}, this server was in sync in epoch "
+            f"{synced}: it catches up again before it may take over",
+        )
+        self.broker.refollow()
+
     def sync_changed(self, side: str, in_sync: bool, reason: str) -> None:
         """The broker's replication changed: recorded; a PASSIVE's state feeds the rule."""
         if side == "passive":
             self.machine = replace(self.machine, in_sync=in_sync)
+            # In sync with the ACTIVE of the highest epoch heard so far: its term.
+            self._synced_epoch = self.machine.epoch if in_sync else None
         status = self.broker.replication_status()
         lag = (status.get("feed") or {}) if side == "active" else {}
         log.log(

@@ -24,7 +24,7 @@ from tests.durability import (
     publish_confirmed,
     take_all,
 )
-from tests.pairs import ADMIN, Pair, client_vote, hold, poll, raw_open, url_of
+from tests.pairs import ADMIN, Knocker, MakePair, Pair, client_vote, hold, poll, raw_open, url_of
 from tests.support import ROOT, soak_size
 
 
@@ -660,3 +660,59 @@ async def test_a_quorum_backlog_with_delivery_counts_survives_kills_in_catch_up_
     # The head message, nacked 300 times before the kills, came through the snapshot and
     # the failover with its count; every other message was never delivered before.
     assert counts[0] == 300 and not any(counts[1:])
+
+
+async def test_a_passive_in_sync_in_the_term_before_does_not_take_over_from_a_new_one(
+    make_pair: MakePair,
+) -> None:
+    """The ACTIVE primary killed and restarted at once leads again (by a client's vote)
+    before its backup can subscribe to it (the backup's way to it held: blackholed), and
+    confirms alone. The backup was in sync in the term before only: killed again, the
+    primary is not replaced by it (a client's vote there is refused, not in sync), and,
+    restarted, it serves every message it confirmed; nothing is quarantined."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    primary, backup = pair.primary, pair.backup
+    await pair.wait_in_sync(backup, timeout=30)
+    pair.kill(primary)
+    pair.proxies[1].cut("blackhole")  # the backup's way to the primary: its feed too
+    primary.start()
+    # A client's vote at the primary alone (it hears no backup, which does hear it).
+    assert (await client_vote([primary], retry_for=30))["name"] == "primary"
+    connection = await aiormq.connect(primary.url)
+    channel = await connection.channel()
+    await channel.queue_declare("term", durable=True)
+    await connection.close()
+    ledger = Ledger()
+    await publish_confirmed(primary.url, "term", ledger, "t", asyncio.Event(), limit=50)
+    assert len(ledger.confirmed) == 50
+    await poll(
+        lambda: any(
+            e["event"] == "sync"
+            and e.get("side") == "passive"
+            and e["sync"] == "out_of_sync"
+            and "catches up again" in e.get("reason", "")
+            for e in pair.events(backup)
+        ),
+        30,
+        "the backup no longer in sync once the primary leads in a new term",
+    )
+    with Knocker(backup, interval=0.1) as knocker:
+        pair.kill(primary)
+        await poll(
+            lambda: any(
+                e["event"] == "refuse" and "not in sync" in (e.get("reason") or "")
+                for e in pair.events(backup)
+            ),
+            60,
+            "a client's vote at the backup refused: not in sync",
+        )
+    assert knocker.let_in == 0, knocker.answers
+    assert pair.state(backup) == "PASSIVE"
+    pair.proxies[1].heal()
+    primary.start()
+    await pair.settled(timeout=60, interval=0.1)
+    assert pair.state(primary) == "ACTIVE"
+    kept = {m.body for m in await take_all(primary.url, "term")}
+    assert ledger.confirmed <= kept, f"{len(ledger.confirmed - kept)} confirmed messages lost"
+    assert pair.quarantine_files() == []
