@@ -260,39 +260,30 @@ class Pair:
         """Whether this PASSIVE is in sync with its ACTIVE since it last became PASSIVE
         (its event log's last passive ``sync`` record), so it may take over by client
         vote."""
-        events = lifetime(self.events(server))
-        became = max(
-            (
-                i
-                for i, e in enumerate(events)
-                if e["event"] == "transition" and e.get("to") == "PASSIVE"
-            ),
-            default=None,
-        )
-        if became is None:
-            return False
-        records = [
-            e for e in events[became:] if e["event"] == "sync" and e.get("side") == "passive"
-        ]
-        return bool(records) and records[-1].get("sync") == "in_sync"
+        return self._synced_since(server, "PASSIVE", "passive")
 
     def feeds_in_sync(self, server: ServerProcess) -> bool:
         """Whether this ACTIVE's feed has an in-sync PASSIVE since it last became ACTIVE
         (its event log's last active ``sync`` record). The PASSIVE's own record alone can
         be older than this ACTIVE's term: a primary restarted and leading again before its
         backup re-subscribed leaves the backup's "in sync" of the term before."""
+        return self._synced_since(server, "ACTIVE", "active")
+
+    def _synced_since(self, server: ServerProcess, became: str, side: str) -> bool:
+        """The last ``sync`` record of ``side`` since ``server`` last became ``became``
+        says in sync."""
         events = lifetime(self.events(server))
-        became = max(
+        since = max(
             (
                 i
                 for i, e in enumerate(events)
-                if e["event"] == "transition" and e.get("to") == "ACTIVE"
+                if e["event"] == "transition" and e.get("to") == became
             ),
             default=None,
         )
-        if became is None:
+        if since is None:
             return False
-        records = [e for e in events[became:] if e["event"] == "sync" and e.get("side") == "active"]
+        records = [e for e in events[since:] if e["event"] == "sync" and e.get("side") == side]
         return bool(records) and records[-1].get("sync") == "in_sync"
 
     async def settled(
@@ -472,6 +463,23 @@ def pair_info(connection: aio_pika.abc.AbstractConnection) -> dict[str, Any]:
     transport = connection.transport  # type: ignore[attr-defined]
     assert transport is not None
     return dict(transport.connection.server_properties["amqha"])
+
+
+async def vote_refused(pair: Pair, server: ServerProcess, kill: ServerProcess, why: str) -> None:
+    """Kill ``kill`` -9 while clients knock at ``server``: until ``server`` records a
+    refused client whose reason says ``why`` (its vote asked and refused); none let in."""
+    with Knocker(server, interval=0.1) as knocker:
+        pair.kill(kill)
+        await poll(
+            lambda: any(
+                e["event"] == "refuse" and why in (e.get("reason") or "")
+                for e in pair.events(server)
+            ),
+            60,
+            f"a client's vote at {server.name} refused: {why}",
+        )
+    assert knocker.let_in == 0, knocker.answers
+    assert pair.state(server) == "PASSIVE"
 
 
 async def client_vote(servers: Iterable[ServerProcess], retry_for: float = 10.0) -> dict[str, Any]:

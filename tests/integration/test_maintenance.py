@@ -17,7 +17,7 @@ import aio_pika
 from amqha.client import Publisher
 from tests.integration.test_dedup import message_ids
 from tests.integration.test_switchover import declare, switchover
-from tests.pairs import ADMIN, Knocker, MakePair, poll, url_of
+from tests.pairs import ADMIN, MakePair, poll, url_of, vote_refused
 from tests.support import ROOT
 
 QUEUE = "patch"
@@ -114,18 +114,7 @@ async def test_the_patch_procedure_loses_nothing_and_maintenance_keeps_the_serve
         await pair.wait_in_sync(primary, timeout=60)
         # Never voted in: the backup killed -9, a client's vote at the primary is refused
         # and so is promote; the status says why.
-        with Knocker(primary, interval=0.1) as knocker:
-            pair.kill(backup)
-            await poll(
-                lambda: any(
-                    e["event"] == "refuse" and "in maintenance" in (e.get("reason") or "")
-                    for e in pair.events(primary)
-                ),
-                60,
-                "a client's vote refused for maintenance after the backup was lost",
-            )
-        assert knocker.let_in == 0, knocker.answers
-        assert pair.state(primary) == "PASSIVE"
+        await vote_refused(pair, primary, backup, "in maintenance")
         promote = console(pair, "promote")
         assert promote.returncode == 1 and "in maintenance" in promote.stderr
         # The backup back: it leads (its peer is in maintenance), the primary follows.

@@ -24,7 +24,17 @@ from tests.durability import (
     publish_confirmed,
     take_all,
 )
-from tests.pairs import ADMIN, Knocker, MakePair, Pair, client_vote, hold, poll, raw_open, url_of
+from tests.pairs import (
+    ADMIN,
+    MakePair,
+    Pair,
+    client_vote,
+    hold,
+    poll,
+    raw_open,
+    url_of,
+    vote_refused,
+)
 from tests.support import ROOT, soak_size
 
 
@@ -697,18 +707,7 @@ async def test_a_passive_in_sync_in_the_term_before_does_not_take_over_from_a_ne
         30,
         "the backup no longer in sync once the primary leads in a new term",
     )
-    with Knocker(backup, interval=0.1) as knocker:
-        pair.kill(primary)
-        await poll(
-            lambda: any(
-                e["event"] == "refuse" and "not in sync" in (e.get("reason") or "")
-                for e in pair.events(backup)
-            ),
-            60,
-            "a client's vote at the backup refused: not in sync",
-        )
-    assert knocker.let_in == 0, knocker.answers
-    assert pair.state(backup) == "PASSIVE"
+    await vote_refused(pair, backup, primary, "not in sync")
     pair.proxies[1].heal()
     primary.start()
     await pair.settled(timeout=60, interval=0.1)
