@@ -104,6 +104,13 @@ async def test_publisher_and_consumer_ride_kills_of_the_active_and_lose_nothing(
             mark = time.monotonic()
             # Read every 0.1 s: the event logs grow, and the restarting server needs the CPU.
             active, _ = await pair.settled(timeout=60, interval=0.1)
+            # A kill while the consumer still fails over from the last one would make one
+            # failover of two: each kill must find it consuming.
+            await poll(
+                lambda n=number: consumer.failovers == n,
+                60,
+                "the consumer back after the last kill",
+            )
             waited["settle"] += time.monotonic() - mark
             mark = time.monotonic()
             futures = await _send_round(publisher, f"round{number}", sent, confirmed)
