@@ -356,7 +356,7 @@ class Channel(Publishing, Transactions):
                 queue.requeue(ids)
             else:
                 queue.reject(ids)
-        if requeue:
+        if requeue and not self.broker.switching:  # see release()
             for queue in by_queue:
                 queue.drain(now)
         self._wake_consumers()
@@ -737,13 +737,18 @@ class Channel(Publishing, Transactions):
         for consumer in consumers:
             self._detach(consumer)
         self._requeue_all()
+        self.transaction = None
+        if self.broker.switching:
+            # A switchover's last step closes every client: what this channel held stays
+            # in its queue, not sent to a consumer about to be closed too (a delivery the
+            # new ACTIVE would never hear of, after the drain).
+            return
         # A single active consumer's successor starts once what this channel held is
         # back in the queue (it gets those first, as in RabbitMQ).
         now = self.broker.now()
         for queue in {consumer.queue: None for consumer in consumers}:
             if not queue.deleted:
                 queue.drain(now)
-        self.transaction = None
 
 
 # Methods a peering or administrator login may use on a server that is not serving (some

@@ -40,6 +40,7 @@ class FeedOutlet:
         "feed",
         "key",
         "protocol",
+        "resume",
     )
 
     def __init__(
@@ -49,6 +50,7 @@ class FeedOutlet:
         feed: FeedPort,
         key: bytes,
         protocol: int = PROTOCOL,
+        resume: tuple[int, int] | None = None,
     ) -> None:
         self.channel = channel
         self.consumer_tag = consumer_tag
@@ -58,12 +60,13 @@ class FeedOutlet:
         self.feed: FeedPort | None = feed
         self.key = key  # the session key of this subscription (core/feedauth.py)
         self.protocol = protocol  # what the feed speaks to this PASSIVE (core/protocol.py)
+        self.resume = resume  # the point it asks to resume from, proven (core/feedauth.py)
 
     # -- as the channel sees it (host.Outlet) -------------------------------------------
 
     def start(self) -> None:
         if self.feed is not None:
-            self.feed.subscribe(self, self.key, self.protocol)
+            self.feed.subscribe(self, self.key, self.protocol, self.resume)
 
     def acked(self, tag: int, multiple: bool) -> None:
         if self.feed is not None:
@@ -147,4 +150,6 @@ class FeedService:
                 f"PRECONDITION_FAILED - '{FEED_QUEUE}': {error}"
             ) from None
         key = feedauth.session_key(secret, connection.nonce, client_nonce)
-        return FeedOutlet(channel, tag, broker.feed, key, protocol.spoken(speaks))
+        # A resume point whose MAC does not hold is no resume: a snapshot, as for any.
+        resume = feedauth.parse_resume(key, arguments.get(feedauth.RESUME_ARGUMENT))
+        return FeedOutlet(channel, tag, broker.feed, key, protocol.spoken(speaks), resume)

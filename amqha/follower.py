@@ -85,8 +85,17 @@ class Follower:
         connect_options: dict[str, Any],
         name: str,
         secret: bytes,
+        resume: tuple[int, int] | None = None,
     ) -> None:
         self.broker = broker
+        # (the epoch this server led in, its last LSN): it handed the service over and
+        # asks to resume from there (docs/durability.md, section 5, "Resuming after a
+        # handover"), until the first run of a subscription says whether it does.
+        self.resume = resume
+        self.resumed = False
+        # The ACTIVE's LSN of the last change this server received in a live run (0: none
+        # since the last snapshot): where the ACTIVE stood, should it hand over.
+        self.source_lsn = 0
         self.secret = secret
         self.on_sync = on_sync
         self.eligibility = Eligibility()
@@ -229,14 +238,27 @@ class Follower:
         if server_nonce is None:
             raise LinkClosed("the server gave no nonce: not an amqha server that can feed us")
         client_nonce = secrets.token_bytes(feedauth.NONCE_BYTES)
-        link.context = _Session(feedauth.session_key(self.secret, server_nonce, client_nonce))
-        return {
+        key = feedauth.session_key(self.secret, server_nonce, client_nonce)
+        link.context = _Session(key)
+        arguments = {
             protocol.ARGUMENT: protocol.PROTOCOL,
             feedauth.NONCE_ARGUMENT: client_nonce.hex(),
             feedauth.PROOF_ARGUMENT: feedauth.subscribe_proof(
                 self.secret, server_nonce, client_nonce
             ),
         }
+        if self.resume is not None:
+            arguments[feedauth.RESUME_ARGUMENT] = feedauth.resume_argument(key, *self.resume)
+        return arguments
+
+    def _first_run(self, snapshot: bool) -> None:
+        """The first run of a subscription that asked to resume: a snapshot's (the ACTIVE
+        could not resume it) or not (it did: no snapshot)."""
+        self.resume = None
+        if not snapshot:
+            self.resumed = True
+            self.snapshot_started = time.monotonic()
+            log.info("replication: resumed where this server handed the service over: no snapshot")
 
     def _authentic(
         self, link: Link, tag: int, headers: dict[str, Any], marker: Any, end: bool, body: bytes
@@ -278,12 +300,14 @@ class Follower:
         self.state = "in_sync"
         if self.eligibility.declared(sync_lsn):
             seconds = round(time.monotonic() - self.snapshot_started, 3)
-            self.on_sync(
-                True,
-                f"in sync at LSN {sync_lsn}, {seconds} s after the snapshot started "
-                f"(snapshot on disk in {self.last_snapshot_seconds} s, "
-                f"{len(self._unapplied)} runs to apply)",
-            )
+            if self.resumed:
+                how = f"resumed where this server handed the service over, {seconds} s after"
+            else:
+                how = (
+                    f"{seconds} s after the snapshot started (snapshot on disk in "
+                    f"{self.last_snapshot_seconds} s, {len(self._unapplied)} runs to apply)"
+                )
+            self.on_sync(True, f"in sync at LSN {sync_lsn}, {how}")
 
     def _on_run(
         self, link: Link, tag: int, properties: commands.Basic.Properties, body: bytes
@@ -297,6 +321,8 @@ class Follower:
         if not self._authentic(link, tag, headers, marker, end, body):
             return
         if marker is not None:
+            if self.resume is not None:
+                self._first_run(False)
             self._declared(link, tag, marker)
             return
         try:
@@ -307,8 +333,12 @@ class Follower:
             self._ended("a run from the ACTIVE that does not decode")
             link.close("a run that does not decode")
             return
+        if self.resume is not None:
+            self._first_run(first == 0)
         if changes and type(changes[0]) is Reset:  # a snapshot starts
             self._reset()
+        elif first and changes:
+            self.source_lsn = first + len(changes) - 1  # live runs tile the ACTIVE's LSNs
         self._keep(link, tag, body, changes, first == 0, end)
 
     def _keep(
@@ -370,6 +400,8 @@ class Follower:
         link.close("this server's store could not write the changes")
 
     def _reset(self) -> None:
+        self.source_lsn = 0
+        self.resumed = False
         self.snapshot_started = time.monotonic()
         self.state = "catching_up"
         self._receiving_snapshot = True
@@ -388,4 +420,5 @@ class Follower:
             "refused_runs": self.refused_runs,
             "last_snapshot_seconds": self.last_snapshot_seconds,
             "last_apply_seconds": self.last_apply_seconds,
+            "resumed": self.resumed,
         }

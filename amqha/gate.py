@@ -183,10 +183,11 @@ class Member(Protocol):
         snapshot."""
         ...
 
-    def hold_until_rejoined(self, seconds: float) -> None:
+    def hold_until_rejoined(self, seconds: float, handed_over_in: int | None = None) -> None:
         """This server just took the service by a handover: until the server that handed
         it over is its in-sync PASSIVE again (at most ``seconds``), no confirm goes out on
-        this server alone."""
+        this server alone. ``handed_over_in``: the epoch that server led in; it may
+        resume from the point of the handover, with no snapshot."""
         ...
 
     def undrained(self) -> str | None:

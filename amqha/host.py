@@ -57,7 +57,9 @@ class FeedPort(Protocol):
 
     def refused(self, peer: str, user: str) -> None: ...
 
-    def subscribe(self, outlet: Any, key: bytes, speaks: int) -> None: ...
+    def subscribe(
+        self, outlet: Any, key: bytes, speaks: int, resume: tuple[int, int] | None
+    ) -> None: ...
 
     def acked(self, outlet: Any, tag: int, multiple: bool) -> None: ...
 
@@ -162,6 +164,7 @@ class ChannelHost(Protocol):
     leading: bool
     blocked: bool
     memory: Memory
+    switching: bool  # a planned switchover drains this ACTIVE (leadership.py)
 
     def now(self) -> float: ...
 

@@ -40,6 +40,7 @@ class Leadership:
         timers run, and new message ids come from its own block for this epoch (two
         ACTIVE servers of a split never give the same id)."""
         self.ids.seen(((epoch * 2 + role_bit) << ID_BLOCK_BITS) - 1)
+        self._led_epoch = epoch
         if self.leading:
             return
         self.leading = True
@@ -47,10 +48,13 @@ class Leadership:
             self.federation.set_leading(True)
         clear_incomplete(self.config.data_dir)  # what it leads with is the service now
         follower, self.follower = self.follower, None
+        self._took_over = None
         if follower is not None:
             follower.settle()  # every run received is in the state this server leads with
             follower.detach()  # and nothing that arrives or completes later is acked
             self.loop.create_task(follower.stop())
+            if follower.source_lsn and self.log is not None:
+                self._took_over = (follower.source_lsn, self.log.lsn)
         for vhost in self.vhosts.values():
             vhost.set_log(self.log)
             for queue in vhost.queues.values():
@@ -62,9 +66,12 @@ class Leadership:
                 self.pair_events.sync_changed("active", False, "ACTIVE with no in-sync passive")
 
     def follow(self, url: str, connect_options: dict[str, Any]) -> None:
-        """This server is PASSIVE: it takes its state from the ACTIVE at ``url``."""
+        """This server is PASSIVE: it takes its state from the ACTIVE at ``url``. An
+        ACTIVE that steps down drained (its in-sync PASSIVE holds every change it logged:
+        a handover) offers to resume where it left off rather than take a snapshot."""
         if not self.leading and self.follower is not None:
             return
+        resume = self._resume_point()
         self.leading = False
         self.switching = False
         if self.federation is not None:
@@ -76,6 +83,9 @@ class Leadership:
         if not self.config.replication.enabled or self.store is None:
             return
         self._follow_with = (url, connect_options)
+        if resume is not None:
+            # Not in sync until the ACTIVE says so, even across a restart.
+            mark_incomplete(self.config.data_dir)
         self.follower = Follower(
             self,
             url,
@@ -83,8 +93,29 @@ class Leadership:
             connect_options,
             self.config.name,
             self.config.failover.secret,
+            resume,
         )
         self.loop.create_task(self.follower.start())
+
+    def _resume_point(self) -> tuple[int, int] | None:
+        """Where this server may resume following from (the epoch it led in, its last
+        LSN), if it is an ACTIVE stepping down drained; else None (a snapshot). A queue
+        left out of replication rules it out: a snapshot's reset is what takes its
+        messages to a quarantine (docs/durability.md, section 5, "Resuming after a
+        handover")."""
+        log_ = self.log
+        if not self.leading or log_ is None:
+            return None
+        if not self.feed.in_sync:
+            why = "no PASSIVE was in sync"
+        elif self.feed.replicated_lsn != log_.lsn:
+            why = f"the PASSIVE held LSN {self.feed.replicated_lsn} of {log_.lsn}"
+        elif any(vhost.unreplicated for vhost in self.vhosts.values()):
+            why = "a queue is left out of replication"
+        else:
+            return self._led_epoch, log_.lsn
+        log.info("stepping down: it takes a snapshot to follow (%s)", why)
+        return None
 
     def refollow(self) -> None:
         """This PASSIVE's ACTIVE leads in a new term (restarted and leading again before we
@@ -106,11 +137,22 @@ class Leadership:
         self.switching = hold
         for connection in self.client_connections():
             connection.hold_reading(READ_HELD_SWITCHOVER, hold)
+        if not hold and self.leading:
+            # The switchover failed and this server serves on: what a channel closed
+            # meanwhile gave back (not sent on while switching: channel.py) goes out now.
+            now = self.now()
+            for vhost in self.vhosts.values():
+                for queue in vhost.queues.values():
+                    queue.drain(now)
 
     def passive_in_sync(self) -> bool:
         return self.feed.in_sync
 
-    def hold_until_rejoined(self, seconds: float) -> None:
+    def hold_until_rejoined(self, seconds: float, handed_over_in: int | None = None) -> None:
+        took_over = self._took_over
+        if handed_over_in is not None and took_over is not None and self.leading:
+            source_lsn, base_lsn = took_over
+            self.feed.keep_for_resume((handed_over_in, source_lsn), base_lsn)
         self.feed.hold_until_in_sync(seconds)
 
     def undrained(self) -> str | None:

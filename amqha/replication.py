@@ -12,6 +12,11 @@ Owns: the ``Feed`` on the ACTIVE (the ``Follower`` on the PASSIVE is ``follower`
   (when confirms wait for the PASSIVE, when it is in sync, where the unprotected mark
   starts) are ``core.sync.Leader``'s; in sync is declared with a marker in the stream.
 - The follower (``follower.Follower``) subscribes, stores, applies and acks.
+- After a handover, the server that handed the service over may resume where it left
+  off instead of taking a snapshot: from the takeover on, this server keeps its changes
+  for it (``keep_for_resume``), and a subscription that names the point of the handover
+  (``core.feedauth``) is sent them, with no snapshot (docs/durability.md, section 5,
+  "Resuming after a handover").
 
 Must not know: the failover state machine (the pair tells the broker to lead or to
 follow: see ``Broker.lead``/``Broker.follow``), the store's files. See
@@ -166,6 +171,12 @@ class Feed:
         self.snapshots = 0
         self.snapshot_changes = 0
         self.refusals = 0  # subscriptions refused for want of proof of the secret
+        # After a takeover by handover: the point the server that handed over may resume
+        # from ((its epoch, its last LSN), as this server received them), kept until the
+        # first subscription; the changes since are kept in ``_pending`` meanwhile.
+        self._resume_point: tuple[int, int] | None = None
+        self.resumes = 0
+        self._submitted_lsn = 0  # the last LSN the broker handed this sink
 
     @property
     def in_sync(self) -> bool:
@@ -194,13 +205,55 @@ class Feed:
             user,
         )
 
-    def subscribe(self, outlet: Outlet, key: bytes, speaks: int = protocol.PROTOCOL) -> None:
+    def keep_for_resume(self, point: tuple[int, int], base_lsn: int) -> None:
+        """This server just took the service by a handover, holding the state of the
+        server that handed it over at ``point`` (the epoch it led in, the last LSN of its
+        that this server received), which is this server's state at its own LSN
+        ``base_lsn``. Until the first subscription, every change after ``base_lsn`` is kept,
+        so that server may resume from there rather than take a snapshot."""
+        if self.subscriber is not None or self._submitted_lsn > base_lsn:
+            return  # a change after the takeover went by unkept: a snapshot it is
+        self._resume_point = point
+        self._snapshot_lsn = base_lsn
+        self._pending.clear()
+        self.backlog_bytes = 0
+
+    def forget_resume(self, reason: str) -> None:
+        if self._resume_point is not None:
+            self._resume_point = None
+            if self.subscriber is None:
+                self._pending.clear()
+                self.backlog_bytes = 0
+            log.info("replication: no resume after the handover: %s", reason)
+
+    def subscribe(
+        self,
+        outlet: Outlet,
+        key: bytes,
+        speaks: int = protocol.PROTOCOL,
+        resume: tuple[int, int] | None = None,
+    ) -> None:
         """The PASSIVE, proven (the channel checked its proof), subscribes: at most one
         at a time (the channel refuses a second while one is live). ``speaks``: the
-        protocol it is spoken (core/protocol.py)."""
+        protocol it is spoken (core/protocol.py); ``resume``: the point it asks to resume
+        from, proven too."""
         assert self.subscriber is None
         log_ = self.broker.log
         self.subscriber = _Subscriber(outlet, key, speaks)
+        point, self._resume_point = self._resume_point, None
+        if resume is not None and resume == point:
+            self._resume(outlet.peer)
+            return
+        if resume is not None:
+            log.info(
+                "replication: %s asked to resume from epoch %d, LSN %d; %s: sending a snapshot",
+                outlet.peer,
+                resume[0],
+                resume[1],
+                "this server holds no such point"
+                if point is None
+                else f"the point of the handover is epoch {point[0]}, LSN {point[1]}",
+            )
         self.leader.subscribe()
         # The state already holds every change up to the log's last LSN, taken or not.
         self._snapshot_lsn = log_.lsn if log_ is not None else 0
@@ -212,6 +265,32 @@ class Feed:
         self.snapshots += 1
         self.snapshot_changes = 0
         log.info("replication: %s subscribed, sending a snapshot", outlet.peer)
+        self.push()
+
+    def _resume(self, peer: str) -> None:
+        """The server that handed the service over resumes where it left off: it holds
+        this server's state at the takeover, so it is sent the changes kept since, then
+        the live ones; confirms wait for it from now on."""
+        subscriber = self.subscriber
+        assert subscriber is not None
+        self._snapshot = None
+        self._carry = []
+        self.sent_lsn = self._snapshot_lsn
+        self.resumes += 1
+        self.snapshot_changes = 0
+        log.info(
+            "replication: %s resumed after LSN %d, where it handed the service over: no "
+            "snapshot (%d kept changes to send)",
+            peer,
+            self._snapshot_lsn,
+            sum(len(changes) for _, changes, _ in self._pending),
+        )
+        if self.leader.resume(self._snapshot_lsn, self.broker.safe_lsn):
+            self._declare(
+                subscriber,
+                f"the passive resumed where it handed the service over (LSN "
+                f"{self._snapshot_lsn}), holding every change confirmed",
+            )
         self.push()
 
     def drop(self, reason: str, cancel: bool = True) -> None:
@@ -269,9 +348,10 @@ class Feed:
     def submit(self, first_lsn: int, changes: Sequence[Change]) -> None:
         """As a sink: changes the broker just took from its log (every turn of the
         loop), sent as live runs to the subscriber, if any."""
-        if self.subscriber is None:
-            return
         last = first_lsn + len(changes) - 1
+        self._submitted_lsn = last
+        if self.subscriber is None and self._resume_point is None:
+            return
         if last <= self._snapshot_lsn:
             return
         if first_lsn <= self._snapshot_lsn:
@@ -281,7 +361,10 @@ class Feed:
         self._pending.append((first_lsn, changes, size))
         self.backlog_bytes += size
         if self.backlog_bytes > MAX_BACKLOG_BYTES:
-            self.drop(f"the passive fell behind by more than {MAX_BACKLOG_BYTES} bytes")
+            if self.subscriber is None:
+                self.forget_resume(f"more than {MAX_BACKLOG_BYTES} bytes of changes since")
+            else:
+                self.drop(f"the passive fell behind by more than {MAX_BACKLOG_BYTES} bytes")
             return
         self.push()
 
@@ -395,19 +478,22 @@ class Feed:
                 leader.sync_lsn,
             )
         if synced.declared:
-            self.held_since = None
-            self._end_rejoin_wait()
-            sync_lsn = leader.sync_lsn
-            # The marker: after every run it covers, so the PASSIVE reads it holding them.
-            self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: sync_lsn})
-            self.on_sync(
-                True,
+            self._declare(
+                subscriber,
                 f"the passive holds the snapshot ({self.snapshot_changes} changes) and every "
-                f"change confirmed without it (through LSN {sync_lsn})",
+                f"change confirmed without it (through LSN {leader.sync_lsn})",
             )
         elif synced.moved:
             self.on_sync(True, "")
         self.push()
+
+    def _declare(self, subscriber: _Subscriber, reason: str) -> None:
+        """The PASSIVE is in sync: the marker goes after every run it covers, so the
+        PASSIVE reads it holding them."""
+        self.held_since = None
+        self._end_rejoin_wait()
+        self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: self.leader.sync_lsn})
+        self.on_sync(True, reason)
 
     def status(self) -> dict[str, Any]:
         subscriber = self.subscriber
@@ -433,6 +519,7 @@ class Feed:
             "when_alone": "hold" if self.hold_alone else "confirm",
             **self._held(),
             "snapshots": self.snapshots,
+            "resumes": self.resumes,
             "refused_subscriptions": self.refusals,
         }
 
@@ -440,6 +527,7 @@ class Feed:
         """This server leads (or no longer does): with ``when_alone: hold`` its confirms
         wait for an in-sync PASSIVE from now on (a PASSIVE's own writes never wait)."""
         self._end_rejoin_wait()
+        self.forget_resume("this server " + ("leads again" if leading else "no longer leads"))
         self.leader.hold_alone = self.hold_alone and leading
         self.held_since = time.time() if self.leader.hold_alone and not self.in_sync else None
 
@@ -451,6 +539,7 @@ class Feed:
         without it, or at once with ``seconds`` 0 (it is lost), ``when_alone`` applies
         again."""
         if seconds <= 0:
+            self.forget_resume("the server that handed the service over is lost")
             if self._rejoin_timer is not None:
                 self._rejoin_timer.cancel()
                 self._rejoin_late()

@@ -127,6 +127,11 @@ class Broker(Leadership, StoreSide):
         # Names consumed without a queue, and their services: the replication feed's.
         self.consume_services: dict[str, ConsumeService] = {FEED_QUEUE: FeedService(self)}
         self.follower: Follower | None = None
+        # The epoch this server last led in, and (the last LSN of its ACTIVE's it had
+        # received, its own LSN) when it last took over: the two ends of a resume after a
+        # handover (leadership.py).
+        self._led_epoch = 0
+        self._took_over: tuple[int, int] | None = None
         # Who hears of sync, quarantine and federation events for the pair's event log:
         # the pair's controller, once it attaches itself; standalone, nobody.
         self.pair_events: PairEvents | None = None

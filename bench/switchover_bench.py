@@ -17,7 +17,11 @@ the rest, and the queue is checked by message id:
   just before the command to two seconds after its answer; its p50, p99 and max;
 - ``command_s``: how long each command took (the drain and the handover);
 - ``unprotected``: the ``sync`` records of each new ACTIVE with no in-sync PASSIVE, and how
-  long until one was in sync again (the old ACTIVE rejoins with a snapshot).
+  long until one was in sync again (the old ACTIVE resumes where it handed over, with
+  no snapshot: docs/durability.md, section 5);
+- ``resumed``: how many of the switchovers' old ACTIVEs resumed rather than took a
+  snapshot;
+- ``phases_s``: where a switchover's time goes (``switchover_phases``).
 
 One JSON line on stdout; progress on stderr. Exits non-zero if anything was lost or
 stored twice.
@@ -144,6 +148,13 @@ async def switchover_bench(workdir: Path, switchovers: int, between: float) -> d
             for e in pair.events(server)
             if e["event"] == "sync" and e.get("side") == "active" and e.get("sync") == "out_of_sync"
         ]
+        phases = switchover_phases(pair)
+        resumed = sum(
+            1
+            for server in pair.servers
+            for e in pair.events(server)
+            if e["event"] == "sync" and "resumed where this server handed" in e.get("reason", "")
+        )
     finally:
         for client in clients:
             await client.close(timeout=5.0)
@@ -172,6 +183,60 @@ async def switchover_bench(workdir: Path, switchovers: int, between: float) -> d
             "max": round(max(command_s), 3),
         },
         "unprotected_records": len(unprotected),
+        "resumed": resumed,
+        "phases_s": phases,
+    }
+
+
+def switchover_phases(pair: Pair) -> dict[str, dict[str, float]]:
+    """Where a switchover's time goes, from both event logs (wall clock, one machine):
+    ``drain`` (requested to handed over), ``takeover`` (handed over to the peer ACTIVE on
+    HANDOVER) and ``rejoin`` (the peer ACTIVE to its feed in sync again: the old ACTIVE
+    resumed or caught up); p50 and max of each."""
+    found: dict[str, list[float]] = {"drain": [], "takeover": [], "rejoin": []}
+    for server in pair.servers:
+        other = pair.backup if server is pair.primary else pair.primary
+        theirs = pair.events(other)
+        requested: float | None = None
+        for record in pair.events(server):
+            if record["event"] != "switchover":
+                continue
+            if record["phase"] == "requested":
+                requested = record["ts"]
+            elif record["phase"] == "handed_over" and requested is not None:
+                handed = record["ts"]
+                took = next(
+                    (
+                        e["ts"]
+                        for e in theirs
+                        if e["ts"] >= handed
+                        and e["event"] == "transition"
+                        and e.get("trigger") == "HANDOVER"
+                    ),
+                    None,
+                )
+                synced = next(
+                    (
+                        e["ts"]
+                        for e in theirs
+                        if took is not None
+                        and e["ts"] >= took
+                        and e["event"] == "sync"
+                        and e.get("side") == "active"
+                        and e.get("sync") == "in_sync"
+                    ),
+                    None,
+                )
+                found["drain"].append(handed - requested)
+                if took is not None:
+                    found["takeover"].append(took - handed)
+                    if synced is not None:
+                        found["rejoin"].append(synced - took)
+                requested = None
+    return {
+        name: {"p50": round(statistics.median(values), 4), "max": round(max(values), 4)}
+        for name, values in found.items()
+        if values
     }
 
 

@@ -112,6 +112,8 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.peer_protocol: int | None = None  # what the peer's release speaks, once heard
         # The epoch of the ACTIVE this PASSIVE was last in sync with (None: not in sync).
         self._synced_epoch: int | None = None
+        # While a handover from the peer is applied: the epoch it led in (a resume point).
+        self._handover_epoch: int | None = None
         self.malformed = 0
         self._malformed_records = RecordThrottle(MALFORMED_RECORD_INTERVAL)
         self._client_records = RecordThrottle(CLIENT_RECORD_INTERVAL)
@@ -411,7 +413,9 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             log.warning("handover from %s ignored: %s", escaped(peer.name), fsm.STALE_HANDOVER)
             return
         outcome = fsm.step(self.machine, fsm.Event.HANDOVER, now)
+        self._handover_epoch = peer.epoch  # the term the peer led: where it may resume
         self.apply(outcome)
+        self._handover_epoch = None
         if isinstance(outcome.decision, fsm.Refuse):
             log.warning(
                 "handover from %s refused: %s",
@@ -525,9 +529,10 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             self._log_transition(transition)
         self._lead_or_follow()
         if transition is not None and transition.trigger is fsm.Event.HANDOVER:
-            # The drained server that handed over rejoins at once: nothing is confirmed on
-            # this one alone meanwhile (docs/failover.md, "Planned switchover").
-            self.broker.hold_until_rejoined(max(REJOIN_WAIT, self.timeout))
+            # The drained server that handed over rejoins at once, resuming where it left
+            # off: nothing is confirmed on this one alone meanwhile (docs/failover.md,
+            # "Planned switchover").
+            self.broker.hold_until_rejoined(max(REJOIN_WAIT, self.timeout), self._handover_epoch)
         return outcome.decision
 
     # -- replication ----------------------------------------------------------------------

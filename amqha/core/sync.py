@@ -116,6 +116,22 @@ class Leader:
         self.sync_lsn = None
         self.unacked.clear()
 
+    def resume(self, held_lsn: int, confirmed_lsn: int) -> bool:
+        """A new subscriber that already holds every change up to ``held_lsn`` (the
+        server that handed the service over, resuming where it left off: docs/durability.md,
+        section 5, "Resuming after a handover"): no snapshot, so confirms wait for it
+        from now on, and what went out alone is everything up to ``confirmed_lsn``. True
+        if it is in sync at once (nothing was confirmed past what it holds): the shell
+        sends the marker."""
+        self.unacked.clear()
+        self.replicated_lsn = held_lsn
+        self.sync_lsn = confirmed_lsn
+        if held_lsn >= confirmed_lsn:
+            self.phase = Phase.IN_SYNC
+            return True
+        self.phase = Phase.CLOSING
+        return False
+
     def sent(self, tag: int, run: SentRun) -> None:
         self.unacked[tag] = run
 

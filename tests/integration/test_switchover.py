@@ -22,7 +22,7 @@ from amqha.console import ConsoleClient, ConsoleError
 from tests.integration.test_dedup import message_ids
 from tests.integration.test_management import MGMT_USERS, Api
 from tests.integration.test_replication import replay
-from tests.pairs import ADMIN, MakePair, poll, url_of
+from tests.pairs import ADMIN, MakePair, client_vote, poll, url_of
 from tests.support import ROOT, free_port, soak_size
 
 QUEUE = "switch"
@@ -118,6 +118,14 @@ async def test_switchovers_back_and_forth_under_load_lose_and_duplicate_nothing(
         phases = switchover_records(pair, server)
         assert phases.count("requested") == phases.count("handed_over") > 0
         assert "failed" not in phases
+    # Each server that handed over rejoined by resuming, with no snapshot.
+    resumed = [
+        e
+        for server in pair.servers
+        for e in pair.events(server)
+        if e["event"] == "sync" and "resumed where this server handed" in e.get("reason", "")
+    ]
+    assert len(resumed) == rounds
     print(
         f"{rounds} switchovers: {len(sent)} confirmed, 0 lost, 0 stored twice, "
         f"{sum(p.resent for p in publishers)} sent again (never read by the old ACTIVE), "
@@ -225,9 +233,11 @@ async def test_the_management_api_switches_over_for_an_administrator_only(
 async def test_nothing_is_confirmed_on_one_copy_while_the_old_active_rejoins(
     make_pair: MakePair,
 ) -> None:
-    """The old ACTIVE rejoins as PASSIVE right after the handover, taking a snapshot of a
-    backlog (about 40 MB here): a message published to the new ACTIVE meanwhile is
-    confirmed only once the old one is in sync again, never on the new one alone."""
+    """The old ACTIVE rejoins as PASSIVE right after the handover. Here it cannot resume
+    (a queue left out of replication: its messages go to a quarantine with a snapshot's
+    reset), so it takes a snapshot of a backlog (about 40 MB): a message published to the
+    new ACTIVE meanwhile is confirmed only once the old one is in sync again, never on
+    the new one alone."""
     pair = make_pair(proxied=False).start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     primary, backup = pair.primary, pair.backup
@@ -236,6 +246,7 @@ async def test_nothing_is_confirmed_on_one_copy_while_the_old_active_rejoins(
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         await channel.declare_queue("backlog", durable=True)
+        await channel.declare_queue("local", durable=True, arguments={"x-amqha-replicate": False})
         await asyncio.gather(
             *(
                 channel.default_exchange.publish(
@@ -270,3 +281,77 @@ async def test_nothing_is_confirmed_on_one_copy_while_the_old_active_rejoins(
     assert confirmed >= synced[-1], (confirmed, synced)
     status = await pair.status(backup)
     assert status["replication"]["feed"]["when_alone"] == "confirm"  # the configured mode back
+    assert status["replication"]["feed"]["resumes"] == 0
+
+
+async def test_the_old_active_resumes_without_a_snapshot_and_a_kill_right_after_loses_nothing(
+    make_pair: MakePair,
+) -> None:
+    """After a switchover the old ACTIVE, drained, holds the new one's state at the
+    takeover: it resumes from there (docs/durability.md, section 5, "Resuming after a
+    handover"), sent only what changed since, with no snapshot of the 40 MB backlog. The
+    new ACTIVE is killed the moment the old one is in sync again, with messages
+    confirmed after the resume: the old one is voted in and serves every confirmed
+    message; nothing is quarantined. Then back the other way: the backup resumes too."""
+    pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    primary, backup = pair.primary, pair.backup
+    body = b"x" * 40_000
+    connection = await aio_pika.connect(primary.url, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("backlog", durable=True)
+        await asyncio.gather(
+            *(
+                channel.default_exchange.publish(
+                    aio_pika.Message(body, delivery_mode=2, message_id=f"b{n}"),
+                    routing_key="backlog",
+                )
+                for n in range(1000)
+            )
+        )
+    await pair.wait_in_sync(backup, timeout=60)
+    await switchover(primary)
+    await pair.wait_in_sync(primary, timeout=60)
+    feed = (await pair.status(backup))["replication"]["feed"]
+    assert feed["resumes"] == 1 and feed["snapshots"] == 0, feed
+    follower = (await pair.status(primary))["replication"]["follower"]
+    assert follower["resumed"] and follower["last_snapshot_seconds"] is None, follower
+    assert any(
+        "resumed where this server handed" in e.get("reason", "") for e in pair.events(primary)
+    )
+
+    # Confirmed on the new ACTIVE after the resume, so on both disks; then it dies.
+    connection = await aio_pika.connect(backup.url, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        for n in range(50):
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"after", delivery_mode=2, message_id=f"a{n}"),
+                routing_key="backlog",
+                timeout=30,
+            )
+    pair.kill(backup)
+    await client_vote([primary], retry_for=30)
+    await pair.wait_states("ACTIVE", None, timeout=30)
+    ids = await message_ids(primary.url, "backlog")
+    expected = {f"b{n}" for n in range(1000)} | {f"a{n}" for n in range(50)}
+    assert set(ids) == expected and len(ids) == len(expected)
+    assert pair.quarantine_files() == []
+
+    # The backup restarts and catches up (a snapshot: it was killed); the primary hands
+    # the service over again and resumes again, from the restarted backup this time.
+    backup.start()
+    active, passive = await pair.settled(timeout=60, interval=0.1)
+    assert (active, passive) == (primary, backup)
+    connection = await aio_pika.connect(primary.url, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"live", delivery_mode=2, message_id="live"),
+            routing_key="backlog",
+            timeout=30,
+        )
+    await switchover(primary)
+    await pair.wait_in_sync(primary, timeout=60)
+    assert (await pair.status(backup))["replication"]["feed"]["resumes"] == 1

@@ -143,3 +143,29 @@ def test_a_passive_is_stalled_only_while_confirms_wait_for_it() -> None:
     assert leader.stalled(22.0, 2.0) == 2.0  # the oldest counts
     leader.acked(2, False, confirmed_lsn=40)
     assert leader.stalled(22.0, 2.0) is None and leader.stalled(23.5, 2.0) == 2.0
+
+
+def test_a_resume_waits_for_the_passive_at_once_and_is_in_sync_if_nothing_went_out_alone() -> None:
+    """The server that handed over resumes holding everything up to the takeover (LSN 70):
+    no snapshot. Nothing confirmed past 70 alone: in sync at once, and what comes after
+    70 is confirmed only once the PASSIVE acks it."""
+    leader = Leader()
+    assert leader.resume(held_lsn=70, confirmed_lsn=65)
+    assert leader.in_sync and leader.gating
+    assert leader.watermark(90) == 70
+    leader.sent(1, run(90))
+    assert leader.acked(1, False, confirmed_lsn=70).moved
+    assert leader.watermark(90) == 90
+
+
+def test_a_resume_after_confirms_went_out_alone_is_in_sync_once_they_are_acked() -> None:
+    """The takeover's wait ran out and LSNs up to 80 were confirmed alone: the resumed
+    PASSIVE is not in sync until it acks through 80."""
+    leader = Leader()
+    assert not leader.resume(held_lsn=70, confirmed_lsn=80)
+    assert leader.phase is Phase.CLOSING and leader.sync_lsn == 80
+    assert leader.watermark(90) == 70  # from now on confirms wait for it
+    leader.sent(1, run(75))
+    assert not leader.acked(1, False, confirmed_lsn=80).declared
+    leader.sent(2, run(85))
+    assert leader.acked(2, False, confirmed_lsn=80).declared
