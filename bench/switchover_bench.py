@@ -21,7 +21,9 @@ the rest, and the queue is checked by message id:
   no snapshot: docs/durability.md, section 5);
 - ``resumed``: how many of the switchovers' old ACTIVEs resumed rather than took a
   snapshot;
-- ``phases_s``: where a switchover's time goes (``switchover_phases``).
+- ``phases_s``: where a switchover's time goes on the servers (``switchover_phases``);
+- ``client_failover_s``: each client's move to the new ACTIVE, lost to let in, as
+  ``amqha.client`` logs it (10 publishers and 10 consumers in this one process).
 
 One JSON line on stdout; progress on stderr. Exits non-zero if anything was lost or
 stored twice.
@@ -33,6 +35,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import statistics
 import sys
 import tempfile
@@ -106,7 +109,27 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+class FailoverTimes(logging.Handler):
+    """How long each client's failover took, as ``amqha.client`` logs it."""
+
+    AFTER = re.compile(r" failed over: .* after ([0-9.]+) s")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seconds: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = self.AFTER.search(record.getMessage())
+        if found:
+            self.seconds.append(float(found.group(1)))
+
+
 async def switchover_bench(workdir: Path, switchovers: int, between: float) -> dict[str, Any]:
+    client_log = logging.getLogger("amqha.client")
+    failovers = FailoverTimes()
+    client_log.addHandler(failovers)
+    client_log.setLevel(logging.INFO)
+    client_log.propagate = False
     pair = Pair(workdir).start()
     ledger = Ledger()
     stop = asyncio.Event()
@@ -185,14 +208,19 @@ async def switchover_bench(workdir: Path, switchovers: int, between: float) -> d
         "unprotected_records": len(unprotected),
         "resumed": resumed,
         "phases_s": phases,
+        "client_failover_s": {
+            "count": len(failovers.seconds),
+            "p50": round(statistics.median(failovers.seconds), 3) if failovers.seconds else None,
+            "p99": round(percentile(failovers.seconds, 0.99), 3) if failovers.seconds else None,
+        },
     }
 
 
 def switchover_phases(pair: Pair) -> dict[str, dict[str, float]]:
     """Where a switchover's time goes, from both event logs (wall clock, one machine):
-    ``drain`` (requested to handed over), ``takeover`` (handed over to the peer ACTIVE on
-    HANDOVER) and ``rejoin`` (the peer ACTIVE to its feed in sync again: the old ACTIVE
-    resumed or caught up); p50 and max of each."""
+    ``drain`` (asked to handed over: the old ACTIVE's record), ``takeover`` (asked to the
+    peer ACTIVE on HANDOVER) and ``rejoin`` (the peer ACTIVE to its feed in sync again:
+    the old ACTIVE resumed, or caught up); p50 and max of each."""
     found: dict[str, list[float]] = {"drain": [], "takeover": [], "rejoin": []}
     for server in pair.servers:
         other = pair.backup if server is pair.primary else pair.primary
@@ -204,32 +232,31 @@ def switchover_phases(pair: Pair) -> dict[str, dict[str, float]]:
             if record["phase"] == "requested":
                 requested = record["ts"]
             elif record["phase"] == "handed_over" and requested is not None:
-                handed = record["ts"]
+                asked = requested
+                found["drain"].append(record["ts"] - asked)
                 took = next(
                     (
                         e["ts"]
                         for e in theirs
-                        if e["ts"] >= handed
+                        if e["ts"] >= asked
                         and e["event"] == "transition"
                         and e.get("trigger") == "HANDOVER"
                     ),
                     None,
                 )
-                synced = next(
-                    (
-                        e["ts"]
-                        for e in theirs
-                        if took is not None
-                        and e["ts"] >= took
-                        and e["event"] == "sync"
-                        and e.get("side") == "active"
-                        and e.get("sync") == "in_sync"
-                    ),
-                    None,
-                )
-                found["drain"].append(handed - requested)
                 if took is not None:
-                    found["takeover"].append(took - handed)
+                    found["takeover"].append(took - asked)
+                    synced = next(
+                        (
+                            e["ts"]
+                            for e in theirs
+                            if e["ts"] >= took
+                            and e["event"] == "sync"
+                            and e.get("side") == "active"
+                            and e.get("sync") == "in_sync"
+                        ),
+                        None,
+                    )
                     if synced is not None:
                         found["rejoin"].append(synced - took)
                 requested = None
