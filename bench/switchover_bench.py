@@ -1,10 +1,10 @@
 """Planned switchovers back and forth under load; JSON.
 
-    python -m bench.switchover_bench [--switchovers 20] [--seconds-between 2]
+    python -m bench.switchover_bench [--switchovers 20] [--seconds-between 2] [--clients 10]
 
 A real pair with the test timings and a durable queue. Ten ``amqha.client.Publisher``s
-(persistent messages, confirms, at most 100 unconfirmed each) send without pause and ten
-``amqha.client.Consumer``s ack what they get. Every ``--seconds-between`` seconds the
+(persistent messages, confirms, at most 100 unconfirmed each; ``--clients``) send without
+pause and as many ``amqha.client.Consumer``s ack what they get. Every ``--seconds-between`` seconds the
 ACTIVE is asked ``amqha console switchover`` (``--wait 30``: its PASSIVE must be in sync),
 primary to backup and back. At the end the publishers are flushed, the consumers take
 the rest, and the queue is checked by message id:
@@ -124,7 +124,9 @@ class FailoverTimes(logging.Handler):
             self.seconds.append(float(found.group(1)))
 
 
-async def switchover_bench(workdir: Path, switchovers: int, between: float) -> dict[str, Any]:
+async def switchover_bench(
+    workdir: Path, switchovers: int, between: float, clients_each: int = PUBLISHERS
+) -> dict[str, Any]:
     client_log = logging.getLogger("amqha.client")
     failovers = FailoverTimes()
     client_log.addHandler(failovers)
@@ -137,13 +139,13 @@ async def switchover_bench(workdir: Path, switchovers: int, between: float) -> d
     try:
         await pair.wait_states("ACTIVE", "PASSIVE", timeout=60)
         urls = [pair.primary.url, pair.backup.url]
-        for index in range(PUBLISHERS):
+        for index in range(clients_each):
             publisher = Publisher(urls, setup=setup, max_pending=100, name=f"publisher-{index}")
             clients.append(await publisher.start())
-        for _ in range(CONSUMERS):
+        for _ in range(clients_each):
             consumer = Consumer(urls, QUEUE, ledger.consumed, prefetch=50, setup=setup)
             clients.append(await consumer.start())
-        publishers = clients[:PUBLISHERS]
+        publishers = clients[:clients_each]
         senders = [asyncio.create_task(keep_sending(p, ledger, stop)) for p in publishers]
         windows: list[tuple[float, float]] = []
         command_s: list[float] = []
@@ -187,8 +189,8 @@ async def switchover_bench(workdir: Path, switchovers: int, between: float) -> d
     stored_twice = sum(n - 1 for n in ledger.first.values() if n > 1)
     return {
         "switchovers": switchovers,
-        "publishers": PUBLISHERS,
-        "consumers": CONSUMERS,
+        "publishers": clients_each,
+        "consumers": clients_each,
         "sent": len(ledger.sent),
         "confirmed": len(ledger.confirmed),
         "failed": ledger.failed,
@@ -289,14 +291,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seconds-between", type=float, default=2.0, help="load between two switchovers"
     )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=PUBLISHERS,
+        help="publishers, and as many consumers (default 10 of each)",
+    )
     options = parser.parse_args(argv)
     if options.switchovers < 1:
         parser.error("--switchovers must be at least 1")
+    if options.clients < 1:
+        parser.error("--clients must be at least 1")
     for name in ("aiormq", "aio_pika"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="amqha-switchover-") as tmp:
         result = asyncio.run(
-            switchover_bench(Path(tmp), options.switchovers, options.seconds_between)
+            switchover_bench(
+                Path(tmp), options.switchovers, options.seconds_between, options.clients
+            )
         )
     print(json.dumps(result))
     return 1 if result["lost"] or result["stored_twice"] else 0
