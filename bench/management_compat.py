@@ -7,6 +7,7 @@ durable queue with ready and unacknowledged messages, a topic exchange and a bin
 consumer), then runs the same calls against each management API:
 
 - ``rabbitmqadmin`` (Debian's, from the rabbitmq-server package): list, show, export,
+  declare and delete (queues, exchanges, bindings),
   import, purge, delete, close;
 - ``pyrabbit2`` (PyPI);
 - Celery Flower's broker page, with a Celery worker on the broker and the management API
@@ -216,13 +217,29 @@ def changes(port: int, workdir: Path, connection_name: str) -> dict[str, Any]:
         )
     )
     for words in (
+        ("declare", "queue", "name=cmp.declared", "durable=true"),
+        ("declare", "exchange", "name=cmp.x", "type=direct"),
+        ("declare", "binding", "source=cmp.x", "destination=cmp.declared", "routing_key=k"),
+        (
+            "delete",
+            "binding",
+            "source=cmp.x",
+            "destination=cmp.declared",
+            "destination_type=queue",
+            "properties_key=k",
+        ),
+        ("delete", "exchange", "name=cmp.x"),
+        ("delete", "queue", "name=cmp.declared"),
         ("import", str(workdir / "import.json")),
         ("purge", "queue", f"name={QUEUE}"),
         ("delete", "queue", "name=cmp.imported"),
         ("close", "connection", f"name={connection_name}"),
     ):
         code, text = admin(port, *words)
-        results[" ".join(Path(w).name if "/" in w else w for w in words[:2])] = {
+        # The call, and what it names where two calls would read alike ("declare queue
+        # name=cmp.declared"); a file by its name; a connection not (each side's differs).
+        named = words[:2] if words[0] in ("close", "import", "purge") else words[:3]
+        results[" ".join(Path(w).name if "/" in w else w for w in named)] = {
             "exit": code,
             "text": text[:300],
         }

@@ -42,6 +42,7 @@ from .history import PairHistory
 from .objects import ObjectRoutes
 from .replies import ApiError, basic_credentials, json_reply, need, not_found
 from .sockets import REQUEST_TIMEOUT, ManagedSocket, SocketTable
+from .writes import WriteRoutes
 
 if TYPE_CHECKING:
     from ..host import ManagementSource
@@ -74,6 +75,7 @@ class ManagementEndpoint:
         self.config = broker.config.management
         self.runner: web.AppRunner | None = None
         self.objects = ObjectRoutes(broker)
+        self.writes = WriteRoutes(self.objects)
         self.history = PairHistory(broker)
         # sha256(authorization header) -> (user, expiry on the loop's clock)
         self.logins: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
@@ -132,7 +134,8 @@ class ManagementEndpoint:
 
     def _routes(self, app: web.Application) -> None:
         get, delete, post = app.router.add_get, app.router.add_delete, app.router.add_post
-        objects, history = self.objects, self.history
+        put = app.router.add_put
+        objects, history, writes = self.objects, self.history, self.writes
         get("/", self.page)
         get("/api/overview", self.overview)
         get("/api/whoami", self.whoami)
@@ -148,13 +151,20 @@ class ManagementEndpoint:
         get("/api/queues", objects.queues)
         get("/api/queues/{vhost}", objects.queues)
         get("/api/queues/{vhost}/{name}", objects.queue)
+        put("/api/queues/{vhost}/{name}", writes.put_queue)
         delete("/api/queues/{vhost}/{name}", objects.delete_queue)
         delete("/api/queues/{vhost}/{name}/contents", objects.purge_queue)
         get("/api/exchanges", objects.exchanges)
         get("/api/exchanges/{vhost}", objects.exchanges)
         get("/api/exchanges/{vhost}/{name}", objects.exchange)
+        put("/api/exchanges/{vhost}/{name}", writes.put_exchange)
+        delete("/api/exchanges/{vhost}/{name}", writes.delete_exchange)
         get("/api/bindings", objects.bindings)
         get("/api/bindings/{vhost}", objects.bindings)
+        between = "/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{destination}"
+        get(between, writes.bindings_between)
+        post(between, writes.post_binding)
+        delete(between + "/{props}", writes.delete_binding)
         get("/api/connections", objects.connections)
         get("/api/connections/{name}", objects.connection)
         delete("/api/connections/{name}", objects.close_connection)
