@@ -115,6 +115,12 @@ def start(
         config = load_config(config_path, role=role, overrides=_settings(settings))
     except ConfigError as error:
         raise click.ClickException(f"bad configuration: {error}") from None
+    from .datadir import DataDirInUse, take
+
+    try:
+        _held = take(config.data_dir)  # for as long as this process runs
+    except DataDirInUse as error:
+        raise click.ClickException(f"cannot start: {error}") from None
     for line in config.weak_credentials:
         click.echo(
             f"amqha: WARNING: {line}; accepted only because every listener is loopback",
@@ -259,8 +265,11 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     the ACTIVE one to watch the other take over. A server that cannot start (a port it
     cannot listen on, a bad store) stops the command with its reason and exit status 1:
     a pair is never left with one server. A server that ends later is reported (how, and
-    the command that starts it again) while the other runs on; the exit status is 1 if
-    either ended other than by Ctrl-C or SIGTERM.
+    the command that starts it again) while the other runs on; started again with that
+    command, by hand, it is followed as if it were its own (found by its data dir's lock):
+    the command runs, and keeps PAIR_FILE, while any of its servers does, and Ctrl-C stops
+    them all. The exit status is 1 if a server it started ended other than by Ctrl-C or
+    SIGTERM.
     """
     from config.local import ensure_credentials, named_in
 
@@ -295,10 +304,11 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     for note in plan.notes:
         _say(note)
     commands: dict[str, list[str]] = {}
+    data_dirs: dict[str, str] = {}
     for role, path in paths.items():
         overrides = plan.overrides[role]
         try:
-            load_config(path, role=role, overrides=overrides)
+            data_dirs[role] = load_config(path, role=role, overrides=overrides).data_dir
         except ConfigError as error:
             raise click.ClickException(f"bad configuration: {error}") from None
         commands[role] = [
@@ -322,6 +332,8 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     _say(f"primary pid {roles['primary'].pid}, backup pid {roles['backup'].pid}; Ctrl-C stops both")
 
     stopping = threading.Event()  # set by SIGINT or SIGTERM: the servers' endings are expected
+    # A server started again by hand with the line printed for it: role -> its pid.
+    adopted: dict[str, int] = {}
 
     def stop(*_: object) -> None:
         stopping.set()
@@ -331,6 +343,9 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
         for process in roles.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
+        for pid in adopted.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
     # SIGINT is handled here, not left to Python's KeyboardInterrupt: a command started in
     # the background by a script inherits SIGINT ignored (the shell does that), and Python
@@ -345,7 +360,10 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     # A SIGTERM ends it too; the servers are then given 10 s each below.
     ended: set[str] = set()
     try:
-        while not stopping.is_set() and any(p.poll() is None for p in roles.values()):
+        # Each server polled every turn: its end is reported the turn it is seen.
+        while not stopping.is_set() and (
+            any([p.poll() is None for p in roles.values()]) or adopted
+        ):
             serving = all(relay.listening.is_set() for relay in relays.values())
             if serving and not written:
                 written = _write_pair_file(pair_file, config_dir, plan.main)
@@ -374,6 +392,8 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
                     f"the {role} ended ({_ending(process.returncode)}); the {other} runs"
                     f" on. Start the {role} again with: {again}"
                 )
+            if failed_start is None:
+                _follow_restarted(ended, adopted, data_dirs, commands)
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass
@@ -384,6 +404,8 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
         except subprocess.TimeoutExpired:
             process.kill()  # deaf to SIGTERM for 10 s: killed, and reaped to say so
             process.wait()
+    for role, pid in adopted.items():
+        _stop_adopted(role, pid, data_dirs[role])
     if written:
         _remove_pair_file(pair_file)
     clean = {0, -signal.SIGTERM, -signal.SIGINT}
@@ -397,6 +419,50 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     if failed:
         _say(f"exit status 1: {', '.join(failed)}")
     sys.exit(1 if failed else 0)
+
+
+def _follow_restarted(
+    ended: set[str],
+    adopted: dict[str, int],
+    data_dirs: dict[str, str],
+    commands: dict[str, list[str]],
+) -> None:
+    """A server of the pair that ended and was started again by hand (its data dir's
+    lock names it) is followed from then on; one followed that ends is reported as ours
+    are, with the line that starts it again."""
+    from .datadir import holder
+
+    for role in sorted(ended):
+        pid = holder(data_dirs[role])
+        known = adopted.get(role)
+        if known is not None and pid != known:
+            del adopted[role]
+            other = "backup" if role == "primary" else "primary"
+            again = " ".join(["amqha", *commands[role]])
+            _say(
+                f"the {role} (pid {known}, started by hand) ended; the {other} runs on."
+                f" Start the {role} again with: {again}"
+            )
+            known = None
+        if known is None and pid is not None:
+            adopted[role] = pid
+            _say(
+                f"the {role} runs again (pid {pid}, started by hand): followed from now on;"
+                " Ctrl-C stops it with the rest"
+            )
+
+
+def _stop_adopted(role: str, pid: int, data_dir: str) -> None:
+    """A followed server, sent SIGTERM by ``stop``: given 10 s, then killed."""
+    from .datadir import holder
+
+    deadline = time.monotonic() + 10
+    while holder(data_dir) == pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if holder(data_dir) == pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _say(f"the {role} (pid {pid}) did not stop within 10 s of SIGTERM: killed")
 
 
 def _yaml(path: Path) -> Any:

@@ -22,7 +22,7 @@ import yaml
 from amqha.client import connect
 from config.local import FILES
 from tests.pairs import MakePair, Pair, pair_info
-from tests.support import ROOT, free_port
+from tests.support import ROOT, free_port, start_to_exit
 
 WAIT = 60.0  # seconds for any one line to appear, on a loaded machine
 
@@ -146,6 +146,64 @@ async def test_the_pair_command_names_its_pids_and_reports_a_killed_server(
         assert last == "amqha pair: exit status 1: the primary killed by SIGKILL\n", last
     finally:
         stop_command(process)
+
+
+async def test_a_server_started_again_by_hand_is_followed_and_stopped_with_the_pair(
+    make_pair: MakePair,
+) -> None:
+    """The restart line the command prints, run by hand: the command follows that server
+    (its data dir's lock names it) as its own. With the other server killed too, the
+    command runs on and keeps the pair file; Ctrl-C stops the server it follows."""
+    pair = make_pair(proxied=False)
+    process, output = start_command(pair)
+    by_hand: subprocess.Popen[bytes] | None = None
+    try:
+        primary_pid, backup_pid = serving(pair, output)
+        await pair.wait_states("ACTIVE", "PASSIVE", timeout=WAIT)
+        os.kill(primary_pid, signal.SIGKILL)
+        line = output.wait_for(r"Start the primary again with: (amqha start .*)$")
+        words = line.group(1).split()
+        by_hand = subprocess.Popen(
+            [sys.executable, "-m", "amqha", *words[1:]],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        followed = output.wait_for(r"the primary runs again \(pid (\d+), started by hand\)")
+        assert int(followed.group(1)) == by_hand.pid
+        await pair.settled(timeout=WAIT)
+
+        os.kill(backup_pid, signal.SIGKILL)
+        output.wait_for(r"the backup ended \(killed by SIGKILL\)")
+        time.sleep(1.0)  # a few turns of the command's loop: it must not end now
+        assert process.poll() is None, "the command ended while the primary it follows runs"
+        assert (pair.workdir / "pair.json").exists()
+
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=WAIT)
+        assert by_hand.wait(timeout=WAIT) == 0  # stopped by SIGTERM, cleanly
+        assert not (pair.workdir / "pair.json").exists()
+    finally:
+        stop_command(process)
+        if by_hand is not None and by_hand.poll() is None:
+            by_hand.kill()
+            by_hand.wait(timeout=WAIT)
+
+
+def test_a_second_server_on_one_data_dir_is_refused_naming_the_first(
+    make_pair: MakePair,
+) -> None:
+    """Two servers writing one store would corrupt it: the second refuses to start, and
+    names the pid that holds the data dir."""
+    pair = make_pair(proxied=False)
+    server = pair.primary
+    server.start()
+    refused = start_to_exit(server.config_path, "--role", "primary")
+    assert refused.returncode == 1
+    assert f"in use by another amqha server (pid {server.process.pid})" in refused.stderr, (
+        refused.stderr
+    )
+    assert server.process.poll() is None  # the first one serves on
 
 
 def test_a_clean_stop_exits_zero(make_pair: MakePair) -> None:
