@@ -20,8 +20,17 @@ class PairInfo(Protocol):
 
 
 def control_only_text(pair: PairInfo, what: str) -> str:
-    state = pair.info().get("state", "not ACTIVE")
+    info = pair.info()
+    state = info.get("state", "not ACTIVE")
     return (
         f"ACCESS_REFUSED - {what} refused: this server is {state}, not serving; a peering or "
-        "administrator login may only use the control plane here"
+        "administrator login may only use the control plane here; do it on the ACTIVE"
+        f"{the_active(info)}"
     )
+
+
+def the_active(info: dict[str, Any]) -> str:
+    """`` (the ACTIVE: HOST:PORT)`` from a PASSIVE's ``Pair.info()``: its ACTIVE is its
+    peer, the second of its known hosts; else nothing."""
+    hosts = str(info.get("known_hosts") or "").split(",")
+    return f" (the ACTIVE: {hosts[1]})" if info.get("state") == "PASSIVE" and len(hosts) > 1 else ""

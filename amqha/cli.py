@@ -305,12 +305,19 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
         _say(note)
     commands: dict[str, list[str]] = {}
     data_dirs: dict[str, str] = {}
+    pages: dict[str, str] = {}  # each server's web page, where it has one
     for role, path in paths.items():
         overrides = plan.overrides[role]
         try:
-            data_dirs[role] = load_config(path, role=role, overrides=overrides).data_dir
+            config = load_config(path, role=role, overrides=overrides)
         except ConfigError as error:
             raise click.ClickException(f"bad configuration: {error}") from None
+        data_dirs[role] = config.data_dir
+        if config.management is not None:
+            scheme = "https" if config.management.tls else "http"
+            pages[role] = (
+                f"{scheme}://{format_host_port(config.management.host, config.management.port)}/"
+            )
         commands[role] = [
             "start",
             "--role",
@@ -372,6 +379,8 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
                     "" if pair_file == PAIR_FILE else f" --pair-file {pair_file}"
                 )
                 _say(f"serving: {where}; the console finds them in {pair_file}: {console}")
+                if pages:
+                    _say("the pair's page: " + ", ".join(f"{r} {u}" for r, u in pages.items()))
             for role, process in roles.items():
                 if role in ended or process.returncode is None:
                     continue

@@ -29,6 +29,7 @@ from pamqp import exceptions
 
 from config.digest import shared_settings
 
+from .channel_state import the_active
 from .core.message import Message
 from .core.reserved import CONSOLE_EXCHANGE
 from .federation.agent import Refused
@@ -318,9 +319,11 @@ class ConsoleService:
         """The named queue, on a server that serves: a PASSIVE's queues are its ACTIVE's
         copy, changed only by the ACTIVE's change stream."""
         if not self.broker.pair.serving():
-            state = self.broker.pair.info().get("state", "not ACTIVE")
+            info = self.broker.pair.info()
+            state = info.get("state", "not ACTIVE")
             raise _Refusal(
-                "not_serving", f"{command} refused: this server is {state}; ask the ACTIVE one"
+                "not_serving",
+                f"{command} refused: this server is {state}; ask the ACTIVE one{the_active(info)}",
             )
         vhost_name = str(args.get("vhost", "/"))
         vhost = self.broker.vhosts.get(vhost_name)

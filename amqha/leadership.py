@@ -13,6 +13,7 @@ of ``server.Broker``.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from .follower import Follower
@@ -226,8 +227,10 @@ class Leadership:
             status["feed"] = self.feed.status()
         if self.follower is not None:
             status["follower"] = self.follower.status()
-        if self.quarantined:
-            status["quarantined"] = self.quarantined
+        # A file replayed whole is renamed (``amqha quarantine replay``): no longer held.
+        held = [found for found in self.quarantined if os.path.exists(found["path"])]
+        if held:
+            status["quarantined"] = held
         return status
 
     def _feed_sync(self, in_sync: bool, reason: str) -> None:

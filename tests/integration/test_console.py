@@ -518,7 +518,10 @@ async def test_only_administrators_purge_delete_and_close_and_only_through_the_c
     # Queues change on the ACTIVE only: the PASSIVE named alone refuses.
     passive = run_console("--server", url_of(pair.backup, ADMIN), "purge", "work")
     assert passive.returncode == 1
-    assert "error: purge refused: this server is PASSIVE; ask the ACTIVE one" in passive.stderr
+    assert (
+        "error: purge refused: this server is PASSIVE; ask the ACTIVE one (the ACTIVE: "
+        f"{pair.primary.address})" in passive.stderr
+    ), passive.stderr
     purged = console(pair, "purge", "work")
     assert purged.returncode == 0, purged.stderr
     assert purged.stdout == f"purged 3 messages from queue 'work' on {pair.primary.address}\n"

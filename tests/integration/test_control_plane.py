@@ -308,6 +308,16 @@ async def test_on_the_passive_privileged_logins_only_use_the_control_plane(
     }
     for what, action in refused.items():
         assert await outcome(action, url) == REFUSED, what
+    # The refusal says where to go instead.
+    connection = await aiormq.connect(url)
+    try:
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused) as refusal:
+            await asyncio.wait_for(channel.queue_declare("app-queue"), 5)
+        assert f"do it on the ACTIVE (the ACTIVE: {pair.primary.address})" in str(refusal.value)
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.close()
     # Its own private reply queue and passive declares stay possible.
     assert await outcome(lambda ch: ch.queue_declare("", exclusive=True), url) == "ok"
     assert await outcome(lambda ch: ch.exchange_declare("amq.direct", passive=True), url) == "ok"

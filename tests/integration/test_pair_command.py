@@ -229,7 +229,8 @@ def test_a_clean_stop_exits_zero(make_pair: MakePair) -> None:
         reports = [
             line
             for line in output.lines
-            if line.startswith("amqha pair: ") and not line.startswith("amqha pair: serving:")
+            if line.startswith("amqha pair: ")
+            and not line.startswith(("amqha pair: serving:", "amqha pair: the pair's page:"))
         ]
         assert len(reports) == 1 and "primary pid" in reports[0], reports
     finally:
@@ -371,6 +372,7 @@ def test_ports_from_the_command_line_move_every_listener_and_the_console_finds_t
     for server in pair.servers:
         metrics[server.name] = free_port()
         server.config["metrics"] = {"listen": f"127.0.0.1:{metrics[server.name]}"}
+        server.config["management"] = {"listen": f"127.0.0.1:{free_port()}"}
     first, second = free_port(), free_port()
     process, output = start_command(pair, "--ports", f"{first},{second}")
     try:
@@ -380,6 +382,11 @@ def test_ports_from_the_command_line_move_every_listener_and_the_console_finds_t
             f" in {pair.workdir / 'pair.json'}: amqha console status --pair-file"
             f" {pair.workdir / 'pair.json'}"
         )
+        # Where the page landed, moved with the rest: said, and there.
+        pages = output.wait_for(r"^amqha pair: the pair's page: primary (\S+), backup (\S+)$")
+        for url in pages.groups():
+            with urllib.request.urlopen(url, timeout=WAIT) as page:
+                assert b"<html" in page.read().lower()
         # The metrics listeners moved with them: by the same offset, or to a free port.
         for role, port in (("primary", first), ("backup", second)):
             line = output.wait_for(rf"^\[{role:7}\] .*metrics on http://127\.0\.0\.1:(\d+)/metrics")

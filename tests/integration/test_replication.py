@@ -303,6 +303,8 @@ async def test_a_split_brain_keeps_the_losers_confirmed_messages_in_quarantine(
     # The operator replays them onto the winner: now every confirmed message is there.
     result = await asyncio.to_thread(run_replay, found[0]["path"], pair.backup.url)
     assert result.returncode == 0, result.stderr
+    # Replayed whole: the status no longer counts it as held.
+    assert "quarantined" not in await replication(pair, pair.primary)
     remaining = [body for body, _ in await drain(pair.backup.url, "split")]
     confirmed = before.confirmed | alone.confirmed | winner_side.confirmed
     assert confirmed <= set(remaining)
