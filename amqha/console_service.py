@@ -244,6 +244,8 @@ class ConsoleService:
         return rows
 
     def on_exchanges(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
+        """The vhosts' exchanges, not the control plane's (``amq.peer``, ``amq.console``:
+        the pair's own, as in the management API)."""
         return [
             {
                 "vhost": vhost.name,
@@ -256,6 +258,7 @@ class ConsoleService:
             }
             for vhost in self.broker.vhosts.values()
             for exchange in vhost.exchanges.values()
+            if not exchange.control
         ]
 
     def on_bindings(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
@@ -264,6 +267,8 @@ class ConsoleService:
         rows = []
         for vhost in self.broker.vhosts.values():
             for exchange in vhost.exchanges.values():
+                if exchange.control:
+                    continue  # has none (nothing binds to it): not the user's either way
                 for binding in exchange.bindings.values():
                     destination = binding.destination
                     is_queue = hasattr(destination, "message_count")

@@ -502,6 +502,9 @@ async def test_only_administrators_purge_delete_and_close_and_only_through_the_c
     assert any(
         line.split()[:3] == ["/", "amq.direct", "direct"] for line in exchanges.stdout.splitlines()
     )
+    # The pair's own control exchanges are not the user's objects.
+    names = {line.split()[1] for line in exchanges.stdout.splitlines()[1:] if line.split()}
+    assert not names & {"amq.peer", "amq.console"}, names
     bindings = console(pair, "bindings")
     assert bindings.stdout.splitlines()[0].split() == [
         "vhost",
