@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 		apt-get install -y -qq chromium >/dev/null 2>&1 || \
 		{ apt-get update -qq && apt-get install -y -qq chromium; } || \
 		echo "chromium not installed: the web page's browser test will skip, saying why"; }
+	@command -v promtool >/dev/null || { echo "installing prometheus's promtool for the alert rules' tests"; \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; } || \
+		echo "promtool not installed: the alert rules' test will skip, saying why"; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'
 	@touch $(STAMP)
