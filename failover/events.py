@@ -80,15 +80,36 @@ class EventLog:
         self._torn = False
         self._closed = False
         self._fd: int | None = None
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file open
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            # Whatever the umask, and however an older version left the file: the log
-            # names clients and users, for this server's user only.
-            os.fchmod(self._fd, 0o600)
+            self._open()
         except OSError as error:
             self._complain(error, "(opening the log: every record is lost until a restart)")
             return
+        self._end_torn_line()
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # Whatever the umask, and however an older version left the file: the log names
+        # clients and users, for this server's user only.
+        os.fchmod(fd, 0o600)
+        opened = os.fstat(fd)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._file = fd, (opened.st_dev, opened.st_ino)
+
+    def _follow_rotation(self) -> None:
+        """The file at the path is not the one open (logrotate renamed it, and maybe made
+        a new one): records go to the path's from now on (docs/deploy.md, "Logs")."""
+        try:
+            found = os.stat(self.path)
+            if (found.st_dev, found.st_ino) == self._file:
+                return
+        except FileNotFoundError:
+            pass
+        self._open()
+        self._torn = False
         self._end_torn_line()
 
     def _end_torn_line(self) -> None:
@@ -113,10 +134,11 @@ class EventLog:
             self._clock(), self.node, self.role, epoch, state, event, pair=self.pair, **fields
         )
         line = json.dumps(entry, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        data = ("\n" if self._torn else "").encode() + line.encode() + b"\n"
         try:
             if self._fd is None:
                 raise OSError("the event log could not be opened")
+            self._follow_rotation()
+            data = ("\n" if self._torn else "").encode() + line.encode() + b"\n"
             written = os.write(self._fd, data)
             while written < len(data):
                 written += os.write(self._fd, data[written:])

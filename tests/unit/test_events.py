@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import shutil
+import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +16,7 @@ import pytest
 from failover.epoch import EPOCH_FILE, EpochFileError, load_epoch, store_epoch
 from failover.events import EventLog, RecordThrottle, read_events, record
 from failover.fsm import Event, Role, State
+from tests.support import ROOT
 
 
 class FakeWallClock:
@@ -318,3 +323,40 @@ def test_a_flood_of_100000_in_15_seconds_is_15_records_that_count_it_all() -> No
     last = throttle.admit("refuse", 16.0)
     assert last is not None
     assert len(recorded) + sum(recorded) + last == 100_000
+
+
+@pytest.mark.skipif(shutil.which("logrotate") is None, reason="logrotate is not installed")
+def test_logrotate_with_the_shipped_rule_loses_no_record(tmp_path: Path) -> None:
+    """deploy/logrotate/amqha, run by logrotate itself on a log being written: the server's
+    log follows the rename at its next record (a new file at the path); every record is
+    in one of the files, in order."""
+    data = tmp_path / "primary"
+    log = EventLog(data / "events.jsonl", "primary", "primary")
+    log.write("started", "PRIMARY", 0)
+    rule = (ROOT / "deploy" / "logrotate" / "amqha").read_text()
+    rule = rule.replace("/var/lib/amqha/*/events.jsonl", str(tmp_path / "*" / "events.jsonl"))
+    rule = rule.replace("create 0600 amqha amqha", "create 0600")
+    (tmp_path / "rule").write_text(rule)
+    for number in range(3):
+        done = subprocess.run(
+            ["logrotate", "--force", "--state", str(tmp_path / "state"), str(tmp_path / "rule")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        log.write("transition", "ACTIVE", number + 1)
+    log.close()
+    files = sorted(data.iterdir())
+    assert [f.name for f in files] == [
+        "events.jsonl",
+        "events.jsonl.1",
+        "events.jsonl.2.gz",
+        "events.jsonl.3.gz",
+    ]
+    epochs = []
+    for path in reversed(files):  # oldest first
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        epochs += [json.loads(line)["epoch"] for line in raw.decode().splitlines()]
+    assert epochs == [0, 1, 2, 3]
+    assert stat.S_IMODE(os.stat(data / "events.jsonl").st_mode) == 0o600
