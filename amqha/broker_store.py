@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .core.apply import apply_run
+from .core.apply import apply_run, reset
 from .core.changes import ChangeLog
+from .quarantine import mark_incomplete
+from .store_file import StoreDamaged, StoreError, set_aside
 
 if TYPE_CHECKING:
     from .store import Store, StoreFailure
@@ -70,11 +72,24 @@ class StoreSide:
 
         started = time.monotonic()
         path = self.config.store_path
-        store = Store.open(path, self.config.store.max_bytes)
-        now = self.now()
-        changes = store.recover()
-        while run := list(itertools.islice(changes, RECOVER_RUN)):
-            apply_run(self, run, now)
+
+        def recovered() -> Store:
+            store = Store.open(path, self.config.store.max_bytes)
+            try:
+                now = self.now()
+                changes = store.recover()
+                while run := list(itertools.islice(changes, RECOVER_RUN)):
+                    apply_run(self, run, now)
+            except BaseException:
+                store.abandon()
+                raise
+            return store
+
+        try:
+            store = recovered()
+        except StoreDamaged as damage:
+            self._set_aside(path, damage)
+            store = recovered()
         self.ids.seen(store.max_msg_id())
         counts = store.counts()
         seconds = time.monotonic() - started
@@ -101,6 +116,29 @@ class StoreSide:
         self.store_sink = StoreSink(store)
         self.sinks = [self.feed, self.store_sink]
         self.confirms.attach(self.sinks)
+
+    def _set_aside(self, path: str, damage: StoreDamaged) -> None:
+        """A damaged store (docs/durability.md, section 4, "A damaged store"): a server of
+        a pair moves it aside and starts empty, not in sync, so that it takes its state
+        from its ACTIVE and never leads on what it read; a server alone refuses to start."""
+        if self.config.failover.role is None or not self.config.replication.enabled:
+            raise StoreError(
+                f"{damage}: with no peer to take its state from, this server does not start"
+                " on it; move the file aside to start empty, or restore it from a backup"
+            ) from None
+        aside = set_aside(path, time.time())
+        mark_incomplete(self.config.data_dir)
+        for vhost in self.vhosts.values():
+            reset(vhost)  # what was read before the damage showed
+        log.error(
+            "%s; set aside as %s: this server starts with an empty store, not in sync, and"
+            " takes its state from its peer",
+            damage,
+            aside,
+        )
+        self.store_damaged = {"path": aside, "reason": str(damage)}
+        if self.pair_events is not None:
+            self.pair_events.store_damaged(self.store_damaged)
 
     def _changes_pending(self) -> None:
         """The first change of this turn: they all go to the store when the turn ends."""

@@ -143,6 +143,8 @@ def replication_text(status: dict[str, Any]) -> str:
     quarantined = replication.get("quarantined") or []
     if quarantined:
         text += f", {len(quarantined)} quarantined"
+    if replication.get("store_damaged"):
+        text += f", damaged store set aside: {replication['store_damaged']['path']}"
     return text
 
 

@@ -120,6 +120,11 @@ class PairEvents(Protocol):
         """Messages the peer never had were set aside in a quarantine file."""
         ...
 
+    def store_damaged(self, found: dict[str, Any]) -> None:
+        """The store was found damaged at open and set aside (``path``, ``reason``): this
+        server starts empty and is not in sync."""
+        ...
+
     def federation_event(self, fields: dict[str, Any]) -> None:
         """The fields of a `federation` event record (docs/federation.md)."""
         ...

@@ -231,6 +231,8 @@ class Leadership:
         held = [found for found in self.quarantined if os.path.exists(found["path"])]
         if held:
             status["quarantined"] = held
+        if self.store_damaged is not None:
+            status["store_damaged"] = self.store_damaged
         return status
 
     def _feed_sync(self, in_sync: bool, reason: str) -> None:

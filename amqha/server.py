@@ -117,6 +117,8 @@ class Broker(Leadership, StoreSide):
         self.store_failures = 0
         self.store_retry: asyncio.TimerHandle | None = None
         self.recovered: dict[str, Any] = {}
+        # A damaged store set aside at open (broker_store.py): its new path and why.
+        self.store_damaged: dict[str, Any] | None = None
         # Replication (docs/durability.md, section 5). A standalone server leads; a pair
         # member leads while ACTIVE (``lead``) and follows its ACTIVE peer while PASSIVE
         # (``follow``): the pair tells it which.

@@ -50,9 +50,11 @@ from amqha.core.changes import (
 from amqha.store_file import (
     MIN_BYTES,
     PRIVATE_DIRECTORY,
+    StoreDamaged,
     StoreError,
     create,
     describe,
+    error_for,
     make_private,
     prepare,
 )
@@ -146,7 +148,7 @@ class Store:
             if os.path.getsize(path) == 0:
                 # Never made by this code (a new store appears whole, below): whatever
                 # left it, a new store in its place would hide that.
-                raise StoreError(
+                raise StoreDamaged(
                     f"{path}: not a readable store (an empty file, which no store ever is:"
                     " remove it if nothing was stored there)"
                 )
@@ -155,7 +157,7 @@ class Store:
         try:
             db = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StoreError(describe(path, exc)) from None
+            raise error_for(path, exc) from None
         try:
             prepare(db, path, max_bytes)
             make_private(path)
@@ -164,7 +166,7 @@ class Store:
             return store
         except sqlite3.Error as exc:
             db.close()
-            raise StoreError(describe(path, exc)) from None
+            raise error_for(path, exc) from None
         except BaseException:
             db.close()
             raise
@@ -178,7 +180,7 @@ class Store:
             try:
                 _, changes = codec.decode(data)
             except ValueError as exc:
-                raise StoreError(
+                raise StoreDamaged(
                     f"{self.path}: not a readable store (pending run {seq}: {exc})"
                 ) from None
             batches.append([*changes, RunWritten(seq)])
@@ -197,9 +199,9 @@ class Store:
         try:
             yield from self._recover()
         except sqlite3.Error as exc:
-            raise StoreError(describe(self.path, exc)) from None
+            raise error_for(self.path, exc) from None
         except ValueError as exc:  # arguments that do not decode
-            raise StoreError(f"{self.path}: not a readable store ({exc})") from None
+            raise StoreDamaged(f"{self.path}: not a readable store ({exc})") from None
 
     def _recover(self) -> Iterator[Change]:
         db = self._db
@@ -296,6 +298,11 @@ class Store:
         if self._closed:
             raise RuntimeError(f"{self.path}: the store is closed")
         self._queue.put((first_lsn, changes))
+
+    def abandon(self) -> None:
+        """Close a store found damaged while read (before ``start``): nothing written."""
+        self._closed = True
+        self._db.close()
 
     def close(self) -> None:
         """Write what was submitted, stop the writer, checkpoint the WAL, close the file."""

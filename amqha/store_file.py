@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 
 # 2: the runs table; 3: the deliveries table; 4: the dedup table (an older file gets
 # what it lacks at open)
@@ -84,6 +85,28 @@ class StoreError(Exception):
     """The store cannot be used: one line naming the file and the problem."""
 
 
+class StoreDamaged(StoreError):
+    """The store's file is damaged (pages SQLite finds corrupt, not a database, cut short,
+    a row that does not decode): a pair's server sets it aside and takes its state from
+    its peer (docs/durability.md, section 4, "A damaged store")."""
+
+
+def error_for(path: str, exc: sqlite3.Error) -> StoreError:
+    """The error to raise for what SQLite raised on ``path``: damage, or another problem."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return StoreDamaged(describe(path, exc))
+    return StoreError(describe(path, exc))
+
+
+def check_pages(db: sqlite3.Connection, path: str) -> None:
+    """SQLite's own check of every page and index (``quick_check``): StoreDamaged with
+    the first problems it names."""
+    problems = [row[0] for row in db.execute("PRAGMA quick_check(3)").fetchall()]
+    if problems != ["ok"]:
+        raise StoreDamaged(f"{path}: damaged pages ({'; '.join(map(str, problems))})")
+
+
 def describe(path: str, exc: sqlite3.Error) -> str:
     """One line for an error SQLite raised while opening or reading ``path``."""
     name = getattr(exc, "sqlite_errorname", "")
@@ -98,6 +121,22 @@ def describe(path: str, exc: sqlite3.Error) -> str:
     ):
         return f"{path}: cannot use the store ({exc})"
     return f"{path}: not a readable store ({exc})"
+
+
+def set_aside(path: str, now: float) -> str:
+    """Move a damaged store (with its WAL and shared-memory files) into ``damaged/``
+    beside it (0700), named by the time; returns its new path. Nothing is deleted: what
+    it holds is the operator's to read (docs/durability.md, section 4, "A damaged store")."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(path)), "damaged")
+    os.makedirs(folder, mode=PRIVATE_DIRECTORY, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    target = os.path.join(folder, f"{stamp}-{os.path.basename(path)}")
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path + suffix, target + suffix)
+    _sync_directory(folder)
+    _sync_directory(os.path.dirname(os.path.abspath(path)))
+    return target
 
 
 def create(path: str) -> None:
@@ -175,7 +214,7 @@ def prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
             name for (name,) in db.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")
         }
         if not tables:
-            raise StoreError(
+            raise StoreDamaged(
                 f"{path}: not an amqha store (a SQLite file without tables:"
                 " remove it if nothing was stored there)"
             )
@@ -202,6 +241,7 @@ def prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
     finally:
         if db.in_transaction:
             db.execute("ROLLBACK")
+    check_pages(db, path)
     if max_bytes is not None:
         (page_size,) = db.execute("PRAGMA page_size").fetchone()
         db.execute(f"PRAGMA max_page_count = {max_bytes // page_size}")

@@ -598,6 +598,12 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             lag_changes=lag.get("lag_changes"),
         )
 
+    def store_damaged(self, found: dict[str, Any]) -> None:
+        """At open, before the machine runs: not in sync (never voted in, a primary does
+        not lead on seeing its backup), recorded."""
+        self.machine = replace(self.machine, in_sync=False)
+        self._write("store_damaged", path=found["path"], reason=found["reason"])
+
     def quarantined(self, found: dict[str, Any]) -> None:
         self._write(
             "quarantine",
