@@ -343,6 +343,8 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     adopted: dict[str, int] = {}
 
     def stop(*_: object) -> None:
+        if stopping.is_set():
+            return  # each server is sent one SIGTERM: a second, late in its stop, kills it
         stopping.set()
         # Ctrl-C reaches the whole process group, some shells or tools send it twice: the
         # servers have theirs, and this command must get through its stop and clean up.

@@ -38,6 +38,7 @@ from typing import Any
 import aio_pika
 
 from amqha.client import Consumer, Publisher
+from amqha.console import ConsoleClient, ConsoleError
 from amqha.quarantine import read_quarantine
 from bench import nemesis_check as checker
 from bench.nemesis_plan import (
@@ -51,7 +52,7 @@ from bench.nemesis_plan import (
 )
 from tests import netns
 from tests.durability import drain
-from tests.pairs import PAIR_SECRET, Pair, poll
+from tests.pairs import PAIR_SECRET, Pair, poll, url_of
 from tests.sites import HEARTBEAT, TIMEOUT, Site
 from tests.support import ROOT, ServerProcess, free_port
 
@@ -216,7 +217,8 @@ async def apply(fault: Fault, cluster: Cluster, started: float) -> dict[str, Any
     entry["applied_at"] = round(time.time() - started, 3)
     pair = cluster.pair
     if fault.kind in HOOK_KINDS:
-        entry["skipped"] = switchover(cluster)
+        entry.update(await switchover(cluster))
+        entry["healed_at"] = round(time.time() - started, 3)
         return entry
     if fault.target == "witness":
         entry["server"] = "witness"
@@ -275,11 +277,20 @@ async def _witness_fault(fault: Fault, cluster: Cluster, entry: dict[str, Any]) 
             os.kill(pid, signal.SIGCONT)
 
 
-def switchover(cluster: Cluster) -> str:
-    """The hook for a planned switchover (the ACTIVE handing over to an in-sync PASSIVE).
-    The pair has no switchover command yet: the fault is skipped, saying so. Drawn only
-    when ``--kinds`` names it."""
-    return "no switchover command in this version: skipped"
+async def switchover(cluster: Cluster) -> dict[str, Any]:
+    """A planned switchover of the ACTIVE (``amqha console switchover --wait 5``, as an
+    administrator): whom it handed the service to, or why it did not (its PASSIVE not in
+    sync, a fault still healing, the ACTIVE unreachable): ``skipped``."""
+    server = cluster.role("active")
+    url = url_of(server, ("admin", server.password("admin", "admin")))
+    try:
+        async with asyncio.timeout(60), ConsoleClient(url, 40.0) as console:
+            answer = await console.call("switchover", wait=5)
+    except ConsoleError as refused:
+        return {"server": server.name, "skipped": f"refused: {refused.message}"}
+    except (TimeoutError, OSError, ConnectionError) as error:
+        return {"server": server.name, "skipped": f"{type(error).__name__}: {error}"}
+    return {"server": server.name, "to": answer.get("to")}
 
 
 # -- the workload -----------------------------------------------------------------------------
@@ -419,7 +430,7 @@ class Options:
 
 
 def fault_kinds(options: Options, namespaces: bool) -> tuple[str, ...]:
-    kinds = PROCESS_KINDS + (NETWORK_KINDS if namespaces else ())
+    kinds = PROCESS_KINDS + (NETWORK_KINDS if namespaces else ()) + HOOK_KINDS
     if options.witness and namespaces:
         kinds += WITNESS_KINDS
     if options.kinds is None:

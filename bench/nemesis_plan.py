@@ -15,8 +15,9 @@ logs: ``active``, ``passive``, or ``witness``):
   still reaches the target);
 - ``isolate``: the target's only link down (clients cannot reach it either);
 - ``witness_cut``: every packet between the target and the witness dropped;
-- ``switchover``: a planned handover of the ACTIVE (a hook: the pair has no switchover
-  command yet, so it is never drawn unless asked for).
+- ``switchover``: a planned handover of the ACTIVE (``amqha console switchover``), between
+  the faults: the old ACTIVE resumes as PASSIVE, or takes a snapshot; refused while its
+  PASSIVE is not in sync.
 
 The network kinds need the namespace harness (tests/netns.py); the caller leaves them out
 where it is missing.

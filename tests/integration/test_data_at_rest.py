@@ -84,6 +84,8 @@ def test_an_empty_store_file_is_refused_naming_it(make_server: Any) -> None:
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert errors == [
         f"Error: cannot open the message store: {store}: not a readable store (an empty"
-        " file, which no store ever is: remove it if nothing was stored there)"
+        " file, which no store ever is: remove it if nothing was stored there): with no peer"
+        " to take its state from, this server does not start on it; move the file aside to"
+        " start empty, or restore it from a backup"
     ], result.stderr
     assert store.stat().st_size == 0
