@@ -236,29 +236,10 @@ def switchover_phases(pair: Pair) -> dict[str, dict[str, float]]:
             elif record["phase"] == "handed_over" and requested is not None:
                 asked = requested
                 found["drain"].append(record["ts"] - asked)
-                took = next(
-                    (
-                        e["ts"]
-                        for e in theirs
-                        if e["ts"] >= asked
-                        and e["event"] == "transition"
-                        and e.get("trigger") == "HANDOVER"
-                    ),
-                    None,
-                )
+                took = _first(theirs, asked, event="transition", trigger="HANDOVER")
                 if took is not None:
                     found["takeover"].append(took - asked)
-                    synced = next(
-                        (
-                            e["ts"]
-                            for e in theirs
-                            if e["ts"] >= took
-                            and e["event"] == "sync"
-                            and e.get("side") == "active"
-                            and e.get("sync") == "in_sync"
-                        ),
-                        None,
-                    )
+                    synced = _first(theirs, took, event="sync", side="active", sync="in_sync")
                     if synced is not None:
                         found["rejoin"].append(synced - took)
                 requested = None
@@ -267,6 +248,18 @@ def switchover_phases(pair: Pair) -> dict[str, dict[str, float]]:
         for name, values in found.items()
         if values
     }
+
+
+def _first(records: list[dict[str, Any]], since: float, **fields: Any) -> float | None:
+    """The time of the first record from ``since`` on with these fields, or None."""
+    return next(
+        (
+            r["ts"]
+            for r in records
+            if r["ts"] >= since and all(r.get(k) == v for k, v in fields.items())
+        ),
+        None,
+    )
 
 
 DEFAULT_SIZES = {"switchovers": 20, "between": 2.0}

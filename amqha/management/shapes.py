@@ -174,20 +174,19 @@ def bindings_of(vhost: Any) -> list[dict[str, Any]]:
     for exchange in visible_exchanges(vhost):
         if exchange.name == "":
             continue
-        for binding in exchange.bindings.values():
-            destination = binding.destination
-            kind = "exchange" if hasattr(destination, "kind") else "queue"
-            found.append(
-                binding_shape(
-                    vhost.name,
-                    exchange.name,
-                    destination.name,
-                    kind,
-                    binding.routing_key,
-                    binding.arguments,
-                )
-            )
+        found.extend(shape for shape, _ in exchange_bindings(vhost.name, exchange))
     return found
+
+
+def exchange_bindings(vhost: str, exchange: Any) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Each binding from ``exchange``: its shape, and the binding as the model holds it."""
+    for binding in exchange.bindings.values():
+        destination = binding.destination
+        kind = "exchange" if hasattr(destination, "kind") else "queue"
+        shape = binding_shape(
+            vhost, exchange.name, destination.name, kind, binding.routing_key, binding.arguments
+        )
+        yield shape, binding
 
 
 def vhost_shape(vhost: Any, rates: tuple[float, ...] = (0.0, 0.0, 0.0)) -> dict[str, Any]:

@@ -218,22 +218,11 @@ def _bindings(vhost: Any, info: Any) -> list[_Found]:
     if exchange is None or exchange.control:
         raise not_found()
     kind = "queue" if info["kind"] == "q" else "exchange"
-    found = []
-    for binding in exchange.bindings.values():
-        destination = binding.destination
-        is_exchange = hasattr(destination, "kind")
-        if destination.name != info["destination"] or is_exchange != (kind == "exchange"):
-            continue
-        shape = shapes.binding_shape(
-            vhost.name,
-            exchange.name,
-            destination.name,
-            kind,
-            binding.routing_key,
-            binding.arguments,
-        )
-        found.append(_Found(shape, exchange.name, binding))
-    return found
+    return [
+        _Found(shape, exchange.name, binding)
+        for shape, binding in shapes.exchange_bindings(vhost.name, exchange)
+        if shape["destination"] == info["destination"] and shape["destination_type"] == kind
+    ]
 
 
 def _between(vhost: Any, info: Any) -> list[dict[str, Any]]:

@@ -73,6 +73,33 @@ class Api:
         return body
 
 
+def rabbitmqadmin(api: Api, user: str = "admin", password: str = "admin") -> Any:
+    """RabbitMQ's command-line tool against ``api``'s listener, as ``user``: the words after
+    the connection options, run to their end."""
+    port = api.base.rsplit(":", 1)[1]
+
+    def admin(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["rabbitmqadmin", "-H", "127.0.0.1", "-P", port, "-u", user, "-p", password, *words],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return admin
+
+
+def managed_pair(make_pair: Any) -> tuple[Any, tuple[Api, Api]]:
+    """A pair (not started) whose servers each have a management listener, and their APIs."""
+    pair = make_pair(users=MGMT_USERS)
+    apis = []
+    for server in pair.servers:
+        port = free_port()
+        server.config["management"] = {"listen": f"127.0.0.1:{port}"}
+        apis.append(Api(port))
+    return pair, (apis[0], apis[1])
+
+
 def managed(make_server: Any, name: str = "solo", **overrides: Any) -> tuple[Any, Api]:
     port = free_port()
     server = make_server(
@@ -494,13 +521,7 @@ async def test_pair_nodes_health_and_failover(make_pair) -> None:
     """Both nodes seen from each server; the health checks follow the roles through a
     kill -9 of the ACTIVE; the peering login's connections are never listed or closable;
     a PASSIVE refuses changes; every confirmed message is on the new ACTIVE."""
-    pair = make_pair(users=MGMT_USERS)
-    apis = []
-    for server in pair.servers:
-        port = free_port()
-        server.config["management"] = {"listen": f"127.0.0.1:{port}"}
-        apis.append(Api(port))
-    primary_api, backup_api = apis
+    pair, (primary_api, backup_api) = managed_pair(make_pair)
     pair.start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     name = unique("kept")
@@ -543,7 +564,7 @@ async def test_pair_nodes_health_and_failover(make_pair) -> None:
     assert status == 503 and "ACTIVE" in body["reason"]
     # The pair's own connections (heartbeat, replication) are the peering login's: never
     # listed, on either server, whoever asks.
-    for api in apis:
+    for api in (primary_api, backup_api):
         for user in ("admin", "watcher"):
             assert not any(c["user"] == "peering" for c in await api.get("/api/connections", user))
             assert not any(c["user"] == "peering" for c in await api.get("/api/channels", user))
@@ -659,16 +680,7 @@ async def test_rabbitmqadmin_against_amqha(make_server, tmp_path) -> None:
     if shutil.which("rabbitmqadmin") is None:
         pytest.skip("rabbitmqadmin is not installed (Debian's rabbitmq-server package has it)")
     server, api = managed(make_server)
-    port = api.base.rsplit(":", 1)[1]
-
-    def admin(*words: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["rabbitmqadmin", "-H", "127.0.0.1", "-P", port, "-u", "admin", "-p", "admin", *words],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
+    admin = rabbitmqadmin(api)
     name = unique("admin-tool")
     connection = await aio_pika.connect(server.url)
     async with connection:
@@ -701,23 +713,5 @@ async def test_rabbitmqadmin_against_amqha(make_server, tmp_path) -> None:
         assert done.returncode == 0, done.stderr
         await until_value(lambda: api.get("/api/connections"), lambda c: c == [], 10, "closed")
     # A login without a management tag is refused by the tool as by the API.
-    refused = await asyncio.to_thread(
-        subprocess.run,
-        [
-            "rabbitmqadmin",
-            "-H",
-            "127.0.0.1",
-            "-P",
-            port,
-            "-u",
-            "guest",
-            "-p",
-            "guest",
-            "list",
-            "queues",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = await asyncio.to_thread(rabbitmqadmin(api, "guest", "guest"), "list", "queues")
     assert refused.returncode != 0 and "Access refused" in refused.stderr

@@ -9,16 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 from typing import Any
 
 import aio_pika
 import pytest
 
 from tests.integration.protocol_support import unique
-from tests.integration.test_management import MGMT_USERS, Api, managed
+from tests.integration.test_management import Api, managed, managed_pair, rabbitmqadmin
 from tests.pairs import MakePair, client_vote
-from tests.support import free_port
 
 JSON = {"Content-Type": "application/json"}
 
@@ -162,15 +160,9 @@ async def test_declared_through_the_api_on_the_active_they_serve_on_the_new_one(
     """A queue, an exchange and a binding declared through the ACTIVE's API reach the
     PASSIVE (refused there: 503 naming the ACTIVE); after a kill -9 of the ACTIVE they
     route a message on the new one."""
-    pair = make_pair(users=MGMT_USERS)
-    apis = []
-    for server in pair.servers:
-        port = free_port()
-        server.config["management"] = {"listen": f"127.0.0.1:{port}"}
-        apis.append(Api(port))
+    pair, (primary_api, backup_api) = managed_pair(make_pair)
     pair.start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
-    primary_api, backup_api = apis
     queue, exchange = unique("kept"), unique("route")
     assert (await put(primary_api, f"/api/queues/%2F/{queue}", {"durable": True}))[0] == 201
     assert (await put(primary_api, f"/api/exchanges/%2F/{exchange}", {"type": "direct"}))[0] == 201
@@ -191,16 +183,7 @@ async def test_rabbitmqadmin_declares_and_deletes(make_server) -> None:
     if shutil.which("rabbitmqadmin") is None:
         pytest.skip("rabbitmqadmin is not installed (Debian's rabbitmq-server package has it)")
     server, api = managed(make_server)
-    port = api.base.rsplit(":", 1)[1]
-
-    def admin(*words: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["rabbitmqadmin", "-H", "127.0.0.1", "-P", port, "-u", "admin", "-p", "admin", *words],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
+    admin = rabbitmqadmin(api)
     queue, exchange = unique("tool-q"), unique("tool-x")
     steps = [
         ("declare", "queue", f"name={queue}", "durable=true"),

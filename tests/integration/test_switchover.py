@@ -54,6 +54,29 @@ async def switchover(server: Any, wait: float = 30.0) -> dict[str, Any]:
         return await c.call("switchover", wait=wait)
 
 
+async def backlog(url: str, also_unreplicated: bool = False) -> None:
+    """1000 confirmed messages of 40 KB (ids b0 ... b999) on the durable queue ``backlog``;
+    ``also_unreplicated``: a queue left out of replication (``local``) declared too."""
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("backlog", durable=True)
+        if also_unreplicated:
+            await channel.declare_queue(
+                "local", durable=True, arguments={"x-amqha-replicate": False}
+            )
+        body = b"x" * 40_000
+        await asyncio.gather(
+            *(
+                channel.default_exchange.publish(
+                    aio_pika.Message(body, delivery_mode=2, message_id=f"b{n}"),
+                    routing_key="backlog",
+                )
+                for n in range(1000)
+            )
+        )
+
+
 def switchover_records(pair: Any, server: Any) -> list[str]:
     return [e["phase"] for e in pair.events(server) if e["event"] == "switchover"]
 
@@ -241,20 +264,7 @@ async def test_nothing_is_confirmed_on_one_copy_while_the_old_active_rejoins(
     pair = make_pair(proxied=False).start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     primary, backup = pair.primary, pair.backup
-    body = b"x" * 40_000
-    connection = await aio_pika.connect(primary.url, timeout=10)
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue("backlog", durable=True)
-        await channel.declare_queue("local", durable=True, arguments={"x-amqha-replicate": False})
-        await asyncio.gather(
-            *(
-                channel.default_exchange.publish(
-                    aio_pika.Message(body, delivery_mode=2), routing_key="backlog"
-                )
-                for _ in range(1000)
-            )
-        )
+    await backlog(primary.url, also_unreplicated=True)
     await pair.wait_in_sync(backup, timeout=60)
     await switchover(primary)
     connection = await aio_pika.connect(backup.url, timeout=10)
@@ -292,24 +302,12 @@ async def test_the_old_active_resumes_without_a_snapshot_and_a_kill_right_after_
     handover"), sent only what changed since, with no snapshot of the 40 MB backlog. The
     new ACTIVE is killed the moment the old one is in sync again, with messages
     confirmed after the resume: the old one is voted in and serves every confirmed
-    message; nothing is quarantined. Then back the other way: the backup resumes too."""
+    message; nothing is quarantined. Then, the backup restarted, the primary hands over
+    again and resumes again."""
     pair = make_pair(proxied=False).start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     primary, backup = pair.primary, pair.backup
-    body = b"x" * 40_000
-    connection = await aio_pika.connect(primary.url, timeout=10)
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue("backlog", durable=True)
-        await asyncio.gather(
-            *(
-                channel.default_exchange.publish(
-                    aio_pika.Message(body, delivery_mode=2, message_id=f"b{n}"),
-                    routing_key="backlog",
-                )
-                for n in range(1000)
-            )
-        )
+    await backlog(primary.url)
     await pair.wait_in_sync(backup, timeout=60)
     await switchover(primary)
     await pair.wait_in_sync(primary, timeout=60)

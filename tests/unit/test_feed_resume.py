@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from amqha.core import codec, feedauth
 from amqha.core.changes import Enqueued, Reset
@@ -33,12 +34,19 @@ def first_changes(outlet: RecordingOutlet) -> list[object]:
     return []
 
 
+def taken_over(tmp_path: Path) -> tuple[Any, int]:
+    """A feed whose in-sync subscriber went, keeping for a resume at (7, 1234): the feed
+    and the LSN it keeps from."""
+    _, feed, _ = in_sync_feed(tmp_path)
+    feed.drop("the old subscriber goes", cancel=False)
+    base = feed.sent_lsn
+    feed.keep_for_resume((7, 1234), base)
+    return feed, base
+
+
 def test_the_point_of_the_handover_resumes_with_the_changes_kept_since(tmp_path: Path) -> None:
     async def check() -> None:
-        broker, feed, old = in_sync_feed(tmp_path)
-        feed.drop("the old subscriber goes", cancel=False)
-        base = feed.sent_lsn
-        feed.keep_for_resume((7, 1234), base)
+        feed, base = taken_over(tmp_path)
         feed.submit(base + 1, enqueued(1, 5))  # taken before the old ACTIVE subscribes
         outlet = RecordingOutlet()
         feed.subscribe(outlet, KEY, resume=(7, 1234))
@@ -52,10 +60,7 @@ def test_the_point_of_the_handover_resumes_with_the_changes_kept_since(tmp_path:
 
 def test_another_point_or_an_unkept_change_gets_a_snapshot(tmp_path: Path) -> None:
     async def check() -> None:
-        broker, feed, _ = in_sync_feed(tmp_path)
-        feed.drop("the old subscriber goes", cancel=False)
-        base = feed.sent_lsn
-        feed.keep_for_resume((7, 1234), base)
+        feed, base = taken_over(tmp_path)
         outlet = RecordingOutlet()
         feed.subscribe(outlet, KEY, resume=(7, 1233))  # not where the handover was
         assert feed.resumes == 0
