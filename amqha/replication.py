@@ -307,7 +307,8 @@ class Feed:
             self.held_since = time.time()  # no confirm goes out from now on
         self._snapshot = None
         self._carry = []
-        self._pending.clear()
+        self._pending.clear()  # kept changes too: no resume can be served without them
+        self._resume_point = None
         self.backlog_bytes = 0
         if subscriber is None:
             return
