@@ -320,7 +320,7 @@ def _refuse_control(name: str, where: str) -> None:
     if name.startswith("amq."):
         raise Refused(
             f"{where}: '{name}' is a reserved name (amq.): the server's own objects and the "
-            "pair's control plane cannot be imported",
+            "pair's control plane are not declared by an import or the API",
             403,
         )
 
