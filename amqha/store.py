@@ -58,7 +58,13 @@ from amqha.store_file import (
     make_private,
     prepare,
 )
-from amqha.store_write import COUNTED_QUEUES, Write, needs_sync, without_enqueued
+from amqha.store_write import (
+    COUNTED_QUEUES,
+    Write,
+    message_crc,
+    needs_sync,
+    without_enqueued,
+)
 from amqha.wire import decode_field_table
 
 log = logging.getLogger("amqha.store")
@@ -228,13 +234,18 @@ class Store:
             if delivered_upto > 0:
                 yield Delivered(vhost, name, delivered_upto)
             cursor = db.execute(
-                "SELECT msg_id, address, header, body, deadline FROM messages"
+                "SELECT msg_id, address, header, body, deadline, crc FROM messages"
                 " WHERE queue = ? ORDER BY msg_id",
                 (queue_id,),
             )
             fetch = cursor.fetchmany
             while rows := fetch(FETCH_ROWS):
-                for msg_id, address, header, body, deadline in rows:
+                for msg_id, address, header, body, deadline, crc in rows:
+                    if crc is not None and crc != message_crc(address, header, body):
+                        raise StoreDamaged(
+                            f"{self.path}: message {msg_id} of queue '{name}' in vhost"
+                            f" '{vhost}' does not match its checksum"
+                        )
                     yield new(
                         Enqueued, (vhost, name, msg_id, address, header, body, deadline, True)
                     )

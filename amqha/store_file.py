@@ -18,9 +18,9 @@ import os
 import sqlite3
 import time
 
-# 2: the runs table; 3: the deliveries table; 4: the dedup table (an older file gets
-# what it lacks at open)
-SCHEMA_VERSION = 4
+# 2: the runs table; 3: the deliveries table; 4: the dedup table; 5: each message's
+# checksum (an older file gets what it lacks at open)
+SCHEMA_VERSION = 5
 APPLICATION_ID = 0x616D7168  # "amqh" in the SQLite header: the file is an amqha store
 # The smallest disk budget that holds the empty schema with room to work.
 MIN_BYTES = 64 * 1024
@@ -52,6 +52,7 @@ CREATE INDEX bindings_by_destination ON bindings (vhost, destination, to_exchang
 CREATE TABLE messages (
     queue INTEGER NOT NULL, msg_id INTEGER NOT NULL,
     address BLOB NOT NULL, header BLOB NOT NULL, body BLOB NOT NULL, deadline REAL,
+    crc INTEGER,
     PRIMARY KEY (queue, msg_id)
 ) WITHOUT ROWID;
 CREATE TABLE runs (seq INTEGER PRIMARY KEY, data BLOB NOT NULL);
@@ -235,6 +236,10 @@ def prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
             db.execute(_DELIVERIES_TABLE)
         if version < 4:
             db.execute(_DEDUP_TABLE)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+        if "crc" not in columns:
+            # Rows written before version 5 have none (NULL): read as they are.
+            db.execute("ALTER TABLE messages ADD COLUMN crc INTEGER")
         if version < SCHEMA_VERSION:
             db.execute("UPDATE meta SET value = ? WHERE key = 'version'", (SCHEMA_VERSION,))
         db.execute("COMMIT")

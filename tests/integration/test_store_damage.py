@@ -1,5 +1,5 @@
-"""A damaged store (docs/durability.md, section 4, "A damaged store"): pages overwritten on
-disk while the server was down. Found at open, never served from: a server of a pair sets
+"""A damaged store (docs/durability.md, section 4, "A damaged store"): pages overwritten, or
+one byte of a message changed, on disk while the server was down. Found at open, never served from: a server of a pair sets
 the file aside and starts empty, not in sync, and takes its state from its peer (the
 PASSIVE; and the primary, which would have led on it, follows its in-sync backup
 instead); every confirmed message is there after. A server alone refuses to start,
@@ -72,6 +72,31 @@ async def test_a_passive_with_a_damaged_store_sets_it_aside_and_catches_up(
     await pair.wait_states(None, "ACTIVE", timeout=30)
     assert set(await message_ids(pair.backup.url, "kept")) == confirmed
     assert pair.quarantine_files() == []
+
+
+async def test_a_byte_changed_in_a_passives_message_is_found_and_taken_again_from_the_active(
+    make_pair: MakePair,
+) -> None:
+    """No page check sees a byte changed inside a body; the message's checksum does."""
+    pair = make_pair(proxied=False).start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    confirmed = await publish(pair.primary.url, "a", 50)
+    await pair.wait_in_sync(pair.backup, timeout=60)
+    assert pair.backup.terminate() == 0
+    store = pair.backup.data_dir / "store.sqlite"
+    data = bytearray(store.read_bytes())
+    at = data.find(b"m" * 512)  # a part of a body (a body spans pages)
+    assert at >= 0
+    data[at + 100] ^= 0x01
+    store.write_bytes(bytes(data))
+    pair.backup.start()
+    [record] = await poll(lambda: damaged_records(pair, pair.backup), 60, "a store_damaged record")
+    assert "does not match its checksum" in record["reason"]
+    await pair.wait_in_sync(pair.backup, timeout=60)
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=30)
+    await pair.wait_states(None, "ACTIVE", timeout=30)
+    assert set(await message_ids(pair.backup.url, "kept")) == confirmed
 
 
 async def test_a_primary_with_a_damaged_store_follows_its_backup_instead_of_leading(
