@@ -70,6 +70,18 @@ def recovered(path: Path) -> list[Change]:
         store.close()
 
 
+def edit(path: Path, *statements: str) -> None:
+    """Change a closed store's file behind the store's back (an older version's file, a
+    damaged one), one commit."""
+    db = sqlite3.connect(path)
+    try:
+        for statement in statements:
+            db.execute(statement)
+        db.commit()
+    finally:
+        db.close()
+
+
 def rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
     db = sqlite3.connect(path)
     try:

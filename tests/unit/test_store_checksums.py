@@ -12,7 +12,7 @@ import pytest
 from amqha.store import Store
 from amqha.store_file import StoreDamaged
 from tests.unit import store_support
-from tests.unit.store_support import Writer, message, queue, recovered, rows
+from tests.unit.store_support import Writer, edit, message, queue, recovered, rows
 
 path = store_support.path  # the store's file under tmp_path
 
@@ -45,10 +45,7 @@ def test_a_row_of_an_older_store_without_a_checksum_is_read_as_it_is(path: Path)
     writer = Writer(path)
     writer.write(queue("q"), message("q", 1))
     writer.close()
-    db = sqlite3.connect(path)
-    db.execute("UPDATE messages SET crc = NULL")
-    db.commit()
-    db.close()
+    edit(path, "UPDATE messages SET crc = NULL")
     assert recovered(path) == [queue("q"), message("q", 1)]
     assert rows(path, "SELECT crc FROM messages") == [(None,)]
 

@@ -6,7 +6,6 @@ at open. Real SQLite files in tmp_path, as in test_store.py.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from amqha.store import Store
 from amqha.store_file import SCHEMA_VERSION, StoreError
 from amqha.store_write import needs_sync, without_enqueued
 from tests.unit import store_support
-from tests.unit.store_support import Writer, message, queue, recovered, rows
+from tests.unit.store_support import Writer, edit, message, queue, recovered, rows
 
 path = store_support.path  # the store's file under tmp_path
 
@@ -188,13 +187,13 @@ def test_a_version_1_store_gains_the_runs_table_at_open(path: Path) -> None:
     writer = Writer(path)
     writer.write(queue("q"), message("q", 1))
     writer.close()
-    db = sqlite3.connect(path)
-    db.execute("DROP TABLE runs")
-    db.execute("DROP TABLE deliveries")
-    db.execute("DROP TABLE dedup")
-    db.execute("UPDATE meta SET value = 1 WHERE key = 'version'")
-    db.commit()
-    db.close()
+    edit(
+        path,
+        "DROP TABLE runs",
+        "DROP TABLE deliveries",
+        "DROP TABLE dedup",
+        "UPDATE meta SET value = 1 WHERE key = 'version'",
+    )
     writer = Writer(path)
     writer.write(PendingRun(1, codec.encode(2, [message("q", 2)])))
     writer.close()
