@@ -21,7 +21,7 @@ import yaml
 
 from amqha.client import connect
 from config.local import FILES
-from tests.pairs import MakePair, Pair, pair_info
+from tests.pairs import MakePair, Pair, hold, pair_info
 from tests.support import ROOT, free_port, start_to_exit
 
 WAIT = 60.0  # seconds for any one line to appear, on a loaded machine
@@ -175,8 +175,8 @@ async def test_a_server_started_again_by_hand_is_followed_and_stopped_with_the_p
 
         os.kill(backup_pid, signal.SIGKILL)
         output.wait_for(r"the backup ended \(killed by SIGKILL\)")
-        time.sleep(1.0)  # a few turns of the command's loop: it must not end now
-        assert process.poll() is None, "the command ended while the primary it follows runs"
+        # A few turns of the command's loop: it must not end while the primary it follows runs.
+        await hold(lambda: process.poll() is None, 1.0, "the command running")
         assert (pair.workdir / "pair.json").exists()
 
         process.send_signal(signal.SIGINT)

@@ -471,3 +471,38 @@ async def test_a_switchovers_target_frozen_as_it_is_handed_the_service_never_con
         assert confirms.switches(after=since) == 0
         assert pair.state(primary) == "ACTIVE" and pair.state(backup) == "PASSIVE"
     await assert_nothing_confirmed_lost(pair, confirms, queue)
+
+
+async def test_the_server_that_handed_over_frozen_as_it_resumes_never_confirms_and_rejoins(
+    make_pair: MakePair,
+) -> None:
+    """A switchover, then the server that handed the service over frozen past every
+    timeout as it resumes (docs/durability.md, section 5, "Resuming after a handover"):
+    the new ACTIVE serves on (its wait for the rejoin ends when the frozen one is lost),
+    the frozen one never confirms, never two servers confirm; after the thaw it is the
+    PASSIVE again, in sync, and nothing confirmed is lost."""
+    pair, queue = await frozen_pair(make_pair)
+    primary = pair.primary
+    async with publishers(pair, queue) as confirms:
+        await poll(lambda: confirms.by("primary") >= 50, 30, "the primary confirming")
+        await pair.settled(timeout=60)
+        async with ConsoleClient(url_of(primary, ADMIN), 40) as console:
+            assert (await console.call("switchover", wait=20))["to"] == "backup"
+        # Once the backup has taken the service: the old ACTIVE is resuming, or has.
+        await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+        since = time.monotonic()
+        thaw = await freeze(primary, FREEZE)
+        assert confirms.by("backup", after=since, before=thaw) >= 50, "no service"
+        await poll(lambda: confirms.by("backup", after=thaw) >= 50, 30, "the backup serving")
+        assert confirms.by("primary", after=since) == 0, "the frozen server confirmed"
+        assert confirms.switches(after=since) == 0
+        await poll(
+            lambda: (
+                records_after(pair, primary, "sync", thaw - 1.0)
+                and pair.state(primary) == "PASSIVE"
+                and pair.in_sync(primary)
+            ),
+            60,
+            "the thawed server in sync again",
+        )
+    await assert_nothing_confirmed_lost(pair, confirms, queue)
