@@ -301,7 +301,10 @@ class Follower:
         if self.eligibility.declared(sync_lsn):
             seconds = round(time.monotonic() - self.snapshot_started, 3)
             if self.resumed:
-                how = f"resumed where this server handed the service over, {seconds} s after"
+                how = (
+                    f"resumed where this server handed the service over, {seconds} s after"
+                    " it subscribed (no snapshot)"
+                )
             else:
                 how = (
                     f"{seconds} s after the snapshot started (snapshot on disk in "
