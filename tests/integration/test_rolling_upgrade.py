@@ -67,10 +67,13 @@ async def test_a_rolling_upgrade_under_load_loses_nothing(
     confirmed: set[str] = set()
     sent: list[str] = []
     stop = asyncio.Event()
+    sending = asyncio.Event()
+    sending.set()
 
     async def keep_sending(publisher: Publisher) -> None:
         number = 0
         while not stop.is_set():
+            await sending.wait()
             name = f"m-{number}"
             message = aio_pika.Message(name.encode(), message_id=name, delivery_mode=2)
             future = await publisher.send(message, routing_key=QUEUE)
@@ -106,9 +109,15 @@ async def test_a_rolling_upgrade_under_load_loses_nothing(
                 words.stdout
             ), words.stdout + words.stderr
             await load_for(300)
-            # 2. The service moved to it: the previous release stops cleanly (it has no
-            # switchover), the upgraded backup takes over.
+            # 2. The service moved to it. The previous release has no switchover, whose
+            # drain this does by hand: publishes paused and every one confirmed (so on
+            # both disks) before it stops cleanly; a stop with runs in flight marks what
+            # they carry as possibly its own, and its restart quarantines them. The
+            # upgraded backup takes over, and the publishes go on.
+            sending.clear()
+            await publisher.flush(60)
             assert primary.terminate() == 0
+            sending.set()
             await poll(lambda: pair.state(backup) == "ACTIVE", 60, "the new backup ACTIVE")
             await load_for(300)
             # A deduplicating queue declared on the new ACTIVE, with a message on it, before
@@ -137,6 +146,7 @@ async def test_a_rolling_upgrade_under_load_loses_nothing(
             await load_for(300)
         finally:
             stop.set()
+            sending.set()
             await task
         await publisher.flush(60)
 
