@@ -430,6 +430,11 @@ class Connection(asyncio.Protocol):
         self.hold_reading(READ_HELD_PAIR, False)
         self.flush()
 
+    def heartbeat_now(self) -> None:
+        """A heartbeat frame out of turn (a switchover's drain, which does not read us)."""
+        if self.state == OPEN and self.heartbeat:
+            self._write_now(wire.HEARTBEAT_FRAME)
+
     def _write_now(self, data: bytes) -> None:
         self.send(data)
         self.flush()

@@ -31,6 +31,14 @@ log = logging.getLogger("amqha.server")
 
 # Message ids of one ACTIVE term: a block of 2**40 per (epoch, role).
 ID_BLOCK_BITS = 40
+# How often a client that a switchover's drain does not read hears a heartbeat from this
+# server. A client awaiting confirms leaves a server it hears nothing from for its
+# silent_after (amqha.client: 1.2 s by default) as a frozen one, and sends again what it
+# had not seen confirmed: copies of messages this server stored and was about to
+# confirm. The drain (waiting on the PASSIVE's disk) may take that long on a busy
+# machine; a frozen server sends no heartbeat, so a real freeze is still seen
+# (docs/failover.md, "Planned switchover").
+DRAIN_HEARTBEAT = 0.2
 
 
 class Leadership:
@@ -138,6 +146,11 @@ class Leadership:
         self.switching = hold
         for connection in self.client_connections():
             connection.hold_reading(READ_HELD_SWITCHOVER, hold)
+        if self.drain_heartbeats is not None:
+            self.drain_heartbeats.cancel()
+            self.drain_heartbeats = None
+        if hold:
+            self.drain_heartbeats = self.loop.call_later(DRAIN_HEARTBEAT, self._drain_heartbeat)
         if not hold and self.leading:
             # The switchover failed and this server serves on: what a channel closed
             # meanwhile gave back (not sent on while switching: channel.py) goes out now.
@@ -145,6 +158,15 @@ class Leadership:
             for vhost in self.vhosts.values():
                 for queue in vhost.queues.values():
                     queue.drain(now)
+
+    def _drain_heartbeat(self) -> None:
+        """While a switchover drains: every client not read hears this server is alive."""
+        self.drain_heartbeats = None
+        if not self.switching:
+            return
+        for connection in self.client_connections():
+            connection.heartbeat_now()
+        self.drain_heartbeats = self.loop.call_later(DRAIN_HEARTBEAT, self._drain_heartbeat)
 
     def passive_in_sync(self) -> bool:
         return self.feed.in_sync

@@ -123,8 +123,10 @@ class Broker(Leadership, StoreSide):
         # member leads while ACTIVE (``lead``) and follows its ACTIVE peer while PASSIVE
         # (``follow``): the pair tells it which.
         self.leading = config.failover.role is None
-        # A planned switchover drains this ACTIVE: publishers are not read (leadership.py).
+        # A planned switchover drains this ACTIVE: publishers are not read (leadership.py),
+        # and hear a heartbeat at every tick of this timer meanwhile.
         self.switching = False
+        self.drain_heartbeats: asyncio.TimerHandle | None = None
         self.feed = Feed(self, self._feed_sync, self._feed_unprotected)
         # Names consumed without a queue, and their services: the replication feed's.
         self.consume_services: dict[str, ConsumeService] = {FEED_QUEUE: FeedService(self)}
