@@ -9,14 +9,17 @@ import logging
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import pytest
 
 from amqha.client import Consumer, Publisher, PublisherFull, PublishFailed, connect_robust
+from tests.integration.test_management import managed, until_value
 from tests.pairs import MakePair, pair_info, poll
 from tests.support import ServerProcess, soak_size
 
@@ -453,3 +456,61 @@ async def test_a_message_sent_again_after_a_failover_keeps_its_deduplication_hea
         for message_id, headers in found:
             assert message_id == message.message_id
             assert headers == {"x-deduplication-header": message.message_id}
+
+
+# Connection.Close (class 10, method 50) as a method frame on channel 0, up to its size.
+_CONNECTION_CLOSE = (b"\x01\x00\x00", b"\x00\x0a\x00\x32")
+
+
+def _close_waiting(sock: socket.socket) -> bool:
+    """Whether the server's Connection.Close is among the bytes the client has not read."""
+    try:
+        waiting = sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    at = waiting.find(_CONNECTION_CLOSE[0])
+    while at >= 0:
+        if waiting[at + 7 : at + 11] == _CONNECTION_CLOSE[1]:
+            return True
+        at = waiting.find(_CONNECTION_CLOSE[0], at + 1)
+    return False
+
+
+@pytest.mark.timeout(120)
+async def test_confirms_read_with_the_servers_close_count_and_nothing_is_sent_twice(
+    make_server: Any,
+) -> None:
+    """The server confirms messages and then closes the connection (a switchover's last
+    step, an operator's close); the client reads the confirms and the close in one go (its
+    socket was not read meanwhile, as on a busy machine). Every confirm sent before the
+    close counts: no message is sent again, and the queue holds each once."""
+    server, api = managed(make_server)
+    queue, count = "closing-confirms", 3000
+    async with Publisher(
+        [server.url], setup=declare(queue), persistent=False, max_pending=count
+    ) as publisher:
+        watch = publisher.watching.watch
+        assert watch is not None and watch.transport.writer is not None
+        transport = watch.transport.writer.transport
+        transport.pause_reading()
+        sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+        futures = [await publisher.send(b"m%d" % n, routing_key=queue) for n in range(count)]
+        # Transient messages are confirmed as they are routed: all of them, once the queue
+        # holds them all. Then the server's close, behind those confirms, unread.
+        await until_value(
+            lambda: api.get(f"/api/queues/%2F/{queue}"),
+            lambda q: q["messages"] == count,
+            30,
+            "every message in the queue",
+        )
+        [listed] = await api.get("/api/connections")
+        status, _ = await api.call("DELETE", f"/api/connections/{quote(listed['name'], safe='')}")
+        assert status == 204
+        with sock:
+            await poll(lambda: _close_waiting(sock), 10, "the server's close sent")
+        transport.resume_reading()
+        await publisher.flush(30)
+        assert all(f.done() and f.exception() is None for f in futures)
+        assert publisher.resent == 0
+    stored = await api.get(f"/api/queues/%2F/{queue}")
+    assert stored["messages"] == count
