@@ -73,6 +73,42 @@ class Received:
         ]
 
 
+
+class Sending:
+    """Publishers sending persistent messages to ``QUEUE`` until stopped: the message ids
+    sent, and each one's confirm."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.futures: list[asyncio.Future[None]] = []
+        self.stopping = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, publishers: list[Publisher]) -> None:
+        self.tasks = [
+            asyncio.create_task(self._keep_sending(p, f"p{i}")) for i, p in enumerate(publishers)
+        ]
+
+    async def _keep_sending(self, publisher: Publisher, name: str) -> None:
+        number = 0
+        while not self.stopping.is_set():
+            message = aio_pika.Message(f"{name}-{number}".encode(), delivery_mode=2)
+            self.futures.append(await publisher.send(message, routing_key=QUEUE))
+            self.sent.append(message.message_id or "")
+            number += 1
+            if number % 20 == 0:
+                await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        await asyncio.gather(*self.tasks)
+
+    async def all_confirmed(self, publishers: list[Publisher]) -> None:
+        """Every message sent is confirmed, none failed."""
+        for publisher in publishers:
+            await publisher.flush(60)
+        assert all(f.done() and f.exception() is None for f in self.futures)
+
 async def switchover(server: Any, wait: float = 30.0) -> dict[str, Any]:
     async with asyncio.timeout(wait + 30), ConsoleClient(url_of(server, ADMIN), wait + 20) as c:
         return await c.call("switchover", wait=wait)
@@ -118,25 +154,14 @@ async def test_switchovers_back_and_forth_under_load_lose_and_duplicate_nothing(
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     urls = [pair.primary.url, pair.backup.url]
     received = Received()
-    sent: list[str] = []
-    futures: list[asyncio.Future[None]] = []
-    stop = asyncio.Event()
-
-    async def keep_sending(publisher: Publisher, name: str) -> None:
-        number = 0
-        while not stop.is_set():
-            message = aio_pika.Message(f"{name}-{number}".encode(), delivery_mode=2)
-            futures.append(await publisher.send(message, routing_key=QUEUE))
-            sent.append(message.message_id or "")
-            number += 1
-            if number % 20 == 0:
-                await asyncio.sleep(0.005)
+    sending = Sending()
+    sent = sending.sent
 
     publishers = [Publisher(urls, setup=declare(), max_pending=100) for _ in range(3)]
     consumers = [Consumer(urls, QUEUE, received, prefetch=20, setup=declare()) for _ in range(2)]
     for each in (*publishers, *consumers):
         await each.__aenter__()
-    tasks = [asyncio.create_task(keep_sending(p, f"p{i}")) for i, p in enumerate(publishers)]
+    sending.start(publishers)
     took: list[float] = []
     try:
         for _ in range(rounds):
@@ -149,11 +174,8 @@ async def test_switchovers_back_and_forth_under_load_lose_and_duplicate_nothing(
             assert result["to"] == passive.config["server"]["name"]
             await poll(lambda: pair.state(passive) == "ACTIVE", 30, "the new ACTIVE")  # noqa: B023
     finally:
-        stop.set()
-        await asyncio.gather(*tasks)
-    for publisher in publishers:
-        await publisher.flush(60)
-    assert all(f.done() and f.exception() is None for f in futures)
+        await sending.stop()
+    await sending.all_confirmed(publishers)
     await poll(lambda: set(sent) <= received.ids, 60, "every message consumed")
     for each in (*publishers, *consumers):
         await each.__aexit__(None, None, None)
@@ -201,25 +223,14 @@ async def test_a_slow_drain_keeps_its_clients_and_stores_nothing_twice(make_pair
     active, passive = await pair.settled(timeout=60, interval=0.1)
     urls = [pair.primary.url, pair.backup.url]
     received = Received()
-    sent: list[str] = []
-    futures: list[asyncio.Future[None]] = []
-    stop = asyncio.Event()
-
-    async def keep_sending(publisher: Publisher, name: str) -> None:
-        number = 0
-        while not stop.is_set():
-            message = aio_pika.Message(f"{name}-{number}".encode(), delivery_mode=2)
-            futures.append(await publisher.send(message, routing_key=QUEUE))
-            sent.append(message.message_id or "")
-            number += 1
-            if number % 20 == 0:
-                await asyncio.sleep(0.005)
+    sending = Sending()
+    sent = sending.sent
 
     publishers = [Publisher(urls, setup=declare(), max_pending=100) for _ in range(2)]
     consumer = Consumer(urls, QUEUE, received, prefetch=20, setup=declare())
     for each in (*publishers, consumer):
         await each.__aenter__()
-    tasks = [asyncio.create_task(keep_sending(p, f"p{i}")) for i, p in enumerate(publishers)]
+    sending.start(publishers)
     try:
         await poll(lambda: len(sent) >= 300, 60, "messages sent")
         # proxies[i] carries server i's links to the other: the PASSIVE's subscription.
@@ -250,11 +261,8 @@ async def test_a_slow_drain_keeps_its_clients_and_stores_nothing_twice(make_pair
         target = len(sent) + 200
         await poll(lambda: len(sent) >= target, 60, "messages sent on the new ACTIVE")
     finally:
-        stop.set()
-        await asyncio.gather(*tasks)
-    for publisher in publishers:
-        await publisher.flush(60)
-    assert all(f.done() and f.exception() is None for f in futures)
+        await sending.stop()
+    await sending.all_confirmed(publishers)
     await poll(lambda: set(sent) <= received.ids, 60, "every message consumed")
     for each in (*publishers, consumer):
         await each.__aexit__(None, None, None)
