@@ -73,7 +73,6 @@ class Received:
         ]
 
 
-
 class Sending:
     """Publishers sending persistent messages to ``QUEUE`` until stopped: the message ids
     sent, and each one's confirm."""
@@ -108,6 +107,7 @@ class Sending:
         for publisher in publishers:
             await publisher.flush(60)
         assert all(f.done() and f.exception() is None for f in self.futures)
+
 
 async def switchover(server: Any, wait: float = 30.0) -> dict[str, Any]:
     async with asyncio.timeout(wait + 30), ConsoleClient(url_of(server, ADMIN), wait + 20) as c:
