@@ -12,6 +12,7 @@ of ``server.Broker``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -39,6 +40,9 @@ ID_BLOCK_BITS = 40
 # machine; a frozen server sends no heartbeat, so a real freeze is still seen
 # (docs/failover.md, "Planned switchover").
 DRAIN_HEARTBEAT = 0.2
+# The longest a clean stop of an ACTIVE waits for its drain, and how often it looks.
+STOP_DRAIN = 5.0
+STOP_DRAIN_POLL = 0.005
 
 
 class Leadership:
@@ -167,6 +171,25 @@ class Leadership:
         for connection in self.client_connections():
             connection.heartbeat_now()
         self.drain_heartbeats = self.loop.call_later(DRAIN_HEARTBEAT, self._drain_heartbeat)
+
+    async def drain_before_stop(self) -> None:
+        """A clean stop of an ACTIVE whose PASSIVE is in sync drains first, as a
+        switchover does: its clients are not read from now on, and it waits (at most
+        ``STOP_DRAIN`` s) until every publish it read is confirmed to its client and every
+        change it logged is on the PASSIVE's disk. No run is then in flight as the
+        replication link closes, so nothing is marked as possibly on this server alone
+        (its restart would quarantine it), and no client is left to send again what was
+        stored (docs/failover.md, "A clean stop")."""
+        if not self.leading or self.config.failover.role is None or not self.feed.in_sync:
+            return
+        self.hold_clients(True)
+        deadline = self.loop.time() + STOP_DRAIN
+        why = self.undrained()
+        while why is not None and self.feed.in_sync and self.loop.time() < deadline:
+            await asyncio.sleep(STOP_DRAIN_POLL)
+            why = self.undrained()
+        if why is not None:
+            log.warning("stopping undrained: %s", why)
 
     def passive_in_sync(self) -> bool:
         return self.feed.in_sync

@@ -575,6 +575,7 @@ async def serve(
         ready(broker)
     await stop.wait()
     print(f"amqha {config.name}: shutting down", file=sys.stderr, flush=True)
+    await broker.drain_before_stop()
     await federation.close()
     for service in reversed(services):
         await service.stop()

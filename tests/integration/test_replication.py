@@ -14,6 +14,7 @@ from typing import Any
 import aiormq
 import pytest
 
+from amqha.client import Publisher
 from amqha.quarantine import read_quarantine
 from tests.durability import (
     PERSISTENT,
@@ -717,3 +718,56 @@ async def test_a_passive_in_sync_in_the_term_before_does_not_take_over_from_a_ne
     kept = {m.body for m in await take_all(primary.url, "term")}
     assert ledger.confirmed <= kept, f"{len(ledger.confirmed - kept)} confirmed messages lost"
     assert pair.quarantine_files() == []
+
+
+async def test_a_clean_stop_of_the_active_under_load_quarantines_nothing(
+    make_pair: MakePair,
+) -> None:
+    """SIGTERM of the ACTIVE while publishers confirm through it: it stops reading them,
+    lets what it read be confirmed on both disks, then stops (exit 0). The backup takes
+    over, the old ACTIVE restarts and follows: no run was in flight as it stopped, so
+    nothing of its is quarantined (a run in flight would mark what it carries as possibly
+    its own), every confirmed message is there, and none twice."""
+    pair = make_pair().start()
+    active, passive = await pair.settled()
+    urls = [pair.primary.url, pair.backup.url]
+    await declare(active.url, "stopping")
+    sent: list[bytes] = []
+    futures: list[asyncio.Future[None]] = []
+    stop = asyncio.Event()
+
+    async def keep_sending(publisher: Publisher, name: str) -> None:
+        number = 0
+        while not stop.is_set():
+            body = f"{name}-{number}".encode()
+            futures.append(await publisher.send(body, routing_key="stopping"))
+            sent.append(body)
+            number += 1
+            if number % 20 == 0:
+                await asyncio.sleep(0.005)
+
+    publishers = [Publisher(urls, max_pending=100) for _ in range(2)]
+    for publisher in publishers:
+        await publisher.start()
+    tasks = [asyncio.create_task(keep_sending(p, f"p{i}")) for i, p in enumerate(publishers)]
+    try:
+        await poll(lambda: len(sent) >= 500, 60, "messages sent")
+        assert await asyncio.to_thread(active.terminate) == 0, active.log()
+        await poll(lambda: pair.state(passive) == "ACTIVE", 60, "the backup ACTIVE")
+        target = len(sent) + 300
+        await poll(lambda: len(sent) >= target, 60, "messages sent to the new ACTIVE")
+        active.start()
+        await poll(lambda: pair.state(active) == "PASSIVE", 60, "the old ACTIVE PASSIVE")
+        await pair.wait_in_sync(active, timeout=60)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    for publisher in publishers:
+        await publisher.flush(60)
+        await publisher.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert pair.quarantine_files() == []
+    assert not any("quarantined" in server.log() for server in pair.servers)
+    remaining = [body for body, _ in await drain(passive.url, "stopping")]
+    assert set(sent) <= set(remaining)
+    assert len(remaining) == len(set(remaining)), "a message stored twice"
