@@ -68,6 +68,14 @@ def _name(text: str) -> bytes:
     return _U8.pack(len(data)) + data
 
 
+def _encode_head(change: Any) -> list[bytes]:
+    """A Delivered's or a Settled's kind byte and names: what changes of one queue share."""
+    head = [_U8.pack(_KIND[type(change)]), _name(change.vhost), _name(change.queue)]
+    if type(change) is Settled:
+        head.append(_name(change.reason))
+    return head
+
+
 def _blob(data: bytes) -> bytes:
     return _U32.pack(len(data)) + data
 
@@ -171,8 +179,30 @@ def encode(first_lsn: int, changes: list[Change]) -> bytes:
     header: bytes | None = None
     pack_id, pack_u32 = _ID_AND_SIZE.pack, _U32.pack
     no_deadline = (_ENQUEUED_TAIL.pack(math.nan, False), _ENQUEUED_TAIL.pack(math.nan, True))
+    # A delivery's or an ack's kind and names, once per (kind, vhost, queue[, reason]).
+    settles: dict[tuple[Any, ...], bytes] = {}
+    pack_i64 = _I64.pack
     for change in changes:
-        if type(change) is not Enqueued:
+        kind = type(change)
+        if kind is not Enqueued:
+            if kind is Delivered or kind is Settled:
+                # The next hottest kinds (a consumer's every delivery and ack), the same
+                # bytes as _encode writes: their names encoded once per run.
+                d: Any = change
+                key = (kind, d.vhost, d.queue) if kind is Delivered else (kind, *d[:2], d[3])
+                head = settles.get(key)
+                if head is None:
+                    head = settles[key] = b"".join(_encode_head(d))
+                append(head)
+                if kind is Delivered:
+                    append(pack_i64(d[2]))
+                else:
+                    ids = d[2]
+                    append(pack_u32(len(ids)))
+                    append(
+                        pack_i64(ids[0]) if len(ids) == 1 else struct.pack(f">{len(ids)}q", *ids)
+                    )
+                continue
             _encode(change, out)
             continue
         # The hot kind, the same bytes as _encode writes, with fewer calls.
@@ -392,6 +422,17 @@ def _head(data: bytes) -> tuple[int, int]:
     return first, count
 
 
+def _head_names(head: bytes) -> tuple[str, ...]:
+    """The names in a Delivered's or a Settled's head (kind byte, then length-prefixed)."""
+    names = []
+    at = 1
+    while at < len(head):
+        end = at + 1 + head[at]
+        names.append(head[at + 1 : end].decode())
+        at = end
+    return tuple(names)
+
+
 def decode(data: bytes) -> tuple[int, list[Change]]:
     """(LSN of the first change, the changes); ValueError if ``data`` is not a whole run."""
     first, count = _head(data)
@@ -400,11 +441,35 @@ def decode(data: bytes) -> tuple[int, list[Change]]:
     changes: list[Change] = []
     queues: dict[bytes, tuple[str, str]] = {}
     remaining = count
+    heads: dict[bytes, tuple[str, ...]] = {}  # a Delivered's or a Settled's, by its bytes
+    append = changes.append
     try:
         while remaining:
-            if data[at] == 1:
+            kind = data[at]
+            if kind == 1:
                 at, done = _decode_messages(data, at, changes, queues, remaining)
                 remaining -= done
+            elif kind == 2 or kind == 3:
+                # A delivery or an ack: the names decoded once per run (_encode_head).
+                end = at + 2 + data[at + 1]
+                end += 1 + data[end]
+                if kind == 3:
+                    end += 1 + data[end]
+                head = data[at:end]
+                names = heads.get(head)
+                if names is None:
+                    names = heads[head] = _head_names(head)
+                if kind == 2:
+                    (msg_id,) = _I64.unpack_from(data, end)
+                    at = end + 8
+                    append(_new(Delivered, (*names, msg_id)))
+                else:
+                    (count,) = _U32.unpack_from(data, end)
+                    end += 4
+                    ids = struct.unpack_from(f">{count}q", data, end)
+                    at = end + 8 * count
+                    append(_new(Settled, (names[0], names[1], ids, names[2])))
+                remaining -= 1
             else:
                 reader.at = at
                 changes.append(_decode(reader, 0))

@@ -444,6 +444,35 @@ def test_the_wire_format_round_trips_every_kind_and_refuses_garbage() -> None:
             codec.decode(broken)
 
 
+def test_deliveries_and_acks_of_several_queues_round_trip_as_the_general_encoder_writes() -> None:
+    """The fast paths for Delivered and Settled (names once per run) write what the
+    general encoder writes, read back the same, and refuse a run cut at any byte."""
+    changes: list[Any] = []
+    for n in range(40):
+        queue = ("orders", "é-queue", "x" * 255)[n % 3]
+        vhost = "/" if n % 4 else "other"
+        changes.append(Delivered(vhost, queue, 1000 + n))
+        if n % 5 == 0:
+            changes.append(Settled(vhost, queue, (), "purged"))
+        elif n % 2:
+            changes.append(Settled(vhost, queue, (1000 + n,), "acked"))
+        else:
+            changes.append(Settled(vhost, queue, tuple(range(n, n + 7)), "rejected"))
+    changes.append(Enqueued("/", "orders", 7, b"a", b"h", b"body", None, True))
+    changes.append(Delivered("/", "orders", 7))
+    data = codec.encode(5, changes)
+    general: list[bytes] = [data[: codec._HEAD.size]]
+    for change in changes:
+        codec._encode(change, general)
+    assert b"".join(general) == data
+    first, decoded = codec.decode(data)
+    assert first == 5 and decoded == changes
+    assert all(type(a) is type(b) for a, b in zip(decoded, changes, strict=True))
+    for cut in range(codec._HEAD.size, len(data)):
+        with pytest.raises(ValueError):
+            codec.decode(data[:cut])
+
+
 def test_messages_that_share_or_change_their_address_header_and_queue_round_trip() -> None:
     """The fast paths keep what the message before had (its prefix, address and header):
     every way of changing them, empty ones included, writes what the general encoder
