@@ -161,7 +161,9 @@ class RabbitNode:
     ``shutdown()`` and ``start()`` restart it on the same data (same name, same ports).
 
     ``name`` tells two nodes of one benchmark apart (``NAME-<pid>@localhost``); ``plugins``
-    are enabled offline, with ``rabbitmq-plugins --offline``, before the first start."""
+    are enabled offline, with ``rabbitmq-plugins --offline``, before the first start.
+    Nodes of one cluster share an Erlang ``cookie`` and the ``epmd_port`` they find each
+    other by (``join``)."""
 
     def __init__(
         self,
@@ -169,13 +171,20 @@ class RabbitNode:
         ipv6: bool = False,
         name: str = "bench",
         plugins: tuple[str, ...] = (),
+        cookie: str | None = None,
+        epmd_port: int | None = None,
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="amqha-bench-rabbitmq-"))
         self.port = port or free_port()
         # Also listen on [::1] (same port): for suites that connect to amqp://[::1].
         self.ipv6 = ipv6
         self.dist_port = free_port()
-        self.epmd_port = free_port()
+        self.epmd_port = epmd_port or free_port()
+        self.shares_epmd = epmd_port is not None
+        if cookie is not None:
+            path = self.dir / ".erlang.cookie"  # HOME is this directory
+            path.write_text(cookie)
+            path.chmod(0o400)
         self.nodename = f"{name}-{os.getpid()}@localhost"
         self.process: subprocess.Popen[bytes] | None = None
         self.version: str | None = None
@@ -258,6 +267,14 @@ class RabbitNode:
                 f"{(done.stderr or done.stdout).strip()}"
             )
         return done.stdout
+
+    def join(self, first: RabbitNode) -> None:
+        """Join the cluster of the running node ``first`` (this one running, with the same
+        cookie and epmd): ``stop_app``, ``join_cluster``, ``start_app``."""
+        self.ctl("stop_app")
+        self.ctl("join_cluster", first.nodename, timeout=120)
+        self.ctl("start_app", timeout=120)
+        self.wait_serving()
 
     def listen_tls(self, cert: str, key: str, ca: str) -> int:
         """Also serve amqps, on a free port it returns, with this certificate (before
@@ -366,24 +383,29 @@ class RabbitNode:
         if beam is not None and _alive(beam) and _comm(beam).startswith("beam"):
             with contextlib.suppress(OSError):
                 os.kill(beam, signal.SIGKILL)
-        epmd = shutil.which("epmd") or next(
-            iter(sorted(Path("/usr/lib/erlang").glob("erts-*/bin/epmd"))), None
-        )
-        if epmd is not None:
-            # Our private epmd, on our own port: nothing else uses it.
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(
-                    [str(epmd), "-port", str(self.epmd_port), "-kill"],
-                    env=self.env,
-                    capture_output=True,
-                    timeout=10,
-                )
+        if not self.shares_epmd:
+            # Our private epmd, on our own port: nothing else uses it (a cluster's nodes
+            # share theirs: the cluster's owner stops it).
+            stop_epmd(self.epmd_port, self.env)
         self.process = None
 
     def stop(self) -> None:
         """Stop the node and remove its directory: the end of this node."""
         self.shutdown()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stop_epmd(port: int, env: dict[str, str]) -> None:
+    """``epmd -kill`` on ``port``: a private epmd, one node's or one cluster's."""
+    epmd = shutil.which("epmd") or next(
+        iter(sorted(Path("/usr/lib/erlang").glob("erts-*/bin/epmd"))), None
+    )
+    if epmd is None:
+        return
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(
+            [str(epmd), "-port", str(port), "-kill"], env=env, capture_output=True, timeout=10
+        )
 
 
 def describe(node: RabbitNode | None, how: str) -> dict[str, Any]:

@@ -276,8 +276,18 @@ class RawClient(asyncio.Protocol):
             async with asyncio.timeout(limit):
                 await self.closed
 
-    async def declare_queue(self, name: str, passive: bool = False, durable: bool = False) -> int:
-        ok = await self.rpc(commands.Queue.Declare(queue=name, passive=passive, durable=durable))
+    async def declare_queue(
+        self,
+        name: str,
+        passive: bool = False,
+        durable: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> int:
+        ok = await self.rpc(
+            commands.Queue.Declare(
+                queue=name, passive=passive, durable=durable, arguments=arguments
+            )
+        )
         return int(ok.message_count)
 
     async def delete_queue(self, name: str) -> None:

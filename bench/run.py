@@ -6,7 +6,9 @@ Modules: ``bench.broker_bench``, ``bench.durable_bench`` and ``bench.federation_
 (amqha beside RabbitMQ: the second on a durable queue with persistent messages, the third
 through a federated exchange), ``bench.failover_bench``,
 ``bench.client_freeze_bench`` and ``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench``,
-``bench.store_bench``, ``bench.dedup_bench`` and ``bench.switchover_bench`` (``run(sizes) -> dict``). A module
+``bench.store_bench``, ``bench.dedup_bench``, ``bench.switchover_bench`` and
+``bench.quorum_bench`` (the pair beside a 3-node RabbitMQ cluster with quorum queues)
+(``run(sizes) -> dict``). A module
 that is not there is skipped and said so; one that fails is reported with its error,
 and the others still run. The JSON goes to stdout and to ``bench/out/latest.json``;
 a short table goes to stderr.
@@ -40,6 +42,7 @@ BENCHES = {
     "client_freeze": "bench.client_freeze_bench",
     "dedup": "bench.dedup_bench",
     "switchover": "bench.switchover_bench",
+    "quorum": "bench.quorum_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 
@@ -79,7 +82,7 @@ def _figure(value: Any) -> str:
 def print_table(document: dict[str, Any]) -> None:
     """Side by side figures of the benches that compare amqha with RabbitMQ."""
     lines = []
-    for name in ("broker", "durable", "federation"):
+    for name in ("broker", "durable", "federation", "quorum"):
         result = document["benches"].get(name, {})
         if "amqha" not in result:
             continue
