@@ -8,7 +8,8 @@ it is drained (every publish it read confirmed and written, every change it logg
 delivery or an ack too, on its PASSIVE's disk), the machine steps to PASSIVE in the same
 turn of the loop, sends the signed handover and redirects the clients. If the drain does not end
 within ``DRAIN_TIMEOUT`` (the PASSIVE lost, the machine refusing now), clients are read
-again and the switchover fails with the reason. Each step is a ``switchover`` record
+again and the switchover fails with the reason; a PASSIVE that drops out of sync as it
+drains is waited for again while ``wait`` lasts. Each step is a ``switchover`` record
 (``requested``, ``handed_over``, ``completed`` when the peer is heard ACTIVE, ``failed``).
 ``FailoverController`` inherits it.
 
@@ -19,12 +20,15 @@ Must not know: how the machine decides (``fsm``), what drained means inside the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from amqha.gate import ConsoleRefused, Member
 
 from . import fsm
+
+log = logging.getLogger("amqha.failover")
 
 # The longest a drain may take before the switchover gives up and serves on.
 DRAIN_TIMEOUT = 10.0
@@ -76,44 +80,59 @@ class Switchover:
     async def _switchover(self, wait: float, user: str) -> dict[str, Any]:
         started = time.monotonic()
         deadline = self.loop.time() + wait
-        refusal = self._switchover_refusal()
-        while refusal is not None:
-            if self.loop.time() >= deadline:
-                self._write("switchover", phase="failed", user=user, reason=refusal)
-                raise ConsoleRefused(f"switchover refused after waiting {wait:g} s: {refusal}")
-            await asyncio.sleep(WAIT_POLL)
+        requested = False
+        while True:
             refusal = self._switchover_refusal()
-        peer = self.machine.peer
-        assert peer is not None  # the machine accepted: it heard its PASSIVE
-        self._write("switchover", phase="requested", user=user, to=peer.name)
-        self.broker.hold_clients(True)
-        drain_deadline = self.loop.time() + DRAIN_TIMEOUT
-        why = self.broker.undrained()
-        while why is not None and self.loop.time() < drain_deadline:
-            if not self.broker.passive_in_sync():
-                break  # the PASSIVE went away: no drain can end now
-            await asyncio.sleep(DRAIN_POLL)
+            while refusal is not None:
+                if self.loop.time() >= deadline:
+                    self._write("switchover", phase="failed", user=user, reason=refusal)
+                    raise ConsoleRefused(f"switchover refused after waiting {wait:g} s: {refusal}")
+                await asyncio.sleep(WAIT_POLL)
+                refusal = self._switchover_refusal()
+            peer = self.machine.peer
+            assert peer is not None  # the machine accepted: it heard its PASSIVE
+            if not requested:
+                self._write("switchover", phase="requested", user=user, to=peer.name)
+                requested = True
+            self.broker.hold_clients(True)
+            drain_deadline = self.loop.time() + DRAIN_TIMEOUT
             why = self.broker.undrained()
-        if why is None:
-            # Drained in this turn of the loop: nothing can be read or confirmed between
-            # the last look and the step (the broker reads no client meanwhile).
-            decision = self.apply(fsm.step(self.machine, fsm.Event.SWITCHOVER, self.loop.time()))
-            if isinstance(decision, fsm.Accept):
-                drained = round(time.monotonic() - started, 3)
-                self.switched_to = (peer.name, time.monotonic())
-                self._write(
-                    "switchover", phase="handed_over", user=user, to=peer.name, drained_s=drained
+            while why is not None and self.loop.time() < drain_deadline:
+                if not self.broker.passive_in_sync():
+                    break  # the PASSIVE went away: no drain can end now
+                await asyncio.sleep(DRAIN_POLL)
+                why = self.broker.undrained()
+            if why is None:
+                # Drained in this turn of the loop: nothing can be read or confirmed
+                # between the last look and the step (the broker reads no client meanwhile).
+                decision = self.apply(
+                    fsm.step(self.machine, fsm.Event.SWITCHOVER, self.loop.time())
                 )
-                return {
-                    "result": f"handed the service to {peer.name} (drained in {drained:g} s)",
-                    "state": self.machine.state.value,
-                    "to": peer.name,
-                    "drained_s": drained,
-                }
-            why = getattr(decision, "reason", "refused")
-        self.broker.hold_clients(False)
-        self._write("switchover", phase="failed", user=user, reason=why)
-        raise ConsoleRefused(f"switchover failed, this server serves on: {why}")
+                if isinstance(decision, fsm.Accept):
+                    drained = round(time.monotonic() - started, 3)
+                    self.switched_to = (peer.name, time.monotonic())
+                    self._write(
+                        "switchover",
+                        phase="handed_over",
+                        user=user,
+                        to=peer.name,
+                        drained_s=drained,
+                    )
+                    return {
+                        "result": f"handed the service to {peer.name} (drained in {drained:g} s)",
+                        "state": self.machine.state.value,
+                        "to": peer.name,
+                        "drained_s": drained,
+                    }
+                why = getattr(decision, "reason", "refused")
+            self.broker.hold_clients(False)
+            if not self.broker.passive_in_sync() and self.loop.time() < deadline:
+                # The PASSIVE left as it drained (its link dropped, or it catches up
+                # again in a new term): with time left to wait, it is waited for again.
+                log.info("switchover: the PASSIVE left the drain (%s); waiting for it", why)
+                continue
+            self._write("switchover", phase="failed", user=user, reason=why)
+            raise ConsoleRefused(f"switchover failed, this server serves on: {why}")
 
     def _heard_after_switchover(self, peer: fsm.PeerInfo) -> None:
         """A state message from the peer: the one we handed over to, now ACTIVE, completes it."""

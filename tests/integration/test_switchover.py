@@ -212,13 +212,19 @@ async def test_switchovers_back_and_forth_under_load_lose_and_duplicate_nothing(
     )
 
 
-async def test_a_slow_drain_keeps_its_clients_and_stores_nothing_twice(make_pair: MakePair) -> None:
-    """The PASSIVE stalls as the switchover drains (stopped for longer than the clients'
-    ``silent_after``, as a busy machine may stall it; not long enough for the pair to
-    fail over): the drain waits that long without reading its clients, yet they do not
-    leave the ACTIVE as a silent server (it tells them it is alive): none gives up a
-    connection that was still confirming and sends its messages again, so no message is
-    stored twice, and each client moves to the new ACTIVE once, by the redirect."""
+@pytest.mark.parametrize("fault", ["stopped", "cut"])
+async def test_a_slow_drain_keeps_its_clients_and_stores_nothing_twice(
+    make_pair: MakePair, fault: str
+) -> None:
+    """The PASSIVE stalls as the switchover drains (``stopped`` for longer than the
+    clients' ``silent_after``, as a busy machine may stall it; not long enough for the pair
+    to fail over): the drain waits that long without reading its clients, yet they do not
+    leave the ACTIVE as a silent server (it tells them it is alive). Or its link is
+    ``cut`` for a moment as it drains: it drops out of sync, and the switchover (asked
+    with a wait) waits for it again and hands over once it is back in sync, with no
+    failed step. Either way none gives up a connection that was still confirming and sends
+    its messages again, so no message is stored twice, and each client moves to the new
+    ACTIVE once, by the redirect."""
     pair = make_pair(heartbeat=0.3, timeout=8.0).start()
     active, passive = await pair.settled(timeout=60, interval=0.1)
     urls = [pair.primary.url, pair.backup.url]
@@ -246,13 +252,24 @@ async def test_a_slow_drain_keeps_its_clients_and_stores_nothing_twice(make_pair
                 "the drain begun",
                 interval=0.005,
             )
-            os.kill(passive.process.pid, signal.SIGSTOP)
-            try:
-                # Longer than the clients' silent_after (1.2 s), shorter than the pair's
-                # timeout (8 s).
-                await asyncio.sleep(2.0)
-            finally:
-                os.kill(passive.process.pid, signal.SIGCONT)
+            if fault == "stopped":
+                os.kill(passive.process.pid, signal.SIGSTOP)
+                try:
+                    # Longer than the clients' silent_after (1.2 s), shorter than the
+                    # pair's timeout (8 s).
+                    await asyncio.sleep(2.0)
+                finally:
+                    os.kill(passive.process.pid, signal.SIGCONT)
+            else:
+                link.cut()
+                try:
+                    await poll(
+                        lambda: "left the drain" in active.log() or asked.done(),
+                        30,
+                        "the PASSIVE out of the drain",
+                    )
+                finally:
+                    link.heal()
         finally:
             link.delay(0)
         result = await asked
@@ -266,8 +283,13 @@ async def test_a_slow_drain_keeps_its_clients_and_stores_nothing_twice(make_pair
     await poll(lambda: set(sent) <= received.ids, 60, "every message consumed")
     for each in (*publishers, consumer):
         await each.__aexit__(None, None, None)
-    # The drain waited for the stopped PASSIVE: longer than a client waits for a silent server.
-    assert result["drained_s"] >= 2.0
+    if fault == "stopped":
+        # The drain waited for the stopped PASSIVE: longer than a client waits for a
+        # silent server.
+        assert result["drained_s"] >= 2.0
+    else:
+        assert "left the drain" in active.log()
+    assert switchover_records(pair, active)[:2] == ["requested", "handed_over"]
     twice = received.twice()
     assert not twice, (
         f"{len(twice)} messages delivered twice as new; sent again by the publishers:"
