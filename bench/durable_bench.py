@@ -92,6 +92,24 @@ def disk_usage(path: Path, prefix: str = "") -> dict[str, int]:
 # -- throughput ----------------------------------------------------------------------------
 
 
+async def top_up(confirmer: rawclient.RawClient, queue: str, frames: bytes, count: int) -> None:
+    """Publish (confirmed, 1000 in flight) until ``queue`` holds ``count`` messages."""
+    held = await confirmer.declare_queue(queue, passive=True)
+    if held < count:
+        await confirmer.publish_confirmed(frames, count - held, window=1000, limit=LIMIT)
+
+
+async def consume_seconds(port: int, queue: str, count: int, ack: str) -> float:
+    """Consume ``count`` messages on a connection of its own, prefetch 1000, acking each or
+    every 100th with multiple (``ack``): seconds from Basic.Consume to the last delivery."""
+    consumer = await rawclient.connect(HOST, port)
+    try:
+        await consumer.open_channel()
+        return await consumer.consume(queue, count, ack=ack, prefetch=1000, limit=LIMIT)
+    finally:
+        await consumer.close()
+
+
 async def throughput_suite(port: int, pid: int | None, sizes: dict[str, int]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     count = sizes["messages"]
@@ -113,18 +131,11 @@ async def throughput_suite(port: int, pid: int | None, sizes: dict[str, int]) ->
             results["publish_confirms_nacked"] = nacked
 
     async def consume(ack: str) -> None:
-        held = await confirmer.declare_queue(queue, passive=True)
-        if held < count:
-            await confirmer.publish_confirmed(frames, count - held, window=1000, limit=LIMIT)
-        consumer = await rawclient.connect(HOST, port)
-        try:
-            await consumer.open_channel()
-            cpu = cpu_seconds(pid)
-            elapsed = await consumer.consume(queue, count, ack=ack, prefetch=1000, limit=LIMIT)
-            results[f"consume_ack_{ack}_msgs_per_s"] = count / elapsed
-            record_cpu(results, f"consume_ack_{ack}_server_cpu_us_per_msg", pid, cpu, count)
-        finally:
-            await consumer.close()
+        await top_up(confirmer, queue, frames, count)
+        cpu = cpu_seconds(pid)
+        elapsed = await consume_seconds(port, queue, count, ack)
+        results[f"consume_ack_{ack}_msgs_per_s"] = count / elapsed
+        record_cpu(results, f"consume_ack_{ack}_server_cpu_us_per_msg", pid, cpu, count)
 
     try:
         await measure(results, "persistent publish+confirms", publish_confirms)
@@ -346,6 +357,28 @@ def targets(table: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def side_by_side(
+    sizes: dict[str, int],
+    load_at_start: tuple[float, float, float],
+    amqha: dict[str, Any],
+    rabbit: dict[str, Any],
+    table: dict[str, Any],
+    goals: dict[str, Any],
+) -> dict[str, Any]:
+    """A bench's result as ``bench.run``'s table reads it: both sides, ratios, targets."""
+    return {
+        "sizes": sizes,
+        "message_bytes": len(BODY),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
+        "amqha": amqha,
+        "rabbitmq": rabbit,
+        "ratios": table,
+        "targets": goals,
+    }
+
+
 def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
     sizes = dict(DEFAULT_SIZES, **(sizes or {}))
     load_at_start = os.getloadavg()
@@ -397,17 +430,7 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
                 say(f"rabbitmq 1M run failed: {error!r}")
                 rabbit.setdefault("errors", {})["queued"] = repr(error)
     table = ratios(amqha, rabbit) if rabbit.get("available") else {}
-    return {
-        "sizes": sizes,
-        "message_bytes": len(BODY),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": os.getloadavg(),
-        "amqha": amqha,
-        "rabbitmq": rabbit,
-        "ratios": table,
-        "targets": targets(table),
-    }
+    return side_by_side(sizes, load_at_start, amqha, rabbit, table, targets(table))
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, Any, Any, Any]]:

@@ -37,6 +37,7 @@ from typing import Any
 
 from bench import rabbitmq, rawclient
 from bench.broker_bench import measure, queue_name, run_async, wait_for_count
+from bench.durable_bench import consume_seconds, side_by_side, top_up
 from bench.replication_bench import until_in_sync
 from tests.pairs import Pair
 from tests.support import free_port
@@ -90,16 +91,10 @@ async def paths(port: int, arguments: dict[str, Any] | None, sizes: dict[str, in
             results["publish_confirms_nacked"] = nacked
 
     async def consume(ack: str) -> None:
-        held = await confirmer.declare_queue(queue, passive=True)
-        if held < count:
-            await confirmer.publish_confirmed(frames, count - held, window=1000, limit=LIMIT)
-        consumer = await rawclient.connect(HOST, port)
-        try:
-            await consumer.open_channel()
-            elapsed = await consumer.consume(queue, count, ack=ack, prefetch=1000, limit=LIMIT)
-            results[f"consume_ack_{ack}_msgs_per_s"] = count / elapsed
-        finally:
-            await consumer.close()
+        await top_up(confirmer, queue, frames, count)
+        results[f"consume_ack_{ack}_msgs_per_s"] = count / await consume_seconds(
+            port, queue, count, ack
+        )
 
     try:
         await measure(results, "publish", publish, LIMIT, say)
@@ -218,21 +213,12 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
         if rounds["rabbitmq"]
         else {}
     )
-    return {
-        "sizes": sizes,
-        "message_bytes": len(BODY),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": os.getloadavg(),
-        "amqha": amqha,
-        "rabbitmq": rabbit,
-        "ratios": table,
-        "targets": {
-            f"every_path_ge_{TARGET_RATIO}x_quorum": (
-                None if not table else all((r or 0) >= TARGET_RATIO for r in table.values())
-            )
-        },
+    goals = {
+        f"every_path_ge_{TARGET_RATIO}x_quorum": (
+            None if not table else all((r or 0) >= TARGET_RATIO for r in table.values())
+        )
     }
+    return side_by_side(sizes, load_at_start, amqha, rabbit, table, goals)
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, Any, Any, Any]]:

@@ -428,16 +428,21 @@ def test_applying_a_run_at_a_time_gives_what_applying_each_change_gives(seed: in
     assert whole.vhost("/").ids.next == each.vhost("/").ids.next > 1
 
 
+def assert_written_as_the_general_encoder_writes(data: bytes, changes: list[Any]) -> None:
+    """The encoder's fast paths write exactly what the general one writes, change by change."""
+    general: list[bytes] = [data[: codec._HEAD.size]]
+    for change in changes:
+        codec._encode(change, general)
+    assert b"".join(general) == data
+
+
 def test_the_wire_format_round_trips_every_kind_and_refuses_garbage() -> None:
     _, changes = run_workload(7, 300)
     data = codec.encode(41, changes)
     first, decoded = codec.decode(data)
     assert first == 41 and decoded == changes
     # The fast path for messages writes exactly what the general encoder writes.
-    general: list[bytes] = [data[: codec._HEAD.size]]
-    for change in changes:
-        codec._encode(change, general)
-    assert b"".join(general) == data
+    assert_written_as_the_general_encoder_writes(data, changes)
     assert any(isinstance(c, Enqueued) and c.deadline is not None for c in changes)
     for broken in (data[:-1], data + b"x", b"\x02" + data[1:], data[:20]):
         with pytest.raises(ValueError):
@@ -461,10 +466,7 @@ def test_deliveries_and_acks_of_several_queues_round_trip_as_the_general_encoder
     changes.append(Enqueued("/", "orders", 7, b"a", b"h", b"body", None, True))
     changes.append(Delivered("/", "orders", 7))
     data = codec.encode(5, changes)
-    general: list[bytes] = [data[: codec._HEAD.size]]
-    for change in changes:
-        codec._encode(change, general)
-    assert b"".join(general) == data
+    assert_written_as_the_general_encoder_writes(data, changes)
     first, decoded = codec.decode(data)
     assert first == 5 and decoded == changes
     assert all(type(a) is type(b) for a, b in zip(decoded, changes, strict=True))
@@ -507,10 +509,7 @@ def test_messages_that_share_or_change_their_address_header_and_queue_round_trip
         if msg_id == 7:
             changes.append(Settled("v", "r", (1,), "ack"))
     data = codec.encode(5, changes)
-    general: list[bytes] = [data[: codec._HEAD.size]]
-    for change in changes:
-        codec._encode(change, general)
-    assert b"".join(general) == data
+    assert_written_as_the_general_encoder_writes(data, changes)
     first, decoded = codec.decode(data)
     assert first == 5 and decoded == changes
     assert decoded[3].header is decoded[4].header is decoded[5].header
