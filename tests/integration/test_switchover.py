@@ -24,7 +24,7 @@ from amqha.console import ConsoleClient, ConsoleError
 from tests.integration.test_dedup import message_ids
 from tests.integration.test_management import MGMT_USERS, Api
 from tests.integration.test_replication import replay
-from tests.pairs import ADMIN, MakePair, client_vote, poll, url_of
+from tests.pairs import ADMIN, MakePair, client_vote, hold, poll, url_of
 from tests.support import ROOT, free_port, soak_size
 
 QUEUE = "switch"
@@ -256,8 +256,12 @@ async def test_a_slow_drain_keeps_its_clients_and_stores_nothing_twice(
                 os.kill(passive.process.pid, signal.SIGSTOP)
                 try:
                     # Longer than the clients' silent_after (1.2 s), shorter than the
-                    # pair's timeout (8 s).
-                    await asyncio.sleep(2.0)
+                    # pair's timeout (8 s): the drain waits all along, the ACTIVE serving.
+                    await hold(
+                        lambda: not asked.done() and pair.state(active) == "ACTIVE",
+                        2.0,
+                        "the drain waiting for the stopped PASSIVE",
+                    )
                 finally:
                     os.kill(passive.process.pid, signal.SIGCONT)
             else:
