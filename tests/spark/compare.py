@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from spark import replayed
 from spark.model import TABLES
 
 TOLERANCE = 1e-6
@@ -38,3 +39,10 @@ def spark_tables(report) -> dict[str, list[dict[str, Any]]]:
 def assert_same_report(spark_report, reference_report) -> None:
     same(spark_tables(spark_report), reference_report.tables, "tables")
     same(spark_report.summary, reference_report.summary, "summary")
+
+
+def written_summary(report) -> dict[str, Any]:
+    """The reference report's summary as ``amqha report`` writes it to summary.json: each
+    quarantine it lists with whether its file was replayed, as this host sees the file."""
+    replayed.annotate(report.summary, report.tables)
+    return report.summary
