@@ -26,11 +26,13 @@ import ipaddress
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from config import AuthConfig, User
-from config.passwords import Verifier
+from config.passwords import BadHash, Verifier, parse_hash
 
+from .core.access import Access
 from .logtext import escaped
 
 log = logging.getLogger("amqha.auth")
@@ -42,6 +44,7 @@ RESERVE = 256
 RESERVE_BELOW = 4
 LOG_BURST = 10
 LOG_WINDOW = 60.0
+MADE_VERIFIERS = 4096  # run-time users' verifiers kept parsed
 
 
 def is_loopback(address: str) -> bool:
@@ -109,6 +112,10 @@ class Authenticator:
         self.loopback_users = frozenset(config.loopback_users)
         self.delay = config.failed_login_delay
         self.clock = clock
+        # The users, vhosts and permissions made at run time (the broker's), and the
+        # verifiers of run-time users already read, by name (with the value read).
+        self.access: Access | None = None
+        self._made: dict[str, tuple[Any, Verifier]] = {}
         self.pending = 0
         # source_of(address) -> its logins pending (absent at 0)
         self.pending_by_source: dict[str, int] = {}
@@ -138,8 +145,9 @@ class Authenticator:
         self.pending += 1
         self.pending_by_source[source] = held + 1
         try:
-            user = self.users.get(username)
-            verifier = self.verifiers.get(username, self._decoy)
+            user, verifier = self.lookup(username)
+            if verifier is None:
+                verifier = self._decoy
             matches = verifier is not None and await self._check(verifier, password)
             if user is None or not matches:
                 refusal = self._refused(
@@ -168,6 +176,32 @@ class Authenticator:
                 self.pending_by_source[source] = left
             else:
                 del self.pending_by_source[source]
+
+    def lookup(self, name: str) -> tuple[User | None, Verifier | None]:
+        """The user ``name`` as a login sees it, and its verifier: a config file's user
+        (with the vhosts it was given at run time too), else a run-time user
+        (``core.access``, its vhosts those it was given), else (None, None)."""
+        user = self.users.get(name)
+        access = self.access
+        if user is not None:
+            extra = [v for v in access.vhosts_of(name) if v not in user.vhosts] if access else []
+            if extra:
+                user = replace(user, vhosts=user.vhosts + tuple(extra))
+            return user, self.verifiers[name]
+        made = access.users.get(name) if access is not None else None
+        if made is None:
+            return None, None
+        cached = self._made.get(name)
+        if cached is None or cached[0] is not made:
+            try:
+                verifier = parse_hash(made.password_hash)
+            except BadHash:
+                return None, None
+            cached = self._made[name] = (made, verifier)
+            if len(self._made) > MADE_VERIFIERS:
+                self._made.pop(next(iter(self._made)))
+        vhosts = tuple(access.vhosts_of(name)) if access is not None else ()
+        return User(name, None, vhosts, made.tags, password_hash=made.password_hash), cached[1]
 
     async def _check(self, verifier: Verifier, password: str) -> bool:
         if not verifier.costly:

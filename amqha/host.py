@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from config import ServerConfig
 
     from .auth import Refused, User
+    from .core.access import Access
     from .core.changes import ChangeLog
     from .core.confirms import Commit, Confirms, Waiting
     from .core.message import MessageIds
@@ -285,11 +286,16 @@ class MetricsSource(Protocol):
 
 class DefinitionsHost(Protocol):
     """What a definitions import asks of the broker: a vhost made on demand, a new
-    queue's timers."""
+    queue's timers, the users, vhosts and permissions it makes at run time."""
+
+    config: ServerConfig
+    access: Access
 
     def vhost(self, name: str) -> VHost: ...
 
     def watch_queue(self, queue: Queue) -> None: ...
+
+    def record_access(self, change: Any) -> None: ...
 
 
 class ManagementSource(MetricsSource, DefinitionsHost, Protocol):
@@ -297,12 +303,19 @@ class ManagementSource(MetricsSource, DefinitionsHost, Protocol):
     AMQP's, its start time, a vhost made on demand and a queue's timers (definitions)."""
 
     started: float
+    auth: Any  # ``auth.Authenticator``: its ``lookup`` of a user as a login sees it
 
     async def authenticate(
         self, username: str, password: str, address: str, mechanism: str
     ) -> User | Refused: ...
 
     def enqueue(self, message: Any, queues: tuple[Queue, ...], vhost: str = "/") -> bool: ...
+
+    def last_lsn(self) -> int: ...
+
+    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...
+
+    def client_connections(self) -> list[Any]: ...
 
 
 class ReplicationHost(Protocol):
@@ -312,6 +325,7 @@ class ReplicationHost(Protocol):
     ids: MessageIds
     log: ChangeLog | None
     vhosts: dict[str, VHost]
+    access: Access
     safe_lsn: int
 
     def now(self) -> float: ...

@@ -39,6 +39,7 @@ from pamqp.header import ContentHeader
 from .core import codec, feedauth, protocol
 from .core.apply import state_changes
 from .core.changes import (
+    ACCESS_CHANGES,
     Batch,
     Bound,
     Change,
@@ -257,7 +258,7 @@ class Feed:
         self.leader.subscribe()
         # The state already holds every change up to the log's last LSN, taken or not.
         self._snapshot_lsn = log_.lsn if log_ is not None else 0
-        self._snapshot = state_changes(self.broker.vhosts)
+        self._snapshot = state_changes(self.broker.vhosts, access=self.broker.access)
         self._carry = []
         self._pending.clear()
         self.backlog_bytes = 0
@@ -451,8 +452,8 @@ class Feed:
         outlet = subscriber.outlet
         if subscriber.protocol < protocol.DEDUP_CHANGES:
             # A PASSIVE of the previous release cannot read them: it keeps no
-            # deduplication cache (docs/operations.md, "Upgrading").
-            changes = [c for c in changes if type(c) is not DedupSeen]
+            # deduplication cache and no run-time users (docs/operations.md, "Upgrading").
+            changes = [c for c in changes if type(c) not in _NOT_FOR_PROTOCOL_1]
         body = codec.encode(first, changes)
         tag = outlet.next_tag()
         marker = headers.get(IN_SYNC) if headers else None
@@ -588,6 +589,10 @@ def _cut(changes: list[Change], budget: int = RUN_BYTES) -> int:
         if size >= budget:
             return count
     return min(len(changes), RUN_CHANGES)
+
+
+# The kinds a PASSIVE of protocol 1 cannot read.
+_NOT_FOR_PROTOCOL_1 = (DedupSeen, *ACCESS_CHANGES)
 
 
 def _leaves_out(change: Change, unreplicated: set[tuple[str, str]]) -> bool:

@@ -43,6 +43,8 @@ from .channel_feed import FeedService
 from .confirm_pipeline import ConfirmPipeline
 from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
+from .core.access import Access
+from .core.apply import apply
 from .core.changes import ChangeLog
 from .core.message import Message, MessageIds
 from .core.queue import Queue
@@ -101,6 +103,9 @@ class Broker(Leadership, StoreSide):
         self.config = config
         self.loop = asyncio.get_running_loop()
         self.vhosts: dict[str, VHost] = {}
+        # The users, vhosts and permissions made at run time: replicated state
+        # (``core.access``), applied as every other change.
+        self.access = Access()
         # The control receivers set in every vhost (``receive_control`` with no vhost).
         self.control_everywhere: dict[str, Callable[[Message, Connection], None]] = {}
         self.ids = MessageIds()
@@ -177,6 +182,7 @@ class Broker(Leadership, StoreSide):
         self._on_close: list[Callable[[Connection], None]] = []
         self._users = {user.name: user for user in config.users}
         self.auth = Authenticator(config.users, config.auth, time.monotonic)
+        self.auth.access = self.access
         # Direct reply-to: the reply consumer behind each address handed out in reply_to.
         self.direct_replies: dict[str, Any] = {}
         # The federation links (amqha.federation.agent.Federation): run while this leads.
@@ -203,7 +209,9 @@ class Broker(Leadership, StoreSide):
     def vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = VHost(name, time.time, self.log, self.ids, self.config.global_name)
+            # Logged while this server leads (a PASSIVE applies, ``lead`` attaches the log).
+            log_ = self.log if self.leading else None
+            vhost = VHost(name, time.time, log_, self.ids, self.config.global_name)
             vhost.max_queues = self.config.limits.vhost.max_queues
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
@@ -230,8 +238,20 @@ class Broker(Leadership, StoreSide):
                 return user
         return await self.auth.login(username, password, address, mechanism)
 
+    def record_access(self, change: Any) -> None:
+        """Apply a change of the run-time users, vhosts or permissions on this serving
+        server and log it like wiring (docs/security.md, "Users at run time")."""
+        apply(self, change, time.time())
+        if self.leading and self.log is not None:
+            self.log.emit(change, sync=True)
+
+    def last_lsn(self) -> int:
+        """The LSN of the last change this server logged as ACTIVE (0: none, or it does
+        not lead): what a reply that must be safe waits for (``when_safe``)."""
+        return self.log.lsn if self.leading and self.log is not None else 0
+
     def user_known(self, username: str) -> bool:
-        return username in self._users
+        return self.auth.lookup(username)[0] is not None
 
     def server_properties(self) -> dict[str, Any]:
         return {

@@ -25,6 +25,7 @@ only), which publishes wait for which LSN (the host's business).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -43,9 +44,12 @@ from amqha.core.changes import (
     Delivered,
     Enqueued,
     ExchangeDeclared,
+    PermissionSet,
     QueueDeclared,
     Redelivered,
     RunWritten,
+    UserSet,
+    VhostSet,
 )
 from amqha.store_file import (
     MIN_BYTES,
@@ -59,6 +63,7 @@ from amqha.store_file import (
     prepare,
 )
 from amqha.store_write import (
+    ACCESS_ORDER,
     COUNTED_QUEUES,
     Write,
     message_crc,
@@ -212,6 +217,16 @@ class Store:
     def _recover(self) -> Iterator[Change]:
         db = self._db
         decode = _decode_arguments
+        # Who may log in where first: vhosts, users, then permissions.
+        access = db.execute("SELECT kind, a, b, value FROM access").fetchall()
+        for kind, a, b, value in sorted(access, key=lambda row: ACCESS_ORDER.index(row[0])):
+            if kind == "vhost":
+                yield VhostSet(a)
+            elif kind == "user":
+                fields = json.loads(value)
+                yield UserSet(a, fields["hash"], tuple(fields["tags"]))
+            else:
+                yield PermissionSet(a, b)
         for vhost, name, kind, auto_delete, internal, arguments in db.execute(
             "SELECT vhost, name, kind, auto_delete, internal, arguments FROM exchanges"
         ).fetchall():

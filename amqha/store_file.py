@@ -19,11 +19,11 @@ import sqlite3
 import time
 
 # 2: the runs table; 3: the deliveries table; 4: the dedup table; 5: each message's
-# checksum (an older file gets what it lacks at open)
-SCHEMA_VERSION = 5
+# checksum; 6: the access table (an older file gets what it lacks at open)
+SCHEMA_VERSION = 6
 APPLICATION_ID = 0x616D7168  # "amqh" in the SQLite header: the file is an amqha store
 # The smallest disk budget that holds the empty schema with room to work.
-MIN_BYTES = 64 * 1024
+MIN_BYTES = 80 * 1024
 # After a checkpoint the WAL file is cut back to this (one large write leaves no large file).
 WAL_LIMIT = 64 * 1024 * 1024
 # Every message body is in the store: only this server's user may read it.
@@ -65,12 +65,24 @@ CREATE TABLE dedup (
     key BLOB NOT NULL, expires REAL,
     PRIMARY KEY (vhost, kind, owner, seq)
 ) WITHOUT ROWID;
+CREATE TABLE access (
+    kind TEXT NOT NULL, a TEXT NOT NULL, b TEXT NOT NULL, value TEXT,
+    PRIMARY KEY (kind, a, b)
+) WITHOUT ROWID;
 """
 _RUNS_TABLE = "CREATE TABLE runs (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)"
 # A quorum queue's delivery counts of 2 and more (``Redelivered``), for stored messages.
 _DELIVERIES_TABLE = (
     "CREATE TABLE deliveries (queue INTEGER NOT NULL, msg_id INTEGER NOT NULL,"
     " count INTEGER NOT NULL, PRIMARY KEY (queue, msg_id)) WITHOUT ROWID"
+)
+
+
+# The run-time users ("user", name, "", their hash and tags as JSON), vhosts ("vhost",
+# name, "") and permissions ("permission", vhost, user) of ``core.access``.
+_ACCESS_TABLE = (
+    "CREATE TABLE access (kind TEXT NOT NULL, a TEXT NOT NULL, b TEXT NOT NULL, value TEXT,"
+    " PRIMARY KEY (kind, a, b)) WITHOUT ROWID"
 )
 
 
@@ -236,6 +248,8 @@ def prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
             db.execute(_DELIVERIES_TABLE)
         if version < 4:
             db.execute(_DEDUP_TABLE)
+        if "access" not in tables:
+            db.execute(_ACCESS_TABLE)
         columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
         if "crc" not in columns:
             # Rows written before version 5 have none (NULL): read as they are.

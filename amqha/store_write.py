@@ -14,12 +14,14 @@ only).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any
 from zlib import crc32
 
 from amqha.core.changes import (
+    ACCESS_CHANGES,
     Batch,
     Bound,
     Change,
@@ -29,6 +31,7 @@ from amqha.core.changes import (
     ExchangeDeclared,
     ExchangeDeleted,
     PendingRun,
+    PermissionSet,
     QueueDeclared,
     QueueDeleted,
     Redelivered,
@@ -38,6 +41,10 @@ from amqha.core.changes import (
     SnapshotEnd,
     SnapshotPart,
     Unbound,
+    UserDeleted,
+    UserSet,
+    VhostDeleted,
+    VhostSet,
 )
 from amqha.wire import field_table
 
@@ -97,6 +104,10 @@ _ADD_KEY = "INSERT OR REPLACE INTO dedup VALUES (?, ?, ?, ?, ?, ?)"
 _PRUNE_KEYS = "DELETE FROM dedup WHERE vhost = ? AND kind = ? AND owner = ? AND seq <= ?"
 _DELETE_KEYS = "DELETE FROM dedup WHERE vhost = ? AND kind = ? AND owner = ?"
 _ADD_RUN = "INSERT OR REPLACE INTO runs VALUES (?, ?)"
+# The access table's kinds, in the order recovery gives them (a permission names both).
+ACCESS_ORDER = ("vhost", "user", "permission")
+_PUT_ACCESS = "INSERT OR REPLACE INTO access (kind, a, b, value) VALUES (?, ?, ?, ?)"
+_DELETE_ACCESS = "DELETE FROM access WHERE kind = ? AND a = ? AND b = ?"
 _REMOVE_RUN = "DELETE FROM runs WHERE seq = ?"
 _REMOVE_RUNS_BEFORE = "DELETE FROM runs WHERE seq < ?"
 
@@ -366,6 +377,8 @@ class Write:
             db.execute(_DELETE_BINDINGS_TO_EXCHANGE, (vhost, name))
             db.execute(_DELETE_EXCHANGE, (vhost, name))
             db.execute(_DELETE_KEYS, (vhost, "x", name))
+        elif kind in ACCESS_CHANGES:
+            _write_access(db, change)
         elif kind is PendingRun:
             db.execute(_ADD_RUN, change)
         elif kind is RunWritten:
@@ -385,9 +398,30 @@ class Write:
             self.counted.clear()
             db.execute("DELETE FROM messages")
             db.execute("DELETE FROM dedup")
+            db.execute("DELETE FROM access")
             db.execute("DELETE FROM bindings")
             db.execute("DELETE FROM queues")
             db.execute("DELETE FROM exchanges")
             self.queue_ids.clear()
         else:
             raise TypeError(f"not a change: {change!r}")
+
+
+def _write_access(db: sqlite3.Connection, change: Any) -> None:
+    """A run-time user's, vhost's or permission's row (``core.access``)."""
+    kind = type(change)
+    if kind is UserSet:
+        value = json.dumps({"hash": change.password_hash, "tags": list(change.tags)})
+        db.execute(_PUT_ACCESS, ("user", change.name, "", value))
+    elif kind is UserDeleted:
+        db.execute(_DELETE_ACCESS, ("user", change.name, ""))
+        db.execute("DELETE FROM access WHERE kind = 'permission' AND b = ?", (change.name,))
+    elif kind is VhostSet:
+        db.execute(_PUT_ACCESS, ("vhost", change.vhost, "", None))
+    elif kind is VhostDeleted:
+        db.execute(_DELETE_ACCESS, ("vhost", change.vhost, ""))
+        db.execute("DELETE FROM access WHERE kind = 'permission' AND a = ?", (change.vhost,))
+    elif kind is PermissionSet:
+        db.execute(_PUT_ACCESS, ("permission", change.vhost, change.user, None))
+    else:
+        db.execute(_DELETE_ACCESS, ("permission", change.vhost, change.user))

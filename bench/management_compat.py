@@ -7,7 +7,7 @@ durable queue with ready and unacknowledged messages, a topic exchange and a bin
 consumer), then runs the same calls against each management API:
 
 - ``rabbitmqadmin`` (Debian's, from the rabbitmq-server package): list, show, export,
-  declare and delete (queues, exchanges, bindings),
+  declare and delete (queues, exchanges, bindings, vhosts, users, permissions),
   import, purge, delete, close;
 - ``pyrabbit2`` (PyPI);
 - Celery Flower's broker page, with a Celery worker on the broker and the management API
@@ -230,6 +230,20 @@ def changes(port: int, workdir: Path, connection_name: str) -> dict[str, Any]:
         ),
         ("delete", "exchange", "name=cmp.x"),
         ("delete", "queue", "name=cmp.declared"),
+        ("declare", "vhost", "name=cmp.v"),
+        ("declare", "user", "name=cmp.u", "password=cmp-pw", "tags=management"),
+        (
+            "declare",
+            "permission",
+            "vhost=cmp.v",
+            "user=cmp.u",
+            "configure=.*",
+            "write=.*",
+            "read=.*",
+        ),
+        ("delete", "permission", "vhost=cmp.v", "user=cmp.u"),
+        ("delete", "user", "name=cmp.u"),
+        ("delete", "vhost", "name=cmp.v"),
         ("import", str(workdir / "import.json")),
         ("purge", "queue", f"name={QUEUE}"),
         ("delete", "queue", "name=cmp.imported"),

@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from . import dedup
+from .access import Access
 from .changes import (
+    ACCESS_CHANGES,
     Batch,
     Bound,
     Change,
@@ -32,6 +34,8 @@ from .changes import (
     Reset,
     Settled,
     Unbound,
+    VhostDeleted,
+    VhostSet,
 )
 from .dedup import SeenCache
 from .message import Message
@@ -41,9 +45,11 @@ from .vhost import VHost
 
 
 class State(Protocol):
-    """Where changes are applied: the vhosts by name, made on first use (a broker)."""
+    """Where changes are applied: the vhosts by name, made on first use (a broker), and
+    the run-time users, vhosts and permissions (``access``)."""
 
     vhosts: dict[str, VHost]
+    access: Access
 
     def vhost(self, name: str) -> VHost: ...
 
@@ -57,11 +63,20 @@ def apply(state: State, change: Change, now: float) -> None:
     if isinstance(change, Reset):
         for vhost in state.vhosts.values():
             reset(vhost)
+        state.access.reset()
         return
     if type(change) is Enqueued:
         apply_run(state, [change], now)  # the one place a message is put back
         return
-    vhost = state.vhost(change.vhost)
+    if type(change) in ACCESS_CHANGES:
+        state.access.apply(change)
+        if type(change) is VhostSet:
+            state.vhost(change.vhost)  # type: ignore[union-attr]
+        elif type(change) is VhostDeleted:
+            # Its queues and exchanges were deleted by the changes before this one.
+            state.vhosts.pop(change.vhost, None)  # type: ignore[union-attr]
+        return
+    vhost = state.vhost(change.vhost)  # type: ignore[union-attr]
     assert vhost.log is None, "apply() on a vhost that logs would emit the change again"
     match change:
         case Settled():
@@ -173,11 +188,16 @@ def _stored_exchange(exchange: Exchange) -> bool:
     )
 
 
-def state_changes(vhosts: dict[str, VHost], replicated_only: bool = True) -> Iterator[Change]:
+def state_changes(
+    vhosts: dict[str, VHost], replicated_only: bool = True, access: Access | None = None
+) -> Iterator[Change]:
     """The durable state as changes, from a ``Reset``: applied to any state, they give
-    this one (the snapshot a joining PASSIVE receives). What it reads is fixed when the
-    generator starts: later changes to the state do not leak into it."""
+    this one (the snapshot a joining PASSIVE receives), the run-time users, vhosts and
+    permissions of ``access`` first. What it reads is fixed when the generator starts:
+    later changes to the state do not leak into it."""
     wiring: list[Change] = [Reset()]
+    if access is not None:
+        wiring += access.changes()
     contents: list[
         tuple[str, str, int, list[tuple[Message, float | None]], list[tuple[int, int]]]
     ] = []

@@ -128,6 +128,48 @@ class DedupSeen(NamedTuple):
     persistent: bool
 
 
+class UserSet(NamedTuple):
+    """A user made or changed at run time (``core.access``): its password as a hash in a
+    format ``config.passwords`` reads, and its tags. The users of the config files are
+    never changed this way."""
+
+    name: str
+    password_hash: str
+    tags: tuple[str, ...]
+
+
+class UserDeleted(NamedTuple):
+    name: str
+
+
+class VhostSet(NamedTuple):
+    """A vhost made at run time."""
+
+    vhost: str
+
+
+class VhostDeleted(NamedTuple):
+    """A vhost made at run time is gone (its queues and exchanges were deleted first)."""
+
+    vhost: str
+
+
+class PermissionSet(NamedTuple):
+    """``user`` may use ``vhost`` (full rights: amqha has no narrower ones)."""
+
+    vhost: str
+    user: str
+
+
+class PermissionDeleted(NamedTuple):
+    vhost: str
+    user: str
+
+
+# The changes of who may log in where, applied by ``core.access``.
+ACCESS_CHANGES = (UserSet, UserDeleted, VhostSet, VhostDeleted, PermissionSet, PermissionDeleted)
+
+
 class Reset(NamedTuple):
     """A snapshot starts: every durable exchange, queue, binding and message is dropped,
     and the changes that follow rebuild them (a PASSIVE joining its ACTIVE)."""
@@ -153,6 +195,12 @@ Change = (
     | Redelivered
     | Settled
     | DedupSeen
+    | UserSet
+    | UserDeleted
+    | VhostSet
+    | VhostDeleted
+    | PermissionSet
+    | PermissionDeleted
     | Reset
     | Batch
 )

@@ -26,12 +26,18 @@ from .changes import (
     Enqueued,
     ExchangeDeclared,
     ExchangeDeleted,
+    PermissionDeleted,
+    PermissionSet,
     QueueDeclared,
     QueueDeleted,
     Redelivered,
     Reset,
     Settled,
     Unbound,
+    UserDeleted,
+    UserSet,
+    VhostDeleted,
+    VhostSet,
 )
 from .reserved import CONTROL_EXCHANGES
 from .routing import EXCHANGE_TYPES
@@ -58,7 +64,15 @@ _KIND = {
     Reset: 11,
     Redelivered: 12,
     DedupSeen: 13,
+    UserSet: 14,
+    UserDeleted: 15,
+    VhostSet: 16,
+    VhostDeleted: 17,
+    PermissionSet: 18,
+    PermissionDeleted: 19,
 }
+# The access changes whose fields are names alone, in order.
+_NAMES_ONLY = (UserDeleted, VhostSet, VhostDeleted, PermissionSet, PermissionDeleted)
 
 
 def _name(text: str) -> bytes:
@@ -151,6 +165,12 @@ def _encode(change: Change, out: list[bytes]) -> None:
             _U32.pack(c.keep),
             _U8.pack(c.persistent),
         )
+    elif kind is UserSet:
+        c = change
+        out += (_name(c.name), _blob(c.password_hash.encode()), _U8.pack(len(c.tags)))
+        out += [_name(tag) for tag in c.tags]
+    elif kind in _NAMES_ONLY:
+        out += [_name(field) for field in change]  # type: ignore[arg-type]
     elif kind is Batch:
         c = change
         out.append(_U32.pack(len(c.changes)))
@@ -340,6 +360,18 @@ def _decode(reader: _Reader, depth: int) -> Change:
             keep,
             persistent,
         )
+    if kind == 14:
+        name, password_hash = reader.name(), reader.blob().decode()
+        tags = tuple(reader.name() for _ in range(reader.u8()))
+        if "peering" in tags:  # the pair's own login is never made at run time
+            raise ValueError(f"user {name!r} with the tag 'peering' cannot be made")
+        return UserSet(name, password_hash, tags)
+    if kind == 15:
+        return UserDeleted(reader.name())
+    if kind in (16, 17):
+        return (VhostSet if kind == 16 else VhostDeleted)(reader.name())
+    if kind in (18, 19):
+        return (PermissionSet if kind == 18 else PermissionDeleted)(reader.name(), reader.name())
     raise ValueError(f"unknown change kind {kind}")
 
 

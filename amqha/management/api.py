@@ -42,6 +42,7 @@ from .history import PairHistory
 from .objects import ObjectRoutes
 from .replies import ApiError, basic_credentials, json_reply, need, not_found
 from .sockets import REQUEST_TIMEOUT, ManagedSocket, SocketTable
+from .users import AccessRoutes
 from .writes import WriteRoutes
 
 if TYPE_CHECKING:
@@ -76,9 +77,10 @@ class ManagementEndpoint:
         self.runner: web.AppRunner | None = None
         self.objects = ObjectRoutes(broker)
         self.writes = WriteRoutes(self.objects)
+        self.users = AccessRoutes(self.objects)
         self.history = PairHistory(broker)
         # sha256(authorization header) -> (user, expiry on the loop's clock)
-        self.logins: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
+        self.logins: OrderedDict[bytes, tuple[Any, float, int]] = OrderedDict()
         self.listener: asyncio.base_events.Server | None = None
         self.sockets = SocketTable()
 
@@ -136,6 +138,7 @@ class ManagementEndpoint:
         get, delete, post = app.router.add_get, app.router.add_delete, app.router.add_post
         put = app.router.add_put
         objects, history, writes = self.objects, self.history, self.writes
+        users = self.users
         get("/", self.page)
         get("/api/overview", self.overview)
         get("/api/whoami", self.whoami)
@@ -144,7 +147,15 @@ class ManagementEndpoint:
         get("/api/vhosts", objects.vhosts)
         get("/api/vhosts/{vhost}", objects.vhost)
         get("/api/users", objects.users)
+        get("/api/users/{name}", users.user)
+        put("/api/users/{name}", users.put_user)
+        delete("/api/users/{name}", users.delete_user)
+        put("/api/vhosts/{vhost}", users.put_vhost)
+        delete("/api/vhosts/{vhost}", users.delete_vhost)
         get("/api/permissions", objects.permissions)
+        get("/api/permissions/{vhost}/{user}", users.permission)
+        put("/api/permissions/{vhost}/{user}", users.put_permission)
+        delete("/api/permissions/{vhost}/{user}", users.delete_permission)
         get("/api/policies", objects.policies)
         get("/api/policies/{vhost}", objects.policies)
         get("/api/aliveness-test/{vhost}", objects.aliveness)
@@ -246,7 +257,9 @@ class ManagementEndpoint:
         key = hashlib.sha256(f"{remote}\n{header}".encode("utf-8", "surrogateescape")).digest()
         now = time.monotonic()
         cached = self.logins.get(key)
-        if cached is not None and cached[1] > now:
+        # A login remembered before a user, a vhost or a permission changed at run time is
+        # checked again (a deleted user is out at its next request).
+        if cached is not None and cached[1] > now and cached[2] == self.broker.access.version:
             self.logins.move_to_end(key)
             user = cached[0]
         else:
@@ -255,7 +268,7 @@ class ManagementEndpoint:
             if not hasattr(result, "tags"):
                 raise ApiError(401, "not_authorised", "Login failed")
             user = result
-            self.logins[key] = (user, now + LOGIN_CACHE_SECONDS)
+            self.logins[key] = (user, now + LOGIN_CACHE_SECONDS, self.broker.access.version)
             while len(self.logins) > LOGIN_CACHE_SIZE:
                 self.logins.popitem(last=False)
         if not access.may_use_api(user):

@@ -9,13 +9,12 @@ or in the file, every vhost's queue limit kept), then its vhosts, exchanges, que
 bindings are declared through the model (durable ones reach the store and the PASSIVE
 as any declare does). A file that would fail any of it changes nothing.
 
-Users are the config file's (both servers of a pair read the same list; a user made on
-one server alone would not log in after a failover). So an import does not create or
-change users: each user of the file must be configured with the same tags and a password
-that matches the file's hash, else the import is refused naming them, and
-``amqha definitions users FILE`` prints them as config lines to add to both files
-(docs/operations.md, "Management API"). Permissions are the config's ``vhosts`` of each
-user, with full rights: a file that gives narrower ones is refused rather than widened.
+Users: a user of the config files must match them (tags, a password that matches the
+file's hash), else the import is refused naming them; a user they do not have is made at
+run time (``core.access``: replicated, so it logs in after a failover), as are the
+file's vhosts and the permissions the config does not give (``Plan.users``,
+``Plan.grants``). Permissions give full rights: a file that gives narrower ones is
+refused rather than widened (docs/operations.md, "Management API").
 
 Never importable, whatever the file says (docs/security.md): the pair's own users (tagged
 ``peering``, or ``failover.peer_user``), the control plane (the control exchanges of
@@ -34,10 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import exceptions
 
+from config import User
 from config.passwords import BadHash, hash_password, parse_hash
 from config.vhostnames import vhost_name_problem
 
 from ..core.arguments import QueueArgumentError
+from ..core.changes import PermissionSet, UserSet, VhostSet
 from ..core.kinds import new_queue
 from ..core.reserved import ALTERNATE_EXCHANGE, CONTROL_EXCHANGES, STANDARD_EXCHANGES
 from ..core.routing import arguments_size
@@ -86,6 +87,16 @@ def _user_hash(user: Any) -> str:
     if user.password_hash is not None:
         return str(user.password_hash)
     return hash_password(user.password, "rabbitmq-sha256")
+
+
+def known_users(broker: Any) -> list[User]:
+    """Every user a login may be: the config files' (with the vhosts given at run time
+    too), then the run-time ones, each as the login sees it."""
+    lookup = broker.auth.lookup
+    names = [u.name for u in broker.config.users] + [
+        n for n in broker.access.users if n not in {u.name for u in broker.config.users}
+    ]
+    return [user for user in (lookup(n)[0] for n in names) if user is not None]
 
 
 def export(users: Iterable[Any], vhosts: Iterable[Any]) -> dict[str, Any]:
@@ -174,12 +185,17 @@ class Plan:
     queues: list[dict[str, Any]] = field(default_factory=list)
     bindings: list[dict[str, Any]] = field(default_factory=list)
     users_checked: int = 0
+    # Users not in the config files, made at run time, and the (vhost, user) permissions
+    # the config does not give (``core.access``).
+    users: list[UserSet] = field(default_factory=list)
+    grants: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
         return (
             f"{len(self.vhosts)} vhosts, {len(self.exchanges)} exchanges, "
             f"{len(self.queues)} queues, {len(self.bindings)} bindings, "
-            f"{self.users_checked} users matching the config"
+            f"{self.users_checked - len(self.users)} users matching the config, "
+            f"{len(self.users)} users and {len(self.grants)} permissions made at run time"
         )
 
 
@@ -251,7 +267,7 @@ def _password_matches(configured: Any, given_hash: str) -> bool:
     return configured.password is not None and verifier.check(configured.password)
 
 
-def _check_users(body: dict[str, Any], config: Any) -> int:
+def _check_users(body: dict[str, Any], config: Any, plan: Plan) -> int:
     configured = {u.name: u for u in config.users}
     internal = {u.name for u in config.users if access.is_internal_user(u)}
     if config.failover.peer is not None:
@@ -274,7 +290,7 @@ def _check_users(body: dict[str, Any], config: Any) -> int:
             )
         user = configured.get(name)
         if user is None:
-            problems.append(f"'{name}' is not configured")
+            plan.users.append(_runtime_user(item, name, tags, where))
             continue
         if tags != set(user.tags):
             problems.append(
@@ -290,23 +306,24 @@ def _check_users(body: dict[str, Any], config: Any) -> int:
             problems.append(f"'{name}' has another password in the config")
     if problems:
         raise Refused(
-            "users come from the config file of both servers, and these differ: "
-            + "; ".join(problems)
-            + " (`amqha definitions users FILE` prints the file's users as config lines)"
+            "these users are in the config files of both servers (read-only at run time), "
+            "and the file differs: " + "; ".join(problems)
         )
+    made = {u.name for u in plan.users}
     for index, item in enumerate(_list(body, "permissions")):
         where = f"permissions[{index}]"
         name, vhost = _text(item, "user", where), _vhost(item, "vhost", where, None)
         if name in internal:
             raise Refused(f"{where}: user '{name}' is the pair's own login", 403)
         user = configured.get(name)
-        if user is None:
-            raise Refused(f"{where}: user '{name}' is not configured")
-        if vhost not in user.vhosts:
+        if user is None and name not in made:
             raise Refused(
-                f"{where}: user '{name}' may not use vhost '{vhost}' in the config "
-                "(users[].vhosts): add it there"
+                f"{where}: user '{name}' is neither in the config files nor in the file's users"
             )
+        if user is None or vhost not in user.vhosts:
+            # Given at run time (``core.access``): the user, or the vhost, is not the
+            # config's (checked against the broker's users and vhosts before it applies).
+            plan.grants.append((vhost, name))
         for key in ("configure", "write", "read"):
             if item.get(key, FULL) != FULL:
                 raise Refused(
@@ -314,6 +331,31 @@ def _check_users(body: dict[str, Any], config: Any) -> int:
                     "vhosts of its config entry, no narrower"
                 )
     return len(_list(body, "users"))
+
+
+def _runtime_user(item: dict[str, Any], name: str, tags: set[str], where: str) -> UserSet:
+    """A user of the file that is not the config's, to make at run time: its RabbitMQ (or
+    scrypt) hash as given, never the peering or federation tag."""
+    ungranted = tags & {access.INTERNAL_TAG, "federation"}
+    if ungranted:
+        raise Refused(
+            f"{where}: user '{name}': the tags {sorted(ungranted)} are not given at run time "
+            "(configure that user in the config files)",
+            403,
+        )
+    given = item.get("password_hash")
+    if not isinstance(given, str) or not given:
+        raise Refused(f"{where}: user '{name}' has no password_hash")
+    algorithm = item.get("hashing_algorithm")
+    try:
+        verifier = parse_hash(given)
+    except BadHash as error:
+        raise Refused(f"{where}: user '{name}': its password_hash is refused: {error}") from None
+    if algorithm is not None and ALGORITHMS.get(verifier.scheme) != algorithm:
+        raise Refused(f"{where}: user '{name}': the password_hash is not a {algorithm} hash")
+    if not name or any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise Refused(f"{where}: a user name is 1 to 255 bytes without control characters")
+    return UserSet(name, given, tuple(sorted(tags)))
 
 
 def _refuse_control(name: str, where: str) -> None:
@@ -336,7 +378,8 @@ def plan_import(body: Any, config: Any) -> Plan:
             items = [i for i in items if not (isinstance(i, dict) and i.get("name") in _IGNORED)]
         if items:
             raise Refused(f"{key}: amqha has none; remove them from the file")
-    plan = Plan(users_checked=_check_users(body, config))
+    plan = Plan()
+    plan.users_checked = _check_users(body, config, plan)
     for index, item in enumerate(_list(body, "vhosts")):
         plan.vhosts.append(_vhost(item, "name", f"vhosts[{index}]", None))
     for index, item in enumerate(_list(body, "exchanges")):
@@ -422,6 +465,9 @@ def check_against(plan: Plan, vhosts: Mapping[str, Any], config: Any) -> None:
     Reads the model only (run it on the loop, right before ``apply``)."""
     limit = config.limits.vhost.max_queues
     max_size = config.limits.max_arguments_size
+    for vhost, name in plan.grants:
+        if vhost not in vhosts and vhost not in plan.vhosts:
+            raise Refused(f"permission of user '{name}': vhost '{vhost}' does not exist")
     exchanges: dict[tuple[str, str], dict[str, Any]] = {}
     for item in plan.exchanges:
         key = (item["vhost"], item["name"])
@@ -554,8 +600,16 @@ def apply(plan: Plan, broker: DefinitionsHost, now: float) -> None:
     refuses (an existing queue with other arguments, say) stops the import there, named."""
     step = "vhosts"
     try:
+        configured = {v for u in broker.config.users for v in u.vhosts}
         for name in plan.vhosts:
+            if name not in configured and name not in broker.access.vhosts:
+                broker.record_access(VhostSet(name))  # made at run time: replicated
             broker.vhost(name)
+        for user in plan.users:
+            broker.record_access(user)
+        for vhost, name in plan.grants:
+            if (vhost, name) not in broker.access.permissions:
+                broker.record_access(PermissionSet(vhost, name))
         for item in plan.exchanges:
             step = f"exchange '{item['name']}' in vhost '{item['vhost']}'"
             broker.vhost(item["vhost"]).declare_exchange(

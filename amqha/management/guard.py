@@ -113,7 +113,7 @@ def too_deep(value: Any, limit: int) -> bool:
 
 def error_body(error: web.HTTPException, method: str, path: str) -> web.Response:
     """An error aiohttp raised as RabbitMQ's JSON ``{error, reason}``. A change to a
-    route amqha does not have (a ``PUT /api/users/...``) is a 400 that says what to do
+    route amqha does not have (a ``PUT /api/parameters/...``) is a 400 that says what to do
     instead: rabbitmqadmin prints a 400's reason, and ends in a traceback on any other
     status past 401 and 404."""
     if method in CHANGES and path.startswith("/api/") and error.status in (404, 405):
@@ -121,8 +121,7 @@ def error_body(error: web.HTTPException, method: str, path: str) -> web.Response
             {
                 "error": "bad_request",
                 "reason": f"amqha's management API does not take {method} {path[:200]}: "
-                "vhosts, users, permissions and policies are the config file's "
-                '(docs/operations.md, "Management API")',
+                'the changes it takes are listed in docs/operations.md ("Management API")',
             },
             status=400,
         )

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqha.management")
 
 ALIVENESS_QUEUE = "aliveness-test"
+SAFE_WAIT = 30.0  # seconds a change's reply waits for the change to be safe
 ALIVENESS_BODY = b"test_message"
 
 
@@ -91,7 +92,7 @@ class ObjectRoutes:
                     "hashing_algorithm": definitions.hashing_algorithm(u),
                     "limits": {},
                 }
-                for u in self.broker.config.users
+                for u in definitions.known_users(self.broker)
                 if not access.is_internal_user(u)
             ]
         )
@@ -99,7 +100,9 @@ class ObjectRoutes:
     async def permissions(self, request: web.Request) -> web.StreamResponse:
         """Each user's vhosts, with the full rights amqha gives on them."""
         need(access.is_admin(request["user"]))
-        return json_reply(definitions.export(self.broker.config.users, ())["permissions"])
+        return json_reply(
+            definitions.export(definitions.known_users(self.broker), ())["permissions"]
+        )
 
     async def policies(self, request: web.Request) -> web.StreamResponse:
         """amqha has no policies (queue arguments only): always empty."""
@@ -160,6 +163,31 @@ class ObjectRoutes:
 
     def _may_change(self, request: web.Request, vhost: Any, queue: str = "") -> None:
         need(access.may_change_queue(request["user"], vhost.name, queue))
+        self._serving()
+
+    async def safe(self) -> None:
+        """Return once every change logged so far is safe: on the store and on an in-sync
+        PASSIVE. A change's reply is a promise, as a publisher confirm is: what the API
+        said it made is there after a failover. 503 if that cannot be said within
+        ``SAFE_WAIT`` seconds (the store failing, this server no longer leading)."""
+        lsn = self.broker.last_lsn()
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.broker.when_safe(lsn, lambda ok: done.done() or done.set_result(ok))
+        try:
+            ok = await asyncio.wait_for(done, SAFE_WAIT)
+        except TimeoutError:
+            ok = False
+        if not ok:
+            raise ApiError(
+                503,
+                "not_safe",
+                "the change was made here but is not known to be on disk and on the PASSIVE "
+                "(the store failing, or this server no longer leading): check before relying "
+                "on it",
+            )
+
+    def _serving(self) -> None:
+        """503, naming the ACTIVE, unless this server serves: a change is made there."""
         if not self.broker.pair.serving():
             status = self.broker.pair.status()
             peer = status.get("peer") or {}
@@ -190,6 +218,7 @@ class ObjectRoutes:
             escaped(vhost.name),
             escaped(request["user"].name),
         )
+        await self.safe()
         return web.Response(status=204)
 
     async def purge_queue(self, request: web.Request) -> web.StreamResponse:
@@ -203,6 +232,7 @@ class ObjectRoutes:
             count,
             escaped(request["user"].name),
         )
+        await self.safe()
         return web.Response(status=204)
 
     # -- exchanges, bindings -------------------------------------------------------------
@@ -348,7 +378,8 @@ class ObjectRoutes:
 
     async def get_definitions(self, request: web.Request) -> web.StreamResponse:
         need(access.is_admin(request["user"]))
-        return json_reply(definitions.export(self.broker.config.users, self.broker.vhosts.values()))
+        users = definitions.known_users(self.broker)
+        return json_reply(definitions.export(users, self.broker.vhosts.values()))
 
     async def post_definitions(self, request: web.Request) -> web.StreamResponse:
         need(access.is_admin(request["user"]))
@@ -374,6 +405,7 @@ class ObjectRoutes:
             escaped(request["user"].name),
             plan.summary(),
         )
+        await self.safe()
         return web.Response(status=204)
 
 

@@ -2,7 +2,7 @@
 
 Owns: ``ApiError`` (a refusal: its status, RabbitMQ's error word, the reason), the JSON
 answer every route gives (never cached), a health check's ``ok``/``failed`` answer, an
-integer query parameter kept within its bounds, and the credentials of an HTTP basic
+integer query parameter kept within its bounds, a request's JSON object, and the credentials of an HTTP basic
 ``Authorization`` header (docs/operations.md, "Management API").
 
 Must not know: routes, users, the broker, how a login is checked.
@@ -15,6 +15,8 @@ import binascii
 from typing import Any
 
 from aiohttp import web
+
+from . import guard
 
 
 class ApiError(Exception):
@@ -64,3 +66,17 @@ def int_query(request: web.Request, name: str, default: int, low: int, high: int
     except ValueError:
         raise ApiError(400, "bad_request", f"{name} must be an integer") from None
     return max(low, min(high, value))
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object (an empty body: none); 400 otherwise."""
+    text = await request.text()
+    if not text.strip():
+        return {}
+    try:
+        body = guard.loads(text)
+    except ValueError as error:
+        raise ApiError(400, "bad_request", f"not JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "expected a JSON object")
+    return body

@@ -27,8 +27,8 @@ from aiohttp import web
 from pamqp import exceptions
 
 from ..logtext import escaped
-from . import definitions, guard, shapes
-from .replies import ApiError, json_reply, not_found
+from . import definitions, shapes
+from .replies import ApiError, json_body, json_reply, not_found
 
 if TYPE_CHECKING:
     from .objects import ObjectRoutes
@@ -47,7 +47,7 @@ class WriteRoutes:
 
     async def put_queue(self, request: web.Request) -> web.StreamResponse:
         vhost, name = self._target(request)
-        body = await _body(request)
+        body = await json_body(request)
         if vhost.hidden_queue(name) is not None:
             raise ApiError(403, "access_refused", f"queue '{name}' belongs to the server")
         item = {
@@ -57,11 +57,11 @@ class WriteRoutes:
             "auto_delete": _flag(body, "auto_delete", False),
             "arguments": body.get("arguments") or {},
         }
-        return self._declare(request, "queues", item, f"queue '{name}'", name in vhost.queues)
+        return await self._declare(request, "queues", item, f"queue '{name}'", name in vhost.queues)
 
     async def put_exchange(self, request: web.Request) -> web.StreamResponse:
         vhost, name = self._target(request)
-        body = await _body(request)
+        body = await json_body(request)
         if "type" not in body:
             raise ApiError(400, "bad_request", f"exchange '{name}': type is missing")
         item = {
@@ -74,7 +74,7 @@ class WriteRoutes:
             "arguments": body.get("arguments") or {},
         }
         existed = name in vhost.exchanges
-        return self._declare(request, "exchanges", item, f"exchange '{name}'", existed)
+        return await self._declare(request, "exchanges", item, f"exchange '{name}'", existed)
 
     async def delete_exchange(self, request: web.Request) -> web.StreamResponse:
         vhost, name = self._target(request)
@@ -86,6 +86,7 @@ class WriteRoutes:
         except exceptions.AMQPError as error:
             raise _refusal(error) from None
         self._logged(request, f"exchange '{name}' in vhost '{vhost.name}' deleted")
+        await self.objects.safe()
         return web.Response(status=204)
 
     # -- bindings -------------------------------------------------------------------------
@@ -105,7 +106,7 @@ class WriteRoutes:
                 "access_refused",
                 "ACCESS_REFUSED - operation not permitted on the default exchange",
             )
-        body = await _body(request)
+        body = await json_body(request)
         routing_key = body.get("routing_key", "")
         arguments = body.get("arguments") or {}
         item = {
@@ -117,7 +118,7 @@ class WriteRoutes:
             "arguments": arguments,
         }
         where = f"binding of {kind} '{destination}' to exchange '{source}'"
-        self._declare(request, "bindings", item, where, False)
+        await self._declare(request, "bindings", item, where, False)
         key = shapes.properties_key(routing_key, arguments) if isinstance(arguments, dict) else ""
         location = "/".join(
             urllib.parse.quote(part, safe="")
@@ -151,6 +152,7 @@ class WriteRoutes:
                     f"binding of {binding.kind} '{binding.destination}' to exchange "
                     f"'{binding.source}' in vhost '{vhost.name}' deleted",
                 )
+                await self.objects.safe()
                 return web.Response(status=204)
         raise not_found()
 
@@ -164,11 +166,11 @@ class WriteRoutes:
         self.objects._may_change(request, vhost)
         return vhost, name
 
-    def _declare(
+    async def _declare(
         self, request: web.Request, kind: str, item: dict[str, Any], what: str, existed: bool
     ) -> web.StreamResponse:
         """Declare one object as an import of it would: 201 when it is new, 204 when it
-        was there and equivalent, the import's refusal otherwise."""
+        was there and equivalent, the import's refusal otherwise; once it is safe."""
         try:
             plan = definitions.plan_import({kind: [item]}, self.broker.config)
             definitions.check_against(plan, self.broker.vhosts, self.broker.config)
@@ -177,6 +179,7 @@ class WriteRoutes:
             reason = str(error).replace(f"{kind}[0]", what)
             reason = reason.replace(" (what came before it in the file was imported)", "")
             raise ApiError(error.status, _ERRORS.get(error.status, "bad_request"), reason) from None
+        await self.objects.safe()
         if existed:
             return web.Response(status=204)
         self._logged(request, f"{what} in vhost '{item['vhost']}' declared")
@@ -232,17 +235,3 @@ def _between(vhost: Any, info: Any) -> list[dict[str, Any]]:
 def _refusal(error: exceptions.AMQPError) -> ApiError:
     status = 403 if isinstance(error, exceptions.AMQPAccessRefused) else 400
     return ApiError(status, _ERRORS.get(status, "bad_request"), str(error))
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object (an empty body: none); 400 otherwise."""
-    text = await request.text()
-    if not text.strip():
-        return {}
-    try:
-        body = guard.loads(text)
-    except ValueError as error:
-        raise ApiError(400, "bad_request", f"not JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "bad_request", "expected a JSON object")
-    return body

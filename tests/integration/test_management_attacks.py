@@ -538,7 +538,7 @@ async def test_the_aliveness_check_leaves_an_application_queue_alone(make_server
 async def test_unknown_routes_and_methods_answer_json(make_server) -> None:
     """RabbitMQ answers errors as JSON ``{error, reason}`` (the audit: plain text, and
     rabbitmqadmin ended in a traceback): an unknown route, a method a route does not take;
-    a change amqha does not make (vhosts, users, permissions, policies) is a 400, whose
+    a change amqha does not make (parameters, topic permissions, policies) is a 400, whose
     reason rabbitmqadmin prints; a declare of something that is not there, a 404."""
     _, api = managed(make_server)
     port = _port(api)
@@ -546,8 +546,8 @@ async def test_unknown_routes_and_methods_answer_json(make_server) -> None:
         ("GET", "/api/nothing-here", 404),
         ("GET", "/nothing-here", 404),
         ("POST", "/api/overview", 400),
-        ("PUT", "/api/users/someone", 400),
-        ("PUT", "/api/vhosts/elsewhere", 400),
+        ("PUT", "/api/parameters/federation-upstream/%2F/up", 400),
+        ("PUT", "/api/topic-permissions/%2F/someone", 400),
         ("PUT", "/api/policies/%2F/ttl", 400),
         ("PUT", "/api/queues/nowhere/q", 404),
         ("DELETE", "/api/exchanges/%2F/x", 404),
@@ -560,4 +560,4 @@ async def test_unknown_routes_and_methods_answer_json(make_server) -> None:
         answer = json.loads(text)
         assert set(answer) == {"error", "reason"}, text
         if expected == 400:
-            assert "are the config file's" in answer["reason"], answer
+            assert "does not take" in answer["reason"], answer

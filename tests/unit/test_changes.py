@@ -15,6 +15,7 @@ from pamqp import commands
 from pamqp.header import ContentHeader
 
 from amqha.core import codec
+from amqha.core.access import Access
 from amqha.core.apply import apply, apply_run, snapshot, state_changes
 from amqha.core.changes import (
     Batch,
@@ -69,6 +70,7 @@ class Replica:
 
     def __init__(self) -> None:
         self.vhosts: dict[str, VHost] = {}
+        self.access = Access()
 
     def vhost(self, name: str) -> VHost:
         if name not in self.vhosts:

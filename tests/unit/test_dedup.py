@@ -17,6 +17,7 @@ from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
 from amqha.core import codec
+from amqha.core.access import Access
 from amqha.core.apply import apply_run, state_changes
 from amqha.core.changes import ChangeLog, DedupSeen
 from amqha.core.dedup import DedupBytes
@@ -40,6 +41,7 @@ class Clock:
 class State:
     def __init__(self, clock: Clock) -> None:
         self.vhosts: dict[str, VHost] = {}
+        self.access = Access()
         self.clock = clock
 
     def vhost(self, name: str) -> VHost:

@@ -12,6 +12,7 @@ from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
 from amqha.core import names
+from amqha.core.access import Access
 from amqha.core.apply import apply, snapshot
 from amqha.core.arguments import REPLICATE
 from amqha.core.changes import ChangeLog, QueueDeclared
@@ -251,6 +252,7 @@ def test_stored_and_replicated_it_comes_back_hidden(node: Node) -> None:
     class Replica:
         def __init__(self) -> None:
             self.vhosts: dict[str, VHost] = {}
+            self.access = Access()
 
         def vhost(self, name: str) -> VHost:
             return self.vhosts.setdefault(name, VHost(name, lambda: WALL))

@@ -190,6 +190,14 @@ def test_definitions_users_must_be_the_configs(tmp_path: Any) -> None:
         "permissions": [{"user": "app", "vhost": "v2", "configure": ".*", "write": ".*"}],
     }
     assert definitions.plan_import(same, config).users_checked == 2
+    # A user the config does not have is made at run time, with what the file gives it.
+    new = {
+        "users": [{"name": "new", "password_hash": rabbit_hash("n"), "tags": "management"}],
+        "permissions": [{"user": "new", "vhost": "v9"}, {"user": "app", "vhost": "v3"}],
+    }
+    plan = definitions.plan_import(new, config)
+    assert [(u.name, u.tags) for u in plan.users] == [("new", ("management",))]
+    assert plan.grants == [("v9", "new"), ("v3", "app")]
     cluster = [{"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-x"}]
     assert definitions.plan_import({**same, "global_parameters": cluster}, config)
     # Bindings from the standard exchanges, as RabbitMQ's exports have them.
@@ -200,8 +208,14 @@ def test_definitions_users_must_be_the_configs(tmp_path: Any) -> None:
     for body, status, words in (
         ({"users": [{"name": "peer", "tags": []}]}, 403, "pair's own login"),
         ({"users": [{"name": "app", "password_hash": rabbit_hash("x"), "tags": []}]}, 400, "app"),
-        ({"users": [{"name": "x", "tags": []}]}, 400, "'x' is not configured"),
-        ({"permissions": [{"user": "app", "vhost": "v3"}]}, 400, "may not use vhost 'v3'"),
+        ({"users": [{"name": "x", "tags": []}]}, 400, "'x' has no password_hash"),
+        ({"users": [{"name": "x", "password_hash": "bad", "tags": []}]}, 400, "refused"),
+        (
+            {"users": [{"name": "x", "password_hash": rabbit_hash("x"), "tags": ["federation"]}]},
+            403,
+            "not given at run time",
+        ),
+        ({"permissions": [{"user": "nobody", "vhost": "/"}]}, 400, "neither in the config"),
         ({"permissions": [{"user": "app", "vhost": "/", "read": "^a"}]}, 400, "full rights"),
         ({"exchanges": [{"name": "amq.console", "type": "direct"}]}, 403, "reserved"),
         ({"exchanges": [{"name": "e", "type": "x-delayed"}]}, 400, "unknown exchange type"),
