@@ -40,6 +40,7 @@ from .core import codec, feedauth, protocol
 from .core.apply import state_changes
 from .core.changes import (
     ACCESS_CHANGES,
+    POLICY_CHANGES,
     Batch,
     Bound,
     Change,
@@ -592,7 +593,7 @@ def _cut(changes: list[Change], budget: int = RUN_BYTES) -> int:
 
 
 # The kinds a PASSIVE of protocol 1 cannot read.
-_NOT_FOR_PROTOCOL_1 = (DedupSeen, *ACCESS_CHANGES)
+_NOT_FOR_PROTOCOL_1 = (DedupSeen, *ACCESS_CHANGES, *POLICY_CHANGES)
 
 
 def _leaves_out(change: Change, unreplicated: set[tuple[str, str]]) -> bool:

@@ -45,6 +45,7 @@ from amqha.core.changes import (
     Enqueued,
     ExchangeDeclared,
     PermissionSet,
+    PolicySet,
     QueueDeclared,
     Redelivered,
     RunWritten,
@@ -225,8 +226,19 @@ class Store:
             elif kind == "user":
                 fields = json.loads(value)
                 yield UserSet(a, fields["hash"], tuple(fields["tags"]))
-            else:
+            elif kind == "permission":
                 yield PermissionSet(a, b)
+            else:
+                fields = json.loads(value)
+                yield PolicySet(
+                    a,
+                    b,
+                    fields["pattern"],
+                    fields["apply_to"],
+                    fields["priority"],
+                    fields["definition"],
+                    kind == "operator-policy",
+                )
         for vhost, name, kind, auto_delete, internal, arguments in db.execute(
             "SELECT vhost, name, kind, auto_delete, internal, arguments FROM exchanges"
         ).fetchall():

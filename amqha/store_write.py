@@ -22,6 +22,7 @@ from zlib import crc32
 
 from amqha.core.changes import (
     ACCESS_CHANGES,
+    POLICY_CHANGES,
     Batch,
     Bound,
     Change,
@@ -31,7 +32,9 @@ from amqha.core.changes import (
     ExchangeDeclared,
     ExchangeDeleted,
     PendingRun,
+    PermissionDeleted,
     PermissionSet,
+    PolicySet,
     QueueDeclared,
     QueueDeleted,
     Redelivered,
@@ -105,7 +108,7 @@ _PRUNE_KEYS = "DELETE FROM dedup WHERE vhost = ? AND kind = ? AND owner = ? AND 
 _DELETE_KEYS = "DELETE FROM dedup WHERE vhost = ? AND kind = ? AND owner = ?"
 _ADD_RUN = "INSERT OR REPLACE INTO runs VALUES (?, ?)"
 # The access table's kinds, in the order recovery gives them (a permission names both).
-ACCESS_ORDER = ("vhost", "user", "permission")
+ACCESS_ORDER = ("vhost", "user", "permission", "policy", "operator-policy")
 _PUT_ACCESS = "INSERT OR REPLACE INTO access (kind, a, b, value) VALUES (?, ?, ?, ?)"
 _DELETE_ACCESS = "DELETE FROM access WHERE kind = ? AND a = ? AND b = ?"
 _REMOVE_RUN = "DELETE FROM runs WHERE seq = ?"
@@ -377,7 +380,7 @@ class Write:
             db.execute(_DELETE_BINDINGS_TO_EXCHANGE, (vhost, name))
             db.execute(_DELETE_EXCHANGE, (vhost, name))
             db.execute(_DELETE_KEYS, (vhost, "x", name))
-        elif kind in ACCESS_CHANGES:
+        elif kind in ACCESS_CHANGES or kind in POLICY_CHANGES:
             _write_access(db, change)
         elif kind is PendingRun:
             db.execute(_ADD_RUN, change)
@@ -408,7 +411,8 @@ class Write:
 
 
 def _write_access(db: sqlite3.Connection, change: Any) -> None:
-    """A run-time user's, vhost's or permission's row (``core.access``)."""
+    """A run-time user's, vhost's, permission's or policy's row (``core.access``,
+    ``core.policies``)."""
     kind = type(change)
     if kind is UserSet:
         value = json.dumps({"hash": change.password_hash, "tags": list(change.tags)})
@@ -420,8 +424,20 @@ def _write_access(db: sqlite3.Connection, change: Any) -> None:
         db.execute(_PUT_ACCESS, ("vhost", change.vhost, "", None))
     elif kind is VhostDeleted:
         db.execute(_DELETE_ACCESS, ("vhost", change.vhost, ""))
-        db.execute("DELETE FROM access WHERE kind = 'permission' AND a = ?", (change.vhost,))
+        db.execute("DELETE FROM access WHERE kind <> 'user' AND a = ?", (change.vhost,))
     elif kind is PermissionSet:
         db.execute(_PUT_ACCESS, ("permission", change.vhost, change.user, None))
-    else:
+    elif kind is PermissionDeleted:
         db.execute(_DELETE_ACCESS, ("permission", change.vhost, change.user))
+    elif kind is PolicySet:
+        fields = {
+            "pattern": change.pattern,
+            "apply_to": change.apply_to,
+            "priority": change.priority,
+            "definition": change.definition,
+        }
+        kind_name = "operator-policy" if change.operator else "policy"
+        db.execute(_PUT_ACCESS, (kind_name, change.vhost, change.name, json.dumps(fields)))
+    else:
+        kind_name = "operator-policy" if change.operator else "policy"
+        db.execute(_DELETE_ACCESS, (kind_name, change.vhost, change.name))

@@ -402,6 +402,7 @@ def run_side(name: str, amqp_port: int, http_port: int, workdir: Path) -> dict[s
         }
         connection_name = connections[0]["name"] if connections else ""
         result["changes"] = changes(http_port, workdir, connection_name)
+        result["policies"] = policy_semantics(amqp_port, http_port)
     finally:
         if connection.is_open:
             with contextlib.suppress(Exception):  # closed by the test's own close call
@@ -409,8 +410,88 @@ def run_side(name: str, amqp_port: int, http_port: int, workdir: Path) -> dict[s
     return result
 
 
+# What a policy makes of a queue, on either broker: (case, the queue, its own
+# arguments, whether it exists before the policies, messages published).
+POLICY_CASES = (
+    ("policy alone", "cmp.pol.a", {}, False, 5),
+    ("the policy's lower max-length wins", "cmp.pol.b", {"x-max-length": 4}, False, 5),
+    ("the queue's lower max-length wins", "cmp.pol.c", {"x-max-length": 1}, False, 5),
+    ("a policy trims a queue it finds", "cmp.pol.pre", {}, True, 5),
+    ("an operator policy caps the policy", "cmp.op", {}, False, 5),
+    ("the policy's lower TTL wins", "cmp.ttl", {"x-message-ttl": 600000}, False, 3),
+)
+POLICY_CALLS = (
+    ("declare", "policy", "name=cmp.len", "pattern=^cmp\\.pol\\.", "apply-to=queues",
+     'definition={"max-length":2}'),
+    ("declare", "policy", "name=cmp.len-op", "pattern=^cmp\\.op$", "apply-to=queues",
+     'definition={"max-length":4}'),
+    ("declare", "operator_policy", "name=cmp.cap", "pattern=^cmp\\.op$", "apply-to=queues",
+     'definition={"max-length":1}'),
+    ("declare", "policy", "name=cmp.ttl", "pattern=^cmp\\.ttl$", "apply-to=queues",
+     'definition={"message-ttl":300}'),
+)  # fmt: skip
+
+
+def policy_semantics(amqp_port: int, http_port: int) -> dict[str, Any]:
+    """The messages each policy case leaves in its queue (a passive declare's count, which
+    RabbitMQ gives at once, unlike its statistics), and the policy calls' exits."""
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            "127.0.0.1", amqp_port, credentials=pika.PlainCredentials("guest", "guest")
+        )
+    )
+    result: dict[str, Any] = {}
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+
+        def fill(queue: str, arguments: dict[str, Any], count: int) -> None:
+            channel.queue_declare(queue, durable=True, arguments=arguments or None)
+            for index in range(count):
+                channel.basic_publish(
+                    "", queue, b"%d" % index, pika.BasicProperties(delivery_mode=2)
+                )
+
+        for _, queue, arguments, before, count in POLICY_CASES:
+            if before:
+                fill(queue, arguments, count)
+        for words in POLICY_CALLS:
+            code, text = admin(http_port, *words)
+            result[" ".join(words[:3])] = {"exit": code, "text": text[:300]}
+        for _, queue, arguments, before, count in POLICY_CASES:
+            if not before:
+                fill(queue, arguments, count)
+        time.sleep(1.5)  # past the 300 ms TTL
+        for case, queue, arguments, _, _ in POLICY_CASES:
+            declared = channel.queue_declare(
+                queue, durable=True, arguments=arguments or None, passive=True
+            )
+            result[case] = {"messages": declared.method.message_count}
+            channel.queue_delete(queue)
+        for name in ("cmp.len", "cmp.len-op", "cmp.ttl"):
+            admin(http_port, "delete", "policy", f"name={name}")
+        admin(http_port, "delete", "operator_policy", "name=cmp.cap")
+    finally:
+        connection.close()
+    return result
+
+
 def compare(rabbit: dict[str, Any], amqha: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"figures": {"rabbitmq": rabbit["figures"], "amqha": amqha["figures"]}}
+    report["policies"] = {
+        case: {
+            key: {"rabbitmq": theirs.get(key), "amqha": amqha["policies"].get(case, {}).get(key)}
+            for key in ("exit", "messages")
+            if key in theirs
+        }
+        for case, theirs in rabbit["policies"].items()
+    }
+    for row in report["policies"].values():
+        if "messages" in row:
+            row["ok"] = {
+                side: row["messages"]["rabbitmq"] == row["messages"]["amqha"]
+                for side in ("rabbitmq", "amqha")
+            }
     for tool in ("rabbitmqadmin", "pyrabbit2", "flower", "changes"):
         rows = {}
         for call, theirs in rabbit[tool].items():
@@ -433,6 +514,59 @@ def compare(rabbit: dict[str, Any], amqha: dict[str, Any]) -> dict[str, Any]:
             rows[call] = row
         report[tool] = rows
     return report
+
+
+# What a migrating user's RabbitMQ holds beyond queues: a vhost, a user with a password
+# hash and tags, its permission, a policy, a queue and a binding there.
+MIGRATED = (
+    ("declare", "vhost", "name=mig.v"),
+    ("declare", "user", "name=mig.u", "password=mig-pw", "tags=monitoring"),
+    ("declare", "permission", "vhost=mig.v", "user=mig.u", "configure=.*", "write=.*", "read=.*"),
+    ("-V", "mig.v", "declare", "policy", "name=mig.p", "pattern=^mig", "apply-to=queues",
+     'definition={"max-length":7,"message-ttl":60000}', "priority=2"),
+    ("-V", "mig.v", "declare", "queue", "name=mig.q", "durable=true"),
+    ("-V", "mig.v", "declare", "exchange", "name=mig.x", "type=topic"),
+    ("-V", "mig.v", "declare", "binding", "source=mig.x", "destination=mig.q", "routing_key=k.#"),
+)  # fmt: skip
+
+
+def carried(rabbit_http: int, amqha_http: int, workdir: Path) -> dict[str, Any]:
+    """RabbitMQ's export with those imported into amqha, and amqha's export of them: each
+    section's entries for them, equal or not."""
+    for words in MIGRATED:
+        code, text = admin(rabbit_http, *words)
+        if code != 0:
+            return {"setup_failed": " ".join(words), "text": text[:300]}
+    theirs, ours = workdir / "rabbit-migration.json", workdir / "amqha-migration.json"
+    admin(rabbit_http, "export", str(theirs))
+    code, text = admin(amqha_http, "import", str(theirs))
+    admin(amqha_http, "export", str(ours))
+    exported = [json.loads(path.read_text()) for path in (theirs, ours)]
+
+    def mine(section: str, document: dict[str, Any]) -> list[Any]:
+        keep = ("name", "vhost", "user")
+        rows = [
+            {k: v for k, v in row.items() if k not in ("limits", "metadata")}
+            for row in document.get(section, [])
+            if any(str(row.get(k, "")).startswith("mig.") for k in keep)
+        ]
+        return sorted(rows, key=json.dumps)
+
+    result: dict[str, Any] = {"import": {"exit": code, "text": text[:300]}}
+    for section in (
+        "users",
+        "vhosts",
+        "permissions",
+        "policies",
+        "queues",
+        "exchanges",
+        "bindings",
+    ):
+        rabbit_rows, amqha_rows = (mine(section, document) for document in exported)
+        result[section] = {"equal": rabbit_rows == amqha_rows}
+        if rabbit_rows != amqha_rows:
+            result[section].update(rabbitmq=rabbit_rows, amqha=amqha_rows)
+    return result
 
 
 def run() -> dict[str, Any]:
@@ -464,6 +598,7 @@ def run() -> dict[str, Any]:
         migration = {"exit": code, "text": text[:300]}
         status, imported = http(amqha_http, f"/api/queues/%2F/{QUEUE}")
         migration["queue_after_import"] = status
+        migration["carried"] = carried(rabbit_http, amqha_http, workdir)
     finally:
         server.stop()
         node.stop()
@@ -479,7 +614,7 @@ def outcomes(report: dict[str, Any], side: str) -> dict[str, str]:
     tool's call passed if it exited 0 or answered 2xx, Flower's page if it showed the
     worker's queue with figures from the API."""
     results = {}
-    for tool in ("rabbitmqadmin", "pyrabbit2", "flower", "changes"):
+    for tool in ("rabbitmqadmin", "pyrabbit2", "flower", "changes", "policies"):
         for call, row in report.get(tool, {}).items():
             if call.endswith("amqha-active-in-sync"):
                 continue  # amqha's own check: RabbitMQ has no such route

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from . import dedup
+from . import dedup, policies
 from .access import Access
 from .changes import (
     ACCESS_CHANGES,
@@ -28,6 +28,8 @@ from .changes import (
     Enqueued,
     ExchangeDeclared,
     ExchangeDeleted,
+    PolicyDeleted,
+    PolicySet,
     QueueDeclared,
     QueueDeleted,
     Redelivered,
@@ -87,6 +89,8 @@ def apply(state: State, change: Change, now: float) -> None:
             queue = vhost.queues.get(change.queue)
             if queue is not None:
                 queue.mark_delivered(change.msg_id)
+        case PolicySet() | PolicyDeleted():
+            policies.change(vhost, change)
         case DedupSeen():
             owner: Any = (
                 vhost.exchanges.get(change.owner)
@@ -171,6 +175,7 @@ def reset(vhost: VHost) -> None:
     """Drop the vhost's durable state: durable exchanges, durable queues (with their
     messages and bindings). What follows a ``Reset`` rebuilds it."""
     assert vhost.log is None, "reset() on a vhost that logs"
+    vhost.policies.clear()
     for queue in list(vhost.queues.values()):
         if queue.durable and queue.exclusive_owner is None:
             vhost.remove_queue(queue)
@@ -203,6 +208,7 @@ def state_changes(
     ] = []
     caches: list[DedupSeen] = []
     for name, vhost in vhosts.items():
+        wiring += vhost.policies.changes()  # before the queues they give limits to
         wanted = {
             queue.name: queue
             for queue in vhost.queues.values()

@@ -74,9 +74,22 @@ class QueueLimits:
         "max_priority",
         "single_active_consumer",
         "delivery_limit",
+        "effective",
+        "policy",
+        "operator_policy",
     )
 
-    def __init__(self, arguments: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        arguments: dict[str, Any],
+        policy: str | None = None,
+        operator_policy: str | None = None,
+    ) -> None:
+        # The arguments these limits are read from: the queue's own, or merged with the
+        # policy and the operator policy named (``core.policies``).
+        self.effective = arguments
+        self.policy = policy
+        self.operator_policy = operator_policy
         self.arguments_size = arguments_size(arguments) if arguments else 0
         ArgumentBytes.held += self.arguments_size
         ttl = _int_argument(arguments, "x-message-ttl", 0)

@@ -166,8 +166,29 @@ class PermissionDeleted(NamedTuple):
     user: str
 
 
+class PolicySet(NamedTuple):
+    """A policy (``operator``: an operator policy) of ``vhost`` made or changed: RabbitMQ's
+    pattern, apply-to, priority and definition (``core.policies``)."""
+
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str
+    priority: int
+    definition: dict[str, Any]
+    operator: bool
+
+
+class PolicyDeleted(NamedTuple):
+    vhost: str
+    name: str
+    operator: bool
+
+
 # The changes of who may log in where, applied by ``core.access``.
 ACCESS_CHANGES = (UserSet, UserDeleted, VhostSet, VhostDeleted, PermissionSet, PermissionDeleted)
+# The changes of a vhost's policies (``core.policies``).
+POLICY_CHANGES = (PolicySet, PolicyDeleted)
 
 
 class Reset(NamedTuple):
@@ -201,6 +222,8 @@ Change = (
     | VhostDeleted
     | PermissionSet
     | PermissionDeleted
+    | PolicySet
+    | PolicyDeleted
     | Reset
     | Batch
 )

@@ -28,6 +28,8 @@ from .changes import (
     ExchangeDeleted,
     PermissionDeleted,
     PermissionSet,
+    PolicyDeleted,
+    PolicySet,
     QueueDeclared,
     QueueDeleted,
     Redelivered,
@@ -39,6 +41,7 @@ from .changes import (
     VhostDeleted,
     VhostSet,
 )
+from .policies import check as check_policy
 from .reserved import CONTROL_EXCHANGES
 from .routing import EXCHANGE_TYPES
 
@@ -70,6 +73,8 @@ _KIND = {
     VhostDeleted: 17,
     PermissionSet: 18,
     PermissionDeleted: 19,
+    PolicySet: 20,
+    PolicyDeleted: 21,
 }
 # The access changes whose fields are names alone, in order.
 _NAMES_ONLY = (UserDeleted, VhostSet, VhostDeleted, PermissionSet, PermissionDeleted)
@@ -169,6 +174,13 @@ def _encode(change: Change, out: list[bytes]) -> None:
         c = change
         out += (_name(c.name), _blob(c.password_hash.encode()), _U8.pack(len(c.tags)))
         out += [_name(tag) for tag in c.tags]
+    elif kind is PolicySet:
+        c = change
+        out += (_name(c.vhost), _name(c.name), _blob(c.pattern.encode()), _name(c.apply_to))
+        out += (_I64.pack(c.priority), field_table(c.definition), _U8.pack(c.operator))
+    elif kind is PolicyDeleted:
+        c = change
+        out += (_name(c.vhost), _name(c.name), _U8.pack(c.operator))
     elif kind in _NAMES_ONLY:
         out += [_name(field) for field in change]  # type: ignore[arg-type]
     elif kind is Batch:
@@ -372,6 +384,21 @@ def _decode(reader: _Reader, depth: int) -> Change:
         return (VhostSet if kind == 16 else VhostDeleted)(reader.name())
     if kind in (18, 19):
         return (PermissionSet if kind == 18 else PermissionDeleted)(reader.name(), reader.name())
+    if kind == 20:
+        policy = PolicySet(
+            reader.name(),
+            reader.name(),
+            reader.blob().decode(),
+            reader.name(),
+            reader.i64(),
+            reader.table(),
+            reader.flag(),
+        )
+        # A value this server cannot apply is refused with the run (core.policies).
+        check_policy(policy)
+        return policy
+    if kind == 21:
+        return PolicyDeleted(reader.name(), reader.name(), reader.flag())
     raise ValueError(f"unknown change kind {kind}")
 
 

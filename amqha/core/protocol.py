@@ -19,8 +19,9 @@ from typing import Any
 PROTOCOL = 2  # this release
 OLDEST = 1  # the previous release's, which sent no number
 # What each number adds to the feed's runs: 2, the deduplication caches' keys
-# (``changes.DedupSeen``) and the users, vhosts and permissions made at run time
-# (``changes.ACCESS_CHANGES``); a PASSIVE that speaks 1 is sent everything else.
+# (``changes.DedupSeen``), the users, vhosts and permissions made at run time
+# (``changes.ACCESS_CHANGES``) and policies (``changes.POLICY_CHANGES``); a PASSIVE that
+# speaks 1 is sent everything else.
 DEDUP_CHANGES = 2
 ARGUMENT = "x-amqha-protocol"  # Basic.Consume argument of the feed's subscription
 

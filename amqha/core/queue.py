@@ -74,6 +74,8 @@ class DeliveryCounting(Protocol):
     # msg_id -> how many times it was handed out, for those handed out twice or more
     # (what ``apply`` replicates as ``Redelivered``).
     deliveries: dict[int, int]
+    # The delivery limit (None: none): the queue's x-delivery-limit, or its policy's.
+    limit: int | None
 
     def handed_out(
         self, queue: Queue, message: Message, redelivered: bool, no_ack: bool, get: bool
@@ -269,6 +271,25 @@ class Queue:
         if self.expiries is not None:
             self.expiries.append(math.inf if deadline is None else deadline)
         self.bytes += len(message.body)
+
+    def set_effective(
+        self, arguments: dict[str, Any], policy: str | None, operator_policy: str | None
+    ) -> None:
+        """Read the limits from ``arguments`` (the queue's own merged with the policies
+        named: ``core.policies``); QueueArgumentError leaves them as they were."""
+        limits = QueueLimits(arguments, policy, operator_policy)
+        self.limits = limits
+        if self.counter is not None:
+            self.counter.limit = limits.delivery_limit
+
+    def enforce_limits(self) -> None:
+        """Apply new length limits to the messages the queue holds (drop-head, each
+        dropped one dead-lettered), as an enqueue would."""
+        limits = self.limits
+        if limits.overflow == "drop-head" and (
+            limits.max_length is not None or limits.max_length_bytes is not None
+        ):
+            self._drop_over_limit()
 
     def _drop_over_limit(self) -> None:
         limits = self.limits

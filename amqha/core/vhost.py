@@ -52,6 +52,7 @@ from .deadletter import dead_letter, is_cycle
 from .forwards import Forward, add_forwards
 from .kinds import new_queue
 from .message import Message, MessageIds
+from .policies import Policies
 from .queue import Queue
 from .reserved import (
     ALTERNATE_EXCHANGE,
@@ -107,6 +108,7 @@ class VHost:
         self.max_arguments_size = 0
         # The names of the hidden queues (docs/federation.md): no client reaches them.
         self.hidden: set[str] = set()
+        self.policies = Policies()  # and operator policies (``core.policies``)
         # Exchange name -> the forwards of the messages routed through it.
         self.forwards: dict[str, tuple[Forward, ...]] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self.queues, self.hidden)}
@@ -426,6 +428,7 @@ class VHost:
             raise exceptions.AMQPPreconditionFailed(f"PRECONDITION_FAILED - {error}") from error
         queue.on_dead_letter = self._dead_letter
         self.queues[name] = queue
+        self.policies.refresh(queue)
         self._set_replicated(queue, asked)
         if self.log is not None and self._logged_queue(queue):
             queue.log = self.log
@@ -441,6 +444,7 @@ class VHost:
             queue = new_queue(name, True, None, auto_delete, dict(arguments), now, vhost=self.name)
             queue.on_dead_letter = self._dead_letter
             self.queues[name] = queue
+            self.policies.refresh(queue)
             self._set_replicated(
                 queue, arguments.get(REPLICATE) if queue_type(arguments) != "quorum" else True
             )

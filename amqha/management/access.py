@@ -72,6 +72,12 @@ def may_change_queue(user: Any, vhost: str, queue: str = "") -> bool:
     return is_admin(user) or vhost in user.vhosts
 
 
+def may_set_policy(user: Any, vhost: str) -> bool:
+    """Set or delete a policy (RabbitMQ's rule): an administrator anywhere, a
+    ``policymaker`` in the vhosts it may use."""
+    return is_admin(user) or ("policymaker" in tags_of(user) and vhost in user.vhosts)
+
+
 def sees_connection(user: Any, owner: str) -> bool:
     """Monitoring and administrator users see every client connection; others their own."""
     return is_monitor(user) or owner == user.name

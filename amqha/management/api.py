@@ -40,6 +40,7 @@ from .. import __version__
 from . import access, guard, shapes
 from .history import PairHistory
 from .objects import ObjectRoutes
+from .policies import PolicyRoutes
 from .replies import ApiError, basic_credentials, json_reply, need, not_found
 from .sockets import REQUEST_TIMEOUT, ManagedSocket, SocketTable
 from .users import AccessRoutes
@@ -78,6 +79,7 @@ class ManagementEndpoint:
         self.objects = ObjectRoutes(broker)
         self.writes = WriteRoutes(self.objects)
         self.users = AccessRoutes(self.objects)
+        self.policies = PolicyRoutes(self.objects)
         self.history = PairHistory(broker)
         # sha256(authorization header) -> (user, expiry on the loop's clock)
         self.logins: OrderedDict[bytes, tuple[Any, float, int]] = OrderedDict()
@@ -156,8 +158,12 @@ class ManagementEndpoint:
         get("/api/permissions/{vhost}/{user}", users.permission)
         put("/api/permissions/{vhost}/{user}", users.put_permission)
         delete("/api/permissions/{vhost}/{user}", users.delete_permission)
-        get("/api/policies", objects.policies)
-        get("/api/policies/{vhost}", objects.policies)
+        for kind in ("policies", "operator-policies"):
+            get(f"/api/{kind}", self.policies.listing)
+            get(f"/api/{kind}/{{vhost}}", self.policies.listing)
+            get(f"/api/{kind}/{{vhost}}/{{name}}", self.policies.one)
+            put(f"/api/{kind}/{{vhost}}/{{name}}", self.policies.put)
+            delete(f"/api/{kind}/{{vhost}}/{{name}}", self.policies.delete)
         get("/api/aliveness-test/{vhost}", objects.aliveness)
         get("/api/queues", objects.queues)
         get("/api/queues/{vhost}", objects.queues)

@@ -37,8 +37,9 @@ from config import User
 from config.passwords import BadHash, hash_password, parse_hash
 from config.vhostnames import vhost_name_problem
 
+from ..core import policies
 from ..core.arguments import QueueArgumentError
-from ..core.changes import PermissionSet, UserSet, VhostSet
+from ..core.changes import PermissionSet, PolicySet, UserSet, VhostSet
 from ..core.kinds import new_queue
 from ..core.reserved import ALTERNATE_EXCHANGE, CONTROL_EXCHANGES, STANDARD_EXCHANGES
 from ..core.routing import arguments_size
@@ -58,7 +59,7 @@ FULL = ".*"
 CONTROL = frozenset(CONTROL_EXCHANGES)
 _OBJECT_KEYS = ("users", "vhosts", "permissions", "queues", "exchanges", "bindings")
 # Keys a RabbitMQ export has that amqha has nothing for: accepted when empty.
-_EMPTY_OK = ("topic_permissions", "parameters", "global_parameters", "policies")
+_EMPTY_OK = ("topic_permissions", "parameters", "global_parameters")
 # Global parameters every RabbitMQ export has, meaningless here: left out of an import.
 _IGNORED = ("internal_cluster_id",)
 
@@ -168,7 +169,13 @@ def export(users: Iterable[Any], vhosts: Iterable[Any]) -> dict[str, Any]:
         "topic_permissions": [],
         "parameters": [],
         "global_parameters": [],
-        "policies": [],
+        "policies": [
+            shapes.policy_shape(p)
+            for v in vhosts
+            if v.name
+            for p in v.policies.changes()
+            if not p.operator
+        ],
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -189,13 +196,15 @@ class Plan:
     # the config does not give (``core.access``).
     users: list[UserSet] = field(default_factory=list)
     grants: list[tuple[str, str]] = field(default_factory=list)
+    policies: list[PolicySet] = field(default_factory=list)
 
     def summary(self) -> str:
         return (
             f"{len(self.vhosts)} vhosts, {len(self.exchanges)} exchanges, "
             f"{len(self.queues)} queues, {len(self.bindings)} bindings, "
             f"{self.users_checked - len(self.users)} users matching the config, "
-            f"{len(self.users)} users and {len(self.grants)} permissions made at run time"
+            f"{len(self.users)} users and {len(self.grants)} permissions made at run time, "
+            f"{len(self.policies)} policies"
         )
 
 
@@ -358,6 +367,28 @@ def _runtime_user(item: dict[str, Any], name: str, tags: set[str], where: str) -
     return UserSet(name, given, tuple(sorted(tags)))
 
 
+def _policy(item: dict[str, Any], where: str) -> PolicySet:
+    """A policy of the file, checked as the policy routes check one (``core.policies``)."""
+    priority = item.get("priority", 0)
+    definition = item.get("definition")
+    if not isinstance(definition, dict):
+        raise Refused(f"{where}: 'definition' must be an object")
+    policy = PolicySet(
+        _vhost(item, "vhost", where),
+        _text(item, "name", where),
+        _text(item, "pattern", where),
+        _text(item, "apply-to", where, "all"),
+        priority,
+        definition,
+        False,
+    )
+    try:
+        policies.check(policy)
+    except policies.PolicyError as error:
+        raise Refused(f"{where}: {error}", error.status) from None
+    return policy
+
+
 def _refuse_control(name: str, where: str) -> None:
     if name.startswith("amq."):
         raise Refused(
@@ -382,6 +413,8 @@ def plan_import(body: Any, config: Any) -> Plan:
     plan.users_checked = _check_users(body, config, plan)
     for index, item in enumerate(_list(body, "vhosts")):
         plan.vhosts.append(_vhost(item, "name", f"vhosts[{index}]", None))
+    for index, item in enumerate(_list(body, "policies")):
+        plan.policies.append(_policy(item, f"policies[{index}]"))
     for index, item in enumerate(_list(body, "exchanges")):
         where = f"exchanges[{index}]"
         name = _text(item, "name", where)
@@ -468,6 +501,9 @@ def check_against(plan: Plan, vhosts: Mapping[str, Any], config: Any) -> None:
     for vhost, name in plan.grants:
         if vhost not in vhosts and vhost not in plan.vhosts:
             raise Refused(f"permission of user '{name}': vhost '{vhost}' does not exist")
+    for policy in plan.policies:
+        if policy.vhost not in vhosts and policy.vhost not in plan.vhosts:
+            raise Refused(f"policy '{policy.name}': vhost '{policy.vhost}' does not exist")
     exchanges: dict[tuple[str, str], dict[str, Any]] = {}
     for item in plan.exchanges:
         key = (item["vhost"], item["name"])
@@ -610,6 +646,9 @@ def apply(plan: Plan, broker: DefinitionsHost, now: float) -> None:
         for vhost, name in plan.grants:
             if (vhost, name) not in broker.access.permissions:
                 broker.record_access(PermissionSet(vhost, name))
+        for policy in plan.policies:
+            step = f"policy '{policy.name}' in vhost '{policy.vhost}'"
+            policies.change(broker.vhost(policy.vhost), policy)
         for item in plan.exchanges:
             step = f"exchange '{item['name']}' in vhost '{item['vhost']}'"
             broker.vhost(item["vhost"]).declare_exchange(

@@ -104,12 +104,6 @@ class ObjectRoutes:
             definitions.export(definitions.known_users(self.broker), ())["permissions"]
         )
 
-    async def policies(self, request: web.Request) -> web.StreamResponse:
-        """amqha has no policies (queue arguments only): always empty."""
-        if "vhost" in request.match_info:
-            self._vhost(request)
-        return json_reply([])
-
     async def aliveness(self, request: web.Request) -> web.StreamResponse:
         """RabbitMQ's aliveness test: a message through a queue of the vhost, on a server
         that serves. The queue is the check's own, made for it and in no vhost's table: an

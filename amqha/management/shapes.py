@@ -117,6 +117,34 @@ def queue_shape(vhost: str, queue: Any, node: str, rates: tuple[float, ...]) -> 
         "consumers": queue.consumer_count,
         "message_stats": _stats(queue.published, queue.delivered, queue.acked, rates),
         "amqha": {"replicated": bool(queue.replicated)},
+        **policy_fields(queue),
+    }
+
+
+def policy_fields(queue: Any) -> dict[str, Any]:
+    """RabbitMQ's names of the policy and operator policy that apply to a queue, and
+    what they change of its arguments (``core.policies``)."""
+    limits = queue.limits
+    effective = {
+        key[2:]: value
+        for key, value in limits.effective.items()
+        if key.startswith("x-") and queue.arguments.get(key) != value
+    }
+    return {
+        "policy": limits.policy,
+        "operator_policy": limits.operator_policy,
+        "effective_policy_definition": _jsonable(effective),
+    }
+
+
+def policy_shape(policy: Any) -> dict[str, Any]:
+    return {
+        "vhost": policy.vhost,
+        "name": policy.name,
+        "pattern": policy.pattern,
+        "apply-to": policy.apply_to,
+        "definition": _jsonable(dict(policy.definition)),
+        "priority": policy.priority,
     }
 
 

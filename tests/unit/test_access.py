@@ -22,8 +22,8 @@ from amqha.core.changes import (
     VhostDeleted,
     VhostSet,
 )
-from amqha.core.vhost import VHost
 from amqha.store import Store
+from tests.unit.test_changes import Replica
 
 WALL = 1_700_000_000.0
 
@@ -44,15 +44,6 @@ CHANGES = [
     PermissionSet("v3", "cy"),
     UserDeleted("cy"),  # takes cy's permission with it
 ]
-
-
-class Replica:
-    def __init__(self) -> None:
-        self.vhosts: dict[str, VHost] = {}
-        self.access = Access()
-
-    def vhost(self, name: str) -> VHost:
-        return self.vhosts.setdefault(name, VHost(name, lambda: WALL))
 
 
 def applied(changes: list) -> Replica:

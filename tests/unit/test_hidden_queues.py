@@ -12,7 +12,6 @@ from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
 from amqha.core import names
-from amqha.core.access import Access
 from amqha.core.apply import apply, snapshot
 from amqha.core.arguments import REPLICATE
 from amqha.core.changes import ChangeLog, QueueDeclared
@@ -21,6 +20,7 @@ from amqha.core.queue import Consumer, Queue
 from amqha.core.reserved import HIDDEN
 from amqha.core.vhost import VHost
 from amqha.wire import address_of
+from tests.unit.test_changes import Replica
 
 WALL = 1_700_000_000.0
 OWNER = object()
@@ -248,14 +248,6 @@ def test_stored_and_replicated_it_comes_back_hidden(node: Node) -> None:
     changes = node.log.take()[1]
     declared = [c for c in changes if isinstance(c, QueueDeclared) and c.name == FORWARD]
     assert declared and declared[0].arguments[HIDDEN] is True
-
-    class Replica:
-        def __init__(self) -> None:
-            self.vhosts: dict[str, VHost] = {}
-            self.access = Access()
-
-        def vhost(self, name: str) -> VHost:
-            return self.vhosts.setdefault(name, VHost(name, lambda: WALL))
 
     replica = Replica()
     for change in changes:
