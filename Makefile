@@ -31,10 +31,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'
 	@touch $(STAMP)
 
-## Start the pair on loopback (primary :5672, backup :5673, or PORTS=P,B; a taken port is
+## Start the pair on loopback (primary :5672, backup :5673, or PORTS=P,B; the web pages at
+## :15672 and :15673, or PAGE_PORTS=P,B; a taken port is
 ## replaced by a free one, and `amqha console` finds them in var/pair.json); Ctrl-C stops both.
 run: $(STAMP)
-	$(BIN)/amqha pair --config-dir config $(if $(PORTS),--ports $(PORTS))
+	$(BIN)/amqha pair --config-dir config $(if $(PORTS),--ports $(PORTS)) $(if $(PAGE_PORTS),--page-ports $(PAGE_PORTS))
 
 ## The whole suite: unit, integration (real processes on loopback), Spark. JOBS worker
 ## processes side by side (most tests wait on servers, not on the CPU; tests/xdist_groups.py

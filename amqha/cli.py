@@ -243,13 +243,20 @@ def witness(listen: str, secret_file: str) -> None:
     " default: the configs' own, any that is taken replaced by a free one.",
 )
 @click.option(
+    "--page-ports",
+    metavar="PRIMARY,BACKUP",
+    default=None,
+    help="The two servers' web page and management API ports (management.listen), "
+    "whatever --ports does to the others; each page's link to the other follows.",
+)
+@click.option(
     "--pair-file",
     default=PAIR_FILE,
     show_default=True,
     metavar="FILE",
     help="Where to write the servers' addresses for `amqha console` (removed at the end).",
 )
-def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
+def pair(config_dir: str, ports: str | None, page_ports: str | None, pair_file: str) -> None:
     """Run the primary and the backup together on this machine; Ctrl-C stops both.
 
     The first run makes the files under CONFIG_DIR/local/ (0700) that the configs read
@@ -257,8 +264,10 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
     each: nothing secret is shipped, and `amqha console` finds the admin password there.
 
     Ports: --ports PRIMARY,BACKUP puts the two AMQP listeners there and moves every other
-    `listen` of the configs (tls, metrics...) by the same offset. Without it, a port that
-    is taken is replaced by a free one, and each move is printed. Either way the servers'
+    `listen` of the configs (tls, metrics...) by the same offset; --page-ports
+    PRIMARY,BACKUP puts the web pages (management.listen) where you choose instead.
+    Without them, a port that is taken is replaced by a free one, and each move is
+    printed. Either way the servers'
     addresses are written to PAIR_FILE, where `amqha console` finds them.
 
     Each server's log lines are prefixed with its name. The two pids come first: kill -9
@@ -281,6 +290,17 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
             wanted = pair_ports.parse_ports(ports)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--ports") from None
+    chosen = {}
+    if page_ports is not None:
+        try:
+            chosen[pair_ports.PAGE] = pair_ports.parse_ports(page_ports)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--page-ports") from None
+        if wanted is not None and set(wanted) & set(chosen[pair_ports.PAGE]):
+            raise click.BadParameter(
+                f"{page_ports} takes a port --ports gives the AMQP listeners",
+                param_hint="--page-ports",
+            )
     running = _running_pair(pair_file)
     if running is not None:
         raise click.ClickException(
@@ -300,7 +320,9 @@ def pair(config_dir: str, ports: str | None, pair_file: str) -> None:
             load_config(path, role=role)  # the file as it is first: its own errors named
         except ConfigError as error:
             raise click.ClickException(f"bad configuration: {error}") from None
-    plan = pair_ports.plan({role: _yaml(path) for role, path in paths.items()}, wanted)
+    plan = pair_ports.plan(
+        {role: _yaml(path) for role, path in paths.items()}, wanted, chosen=chosen
+    )
     for note in plan.notes:
         _say(note)
     commands: dict[str, list[str]] = {}

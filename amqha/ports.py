@@ -27,6 +27,7 @@ ROLES = ("primary", "backup")
 # Where `amqha pair` writes the servers' addresses for `amqha console`.
 PAIR_FILE = "var/pair.json"
 MAIN = "server.listen"  # the AMQP listener: the one --ports names
+PAGE = "management.listen"  # the web page's and the management API's: --page-ports
 # Where a server names its peer's listeners: they follow the peer's moves.
 PEER_KEYS = (("failover", ("peer", "peer_listen")), ("management", ("peer",)))
 
@@ -130,15 +131,19 @@ def plan(
     ports: tuple[int, int] | None = None,
     free: Callable[[str, int], bool] = bindable,
     pick: Callable[[str], int] = free_port,
+    chosen: dict[str, tuple[int, int]] | None = None,
 ) -> Plan:
     """Move the pair's listeners: with ``ports``, the primary's and the backup's AMQP
     ports to them and every other listener by the same offset (or to a free port, when
     that one is out of range or taken); without, only the listeners whose port is
-    taken, each to a free port. No two listeners of the pair are left on one port."""
+    taken, each to a free port. ``chosen``: a listen key's two ports as given (the web
+    page's, ``management.listen``), whatever the offset. No two listeners of the pair are
+    left on one port."""
+    chosen = chosen or {}
     result = Plan()
     found = {role: list(listeners(role, configs.get(role))) for role in ROLES}
     moves: dict[str, dict[int, int]] = {role: {} for role in ROLES}  # role: old -> new port
-    used: set[int] = set(ports or ())
+    used: set[int] = set(ports or ()) | {port for pair in chosen.values() for port in pair}
     for number, role in enumerate(ROLES):
         mains = [item for item in found[role] if item.key == MAIN]
         shift = 0 if ports is None or not mains else ports[number] - mains[0].port
@@ -147,6 +152,8 @@ def plan(
                 continue
             if ports is not None and item is mains[0]:
                 port = ports[number]  # as given: a server that cannot take it says why
+            elif item.key in chosen and item.index is None:
+                port = chosen[item.key][number]  # as given, as the AMQP ports are
             else:
                 port = item.port + shift
                 if not 0 < port < 65536 or port in used or not free(item.host, port):

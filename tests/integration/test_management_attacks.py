@@ -548,7 +548,7 @@ async def test_unknown_routes_and_methods_answer_json(make_server) -> None:
         ("POST", "/api/overview", 400),
         ("PUT", "/api/parameters/federation-upstream/%2F/up", 400),
         ("PUT", "/api/topic-permissions/%2F/someone", 400),
-        ("PUT", "/api/policies/%2F/ttl", 400),
+        ("PUT", "/api/user-limits/someone/max-connections", 400),
         ("PUT", "/api/queues/nowhere/q", 404),
         ("DELETE", "/api/exchanges/%2F/x", 404),
         ("POST", "/", 405),

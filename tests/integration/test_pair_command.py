@@ -374,7 +374,10 @@ def test_ports_from_the_command_line_move_every_listener_and_the_console_finds_t
         server.config["metrics"] = {"listen": f"127.0.0.1:{metrics[server.name]}"}
         server.config["management"] = {"listen": f"127.0.0.1:{free_port()}"}
     first, second = free_port(), free_port()
-    process, output = start_command(pair, "--ports", f"{first},{second}")
+    page_ports = (free_port(), free_port())
+    process, output = start_command(
+        pair, "--ports", f"{first},{second}", "--page-ports", "{},{}".format(*page_ports)
+    )
     try:
         serving = output.wait_for(r"^amqha pair: serving: (.*)$")
         assert serving.group(1) == (
@@ -382,8 +385,9 @@ def test_ports_from_the_command_line_move_every_listener_and_the_console_finds_t
             f" in {pair.workdir / 'pair.json'}: amqha console status --pair-file"
             f" {pair.workdir / 'pair.json'}"
         )
-        # Where the page landed, moved with the rest: said, and there.
+        # The pages where --page-ports put them, whatever --ports did: said, and there.
         pages = output.wait_for(r"^amqha pair: the pair's page: primary (\S+), backup (\S+)$")
+        assert pages.groups() == tuple(f"http://127.0.0.1:{port}/" for port in page_ports)
         for url in pages.groups():
             with urllib.request.urlopen(url, timeout=WAIT) as page:
                 assert b"<html" in page.read().lower()

@@ -131,3 +131,18 @@ def test_each_management_listener_names_its_peers_moved_one() -> None:
     assert result.overrides["primary"]["management.peer"] == "127.0.0.1:16001"
     assert result.overrides["backup"]["management.peer"] == "127.0.0.1:16000"
     assert result.overrides["backup"]["management.listen"] == "127.0.0.1:16001"
+
+
+def test_chosen_page_ports_stay_as_given_whatever_the_offset_and_the_peer_link_follows() -> None:
+    data = configs(
+        primary={"management": {"listen": "127.0.0.1:15672", "peer": "127.0.0.1:15673"}},
+        backup={"management": {"listen": "127.0.0.1:15673", "peer": "127.0.0.1:15672"}},
+    )
+    result = plan(
+        data, (6000, 6001), everything_free, picker(), {"management.listen": (8080, 8081)}
+    )
+    assert result.overrides["primary"]["management.listen"] == "127.0.0.1:8080"
+    assert result.overrides["backup"]["management.listen"] == "127.0.0.1:8081"
+    assert result.overrides["primary"]["management.peer"] == "127.0.0.1:8081"
+    assert result.overrides["backup"]["management.peer"] == "127.0.0.1:8080"
+    assert result.notes == []
