@@ -203,3 +203,37 @@ async def test_the_page_follows_a_failover(make_pair, tmp_path: Path) -> None:
             bodies.add(int(message.body))
             await message.ack()
     assert bodies == set(range(confirmed))
+
+
+async def test_the_page_signs_in_from_its_address_and_keeps_no_password_there(
+    make_server, tmp_path: Path
+) -> None:
+    """RabbitMQ's page takes a login in its address (``#/login/USER/PASSWORD``), as do
+    links and bookmarks written for it: the page signs in with it, shows what the login
+    may see, and rewrites the address without it; a wrong one lands on the form, saying
+    so."""
+    if chromium() is None:
+        pytest.skip("chromium is not installed (Debian's chromium: the Makefile's venv step)")
+    port = free_port()
+    make_server("solo", users=MGMT_USERS, management={"listen": f"127.0.0.1:{port}"}).start()
+    signed_in = "!document.getElementById('app').hidden && document.getElementById('login').hidden"
+    browser = await Browser(tmp_path).start()
+    try:
+        await browser.navigate(f"http://127.0.0.1:{port}/#/login/admin/admin")
+        await browser.wait_for(signed_in, 30, "signed in from the address")
+        await browser.wait_for(
+            "document.getElementById('status').dataset.ok === '1'", 30, "the figures shown"
+        )
+        assert await browser.evaluate("location.href") == f"http://127.0.0.1:{port}/"
+        await browser.evaluate("document.getElementById('signout').click(); true")
+        await browser.navigate(f"http://127.0.0.1:{port}/#/login/admin/wrong")
+        await browser.wait_for(
+            "!document.getElementById('login').hidden"
+            " && document.getElementById('login-error').textContent !== ''",
+            30,
+            "the form again, saying why",
+        )
+        assert "wrong" not in await browser.evaluate("location.href")
+        assert [e for e in browser.errors if "401" not in e] == []
+    finally:
+        await browser.stop()
