@@ -121,6 +121,12 @@ def console(
     purge QUEUE [--vhost V]         drop a queue's ready messages (on the ACTIVE)
     delete QUEUE [--if-empty] [--if-unused] [--vhost V]
     close-connection NAME [--reason TEXT]   NAME as `connections` lists it (HOST:PORT)
+    users                           every user, where it was made, its tags and vhosts
+    user add NAME [--tags T1,T2] [--password-hash HASH]   make or change a user at run
+                                    time (replicated); the password from stdin or a prompt
+    user delete NAME                closes its connections
+    vhost add|delete NAME           a vhost made at run time (delete: with its queues)
+    permission set|clear VHOST USER give or take a vhost (full rights)
     controller stop|start           stop or start the first server's failover controller
     federation                      the federation links (one server's view)
     federation add --exchange X --upstream NAME [--url URL ...] [--vhost V] [--no-bindings]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -194,6 +195,39 @@ async def _queue_change(line: _Line) -> int:
     return EXIT_OK
 
 
+async def _access_change(line: _Line) -> int:
+    """``user``, ``vhost`` or ``permission``: a change of who may log in where, on the
+    ACTIVE (replicated; answered once safe). ``user add`` reads the password from standard
+    input (one line), unless --password-hash gives a hash."""
+    command, options = line.command, line.options
+    action = line.positional[0]
+    if command == "permission":
+        args: dict[str, Any] = {"vhost": line.positional[1], "user": line.positional[2]}
+    else:
+        args = {"name": line.positional[1]}
+    if command == "user" and action == "add":
+        args["tags"] = options.get("--tags", "")
+        if "--password-hash" in options:
+            args["password_hash"] = options["--password-hash"]
+        else:
+            password = read_password(f"password for user '{args['name']}': ")
+            if not password:
+                raise ConsoleError("usage", "user add: an empty password (or --password-hash HASH)")
+            args["password"] = password
+    target = await _active(line.servers, line.timeout, command)
+    async with ConsoleClient(target, line.timeout) as console:
+        result = await console.call(command, action=action, **args)
+    done(line.as_json, f"{command} {action}", target, result, f"{result['done']} on {target.where}")
+    return EXIT_OK
+
+
+def read_password(prompt: str) -> str:
+    """A password: asked without echo at a terminal, else the first line of stdin."""
+    if sys.stdin.isatty():
+        return click.prompt(prompt, hide_input=True, default="", show_default=False)
+    return sys.stdin.readline().rstrip("\n")
+
+
 async def _federation(line: _Line) -> int:
     """``federation`` alone is a view; ``federation add|remove`` a change."""
     if not line.positional:
@@ -238,6 +272,9 @@ _HANDLERS: dict[str, Callable[[_Line], Awaitable[int]]] = {
     "delete": _queue_change,
     "federation": _federation,
     "close-connection": _close_connection_command,
+    "user": _access_change,
+    "vhost": _access_change,
+    "permission": _access_change,
 }
 
 

@@ -29,6 +29,7 @@ from pamqp import exceptions
 
 from config.digest import shared_settings
 
+from . import access_admin
 from .channel_state import the_active
 from .core.message import Message
 from .core.reserved import CONSOLE_EXCHANGE
@@ -57,6 +58,10 @@ COMMANDS = (
     "close-connection",
     "federation",
     "config-diff",
+    "users",
+    "user",
+    "vhost",
+    "permission",
 )
 ADMINISTRATOR = "administrator"
 # The tag whose connections close-connection never closes: the pair's own links.
@@ -87,6 +92,10 @@ class ConsoleService:
             "close-connection": self.on_close_connection,
             "federation": self.on_federation,
             "config-diff": self.on_config,
+            "users": self.on_users,
+            "user": self.on_user,
+            "vhost": self.on_vhost,
+            "permission": self.on_permission,
         }
 
     def start(self) -> None:
@@ -323,6 +332,92 @@ class ConsoleService:
     def _queue(self, args: dict[str, Any], command: str) -> tuple[Any, Any]:
         """The named queue, on a server that serves: a PASSIVE's queues are its ACTIVE's
         copy, changed only by the ACTIVE's change stream."""
+        self._serving(command)
+        vhost_name = str(args.get("vhost", "/"))
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is None:
+            raise _Refusal("not_found", f"no vhost '{vhost_name}' on this server")
+        return vhost, vhost.get_queue(str(args["queue"]))
+
+    # -- users, vhosts, permissions (access_admin: the API's rules and way) ---------------
+
+    def on_users(self, args: dict[str, Any], user: str) -> list[dict[str, Any]]:
+        """Every user a login may be, but the pair's own: where it was made, its tags and
+        vhosts."""
+        broker = self.broker
+        configured = {u.name for u in broker.config.users}
+        names = [*configured, *(n for n in broker.access.users if n not in configured)]
+        rows = []
+        for name in sorted(names):
+            found = broker.auth.lookup(name)[0]
+            if found is None or access_admin.is_internal(broker, name):
+                continue
+            rows.append(
+                {
+                    "name": name,
+                    "made": "config file" if name in configured else "run time",
+                    "tags": ",".join(found.tags),
+                    "vhosts": ",".join(found.vhosts),
+                }
+            )
+        return rows
+
+    def on_user(self, args: dict[str, Any], user: str) -> Any:
+        """``add`` (``tags``, ``password`` or ``password_hash``) or ``delete`` a run-time user."""
+        action, name = str(args["action"]), str(args["name"])
+        self._serving(f"user {action}")
+        if action == "add":
+            fields = {k: args[k] for k in ("tags", "password", "password_hash") if k in args}
+            return self._access(
+                user, "made or changed user", name, access_admin.put_user(self.broker, name, fields)
+            )
+        if action == "delete":
+            return self._access(
+                user, "deleted user", name, access_admin.delete_user(self.broker, name)
+            )
+        raise _Refusal("bad_request", f"user {action}: add or delete")
+
+    def on_vhost(self, args: dict[str, Any], user: str) -> Any:
+        action, name = str(args["action"]), str(args["name"])
+        self._serving(f"vhost {action}")
+        if action == "add":
+            return self._access(user, "made vhost", name, access_admin.put_vhost(self.broker, name))
+        if action == "delete":
+            return self._access(
+                user, "deleted vhost", name, access_admin.delete_vhost(self.broker, name)
+            )
+        raise _Refusal("bad_request", f"vhost {action}: add or delete")
+
+    def on_permission(self, args: dict[str, Any], user: str) -> Any:
+        action, vhost, name = str(args["action"]), str(args["vhost"]), str(args["user"])
+        self._serving(f"permission {action}")
+        what = f"'{name}' on vhost '{vhost}'"
+        if action == "set":
+            change = access_admin.put_permission(self.broker, vhost, name, {})
+            return self._access(user, "gave", what, change)
+        if action == "clear":
+            change = access_admin.delete_permission(self.broker, vhost, name)
+            return self._access(user, "took vhost from", what, change)
+        raise _Refusal("bad_request", f"permission {action}: set or clear")
+
+    def _access(self, user: str, did: str, what: str, change: Any) -> Any:
+        """The change's answer once it is safe (a coroutine: answered when done)."""
+
+        async def run() -> dict[str, Any]:
+            try:
+                result = await change
+            except access_admin.Refused as refused:
+                code = {403: "access_refused", 404: "not_found", 503: "failed"}.get(
+                    refused.status, "bad_request"
+                )
+                raise _Refusal(code, str(refused)) from None
+            log.info("console: %s %s %s", escaped(user), did, escaped(what))
+            return {"done": f"{did} {what}", "result": result}
+
+        return run()
+
+    def _serving(self, command: str) -> None:
+        """Refused unless this server serves: a PASSIVE's state is its ACTIVE's."""
         if not self.broker.pair.serving():
             info = self.broker.pair.info()
             state = info.get("state", "not ACTIVE")
@@ -330,11 +425,6 @@ class ConsoleService:
                 "not_serving",
                 f"{command} refused: this server is {state}; ask the ACTIVE one{the_active(info)}",
             )
-        vhost_name = str(args.get("vhost", "/"))
-        vhost = self.broker.vhosts.get(vhost_name)
-        if vhost is None:
-            raise _Refusal("not_found", f"no vhost '{vhost_name}' on this server")
-        return vhost, vhost.get_queue(str(args["queue"]))
 
     def on_events(self, args: dict[str, Any], user: str) -> dict[str, Any]:
         """Whole event-log lines from byte ``offset`` (the tail if negative) and the next offset."""

@@ -32,7 +32,13 @@ _SYNTAX: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     "delete": (("QUEUE",), {"--vhost": False, "--if-empty": True, "--if-unused": True}),
     "close-connection": (("NAME",), {"--reason": False}),
     "federation": (("[add|remove]",), {}),
+    "users": ((), {}),
+    "user": (("add|delete", "NAME"), {"--tags": False, "--password-hash": False}),
+    "vhost": (("add|delete", "NAME"), {}),
+    "permission": (("set|clear", "VHOST", "USER"), {}),
 }
+# Each change command's actions.
+_ACTIONS = {"user": ("add", "delete"), "vhost": ("add", "delete"), "permission": ("set", "clear")}
 # ``federation add`` and ``federation remove``: their options (flag: True, else a value;
 # --url may be given twice: a pair's two addresses).
 _FEDERATION: dict[str, dict[str, bool]] = {
@@ -106,6 +112,8 @@ def parse_words(words: list[str]) -> tuple[str, list[str], dict[str, Any]]:
         usage(f"usage: {syntax(command)}")
     if command == "controller" and positional[0] not in ("stop", "start"):
         usage("usage: controller stop|start")
+    if command in _ACTIONS and positional[0] not in _ACTIONS[command]:
+        usage(f"usage: {syntax(command)}")
     if command == "maintenance" and positional[0] not in ("on", "off"):
         usage("usage: maintenance on|off SERVER (primary, backup or a server's name)")
     return command, positional, options

@@ -379,6 +379,9 @@ class FederationHost(ControlPlane, Protocol):
 class ConsoleHost(ControlPlane, Protocol):
     """What the console service reads of the broker and asks of it (amq.console)."""
 
+    access: Access
+    auth: Any  # ``auth.Authenticator``: its ``lookup`` of a user as a login sees it
+
     started: float
     connections: set[Any]
     control_received: dict[str, dict[str, int]]
@@ -390,3 +393,9 @@ class ConsoleHost(ControlPlane, Protocol):
     def client_connections(self) -> list[Any]: ...
 
     def store_status(self) -> dict[str, Any]: ...
+
+    def record_access(self, change: Any) -> None: ...
+
+    def last_lsn(self) -> int: ...
+
+    def when_safe(self, lsn: int, done: Callable[[bool], None]) -> None: ...

@@ -37,6 +37,7 @@ from config import User
 from config.passwords import BadHash, hash_password, parse_hash
 from config.vhostnames import vhost_name_problem
 
+from .. import access_admin
 from ..core import policies
 from ..core.arguments import QueueArgumentError
 from ..core.changes import PermissionSet, PolicySet, UserSet, VhostSet
@@ -345,7 +346,7 @@ def _check_users(body: dict[str, Any], config: Any, plan: Plan) -> int:
 def _runtime_user(item: dict[str, Any], name: str, tags: set[str], where: str) -> UserSet:
     """A user of the file that is not the config's, to make at run time: its RabbitMQ (or
     scrypt) hash as given, never the peering or federation tag."""
-    ungranted = tags & {access.INTERNAL_TAG, "federation"}
+    ungranted = tags & access_admin.UNGRANTED_TAGS
     if ungranted:
         raise Refused(
             f"{where}: user '{name}': the tags {sorted(ungranted)} are not given at run time "

@@ -23,6 +23,7 @@ from aiohttp import web
 from pamqp import commands
 from pamqp.header import ContentHeader
 
+from .. import access_admin
 from ..core.kinds import new_queue
 from ..core.message import Message
 from ..gate import ConsoleRefused
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqha.management")
 
 ALIVENESS_QUEUE = "aliveness-test"
-SAFE_WAIT = 30.0  # seconds a change's reply waits for the change to be safe
 ALIVENESS_BODY = b"test_message"
 
 
@@ -160,25 +160,12 @@ class ObjectRoutes:
         self._serving()
 
     async def safe(self) -> None:
-        """Return once every change logged so far is safe: on the store and on an in-sync
-        PASSIVE. A change's reply is a promise, as a publisher confirm is: what the API
-        said it made is there after a failover. 503 if that cannot be said within
-        ``SAFE_WAIT`` seconds (the store failing, this server no longer leading)."""
-        lsn = self.broker.last_lsn()
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.broker.when_safe(lsn, lambda ok: done.done() or done.set_result(ok))
+        """Return once every change logged so far is safe (``access_admin.safe``); its
+        refusal as RabbitMQ's JSON."""
         try:
-            ok = await asyncio.wait_for(done, SAFE_WAIT)
-        except TimeoutError:
-            ok = False
-        if not ok:
-            raise ApiError(
-                503,
-                "not_safe",
-                "the change was made here but is not known to be on disk and on the PASSIVE "
-                "(the store failing, or this server no longer leading): check before relying "
-                "on it",
-            )
+            await access_admin.safe(self.broker)
+        except access_admin.Refused as refused:
+            raise ApiError(refused.status, refused.word, str(refused)) from None
 
     def _serving(self) -> None:
         """503, naming the ACTIVE, unless this server serves: a change is made there."""

@@ -13,6 +13,8 @@ import base64
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import aio_pika
@@ -21,8 +23,9 @@ import pytest
 
 from tests.integration.protocol_support import unique
 from tests.integration.test_management import Api, managed, managed_pair
-from tests.pairs import MakePair, client_vote
-from tests.support import wait_for_port
+from tests.pairs import ADMIN, MakePair, client_vote
+from tests.pairs import url_of as pairs_url_of
+from tests.support import ROOT, wait_for_port
 
 JSON = {"Content-Type": "application/json"}
 
@@ -306,3 +309,58 @@ async def test_a_definitions_file_makes_its_users_vhosts_and_permissions_and_exp
     )
     assert status == 403, answer
     assert (await api.get(f"/api/users/{name}"))["tags"] == ["monitoring"]
+
+
+async def test_the_console_makes_users_vhosts_and_permissions_on_the_active(
+    make_pair: MakePair,
+) -> None:
+    """``amqha console user|vhost|permission`` as an operator runs it against both
+    servers: each change goes to the ACTIVE (the PASSIVE alone refuses, naming it), the
+    password from standard input; ``users`` lists them; the config's users, the pair's
+    tag and a login that is not an administrator's are refused with their exit status."""
+    from tests.integration.test_console import console
+
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
+    vhost, name = unique("cv"), unique("erin")
+    for words, stdin in (
+        (("vhost", "add", vhost), None),
+        (("user", "add", name, "--tags", "management"), "erin-pw\n"),
+        (("permission", "set", vhost, name), None),
+    ):
+        done = await asyncio.to_thread(console, pair, *words, stdin=stdin)
+        assert done.returncode == 0, (words, done.stdout, done.stderr)
+        assert f"on {pair.primary.address}" in done.stdout, done.stdout
+    assert len(await round_trip(url_of(pair.primary.port, name, "erin-pw", vhost), "q")) == 1
+    listed = await asyncio.to_thread(console, pair, "--json", "users")
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows[name] == {"name": name, "made": "run time", "tags": "management", "vhosts": vhost}
+    assert rows["admin"]["made"] == "config file" and "peering" not in rows
+    for words, status, word in (
+        (("user", "add", "admin", "--password-hash", rabbit_hash("x")), 1, "config files"),
+        (("user", "add", unique("p"), "--tags", "peering", "--password-hash", rabbit_hash("x")), 5, "peering"),
+        (("permission", "set", vhost, "peering"), 5, "own login"),
+        (("user", "add", "x"), 2, "empty password"),
+    ):  # fmt: skip
+        done = await asyncio.to_thread(console, pair, *words, stdin="")
+        assert (done.returncode, word in done.stderr) == (status, True), (words, done.stderr)
+    guest = await asyncio.to_thread(
+        console, pair, "vhost", "add", unique("no"), user=("guest", "guest")
+    )
+    assert guest.returncode in (5, 6), guest.stderr
+    passive = await asyncio.to_thread(
+        lambda: subprocess.run(
+            [sys.executable, "-m", "amqha", "console", "--server", pairs_url_of(pair.backup, ADMIN),
+             "vhost", "add", unique("no")],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )
+    )  # fmt: skip
+    assert passive.returncode == 1 and pair.primary.address in passive.stderr, passive.stderr
+    for words in (
+        ("permission", "clear", vhost, name),
+        ("user", "delete", name),
+        ("vhost", "delete", vhost),
+    ):
+        done = await asyncio.to_thread(console, pair, *words)
+        assert done.returncode == 0, (words, done.stderr)
+    assert await refused(url_of(pair.primary.port, name, "erin-pw", vhost))
