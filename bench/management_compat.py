@@ -155,7 +155,24 @@ def pyrabbit_calls(port: int) -> dict[str, Any]:
         ("get_users", client.get_users),
         ("get_definitions", client.get_definitions),
         ("is_alive", client.is_alive),
-    ):
+        # Changes, in an order that leaves each step something to act on.
+        ("create_vhost", lambda: client.create_vhost("py.v")),
+        ("create_user", lambda: client.create_user("py.u", "py-pw", tags="management")),
+        ("set_vhost_permissions", lambda: client.set_vhost_permissions("py.v", "py.u", ".*", ".*", ".*")),
+        ("get_permission", lambda: client.get_permission("py.v", "py.u")),
+        ("create_policy", lambda: client.create_policy("py.v", "py.p", pattern="^py", definition={"max-length": 3}, **{"apply-to": "queues"})),
+        ("get_policy", lambda: client.get_policy("py.v", "py.p")),
+        ("create_exchange", lambda: client.create_exchange("py.v", "py.x", "direct")),
+        ("create_queue", lambda: client.create_queue("py.v", "py.q", durable=True)),
+        ("create_binding", lambda: client.create_binding("py.v", "py.x", "py.q", "k")),
+        ("delete_binding", lambda: client.delete_binding("py.v", "py.x", "py.q", "k")),
+        ("delete_queue", lambda: client.delete_queue("py.v", "py.q")),
+        ("delete_exchange", lambda: client.delete_exchange("py.v", "py.x")),
+        ("delete_policy", lambda: client.delete_policy("py.v", "py.p")),
+        ("delete_permission", lambda: client.delete_permission("py.v", "py.u")),
+        ("delete_user", lambda: client.delete_user("py.u")),
+        ("delete_vhost", lambda: client.delete_vhost("py.v")),
+    ):  # fmt: skip
         try:
             results[name] = {"ok": True, "value": call()}
         except Exception as error:
