@@ -14,7 +14,10 @@ for a check or a delayed refusal at once, and one source (an IPv4 address, an IP
 sources that hold fewer than ``RESERVE_BELOW``. Past its share a login is refused at once,
 without a check, so a flood of attempts holds neither memory nor CPU (connections waiting
 here stop being read) and cannot keep the logins of other sources out (docs/security.md,
-"Logins under a flood").
+"Logins under a flood"). A costly check is made once for logins that give the same hash
+and password at once, and a match is remembered for ``VERIFIED_TTL`` seconds (at most
+``VERIFIED_MAX``), by a digest under a random key of this process: a reconnect storm
+costs one check per distinct login, not one per connection (docs/security.md, "Logins").
 
 Must not know: frames and connection states (``connection`` asks and closes), sockets.
 """
@@ -22,8 +25,12 @@ Must not know: frames and connection states (``connection`` asks and closes), so
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import ipaddress
 import logging
+import os
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -45,6 +52,8 @@ RESERVE_BELOW = 4
 LOG_BURST = 10
 LOG_WINDOW = 60.0
 MADE_VERIFIERS = 4096  # run-time users' verifiers kept parsed
+VERIFIED_TTL = 300.0  # seconds a costly check's match is remembered
+VERIFIED_MAX = 4096  # matches remembered, the least recently used forgotten first
 
 
 def is_loopback(address: str) -> bool:
@@ -116,6 +125,12 @@ class Authenticator:
         # verifiers of run-time users already read, by name (with the value read).
         self.access: Access | None = None
         self._made: dict[str, tuple[Any, Verifier]] = {}
+        # Costly checks: the matches remembered (digest -> until, by this clock), those in
+        # progress (digest -> their result), under a key of this process's own.
+        self._key = os.urandom(32)
+        self._verified: OrderedDict[bytes, float] = OrderedDict()
+        self._checking: dict[bytes, asyncio.Future[bool]] = {}
+        self.costly_checks = 0
         self.pending = 0
         # source_of(address) -> its logins pending (absent at 0)
         self.pending_by_source: dict[str, int] = {}
@@ -204,12 +219,42 @@ class Authenticator:
         return User(name, None, vhosts, made.tags, password_hash=made.password_hash), cached[1]
 
     async def _check(self, verifier: Verifier, password: str) -> bool:
+        """Whether ``password`` matches. A costly (scrypt) check is made once for the same
+        hash and password however many logins ask at once (they wait for that one), and
+        a match is remembered for ``VERIFIED_TTL`` seconds, keyed by a digest under this
+        process's own random key (no password is kept): a reconnect storm of clients that
+        share a login costs one check, not one per connection. A mismatch is never
+        remembered, so a wrong guess costs its full check every time."""
         if not verifier.costly:
             return verifier.check(password)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="amqha-login")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, verifier.check, password)
+        key = hmac.new(
+            self._key,
+            verifier.salt + verifier.digest + password.encode("utf-8", "surrogateescape"),
+            hashlib.sha256,
+        ).digest()
+        now = self.clock()
+        until = self._verified.get(key)
+        if until is not None and until > now:
+            self._verified.move_to_end(key)
+            return True
+        checking = self._checking.get(key)
+        if checking is None:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="amqha-login")
+            loop = asyncio.get_running_loop()
+            checking = asyncio.ensure_future(
+                loop.run_in_executor(self._executor, verifier.check, password)
+            )
+            self._checking[key] = checking
+            self.costly_checks += 1
+            checking.add_done_callback(lambda _: self._checking.pop(key, None))
+        matches = await asyncio.shield(checking)
+        if matches:
+            self._verified[key] = self.clock() + VERIFIED_TTL
+            self._verified.move_to_end(key)
+            while len(self._verified) > VERIFIED_MAX:
+                self._verified.popitem(last=False)
+        return matches
 
     async def _wait_until(self, deadline: float) -> None:
         # A loop's timer may fire a little before the deadline by this clock (uvloop keeps

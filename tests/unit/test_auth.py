@@ -332,3 +332,31 @@ def test_scrypt_work_is_capped() -> None:
     for cost in ("ln=15,r=8,p=16", "ln=18,r=8,p=1", "ln=16,r=8,p=3"):
         with pytest.raises(BadHash, match=r"n\*r\*p"):
             parse_hash(f"$scrypt${cost}${salt}${digest}")
+
+
+async def test_a_storm_of_logins_with_one_password_costs_one_costly_check() -> None:
+    """Fifty logins of one scrypt user at once wait for one check; a match is remembered
+    (a later login makes none); a wrong password is checked each time and never
+    remembered, so it stays refused and costs its full check. Another hash of the same
+    password (another user, a changed password) is checked on its own."""
+    authenticator = make()
+    results = await asyncio.gather(
+        *(authenticator.login("app", "app-pw", f"10.0.0.{i}", "PLAIN") for i in range(50))
+    )
+    assert all(isinstance(r, User) and r.name == "app" for r in results)
+    assert authenticator.costly_checks == 1
+    assert isinstance(await authenticator.login("app", "app-pw", "10.0.1.1", "PLAIN"), User)
+    assert authenticator.costly_checks == 1
+    for attempt in range(3):
+        refused = await authenticator.login("app", "app-pw ", "10.0.1.1", "PLAIN")
+        assert isinstance(refused, Refused) and authenticator.costly_checks == 2 + attempt
+    authenticator.close()
+    twins = (
+        User("app", None, password_hash=hash_password("app-pw", "scrypt")),
+        User("twin", None, password_hash=hash_password("app-pw", "scrypt")),
+    )
+    other = Authenticator(twins, AuthConfig(("guest",), 0.0), asyncio.get_running_loop().time)
+    for name in ("app", "twin", "app", "twin"):
+        assert isinstance(await other.login(name, "app-pw", "10.0.0.1", "PLAIN"), User)
+    assert other.costly_checks == 2
+    other.close()
