@@ -7,7 +7,7 @@ Modules: ``bench.broker_bench``, ``bench.durable_bench`` and ``bench.federation_
 through a federated exchange), ``bench.failover_bench``,
 ``bench.client_freeze_bench`` and ``bench.busy_pair_bench`` (``run() -> dict``), ``bench.report_bench``,
 ``bench.store_bench``, ``bench.dedup_bench``, ``bench.switchover_bench`` and
-``bench.quorum_bench`` (the pair beside a 3-node RabbitMQ cluster with quorum queues)
+``bench.quorum_bench`` (the pair beside a 3-node RabbitMQ cluster with quorum queues), ``bench.storm_bench`` (a reconnect storm)
 (``run(sizes) -> dict``). A module
 that is not there is skipped and said so; one that fails is reported with its error,
 and the others still run. The JSON goes to stdout and to ``bench/out/latest.json``;
@@ -43,6 +43,7 @@ BENCHES = {
     "dedup": "bench.dedup_bench",
     "switchover": "bench.switchover_bench",
     "quorum": "bench.quorum_bench",
+    "storm": "bench.storm_bench",
 }
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 

@@ -206,7 +206,25 @@ def storm_pair(workdir: Path, scrypt: bool) -> tuple[Any, dict[str, float]]:
 CLIENT_USER, CLIENT_PASSWORD = "storm", "storm-pw-0"
 
 
-async def run(
+DEFAULT_SIZES = {"clients": 1000, "workers": 4, "kills": 2}
+QUICK_SIZES = {"clients": 100, "workers": 2, "kills": 1}
+
+
+def run(sizes: dict[str, int] | None = None, scrypt: bool = True) -> dict[str, Any]:
+    """The storm with ``sizes`` (``make bench``'s entry; the defaults without)."""
+    sizes = {**DEFAULT_SIZES, **(sizes or {})}
+    keep = os.environ.get("STORM_KEEP")  # a folder to keep the servers' logs in
+    with (
+        contextlib.nullcontext(keep)
+        if keep
+        else tempfile.TemporaryDirectory(prefix="amqha-storm-bench-")
+    ) as workdir:
+        return asyncio.run(
+            _run(sizes["clients"], sizes["workers"], sizes["kills"], Path(workdir), scrypt)
+        )
+
+
+async def _run(
     clients: int, workers: int, kills: int, workdir: Path, scrypt: bool
 ) -> dict[str, Any]:
     pair, timings = storm_pair(workdir, scrypt)
@@ -335,15 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         "--plain", action="store_true", help="the clients' password in clear, not scrypt"
     )
     options = parser.parse_args(args)
-    keep = os.environ.get("STORM_KEEP")  # a folder to keep the servers' logs in
-    with (
-        contextlib.nullcontext(keep)
-        if keep
-        else tempfile.TemporaryDirectory(prefix="amqha-storm-bench-")
-    ) as workdir:
-        result = asyncio.run(
-            run(options.clients, options.workers, options.kills, Path(workdir), not options.plain)
-        )
+    sizes = {"clients": options.clients, "workers": options.workers, "kills": options.kills}
+    result = run(sizes, scrypt=not options.plain)
     print(json.dumps(result, indent=2))
     return 0
 
