@@ -17,7 +17,11 @@ publisher confirms with a window of 100, loopback:
 - ``catch_up``: a PASSIVE restarted while the ACTIVE holds N persistent messages, from
   its start to in sync (msg/s, seconds, the runs it took, each server's CPU seconds),
   then until it has applied every run it kept (``apply_seconds``: from the snapshot's
-  end on its disk; the PASSIVE's CPU seconds by then).
+  end on its disk; the PASSIVE's CPU seconds by then); all along a publisher with
+  confirms (100 in flight) to a queue of its own: its rate with the PASSIVE in sync
+  before the restart, its rate during the catch-up and the share (goal >= 0.7).
+  ``--catch-up N`` sets the backlog (1,000,000 by default; 10,000,000 for the
+  time to redundancy at that size).
 
 Failover time with replication on is ``bench.failover_bench`` (a pair replicates by
 default). Prints JSON.
@@ -92,6 +96,56 @@ async def fill(port: int, count: int, queue: str) -> None:
         await client.publish_confirmed(frames, count, window=1000)
     finally:
         await client.close()
+
+
+LOAD_BEFORE = 5.0  # seconds of the steady publisher's rate measured before the restart
+
+
+async def steady(port: int, stop: asyncio.Event, marks: list[tuple[float, int]]) -> None:
+    """Confirmed persistent publishes, WINDOW in flight, to a queue of their own until
+    ``stop``; ``marks`` gets (time, confirmed so far) after every WINDOW."""
+    client = await rawclient.connect(HOST, port)
+    try:
+        await client.open_channel(confirm=True)
+        await client.rpc(commands.Queue.Declare(queue="steady", durable=True))
+        frames = rawclient.publish_frames(1, "steady", BODY, persistent=True)
+        total = 0
+        while not stop.is_set():
+            await client.publish_confirmed(frames, WINDOW, window=WINDOW, limit=600)
+            total += WINDOW
+            marks.append((time.monotonic(), total))
+    finally:
+        await client.close()
+
+
+def rate(marks: list[tuple[float, int]], start: float, end: float) -> float:
+    inside = [(t, n) for t, n in marks if start <= t <= end]
+    if len(inside) < 2:
+        return 0.0
+    return round((inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]))
+
+
+async def catch_up_under_load(pair: Pair, active: ServerProcess) -> tuple[list[float], float, Any]:
+    """Kill and restart the PASSIVE under a steady publisher: its rate before and during
+    the catch-up (start to in sync), when the restart began, the ACTIVE's CPU then."""
+    stop, marks = asyncio.Event(), []
+    publisher = asyncio.create_task(steady(active.port, stop, marks))
+    try:
+        await asyncio.sleep(1 + LOAD_BEFORE)
+        before = rate(marks, time.monotonic() - LOAD_BEFORE, time.monotonic())
+        pair.kill(pair.backup)
+        started = time.monotonic()
+        assert active.process is not None
+        active_cpu = cpu_seconds(active.process.pid)
+        pair.backup.start(wait=False)
+        # Its store's recovery of its older copy first.
+        await asyncio.to_thread(pair.backup.wait_ready, 300)
+        await until_in_sync(active, 1200)
+        during = rate(marks, started, time.monotonic())
+    finally:
+        stop.set()
+        await asyncio.wait_for(publisher, 60)
+    return [before, during], started, active_cpu
 
 
 async def feed_state(server: ServerProcess) -> dict[str, Any]:
@@ -189,12 +243,9 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
             say(f"replication bench: catch-up of {count} messages")
             asyncio.run(fill(active.port, count, "backlog"))
             asyncio.run(until_in_sync(active, 600))
-            pair.kill(pair.backup)
-            started = time.monotonic()
-            active_cpu = cpu_seconds(active.process.pid)
-            pair.backup.start(wait=False)
-            pair.backup.wait_ready(300)  # its store's recovery of its older copy first
-            asyncio.run(until_in_sync(active, 1200))
+            # A publisher all along: its confirmed rate with the PASSIVE in sync, then
+            # while the restarted PASSIVE catches up.
+            rates, started, active_cpu = asyncio.run(catch_up_under_load(pair, active))
             seconds = time.monotonic() - started
             active_after = cpu_seconds(active.process.pid)
             assert pair.backup.process is not None
@@ -205,6 +256,9 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
             result["catch_up"] = {
                 "messages": count,
                 "seconds_from_start": round(seconds, 2),
+                "publish_msgs_per_s_before": rates[0],
+                "publish_msgs_per_s_during": rates[1],
+                "publish_share_during": round(rates[1] / rates[0], 3) if rates[0] else None,
                 "snapshot_seconds": snapshot,
                 "msgs_per_s": round(count / snapshot),
                 "runs": follower.get("runs"),
@@ -229,8 +283,15 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--catch-up", type=int, help="the backlog a PASSIVE catches up on")
+    parser.add_argument("--rounds", type=int, help="rounds of the confirmed-publish ratio")
     options = parser.parse_args()
-    print(json.dumps(run(QUICK_SIZES if options.quick else None), indent=2))
+    sizes = dict(QUICK_SIZES if options.quick else DEFAULT_SIZES)
+    if options.catch_up is not None:
+        sizes["catch_up"] = options.catch_up
+    if options.rounds is not None:
+        sizes["rounds"] = options.rounds
+    print(json.dumps(run(sizes), indent=2))
 
 
 if __name__ == "__main__":
