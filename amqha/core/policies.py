@@ -219,18 +219,19 @@ def _lower(value: Any, have: Any) -> bool:
     return isinstance(have, int) and not isinstance(have, bool) and value < have
 
 
-def change(vhost: Any, change: PolicySet | PolicyDeleted) -> None:
-    """Apply a policy change to ``vhost``: every queue's limits follow it. A vhost that
-    logs (its server leads) emits the change first, then applies new length limits to the
-    messages its queues hold and tells their timers; one that does not (a PASSIVE, a
-    restart) only sets the limits: what the ACTIVE dropped comes as changes of its own."""
+def change(vhost: Any, change: PolicySet | PolicyDeleted, serving: bool = False) -> None:
+    """Apply a policy change to ``vhost``: every queue's limits follow it, and a vhost
+    that logs emits the change first. On a server that serves (``serving``: an operator
+    set the policy there) new length limits apply at once to the messages its queues
+    hold, as a publish would, and their timers are told; elsewhere (a PASSIVE, a
+    restart) only the limits are set: what the ACTIVE dropped comes as its own changes."""
     log = vhost.log
     if log is not None:
         log.emit(change, True)
     policies: Policies = vhost.policies
     policies.apply(change)
     for queue in list(vhost.queues.values()):
-        if policies.refresh(queue) and log is not None:
+        if policies.refresh(queue) and serving:
             queue.enforce_limits()
             if queue.on_due_changed is not None:
                 queue.on_due_changed(queue)

@@ -649,7 +649,7 @@ def apply(plan: Plan, broker: DefinitionsHost, now: float) -> None:
                 broker.record_access(PermissionSet(vhost, name))
         for policy in plan.policies:
             step = f"policy '{policy.name}' in vhost '{policy.vhost}'"
-            policies.change(broker.vhost(policy.vhost), policy)
+            policies.change(broker.vhost(policy.vhost), policy, serving=True)
         for item in plan.exchanges:
             step = f"exchange '{item['name']}' in vhost '{item['vhost']}'"
             broker.vhost(item["vhost"]).declare_exchange(

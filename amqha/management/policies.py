@@ -84,7 +84,7 @@ class PolicyRoutes:
             raise ApiError(error.status, _ERRORS[error.status], str(error)) from None
         table = vhost.policies.operator if operator else vhost.policies.user
         existed = name in table
-        policies.change(vhost, change)
+        policies.change(vhost, change, serving=True)
         for warning in warnings:
             log.warning("%s", escaped(warning))
         self._logged(request, f"{_kind(operator)} '{name}' in vhost '{vhost.name}' set")
@@ -96,7 +96,7 @@ class PolicyRoutes:
         table = vhost.policies.operator if operator else vhost.policies.user
         if name not in table:
             raise not_found()
-        policies.change(vhost, PolicyDeleted(vhost.name, name, operator))
+        policies.change(vhost, PolicyDeleted(vhost.name, name, operator), serving=True)
         self._logged(request, f"{_kind(operator)} '{name}' in vhost '{vhost.name}' deleted")
         await self.objects.safe()
         return web.Response(status=204)

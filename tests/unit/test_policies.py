@@ -86,18 +86,21 @@ def test_a_queues_arguments_and_its_policies_merge_as_rabbitmq_merges_them() -> 
     assert queue.limits.policy is None and queue.limits.effective == own
 
 
-def test_new_limits_drop_what_a_queue_holds_only_where_the_vhost_logs() -> None:
+def test_new_limits_drop_what_a_queue_holds_only_on_the_server_that_serves() -> None:
     log = ChangeLog()
     leading, following = VHost("/", lambda: WALL, log), VHost("/", lambda: WALL)
-    for vhost in (leading, following):
+    storeless = VHost("/", lambda: WALL)  # a server that serves with no store (no log)
+    for vhost in (leading, following, storeless):
         queue = vhost.declare_queue("q", None, WALL, durable=True)
         for _ in range(5):
             vhost.enqueue(make_message("", "q", b"m"), (queue,), WALL)
     log.take()
     change = policy("p", "^q$", {"max-length": 2})
-    policies.change(leading, change)
+    policies.change(leading, change, serving=True)
     policies.change(following, change)
+    policies.change(storeless, change, serving=True)
     assert leading.queues["q"].message_count == 2
+    assert storeless.queues["q"].message_count == 2
     _, changes = log.take()
     assert changes[0] == change and type(changes[1]) is Settled  # the policy, then the drops
     # A PASSIVE (or a restart) sets the limit; the ACTIVE's Settled drops the messages.
