@@ -43,6 +43,7 @@ from pamqp import commands
 from bench import rawclient
 from bench.broker_bench import cpu_seconds, run_async
 from bench.replication_bench import until_in_sync
+from bench.run import sizes_from
 from tests.pairs import Pair
 from tests.support import ServerProcess
 
@@ -206,12 +207,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, help="messages per timed publish")
     parser.add_argument("--rounds", type=int, help="rounds of each queue on each setup")
     options = parser.parse_args()
-    sizes = dict(QUICK_SIZES if options.quick else DEFAULT_SIZES)
-    if options.messages is not None:
-        sizes["messages"] = options.messages
-    if options.rounds is not None:
-        sizes["rounds"] = options.rounds
-    print(json.dumps(run(sizes), indent=2))
+    print(json.dumps(run(sizes_from(options, QUICK_SIZES, DEFAULT_SIZES)), indent=2))
 
 
 if __name__ == "__main__":

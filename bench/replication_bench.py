@@ -45,6 +45,7 @@ from pamqp import commands
 from amqha.console import ConsoleClient
 from bench import rawclient
 from bench.broker_bench import cpu_seconds
+from bench.run import sizes_from
 from tests.pairs import ADMIN, Pair, url_of
 from tests.support import ServerProcess
 
@@ -93,7 +94,8 @@ async def fill(port: int, count: int, queue: str) -> None:
         await client.open_channel(confirm=True)
         await client.rpc(commands.Queue.Declare(queue=queue, durable=True))
         frames = rawclient.publish_frames(1, queue, BODY, persistent=True)
-        await client.publish_confirmed(frames, count, window=1000)
+        # At least 10,000 msg/s: 10M messages get over 16 minutes.
+        await client.publish_confirmed(frames, count, window=1000, limit=max(120, count / 10_000))
     finally:
         await client.close()
 
@@ -286,12 +288,7 @@ def main() -> None:
     parser.add_argument("--catch-up", type=int, help="the backlog a PASSIVE catches up on")
     parser.add_argument("--rounds", type=int, help="rounds of the confirmed-publish ratio")
     options = parser.parse_args()
-    sizes = dict(QUICK_SIZES if options.quick else DEFAULT_SIZES)
-    if options.catch_up is not None:
-        sizes["catch_up"] = options.catch_up
-    if options.rounds is not None:
-        sizes["rounds"] = options.rounds
-    print(json.dumps(run(sizes), indent=2))
+    print(json.dumps(run(sizes_from(options, QUICK_SIZES, DEFAULT_SIZES)), indent=2))
 
 
 if __name__ == "__main__":

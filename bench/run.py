@@ -48,6 +48,17 @@ BENCHES = {
 OUT = Path(__file__).resolve().parent / "out" / "latest.json"
 
 
+def sizes_from(options: Any, quick: dict[str, int], default: dict[str, int]) -> dict[str, int]:
+    """A bench's sizes from its command line: ``--quick``'s or the defaults, each size
+    the options give (an attribute of the same name, not None) put over them."""
+    sizes = dict(quick if options.quick else default)
+    for name in sizes:
+        value = getattr(options, name, None)
+        if value is not None:
+            sizes[name] = value
+    return sizes
+
+
 def _sizes(module: Any, quick: bool) -> Any:
     """The module's own QUICK_SIZES / DEFAULT_SIZES, when it defines them."""
     return getattr(module, "QUICK_SIZES" if quick else "DEFAULT_SIZES", None)
