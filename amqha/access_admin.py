@@ -37,11 +37,12 @@ log = logging.getLogger("amqha.access")
 # Tags never given at run time: the pair's own login's, and the one that lets a login
 # read federation buffers of other pairs (docs/federation.md).
 UNGRANTED_TAGS = frozenset({INTERNAL_TAG, "federation"})
-# RabbitMQ's names of the hashing algorithms a password_hash may come with.
-HASHING = {
-    "rabbit_password_hashing_sha256": "rabbitmq-sha256",
-    "rabbit_password_hashing_sha512": "rabbitmq-sha512",
-    "amqha_scrypt": "scrypt",
+# Each hash format and RabbitMQ's name for its algorithm (``hashing_algorithm``: what an
+# export says and a password_hash may come with; scrypt is amqha's own).
+ALGORITHMS = {
+    "rabbitmq-sha256": "rabbit_password_hashing_sha256",
+    "rabbitmq-sha512": "rabbit_password_hashing_sha512",
+    "scrypt": "amqha_scrypt",
 }
 FULL = ".*"  # the only rights amqha gives: all of them, on a vhost
 SAFE_WAIT = 30.0  # seconds a change's answer waits for the change to be safe
@@ -87,17 +88,22 @@ async def safe(broker: Any) -> None:
 # -- users --------------------------------------------------------------------------------
 
 
+def known_users(broker: Any) -> list[Any]:
+    """Every user a login may be: the config files' (with the vhosts given at run time
+    too), then the run-time ones, each as the login sees it."""
+    configured = [u.name for u in broker.config.users]
+    known = set(configured)
+    names = configured + [n for n in broker.access.users if n not in known]
+    found = (broker.auth.lookup(name)[0] for name in names)
+    return [user for user in found if user is not None]
+
+
 async def put_user(broker: Any, name: str, fields: dict[str, Any]) -> bool:
     """Make or change run-time user ``name`` from RabbitMQ's fields (``password`` or
     ``password_hash`` with its ``hashing_algorithm``, ``tags``); whether it existed."""
     _not_configured(broker, name)
     tags = _tags(fields.get("tags", ""))
-    if tags & UNGRANTED_TAGS:
-        raise Refused(
-            403,
-            f"user '{name}': the tags {sorted(tags & UNGRANTED_TAGS)} are not given at run "
-            "time (the pair's own login and federation are configured in the config files)",
-        )
+    ungranted(name, tags)
     password_hash = await _password_hash(name, fields)
     existed = name in broker.access.users
     broker.record_access(UserSet(name, password_hash, tuple(sorted(tags))))
@@ -220,10 +226,7 @@ def _not_configured(broker: Any, name: str) -> None:
             f"user '{name}' is in the config files (users[]): it is changed there, on both "
             "servers, not at run time",
         )
-    if not name or len(name.encode("utf-8", "surrogateescape")) > 255:
-        raise Refused(400, "a user name is 1 to 255 bytes")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise Refused(400, "a user name has no control characters")
+    checked_name(name)
 
 
 def _user_to_grant(broker: Any, name: str) -> Any:
@@ -257,25 +260,48 @@ def _tags(value: Any) -> set[str]:
     return tags
 
 
+def checked_hash(name: str, given: Any, algorithm: Any = None) -> str:
+    """User ``name``'s ``password_hash`` as given, once it reads as a hash (and, with a
+    ``hashing_algorithm``, as that one's)."""
+    if not isinstance(given, str) or not given:
+        raise Refused(400, f"user '{name}' has no password_hash")
+    if algorithm is not None and algorithm not in ALGORITHMS.values():
+        raise Refused(
+            400,
+            f"user '{name}': hashing_algorithm {algorithm!r} is not accepted "
+            f"(one of {sorted(ALGORITHMS.values())})",
+        )
+    try:
+        verifier = parse_hash(given)
+    except BadHash as error:
+        raise Refused(400, f"user '{name}': its password_hash is refused: {error}") from None
+    if algorithm is not None and ALGORITHMS.get(verifier.scheme) != algorithm:
+        raise Refused(400, f"user '{name}': the password_hash is not a {algorithm} hash")
+    return given
+
+
+def checked_name(name: str) -> None:
+    if not name or len(name.encode("utf-8", "surrogateescape")) > 255:
+        raise Refused(400, "a user name is 1 to 255 bytes")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise Refused(400, "a user name has no control characters")
+
+
+def ungranted(name: str, tags: set[str]) -> None:
+    if tags & UNGRANTED_TAGS:
+        raise Refused(
+            403,
+            f"user '{name}': the tags {sorted(tags & UNGRANTED_TAGS)} are not given at run "
+            "time (the pair's own login and federation are configured in the config files)",
+        )
+
+
 async def _password_hash(name: str, fields: dict[str, Any]) -> str:
     """The user's hash: ``password_hash`` as given (checked), or a new scrypt hash of
     ``password`` (made off the event loop: about 0.1 s of CPU)."""
     given = fields.get("password_hash")
     if given not in (None, ""):
-        algorithm = fields.get("hashing_algorithm")
-        if algorithm is not None and algorithm not in HASHING:
-            raise Refused(
-                400,
-                f"user '{name}': hashing_algorithm {algorithm!r} is not accepted "
-                f"(one of {sorted(HASHING)})",
-            )
-        try:
-            verifier = parse_hash(str(given))
-        except BadHash as error:
-            raise Refused(400, f"user '{name}': password_hash: {error}") from None
-        if algorithm is not None and HASHING[algorithm] != verifier.scheme:
-            raise Refused(400, f"user '{name}': the password_hash is not a {algorithm} hash")
-        return str(given)
+        return checked_hash(name, given, fields.get("hashing_algorithm"))
     password = fields.get("password")
     if not isinstance(password, str) or not password:
         raise Refused(400, f"user '{name}': a password or a password_hash is needed")

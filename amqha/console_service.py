@@ -346,21 +346,16 @@ class ConsoleService:
         vhosts."""
         broker = self.broker
         configured = {u.name for u in broker.config.users}
-        names = [*configured, *(n for n in broker.access.users if n not in configured)]
-        rows = []
-        for name in sorted(names):
-            found = broker.auth.lookup(name)[0]
-            if found is None or access_admin.is_internal(broker, name):
-                continue
-            rows.append(
-                {
-                    "name": name,
-                    "made": "config file" if name in configured else "run time",
-                    "tags": ",".join(found.tags),
-                    "vhosts": ",".join(found.vhosts),
-                }
-            )
-        return rows
+        return [
+            {
+                "name": found.name,
+                "made": "config file" if found.name in configured else "run time",
+                "tags": ",".join(found.tags),
+                "vhosts": ",".join(found.vhosts),
+            }
+            for found in sorted(access_admin.known_users(broker), key=lambda u: u.name)
+            if not access_admin.is_internal(broker, found.name)
+        ]
 
     def on_user(self, args: dict[str, Any], user: str) -> Any:
         """``add`` (``tags``, ``password`` or ``password_hash``) or ``delete`` a run-time user."""

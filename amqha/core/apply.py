@@ -45,6 +45,9 @@ from .queue import Queue
 from .routing import Exchange
 from .vhost import VHost
 
+# A set, not the tuple: every Settled and Delivered a PASSIVE applies passes this test.
+_ACCESS_KINDS = frozenset(ACCESS_CHANGES)
+
 
 class State(Protocol):
     """Where changes are applied: the vhosts by name, made on first use (a broker), and
@@ -70,7 +73,7 @@ def apply(state: State, change: Change, now: float) -> None:
     if type(change) is Enqueued:
         apply_run(state, [change], now)  # the one place a message is put back
         return
-    if type(change) in ACCESS_CHANGES:
+    if type(change) in _ACCESS_KINDS:
         state.access.apply(change)
         if type(change) is VhostSet:
             state.vhost(change.vhost)  # type: ignore[union-attr]

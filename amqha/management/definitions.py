@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import exceptions
 
-from config import User
 from config.passwords import BadHash, hash_password, parse_hash
 from config.vhostnames import vhost_name_problem
 
@@ -50,11 +49,7 @@ from . import access, shapes
 if TYPE_CHECKING:
     from ..host import DefinitionsHost
 
-ALGORITHMS = {
-    "rabbitmq-sha256": "rabbit_password_hashing_sha256",
-    "rabbitmq-sha512": "rabbit_password_hashing_sha512",
-    "scrypt": "amqha_scrypt",
-}
+ALGORITHMS = access_admin.ALGORITHMS
 FULL = ".*"
 # The control plane's exchanges: the model's own list, so a new one is refused here too.
 CONTROL = frozenset(CONTROL_EXCHANGES)
@@ -89,16 +84,6 @@ def _user_hash(user: Any) -> str:
     if user.password_hash is not None:
         return str(user.password_hash)
     return hash_password(user.password, "rabbitmq-sha256")
-
-
-def known_users(broker: Any) -> list[User]:
-    """Every user a login may be: the config files' (with the vhosts given at run time
-    too), then the run-time ones, each as the login sees it."""
-    lookup = broker.auth.lookup
-    names = [u.name for u in broker.config.users] + [
-        n for n in broker.access.users if n not in {u.name for u in broker.config.users}
-    ]
-    return [user for user in (lookup(n)[0] for n in names) if user is not None]
 
 
 def export(users: Iterable[Any], vhosts: Iterable[Any]) -> dict[str, Any]:
@@ -344,27 +329,17 @@ def _check_users(body: dict[str, Any], config: Any, plan: Plan) -> int:
 
 
 def _runtime_user(item: dict[str, Any], name: str, tags: set[str], where: str) -> UserSet:
-    """A user of the file that is not the config's, to make at run time: its RabbitMQ (or
-    scrypt) hash as given, never the peering or federation tag."""
-    ungranted = tags & access_admin.UNGRANTED_TAGS
-    if ungranted:
-        raise Refused(
-            f"{where}: user '{name}': the tags {sorted(ungranted)} are not given at run time "
-            "(configure that user in the config files)",
-            403,
-        )
-    given = item.get("password_hash")
-    if not isinstance(given, str) or not given:
-        raise Refused(f"{where}: user '{name}' has no password_hash")
-    algorithm = item.get("hashing_algorithm")
+    """A user of the file that is not the config's, to make at run time under the rules
+    of the user routes (``access_admin``): its RabbitMQ (or scrypt) hash as given, never
+    the peering or federation tag."""
     try:
-        verifier = parse_hash(given)
-    except BadHash as error:
-        raise Refused(f"{where}: user '{name}': its password_hash is refused: {error}") from None
-    if algorithm is not None and ALGORITHMS.get(verifier.scheme) != algorithm:
-        raise Refused(f"{where}: user '{name}': the password_hash is not a {algorithm} hash")
-    if not name or any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise Refused(f"{where}: a user name is 1 to 255 bytes without control characters")
+        access_admin.checked_name(name)
+        access_admin.ungranted(name, tags)
+        given = access_admin.checked_hash(
+            name, item.get("password_hash"), item.get("hashing_algorithm")
+        )
+    except access_admin.Refused as refused:
+        raise Refused(f"{where}: {refused}", refused.status) from None
     return UserSet(name, given, tuple(sorted(tags)))
 
 

@@ -92,7 +92,7 @@ class ObjectRoutes:
                     "hashing_algorithm": definitions.hashing_algorithm(u),
                     "limits": {},
                 }
-                for u in definitions.known_users(self.broker)
+                for u in access_admin.known_users(self.broker)
                 if not access.is_internal_user(u)
             ]
         )
@@ -101,7 +101,7 @@ class ObjectRoutes:
         """Each user's vhosts, with the full rights amqha gives on them."""
         need(access.is_admin(request["user"]))
         return json_reply(
-            definitions.export(definitions.known_users(self.broker), ())["permissions"]
+            definitions.export(access_admin.known_users(self.broker), ())["permissions"]
         )
 
     async def aliveness(self, request: web.Request) -> web.StreamResponse:
@@ -359,7 +359,7 @@ class ObjectRoutes:
 
     async def get_definitions(self, request: web.Request) -> web.StreamResponse:
         need(access.is_admin(request["user"]))
-        users = definitions.known_users(self.broker)
+        users = access_admin.known_users(self.broker)
         return json_reply(definitions.export(users, self.broker.vhosts.values()))
 
     async def post_definitions(self, request: web.Request) -> web.StreamResponse:
