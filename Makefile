@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 		apt-get install -y -qq chromium >/dev/null 2>&1 || \
 		{ apt-get update -qq && apt-get install -y -qq chromium; } || \
 		echo "chromium not installed: the web page's browser test will skip, saying why"; }
+	@command -v fusermount3 >/dev/null || { echo "installing fuse3 for the power-loss and disk-fault tests"; \
+		apt-get install -y -qq fuse3 >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq fuse3; } || \
+		echo "fuse3 not installed: the power-loss and disk-fault tests will skip, saying why"; }
 	@command -v promtool >/dev/null || { echo "installing prometheus's promtool for the alert rules' tests"; \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
 		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; } || \

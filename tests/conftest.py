@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import xdist_groups
+from tests import lazyfs, xdist_groups
 from tests.pairs import MakePair, pair_factory
 from tests.support import ServerProcess
 
@@ -63,3 +63,31 @@ def make_server(tmp_path: Path) -> Iterator:
 def make_pair(tmp_path: Path) -> Iterator[MakePair]:
     """Build primary/backup pairs of real processes for one test; all killed -9 at the end."""
     yield from pair_factory(tmp_path)
+
+
+@pytest.fixture
+def on_lazy_disks(tmp_path: Path) -> Iterator:
+    """``on_lazy_disks(*servers)`` -> their disks: each server's data dir moved onto a disk
+    of its own that forgets what was not fsynced and takes faults (tests/lazyfs.py), before
+    it starts. Skips, saying why, where FUSE is missing. At the end each server is killed
+    -9 (by pid), then its disk taken down."""
+    reason = lazyfs.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    placed: list[tuple[ServerProcess, lazyfs.LazyDisk]] = []
+
+    def place(*servers: ServerProcess) -> list[lazyfs.LazyDisk]:
+        disks = []
+        for server in servers:
+            disk = lazyfs.LazyDisk(tmp_path / f"disk-{server.name}-{len(placed)}").mount()
+            server.data_dir = disk.path / server.name
+            server.config["server"]["data_dir"] = str(server.data_dir)
+            placed.append((server, disk))
+            disks.append(disk)
+        return disks
+
+    yield place
+    for server, _ in placed:
+        server.discard()
+    for _, disk in placed:
+        disk.unmount()
