@@ -113,6 +113,7 @@ from .fsm_steps import (
     next_epoch,
     not_serving,
     overtaken,
+    peer_led_last,
     refuse,
     report_misconfiguration,
     stay,
@@ -214,6 +215,18 @@ def step(
         peer_gone=False,
         handed_over=None if event is Event.PEER_ACTIVE else machine.handed_over,
     )
+    if (
+        heard.state in _STARTING
+        and event in _PEER_STARTING
+        and heard.in_sync
+        and peer.in_sync
+        and not peer.maintenance
+        and peer_led_last(heard.role, heard.epoch, peer.epoch)
+    ):
+        # Both starting: the peer led after we last did, and
+        # may have confirmed alone what we never had. We do not lead on our store; it
+        # leads, and we follow it (docs/failover.md, "Who led last").
+        heard = replace(heard, in_sync=False)
     if heard.fenced and peer.epoch > heard.epoch and event is not Event.PEER_ACTIVE:
         outcome = overtaken(heard, event, peer)
     else:
@@ -222,6 +235,8 @@ def step(
 
 
 _PEER_EVENTS = frozenset(PEER_EVENT.values())
+_STARTING = frozenset((State.PRIMARY, State.BACKUP))
+_PEER_STARTING = frozenset((Event.PEER_PRIMARY, Event.PEER_BACKUP))
 
 
 # Handlers whose result depends on more than the cell.
@@ -570,6 +585,10 @@ def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Out
     if peer.maintenance:
         return become_active(
             machine, event, f"the primary is {peer.state} and in maintenance: the backup leads"
+        )
+    if peer.state is State.PRIMARY and peer_led_last(peer.role, peer.epoch, machine.epoch):
+        return become_active(
+            machine, event, "both starting, and the backup led last: the backup leads"
         )
     if not peer.in_sync:
         return become_active(

@@ -118,6 +118,15 @@ def move(
     return Outcome(moved, Transition(machine.state, to, trigger, reason), decision, actions)
 
 
+def peer_led_last(role: Role, own: int, peer_epoch: int) -> bool:
+    """Whether the peer led the highest epoch either server knows of: epochs are odd for
+    the primary and even for the backup, and a PASSIVE takes its ACTIVE's, so the parity
+    of the highest names the server that led last, the one whose store holds every
+    message the pair confirmed (docs/failover.md, "Who led last")."""
+    last = max(own, peer_epoch)
+    return last > 0 and (last % 2 == 1) != (role is Role.PRIMARY)
+
+
 def next_epoch(role: Role, above: int) -> int:
     """The first epoch above ``above`` that ``role`` may lead in: odd for the primary, even
     for the backup, so the two never serve in one epoch."""

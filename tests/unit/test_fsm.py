@@ -62,8 +62,8 @@ def test_primary_hears_primary_is_misconfigured_and_never_reaches_the_table() ->
 
 @cell(State.PRIMARY, Event.PEER_BACKUP)
 def test_primary_hears_fresh_backup_and_leads_in_a_new_epoch() -> None:
-    machine = ours(Role.PRIMARY, State.PRIMARY, epoch=4)
-    backup = peer(Role.BACKUP, State.BACKUP, epoch=6)
+    machine = ours(Role.PRIMARY, State.PRIMARY, epoch=5)
+    backup = peer(Role.BACKUP, State.BACKUP, epoch=4)
     outcome = hear(machine, backup)
     assert outcome.machine.state is State.ACTIVE
     assert outcome.machine.epoch == 7
@@ -488,8 +488,38 @@ def test_a_server_restarted_with_an_incomplete_store_does_not_take_over() -> Non
         both = hear(replace(backup, in_sync=False), incomplete_primary)
         assert both.machine.state is backup_state
     # A whole primary still leads as before.
-    whole = ours(Role.PRIMARY, State.PRIMARY, epoch=2)
-    assert hear(whole, peer(Role.BACKUP, State.BACKUP, 2)).machine.state is State.ACTIVE
+    whole = ours(Role.PRIMARY, State.PRIMARY, epoch=3)
+    assert hear(whole, peer(Role.BACKUP, State.BACKUP, 3)).machine.state is State.ACTIVE
+
+
+def test_both_starting_the_server_that_led_last_leads() -> None:
+    """Both servers lost and restarted: the one that led the highest epoch (odd: the
+    primary; even: the backup) holds every message the pair confirmed, some perhaps
+    confirmed alone. It leads, and the other does not lead on its own store."""
+    primary = ours(Role.PRIMARY, State.PRIMARY, epoch=1)
+    backup_led = peer(Role.BACKUP, State.BACKUP, epoch=2)
+    waits = hear(primary, backup_led)
+    assert waits.machine.state is State.PRIMARY and waits.transition is None
+    assert not waits.machine.in_sync and waits.machine.epoch == 2  # says so, adopts
+    # So does a primary that followed it (its epoch taken from the backup's).
+    assert not hear(replace(primary, epoch=2), backup_led).machine.in_sync
+    # The backup leads on hearing the primary, whatever the order of the two messages.
+    backup = ours(Role.BACKUP, State.BACKUP, epoch=2)
+    flagged = replace(peer(Role.PRIMARY, State.PRIMARY, 2), in_sync=False)
+    for told in (peer(Role.PRIMARY, State.PRIMARY, 1), flagged):
+        leads = hear(backup, told)
+        assert leads.machine.state is State.ACTIVE and leads.machine.epoch == 4
+        assert leads.transition is not None and "led last" in leads.transition.reason
+    # The primary led last: it leads, the backup does not.
+    primary_led = ours(Role.PRIMARY, State.PRIMARY, epoch=3)
+    assert hear(primary_led, peer(Role.BACKUP, State.BACKUP, 2)).machine.state is State.ACTIVE
+    stays = hear(ours(Role.BACKUP, State.BACKUP, epoch=2), peer(Role.PRIMARY, State.PRIMARY, 3))
+    assert stays.machine.state is State.BACKUP and not stays.machine.in_sync
+    # A last leader whose store is incomplete, or in maintenance, is not deferred to.
+    incomplete = replace(backup_led, in_sync=False)
+    assert hear(primary, incomplete).machine.state is State.ACTIVE
+    resting = replace(backup_led, maintenance=True)
+    assert hear(primary, resting).machine.state is State.ACTIVE
 
 
 def test_promote_refuses_a_passive_server_not_in_sync_and_force_overrides() -> None:

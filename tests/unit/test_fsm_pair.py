@@ -56,7 +56,9 @@ class Server:
 
     def state_message(self) -> PeerInfo:
         machine = self.machine
-        return PeerInfo(self.name, self.role, machine.state, machine.epoch, self.listen)
+        return PeerInfo(
+            self.name, self.role, machine.state, machine.epoch, self.listen, machine.in_sync
+        )
 
 
 class PeerLink:
@@ -118,6 +120,17 @@ class PeerLink:
                     receiver.inbox.append(message)
             for server in running:
                 self._deliver(server)
+            if crossing:
+                # A PASSIVE that heard its ACTIVE across the link catches up within the
+                # heartbeat (replication is not modelled: its controller is told so).
+                for server in running:
+                    peer = server.machine.peer
+                    if (
+                        server.machine.state is State.PASSIVE
+                        and peer
+                        and peer.state is State.ACTIVE
+                    ):
+                        server.machine = replace(server.machine, in_sync=True)
             self.exchanged = self.exchanged or crossing
             self._check()
 
