@@ -57,10 +57,12 @@ from amqha.store_file import (
     PRIVATE_DIRECTORY,
     StoreDamaged,
     StoreError,
+    check_length,
     create,
     describe,
     error_for,
     make_private,
+    mark_open,
     prepare,
 )
 from amqha.store_write import (
@@ -86,11 +88,13 @@ _STORE_HIGH_ID = "UPDATE meta SET value = max(value, ?) WHERE key = 'max_msg_id'
 class StoreFailure(NamedTuple):
     """A write failed: the Enqueued messages of LSNs ``first_lsn``..``last_lsn`` were
     not stored (their publishes are nacked). The range's other changes are kept and
-    retried: a later successful write has them on disk."""
+    retried: a later successful write has them on disk. ``broken``: the disk failed (an
+    I/O error), and the store writes nothing more (``Store.broken``)."""
 
     first_lsn: int
     last_lsn: int
     error: str
+    broken: bool = False
 
 
 Notify = Callable[[int, StoreFailure | None], None]
@@ -133,6 +137,10 @@ class Store:
         self.commit_seconds = 0.0
         self.failures = 0
         self.pending_runs_written = 0
+        # The disk's I/O error that broke the store (docs/durability.md, section 9): no
+        # write is tried after it; a retried fsync can say success for pages the kernel
+        # dropped with the error.
+        self.broken: str | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], max_bytes: int | None = None) -> Store:
@@ -167,14 +175,26 @@ class Store:
         except FileNotFoundError:
             create(path)
         try:
+            wal_there = check_length(path)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read ({exc.strerror})") from None
+        try:
             db = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise error_for(path, exc) from None
         try:
-            prepare(db, path, max_bytes)
+            prepare(db, path, max_bytes, wal_there)
             make_private(path)
             store = cls(path, db)
             store._write_pending_runs()
+            try:
+                mark_open(db, path, True)
+            except sqlite3.OperationalError as exc:
+                if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_FULL"):
+                    raise
+                # A full disk is waited out as in any write; only a missing WAL after
+                # this run would go unnoticed.
+                log.warning("%s: cannot mark the store open (%s)", path, exc)
             return store
         except sqlite3.Error as exc:
             db.close()
@@ -362,10 +382,11 @@ class Store:
             items = self._take(None)
             if items:
                 self._write(items)
-        try:
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error as exc:
-            log.warning("%s: checkpoint at close failed (%s)", self.path, exc)
+        if self.broken is None:  # a broken disk is asked nothing more
+            try:
+                mark_open(self._db, self.path, False)  # with the checkpoint
+            except (sqlite3.Error, OSError) as exc:
+                log.warning("%s: checkpoint at close failed (%s)", self.path, exc)
         self._db.close()
 
     def _take(self, first: Any) -> list[tuple[int, Sequence[Change]]]:
@@ -410,12 +431,26 @@ class Store:
     def _write_changes(
         self, first_lsn: int, last_lsn: int, batches: list[Sequence[Change]]
     ) -> StoreFailure | None:
+        if self.broken is not None:
+            self.failures += 1
+            return StoreFailure(first_lsn, last_lsn, self.broken, broken=True)
         retained = self._retained
         error, retry = self._attempt([retained, *batches])
         if error is None:
             self._retained = []
             return None
         self.failures += 1
+        if self.broken is not None:
+            log.error(
+                "%s: the disk failed (%s): the write of LSN %d..%d and every later one are"
+                " refused; restart the server once the disk is mended",
+                self.path,
+                error,
+                first_lsn,
+                last_lsn,
+            )
+            self._retained = []
+            return StoreFailure(first_lsn, last_lsn, error, broken=True)
         if not retry:
             log.error(
                 "%s: a write of LSN %d..%d was dropped: %s", self.path, first_lsn, last_lsn, error
@@ -440,6 +475,10 @@ class Store:
             self._transaction(batches)
             return None, False
         except Exception as exc:
+            if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR"):
+                # Not rolled back: nothing more is asked of this connection.
+                self.broken = f"{exc} ({exc.sqlite_errorname})"  # type: ignore[attr-defined]
+                return self.broken, False
             self._rollback()
             if isinstance(exc, _TRANSIENT) or type(exc) is sqlite3.DatabaseError:
                 return str(exc), True

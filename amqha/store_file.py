@@ -202,6 +202,59 @@ def _sync_directory(directory: str) -> None:
         os.close(descriptor)
 
 
+_HEADER = b"SQLite format 3\0"
+
+
+def check_length(path: str) -> bool:
+    """A store cut short (or padded) is found before SQLite reads it, by what its own
+    header says (StoreDamaged): a length that is not a whole number of its pages, or,
+    with no write-ahead log to finish it, fewer pages than the header counts. Returns
+    whether the file's WAL was there (``prepare`` needs to know before SQLite makes one)."""
+    wal = path + "-wal"
+    wal_there = os.path.exists(wal)
+    with open(path, "rb") as file:
+        header = file.read(100)
+        size = file.seek(0, os.SEEK_END)
+    if len(header) < 100 or not header.startswith(_HEADER):
+        return wal_there  # not SQLite's: prepare says what it is
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    counted = header[24:28] == header[92:96]  # the header's page count is current
+    if page_size < 512 or size % page_size:
+        raise StoreDamaged(
+            f"{path}: not a readable store (cut short: {size} bytes is not a whole number"
+            f" of its {page_size}-byte pages)"
+        )
+    whole_wal = wal_there and os.path.getsize(wal) > 0
+    if counted and not whole_wal and size < pages * page_size:
+        raise StoreDamaged(
+            f"{path}: not a readable store (cut short: {size // page_size} of the"
+            f" {pages} pages its header counts)"
+        )
+    return wal_there
+
+
+def check_closed_or_logged(db: sqlite3.Connection, path: str, wal_there: bool) -> None:
+    """A store a process had open (``meta.open`` is 1 in the main file) and that was
+    not closed cleanly has its write-ahead log beside it: its last commits may be only
+    there. Without it they are gone, and the file is not served from (StoreDamaged)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'open'").fetchone()
+    if row is not None and row[0] == 1 and not wal_there:
+        raise StoreDamaged(
+            f"{path}: not a readable store (its write-ahead log {os.path.basename(path)}-wal"
+            " is missing, and the store was not closed cleanly: its last writes are gone)"
+        )
+
+
+def mark_open(db: sqlite3.Connection, path: str, is_open: bool) -> None:
+    """``meta.open``, written through to the main file (a checkpoint) and synced with
+    the folder: 1 from open until a clean close (``check_closed_or_logged``)."""
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('open', ?)", (int(is_open),))
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    _sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
 def make_private(path: str) -> None:
     """The store, its WAL and its shared-memory file readable by this server's user only,
     whatever the umask (SQLite makes the last two itself) and however an older version
@@ -211,9 +264,12 @@ def make_private(path: str) -> None:
             os.chmod(name, PRIVATE_FILE)
 
 
-def prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
+def prepare(
+    db: sqlite3.Connection, path: str, max_bytes: int | None, wal_there: bool = True
+) -> None:
     """Settings and version check, under the exclusive lock the connection keeps until
-    it closes."""
+    it closes; a store whose write-ahead log went missing is refused (``wal_there``:
+    whether it was beside the file before SQLite opened it)."""
     db.execute("PRAGMA locking_mode = EXCLUSIVE")
     (mode,) = db.execute("PRAGMA journal_mode = WAL").fetchone()
     if mode != "wal":
@@ -254,6 +310,7 @@ def prepare(db: sqlite3.Connection, path: str, max_bytes: int | None) -> None:
         if "crc" not in columns:
             # Rows written before version 5 have none (NULL): read as they are.
             db.execute("ALTER TABLE messages ADD COLUMN crc INTEGER")
+        check_closed_or_logged(db, path, wal_there)
         if version < SCHEMA_VERSION:
             db.execute("UPDATE meta SET value = ? WHERE key = 'version'", (SCHEMA_VERSION,))
         db.execute("COMMIT")

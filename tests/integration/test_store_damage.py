@@ -1,5 +1,6 @@
-"""A damaged store (docs/durability.md, section 4, "A damaged store"): pages overwritten, or
-one byte of a message changed, on disk while the server was down. Found at open, never served from: a server of a pair sets
+"""A damaged store (docs/durability.md, section 4, "A damaged store"): pages overwritten,
+one byte of a message changed, the file cut short, or the write-ahead log of a store killed
+mid-run lost, on disk while the server was down. Found at open, never served from: a server of a pair sets
 the file aside and starts empty, not in sync, and takes its state from its peer (the
 PASSIVE; and the primary, which would have led on it, follows its in-sync backup
 instead); every confirmed message is there after. A server alone refuses to start,
@@ -58,19 +59,40 @@ def flip_a_body_byte(store: Path) -> None:
     store.write_bytes(bytes(data))
 
 
+def cut_short(store: Path) -> None:
+    """The file's last pages gone (a copy cut short, a truncation)."""
+    data = store.read_bytes()
+    store.write_bytes(data[: len(data) - 3 * PAGE])
+
+
+def lose_the_log(store: Path) -> None:
+    """The write-ahead log of a store killed mid-run deleted: its last commits with it."""
+    wal = Path(f"{store}-wal")
+    assert wal.exists()
+    wal.unlink()
+
+
 @pytest.mark.parametrize(
-    ("spoil", "found"),
-    [(damage, "damaged pages"), (flip_a_body_byte, "does not match its checksum")],
-    ids=["page", "body-byte"],
+    ("stop", "spoil", "found"),
+    [
+        ("terminate", damage, "damaged pages"),
+        ("terminate", flip_a_body_byte, "does not match its checksum"),
+        ("terminate", cut_short, "cut short"),
+        ("kill", lose_the_log, "write-ahead log store.sqlite-wal is missing"),
+    ],
+    ids=["page", "body-byte", "cut-short", "missing-log"],
 )
 async def test_a_passive_with_a_damaged_store_sets_it_aside_and_catches_up(
-    make_pair: MakePair, spoil: Callable[[Path], None], found: str
+    make_pair: MakePair, stop: str, spoil: Callable[[Path], None], found: str
 ) -> None:
     pair = make_pair(proxied=False).start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=30)
     confirmed = await publish(pair.primary.url, "a", 300)
     await pair.wait_in_sync(pair.backup, timeout=60)
-    assert pair.backup.terminate() == 0
+    if stop == "kill":
+        pair.kill(pair.backup)
+    else:
+        assert pair.backup.terminate() == 0
     store = pair.backup.data_dir / "store.sqlite"
     spoil(store)
     pair.backup.start()
