@@ -160,7 +160,12 @@ class StoreSide:
 
     def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
         self.store_sink.reported(last_lsn)
-        if failed is not None:
+        if failed is not None and failed.broken:
+            self.confirms.refuse(failed.first_lsn, failed.last_lsn)
+            self.store_failures += 1
+            if self.disk_failed is None:
+                self._disk_failed(failed.error)
+        elif failed is not None:
             self.confirms.refuse(failed.first_lsn, failed.last_lsn)
             self.store_failures += 1
             if not self.store_failing:
@@ -175,10 +180,29 @@ class StoreSide:
                 self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
         self.confirms.advance()
 
+    def _disk_failed(self, error: str) -> None:
+        """The store's disk failed (docs/durability.md, section 9): publishers blocked and
+        every persistent publish nacked until a restart, consumers still served; the pair
+        is told (an ACTIVE hands over to an in-sync PASSIVE; a PASSIVE stops following)."""
+        self.disk_failed = error
+        self.store_failing = True
+        log.error(
+            "the store's disk failed (%s): this server stores and confirms nothing more until"
+            " it is restarted; publishers are blocked, consumers still served",
+            error,
+        )
+        self.update_blocked()
+        follower, self.follower = self.follower, None
+        if follower is not None:  # nothing it receives can be kept: no more acks
+            follower.detach("this server's disk failed")
+            self.loop.create_task(follower.stop())
+        if self.pair_events is not None:
+            self.pair_events.disk_failed(error)
+
     def _retry_store(self) -> None:
         """Let publishers try again: a write that fails again blocks them again."""
         self.store_retry = None
-        if self.store_failing:
+        if self.store_failing and self.disk_failed is None:
             self.store_failing = False
             log.warning("retrying the store: publishers unblocked")
             self.update_blocked()
@@ -193,6 +217,7 @@ class StoreSide:
             "enabled": True,
             "path": self.config.store_path,
             "failing": self.store_failing,
+            "disk_failed": self.disk_failed,
             "failures": self.store_failures,
             "lsn": self.log.lsn if self.log is not None else 0,
             "safe_lsn": self.store_sink.written,

@@ -58,6 +58,7 @@ ERROR_EXITS = {
     "connection_closed": EXIT_DOWN,
     "no_active": EXIT_DOWN,
     "peer_lost": EXIT_DOWN,
+    "disk_failed": EXIT_DOWN,
     "not_in_sync": EXIT_NOT_IN_SYNC,
     "auth_failed": EXIT_AUTH_FAILED,
     "access_refused": EXIT_NOT_AUTHORISED,

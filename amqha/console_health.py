@@ -2,7 +2,7 @@
 
 Owns: asking every server for its status at once, and the verdict: healthy, or the
 error code (``ERROR_EXITS``) that says why not: a refused login, a server down, two
-servers ACTIVE, none ACTIVE, a lost peer, a PASSIVE not in sync, a witness unheard
+servers ACTIVE, a failed disk, none ACTIVE, a lost peer, a PASSIVE not in sync, a witness unheard
 (docs/operations.md, "Console").
 
 Must not know: how the verdict is printed (``console_text.py``), the commands.
@@ -50,6 +50,13 @@ def health(results: list[tuple[Server, Any]]) -> tuple[str, str]:
     split = dual_active(statuses)  # both servers named, and what resolves it
     if split is not None:
         return "split", split
+    for status in statuses:
+        failed = (status.get("store") or {}).get("disk_failed")
+        if failed:
+            return "disk_failed", (
+                f"{status.get('name')}'s disk failed ({failed}): it stores and confirms"
+                " nothing until it is restarted on a mended disk"
+            )
     if not active:
         peer_active = [
             s

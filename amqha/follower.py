@@ -147,7 +147,7 @@ class Follower:
     async def start(self) -> None:
         await self.link.start()
 
-    def detach(self) -> None:
+    def detach(self, reason: str = "this server is ACTIVE now") -> None:
         """This server leads now: from this instant no run is applied, no marker taken and
         nothing acked, even a run whose write completes later (its changes are in the
         state already, ``settle`` having run), and the link is closed. An ack sent after
@@ -156,7 +156,7 @@ class Follower:
         self.detached = True
         current = self.link.link
         if current is not None:
-            current.close("this server is ACTIVE now")
+            current.close(reason)
 
     async def stop(self) -> None:
         await self.link.stop()

@@ -125,6 +125,11 @@ class PairEvents(Protocol):
         server starts empty and is not in sync."""
         ...
 
+    def disk_failed(self, reason: str) -> None:
+        """The store's disk failed (an I/O error): this server confirms and stores nothing
+        more until it is restarted; an ACTIVE hands the service to its in-sync PASSIVE."""
+        ...
+
     def federation_event(self, fields: dict[str, Any]) -> None:
         """The fields of a `federation` event record (docs/federation.md)."""
         ...

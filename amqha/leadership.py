@@ -95,6 +95,9 @@ class Leadership:
             vhost.set_log(None)
         if not self.config.replication.enabled or self.store is None:
             return
+        if self.disk_failed is not None:
+            log.error("not following the ACTIVE: this server's disk failed (%s)", self.disk_failed)
+            return
         self._follow_with = (url, connect_options)
         if resume is not None:
             # Not in sync until the ACTIVE says so, even across a restart.

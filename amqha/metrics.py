@@ -318,6 +318,12 @@ def broker_metrics(snapshot: Snapshot) -> Iterator[Metric]:
             "1 while the message store cannot write (publishes nacked, publishers blocked)",
             value=int(store["failing"]),
         )
+        yield GaugeMetricFamily(
+            "amqha_store_disk_failed",
+            "1 once the store's disk failed (an I/O error): nothing is stored or confirmed"
+            " until a restart",
+            value=int(bool(store.get("disk_failed"))),
+        )
         yield CounterMetricFamily(
             "amqha_store_write_failures",
             "Store writes that failed (a full or failing disk)",

@@ -119,6 +119,7 @@ class Broker(Leadership, StoreSide):
         self.sinks: list[Sink] = []
         self.confirms = ConfirmPipeline(self.loop)
         self.store_failing = False
+        self.disk_failed: str | None = None  # the store's disk failed: why (broker_store)
         self.store_failures = 0
         self.store_retry: asyncio.TimerHandle | None = None
         self.recovered: dict[str, Any] = {}
@@ -401,7 +402,11 @@ class Broker(Leadership, StoreSide):
             self._apply_block(connection)
 
     def block_reason(self) -> str:
-        return "low on memory" if self.memory.over else "message store cannot write"
+        if self.memory.over:
+            return "low on memory"
+        if self.disk_failed is not None:
+            return "the message store's disk failed"
+        return "message store cannot write"
 
     def _apply_block(self, connection: Connection) -> None:
         """The alarm began or ended: ``flow`` says whom it tells and holds."""

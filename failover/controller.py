@@ -33,7 +33,7 @@ from amqha import __version__
 from amqha.core import feedauth, protocol
 from amqha.core.message import Message
 from amqha.core.reserved import PEER_EXCHANGE
-from amqha.gate import ACCEPT, Accept, Member, Redirect, not_active_text
+from amqha.gate import ACCEPT, Accept, ConsoleRefused, Member, Redirect, not_active_text
 from amqha.logtext import escaped
 from amqha.quarantine import is_incomplete
 from config import ServerConfig
@@ -66,6 +66,8 @@ CLIENT_RECORD_INTERVAL = 1.0
 # handed it over to be in sync again (its snapshot of a large backlog takes seconds); sooner
 # if it is lost. Then ``replication.when_alone`` applies.
 REJOIN_WAIT = 10.0
+# How long an ACTIVE whose disk failed waits for its PASSIVE to be in sync to hand over.
+DISK_HANDOVER_WAIT = 10.0
 
 
 class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, MaintenanceRule):
@@ -96,6 +98,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.events = EventLog(
             config.event_log_path, config.name, self.role.value, pair=config.pair
         )
+        self._disk_handover: asyncio.Task[None] | None = None
         self.expected = peer_message.Expected(
             config.failover.secret,
             frozenset(config.failover.peer_listen),
@@ -603,6 +606,23 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         not lead on seeing its backup), recorded."""
         self.machine = replace(self.machine, in_sync=False)
         self._write("store_damaged", path=found["path"], reason=found["reason"])
+
+    def disk_failed(self, reason: str) -> None:
+        """The store's disk failed (docs/durability.md, section 9): never in sync again in
+        this process (no vote, no promote without --force, a primary does not lead on
+        it), recorded; an ACTIVE hands the service to its PASSIVE if one is in sync, as
+        a switchover does (what it confirmed is on that disk too)."""
+        self.machine = replace(self.machine, in_sync=False)
+        self._write("disk_failed", reason=reason)
+        if self.machine.state is fsm.State.ACTIVE:
+            self._disk_handover = self.loop.create_task(self._hand_over_failed_disk(reason))
+
+    async def _hand_over_failed_disk(self, reason: str) -> None:
+        try:
+            result = await self._switchover(DISK_HANDOVER_WAIT, "amqha (the disk failed)")
+            log.error("the disk failed: %s", result["result"])
+        except ConsoleRefused as refused:
+            log.error("the disk failed and the service stays here, confirming nothing: %s", refused)
 
     def quarantined(self, found: dict[str, Any]) -> None:
         self._write(
