@@ -42,6 +42,7 @@ from amqha.console import ConsoleClient, ConsoleError
 from amqha.quarantine import read_quarantine
 from bench import nemesis_check as checker
 from bench.nemesis_plan import (
+    DISK_KINDS,
     HOOK_KINDS,
     NETWORK_KINDS,
     PROCESS_KINDS,
@@ -50,7 +51,7 @@ from bench.nemesis_plan import (
     from_json,
     schedule,
 )
-from tests import netns
+from tests import lazyfs, netns
 from tests.durability import drain
 from tests.pairs import PAIR_SECRET, Pair, poll, url_of
 from tests.sites import HEARTBEAT, TIMEOUT, Site
@@ -109,8 +110,9 @@ class Cluster:
     """The pair under test, and its witness when asked for: on test hosts in network
     namespaces (``site``) or on loopback."""
 
-    def __init__(self, workdir: Path, witness: bool, namespaces: bool) -> None:
+    def __init__(self, workdir: Path, witness: bool, namespaces: bool, disks: bool = False) -> None:
         self.site: Site | None = None
+        self.disks: dict[str, lazyfs.LazyDisk] = {}
         self.local_witness: LocalWitness | None = None
         if namespaces:
             self.site = Site(workdir, witness=witness)
@@ -131,6 +133,12 @@ class Cluster:
         self.witnessed = witness
         # server name -> [(SIGSTOP, SIGCONT)] wall-clock times
         self.asleep: dict[str, list[tuple[float, float]]] = {}
+        if disks:  # each server's data dir on a disk that forgets (tests/lazyfs.py)
+            for server in self.pair.servers:
+                disk = lazyfs.LazyDisk(workdir / f"disk-{server.name}").mount()
+                self.disks[server.name] = disk
+                server.data_dir = disk.path / server.name
+                server.config["server"]["data_dir"] = str(server.data_dir)
 
     async def start(self) -> None:
         self.pair.start()
@@ -202,12 +210,19 @@ class Cluster:
                     self.site.net.heal(host)
 
     def close(self) -> None:
-        if self.site is not None:
-            self.site.close(show_logs=False)
-        else:
-            self.pair.stop()
-            if self.local_witness is not None:
-                self.local_witness.stop()
+        try:
+            if self.site is not None:
+                self.site.close(show_logs=False)
+            else:
+                self.pair.stop()
+                if self.local_witness is not None:
+                    self.local_witness.stop()
+        finally:
+            for server in self.pair.servers:
+                server.kill()
+            for disk in self.disks.values():
+                # What was kept for a failed run stays readable in the disk's folder.
+                disk.unmount()
 
 
 async def apply(fault: Fault, cluster: Cluster, started: float) -> dict[str, Any]:
@@ -223,6 +238,8 @@ async def apply(fault: Fault, cluster: Cluster, started: float) -> dict[str, Any
     if fault.target == "witness":
         entry["server"] = "witness"
         await _witness_fault(fault, cluster, entry)
+    elif fault.kind in DISK_KINDS:
+        await _disk_fault(fault, cluster, entry)
     else:
         server = cluster.role(fault.target)
         entry["server"] = server.name
@@ -258,6 +275,32 @@ async def apply(fault: Fault, cluster: Cluster, started: float) -> dict[str, Any
                 net.heal(mine)
     entry["healed_at"] = round(time.time() - started, 3)
     return entry
+
+
+async def _disk_fault(fault: Fault, cluster: Cluster, entry: dict[str, Any]) -> None:
+    pair = cluster.pair
+    if fault.kind == "power_cut":
+        victims = list(pair.servers) if fault.target == "both" else [cluster.role(fault.target)]
+        entry["server"] = "+".join(s.name for s in victims)
+        for server in victims:
+            pair.kill(server)
+        for server in victims:
+            cluster.disks[server.name].power_cut()
+        await asyncio.sleep(fault.seconds)
+        for server in victims:
+            await cluster.restart(server)
+        return
+    server = cluster.role(fault.target)
+    entry["server"] = server.name
+    disk = cluster.disks[server.name]
+    disk.fault("fsync eio store.sqlite")
+    try:
+        await asyncio.sleep(fault.seconds)
+    finally:
+        disk.fault("clear")
+    # Mended: the server, whose store writes nothing more after an I/O error, restarted.
+    pair.kill(server)
+    await cluster.restart(server)
 
 
 async def _witness_fault(fault: Fault, cluster: Cluster, entry: dict[str, Any]) -> None:
@@ -429,17 +472,21 @@ class Options:
     keep_dir: Path | None = None  # where a failed run's directory goes (a temporary one)
 
 
-def fault_kinds(options: Options, namespaces: bool) -> tuple[str, ...]:
+def fault_kinds(options: Options, namespaces: bool, disks: bool) -> tuple[str, ...]:
     kinds = PROCESS_KINDS + (NETWORK_KINDS if namespaces else ()) + HOOK_KINDS
+    kinds += DISK_KINDS if disks else ()
     if options.witness and namespaces:
         kinds += WITNESS_KINDS
     if options.kinds is None:
         return kinds
     missing = [k for k in options.kinds if k not in kinds and k not in HOOK_KINDS]
     for kind in missing:
-        say(
-            f"fault kind {kind} skipped: it needs network namespaces (and a witness for witness_cut)"
+        need = (
+            "the power-loss filesystem (FUSE)"
+            if kind in DISK_KINDS
+            else "network namespaces (and a witness for witness_cut)"
         )
+        say(f"fault kind {kind} skipped: it needs {need}")
     return tuple(k for k in options.kinds if k not in missing)
 
 
@@ -449,12 +496,18 @@ async def run(options: Options) -> dict[str, Any]:
     namespaces = reason is None
     if not namespaces:
         say(f"network faults skipped: {reason}; the pair runs on loopback")
-    kinds = fault_kinds(options, namespaces)
+    disk_reason = lazyfs.unavailable()
+    if disk_reason is not None:
+        say(f"disk faults skipped: {disk_reason}")
+    kinds = fault_kinds(options, namespaces, disk_reason is None)
     faults = (
         options.faults
         if options.faults is not None
         else schedule(options.seed, options.duration, kinds, options.witness)
     )
+    if disk_reason is not None and any(f.kind in DISK_KINDS for f in faults):
+        say("the schedule's disk faults are left out")
+        faults = [f for f in faults if f.kind not in DISK_KINDS]
     workdir = Path(tempfile.mkdtemp(prefix=f"amqha-nemesis-{options.seed}-", dir=options.keep_dir))
     os.chmod(workdir, 0o755)
     result: dict[str, Any] = {
@@ -467,7 +520,8 @@ async def run(options: Options) -> dict[str, Any]:
     cluster: Cluster | None = None
     began = time.monotonic()
     try:
-        cluster = Cluster(workdir, options.witness, namespaces)
+        on_disks = any(f.kind in DISK_KINDS for f in faults)
+        cluster = Cluster(workdir, options.witness, namespaces, disks=on_disks)
         await cluster.start()
         result.update(await _exercise(cluster, options, faults))
     except Exception as error:

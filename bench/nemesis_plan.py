@@ -17,10 +17,16 @@ logs: ``active``, ``passive``, or ``witness``):
 - ``witness_cut``: every packet between the target and the witness dropped;
 - ``switchover``: a planned handover of the ACTIVE (``amqha console switchover``), between
   the faults: the old ACTIVE resumes as PASSIVE, or takes a snapshot; refused while its
-  PASSIVE is not in sync.
+  PASSIVE is not in sync;
+- ``power_cut``: the target's kill -9 and its disk's loss of everything not fsynced
+  (target ``both``: both servers at once), started again after ``seconds``;
+- ``disk_error``: every fsync of the target's store fails with EIO for ``seconds``; then
+  the disk is mended and the server restarted (a store whose disk failed writes nothing
+  more until then: docs/durability.md, section 9).
 
-The network kinds need the namespace harness (tests/netns.py); the caller leaves them out
-where it is missing.
+The network kinds need the namespace harness (tests/netns.py), the disk kinds the
+power-loss filesystem (tests/lazyfs.py); the caller leaves them out where either is
+missing.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ PROCESS_KINDS = ("kill", "freeze")
 NETWORK_KINDS = ("partition", "one_way", "isolate")
 WITNESS_KINDS = ("witness_cut",)
 HOOK_KINDS = ("switchover",)
-KINDS = PROCESS_KINDS + NETWORK_KINDS + WITNESS_KINDS + HOOK_KINDS
+DISK_KINDS = ("power_cut", "disk_error")
+KINDS = PROCESS_KINDS + NETWORK_KINDS + WITNESS_KINDS + HOOK_KINDS + DISK_KINDS
 
 MIN_FREEZE, MAX_FREEZE = 0.1, 120.0
 
@@ -84,6 +91,11 @@ def draw(rng: random.Random, kind: str, duration: float, witness: bool) -> tuple
         return rng.choice(servers), rng.uniform(1.0, longest_cut(duration))
     if kind == "switchover":
         return "active", 0.0
+    if kind == "power_cut":
+        seconds = rng.uniform(0.2, min(10.0, max(1.0, duration / 20)))
+        return rng.choice([*servers, "both"]), seconds
+    if kind == "disk_error":
+        return rng.choice(servers), rng.uniform(1.0, longest_cut(duration))
     raise ValueError(f"unknown fault kind {kind!r}; kinds are {', '.join(KINDS)}")
 
 
@@ -119,7 +131,11 @@ def from_json(items: list[dict[str, Any]]) -> list[Fault]:
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r} in {item}; kinds are {', '.join(KINDS)}")
         target = item.get("target", "active")
-        if target not in ("active", "passive", "witness"):
-            raise ValueError(f"target is active, passive or witness, not {target!r} in {item}")
+        if target not in ("active", "passive", "witness", "both"):
+            raise ValueError(
+                f"target is active, passive, witness or both, not {target!r} in {item}"
+            )
+        if target == "both" and kind != "power_cut":
+            raise ValueError(f"target both is for power_cut only, not {kind} in {item}")
         faults.append(Fault(float(item["at"]), kind, target, float(item.get("seconds", 0.0))))
     return sorted(faults, key=lambda f: f.at)

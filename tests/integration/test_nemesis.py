@@ -1,20 +1,35 @@
 """``make nemesis`` end to end on a short fixed schedule, so the harness cannot rot: a real
 pair on loopback, 10 publishers and 10 consumers, one freeze of the ACTIVE (shorter than
-the clients' and the pair's stuck limits) and one kill -9 of the ACTIVE; the checker then
-finds every confirmed message delivered and nothing nobody sent (bench/nemesis.py)."""
+the clients' and the pair's stuck limits), one kill -9 of the ACTIVE, a power cut of both
+servers and an I/O error on the ACTIVE's disk (each server's data dir on a disk that
+forgets, tests/lazyfs.py); the checker then finds every confirmed message delivered and
+nothing nobody sent (bench/nemesis.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from bench import nemesis
+from tests import lazyfs
 from bench.nemesis_plan import Fault
 
 
 async def test_a_short_fixed_schedule_loses_nothing(tmp_path: Path) -> None:
-    faults = [Fault(3.0, "freeze", "active", 3.0), Fault(10.0, "kill", "active", 1.0)]
+    faults = [
+        Fault(3.0, "freeze", "active", 3.0),
+        Fault(10.0, "kill", "active", 1.0),
+        Fault(16.0, "power_cut", "both", 1.0),
+        Fault(23.0, "disk_error", "active", 2.0),
+    ]
+    disks = lazyfs.unavailable() is None  # without FUSE the disk faults are left out
     result = await nemesis.run(
-        nemesis.Options(duration=20.0, seed=0, namespaces=False, faults=faults, keep_dir=tmp_path)
+        nemesis.Options(
+            duration=30.0,
+            seed=0,
+            namespaces=False,
+            faults=faults if disks else faults[:2],
+            keep_dir=tmp_path,
+        )
     )
     print(result)
     assert "error" not in result, result.get("error")
@@ -23,7 +38,8 @@ async def test_a_short_fixed_schedule_loses_nothing(tmp_path: Path) -> None:
     applied = result["schedule"]
     # The freeze hits the primary; the kill whichever is ACTIVE after it (clients that
     # notice a silent server vote the backup in during the freeze).
-    assert [f["kind"] for f in applied] == ["freeze", "kill"]
+    kinds = ["freeze", "kill", "power_cut", "disk_error"] if disks else ["freeze", "kill"]
+    assert [f["kind"] for f in applied] == kinds
     assert applied[0]["server"] == "primary" and applied[1]["server"] in ("primary", "backup")
     assert all("healed_at" in f and "error" not in f for f in applied)
     assert result["takeovers"] >= 1  # the kill: the backup takes over, or the restart leads

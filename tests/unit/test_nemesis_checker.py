@@ -171,8 +171,13 @@ def test_bad_schedules_are_refused_with_the_reason() -> None:
         schedule(1, 0, KINDS)
     with pytest.raises(ValueError, match="unknown fault kind"):
         from_json([{"at": 1, "kind": "flood"}])
-    with pytest.raises(ValueError, match="target is active, passive or witness"):
+    with pytest.raises(ValueError, match="target is active, passive, witness or both"):
         from_json([{"at": 1, "kind": "kill", "target": "the moon"}])
+    with pytest.raises(ValueError, match="target both is for power_cut only"):
+        from_json([{"at": 1, "kind": "kill", "target": "both"}])
+    assert from_json([{"at": 1, "kind": "power_cut", "target": "both", "seconds": 2}]) == [
+        Fault(1.0, "power_cut", "both", 2.0)
+    ]
     assert from_json([{"at": 5, "kind": "kill", "seconds": 1}, {"at": 1, "kind": "freeze"}]) == [
         Fault(1.0, "freeze", "active", 0.0),
         Fault(5.0, "kill", "active", 1.0),
