@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import nemesis
-from tests import lazyfs
 from bench.nemesis_plan import Fault
+from tests import lazyfs
 
 
 async def test_a_short_fixed_schedule_loses_nothing(tmp_path: Path) -> None:
