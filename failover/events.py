@@ -23,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from amqha import clock as steady
+
 SCHEMA_VERSION = 1
 
 _ENVELOPE = ("v", "ts", "node", "role", "epoch", "state", "event", "pair")
@@ -67,7 +69,7 @@ class EventLog:
         path: str | os.PathLike[str],
         node: str,
         role: str,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = steady.now,
         pair: str | None = None,
     ) -> None:
         self.path = Path(path)
