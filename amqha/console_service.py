@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,7 @@ from pamqp import exceptions
 
 from config.digest import shared_settings
 
-from . import access_admin
+from . import access_admin, clock
 from .channel_state import the_active
 from .core.message import Message
 from .core.reserved import CONSOLE_EXCHANGE
@@ -172,7 +171,7 @@ class ConsoleService:
             queued_messages=sum(
                 q.message_count for v in broker.vhosts.values() for q in v.visible_queues()
             ),
-            uptime=round(time.time() - broker.started, 1),
+            uptime=round(clock.now() - broker.started, 1),
             control_received=broker.control_received,
             store=broker.store_status(),
         )

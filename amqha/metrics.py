@@ -33,7 +33,6 @@ import concurrent.futures
 import hmac
 import logging
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from . import clock
 from .httpbounds import BoundedSocket
 from .logtext import escaped
 from .ports import MetricsListenError
@@ -363,7 +363,7 @@ def broker_metrics(snapshot: Snapshot) -> Iterator[Metric]:
         yield GaugeMetricFamily(
             "amqha_replication_held_seconds",
             "Seconds since confirms last went out for want of an in-sync PASSIVE (0: none held)",
-            value=0.0 if since is None else max(0.0, time.time() - since),
+            value=0.0 if since is None else max(0.0, clock.now() - since),
         )
     follower = replication.get("follower")
     if follower is not None:
@@ -406,7 +406,7 @@ def pair_metrics(status: dict[str, Any]) -> Iterator[Metric]:
         "Seconds since the peer's last state message (absent when never seen)",
     )
     if last_seen is not None:
-        seen.add_metric([], max(0.0, time.time() - last_seen))
+        seen.add_metric([], max(0.0, clock.now() - last_seen))
     yield seen
     for key, text in (
         ("takeovers", "Times this server became ACTIVE (start-up included)"),

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 from pamqp.header import ContentHeader
 
+from . import clock
 from .core import codec, feedauth, protocol
 from .core.apply import state_changes
 from .core.changes import (
@@ -306,7 +307,7 @@ class Feed:
             mark = leader.unprotected_from(self._backlog_first_id(), self.broker.ids.next)
         was_in_sync = leader.drop()
         if was_in_sync and self.hold_alone:
-            self.held_since = time.time()  # no confirm goes out from now on
+            self.held_since = clock.now()  # no confirm goes out from now on
         self._snapshot = None
         self._carry = []
         self._pending.clear()  # kept changes too: no resume can be served without them
@@ -532,7 +533,7 @@ class Feed:
         self._end_rejoin_wait()
         self.forget_resume("this server " + ("leads again" if leading else "no longer leads"))
         self.leader.hold_alone = self.hold_alone and leading
-        self.held_since = time.time() if self.leader.hold_alone and not self.in_sync else None
+        self.held_since = clock.now() if self.leader.hold_alone and not self.in_sync else None
 
     def hold_until_in_sync(self, seconds: float) -> None:
         """This ACTIVE took the service by a handover (a planned switchover, a recover):
@@ -550,7 +551,7 @@ class Feed:
         if self.in_sync or self.leader.hold_alone:
             return
         self.leader.hold_alone = True
-        self.held_since = time.time()
+        self.held_since = clock.now()
         self._rejoin_timer = asyncio.get_running_loop().call_later(seconds, self._rejoin_late)
 
     def _rejoin_late(self) -> None:

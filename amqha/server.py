@@ -36,7 +36,7 @@ from config import ServerConfig, User
 from config.schema import format_host_port
 from failover import keys
 
-from . import __version__, flow
+from . import __version__, clock, flow
 from .auth import Authenticator, Refused
 from .broker_store import StoreSide, StoreSink
 from .channel_feed import FeedService
@@ -152,7 +152,7 @@ class Broker(Leadership, StoreSide):
             for name in user.vhosts:
                 self.vhost(name)
         self.connections: set[Connection] = set()
-        self.timers = QueueTimers(self.loop, self._on_queue_due, time.time)
+        self.timers = QueueTimers(self.loop, self._on_queue_due, clock.now)
         self.channel_count = 0
         self.memory = MemoryAccount(
             self.loop,
@@ -172,7 +172,7 @@ class Broker(Leadership, StoreSide):
         self.user_connections: dict[str, int] = {}
         self.user_channels: dict[str, int] = {}
         self.refused_sockets = 0
-        self.started = time.time()
+        self.started = clock.now()
         # The listening sockets (the only socket code): each accepted one a Connection.
         self.listener = Listener(self.loop, lambda: Connection(self))
         self.pair: Pair = Standalone(config.name, config.public_address)
@@ -192,9 +192,10 @@ class Broker(Leadership, StoreSide):
     # -- model access ---------------------------------------------------------------------
 
     def now(self) -> float:
-        """Wall-clock seconds: deadlines in the change stream mean the same after a
-        restart and on the peer (timers convert to the loop's clock)."""
-        return time.time()
+        """Epoch seconds on this process's steady wall clock (``amqha.clock``): deadlines in
+        the change stream mean the same after a restart and on the peer, and a step of the
+        system clock while this runs moves none (timers convert to the loop's clock)."""
+        return clock.now()
 
     def _buffer_guard(self, queue: str, connection: object, reading: bool) -> str | None:
         """Why ``connection`` may not touch federation buffer queue ``queue``, or None: its
@@ -212,7 +213,7 @@ class Broker(Leadership, StoreSide):
         if vhost is None:
             # Logged while this server leads (a PASSIVE applies, ``lead`` attaches the log).
             log_ = self.log if self.leading else None
-            vhost = VHost(name, time.time, log_, self.ids, self.config.global_name)
+            vhost = VHost(name, clock.now, log_, self.ids, self.config.global_name)
             vhost.max_queues = self.config.limits.vhost.max_queues
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
@@ -242,7 +243,7 @@ class Broker(Leadership, StoreSide):
     def record_access(self, change: Any) -> None:
         """Apply a change of the run-time users, vhosts or permissions on this serving
         server and log it like wiring (docs/security.md, "Users at run time")."""
-        apply(self, change, time.time())
+        apply(self, change, clock.now())
         if self.leading and self.log is not None:
             self.log.emit(change, sync=True)
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
-from amqha import __version__
+from amqha import __version__, clock
 from amqha.core import feedauth, protocol
 from amqha.core.message import Message
 from amqha.core.reserved import PEER_EXCHANGE
@@ -68,6 +68,9 @@ CLIENT_RECORD_INTERVAL = 1.0
 REJOIN_WAIT = 10.0
 # How long an ACTIVE whose disk failed waits for its PASSIVE to be in sync to hand over.
 DISK_HANDOVER_WAIT = 10.0
+# A step of the system clock this large is logged (it moves none of this server's times:
+# amqha.clock, docs/durability.md, "When a clock steps").
+CLOCK_STEP_NOTICE = 1.0
 
 
 class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, MaintenanceRule):
@@ -130,6 +133,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.init_freeze_rule()
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0
+        self._clock_stepped = clock.stepped()
         user = config.user(config.failover.peer_user)
         assert user is not None  # the config loader checked it
         self.heartbeat = Heartbeat(
@@ -253,7 +257,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
                 "boot": self.boot,
                 "seq": seq,
                 "heard": heard,
-                "ts": time.time(),
+                "ts": clock.now(),
                 "listen": self.config.public_address,
                 "clients": self.clients,
                 "version": __version__,
@@ -306,6 +310,21 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self._witness_tick()
         if self.running:
             self._ask_held_clients_to_vote(self.loop.time())
+        self._notice_clock_step()
+
+    def _notice_clock_step(self) -> None:
+        """Log a step of the system clock: an operator reading the log by the system's
+        time should know this server's times (deadlines, its event log) did not step."""
+        stepped = clock.stepped()
+        if abs(stepped - self._clock_stepped) >= CLOCK_STEP_NOTICE:
+            log.warning(
+                "the system clock stepped %+.1f s; this server's times keep to its monotonic"
+                ' clock and are now %+.1f s from the system clock (docs/durability.md, "When'
+                ' a clock steps")',
+                stepped - self._clock_stepped,
+                -stepped,
+            )
+            self._clock_stepped = stepped
 
     def _notice_peer_lost(self, now: float) -> None:
         """Record the loss once, when first noticed: at a tick, at a client vote or on
@@ -385,7 +404,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             log.info("peer %s heard: %s epoch %d", escaped(peer.name), peer.state.value, peer.epoch)
             self._write("peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=parsed.ts)
         if outcome.machine.misconfigured is None:
-            self.peer_last_seen = parsed.ts if parsed.ts is not None else time.time()
+            self.peer_last_seen = parsed.ts if parsed.ts is not None else clock.now()
         self._heard_echo(heard, self.boot)
 
     def _config_drift(self, peer: str) -> None:

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from amqha import clock as steady
+
 SCHEMA_VERSION = 1
 SYNC_WITHIN = 1.0  # seconds from a record to its fsync (docs/failover.md, "Event log")
 
@@ -70,7 +72,7 @@ class EventLog:
         path: str | os.PathLike[str],
         node: str,
         role: str,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = steady.now,
         pair: str | None = None,
     ) -> None:
         self.path = Path(path)

@@ -190,6 +190,9 @@ class ServerProcess:
         # and from which tree of the code (another release's: tests/test_rolling_upgrade.py).
         self.command: tuple[str, ...] = ("-m", "amqha", "start")
         self.code: Path = ROOT
+        # Further environment for this server's process alone (a faked clock:
+        # tests/integration/test_clock_step.py).
+        self.env: dict[str, str] = {}
 
     @property
     def address(self) -> str:
@@ -214,7 +217,7 @@ class ServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.config))
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         if self.code != ROOT:  # found before the installed tree
             env["PYTHONPATH"] = os.pathsep.join([str(self.code), env.get("PYTHONPATH", "")])
         self.process = subprocess.Popen(

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import clock as steady
 from ..core import names
 from ..core.message import Message
 from ..core.reserved import FEDERATION_EXCHANGE
@@ -234,7 +235,7 @@ class OrphanWatch:
 class UpstreamService:
     """Answers ``amq.federation`` requests inside the server (docs/federation.md)."""
 
-    def __init__(self, broker: FederationHost, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, broker: FederationHost, clock: Callable[[], float] = steady.now) -> None:
         self.broker = broker
         self.clock = clock
         self.registry = Registry(broker.config.global_name)

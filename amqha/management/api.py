@@ -36,7 +36,7 @@ from aiohttp import web
 
 from config.tls import server_context
 
-from .. import __version__
+from .. import __version__, clock
 from . import access, guard, shapes
 from .history import PairHistory
 from .objects import ObjectRoutes
@@ -302,7 +302,7 @@ class ManagementEndpoint:
         failover = broker.config.failover
         return {
             "name": broker.config.name,
-            "uptime": time.time() - broker.started,
+            "uptime": clock.now() - broker.started,
             "mem_used": broker.memory.in_use(),
             "mem_limit": broker.config.limits.memory_high_watermark,
             "mem_alarm": broker.memory.over,
@@ -318,7 +318,7 @@ class ManagementEndpoint:
 
     def _nodes(self) -> list[dict[str, Any]]:
         return shapes.nodes_shape(
-            self.broker.pair.status(), self.broker.replication_status(), self._own(), time.time()
+            self.broker.pair.status(), self.broker.replication_status(), self._own(), clock.now()
         )
 
     async def node(self, request: web.Request) -> web.StreamResponse:
@@ -335,7 +335,7 @@ class ManagementEndpoint:
     async def overview(self, request: web.Request) -> web.StreamResponse:
         user = request["user"]
         broker = self.broker
-        now = time.time()
+        now = clock.now()
         vhosts = [v for v in broker.vhosts.values() if access.sees_vhost(user, v.name)]
         queues = [(v.name, q) for v in vhosts for q in v.visible_queues()]
         connections = self.objects.visible_connections(user)

@@ -18,12 +18,12 @@ import asyncio
 import math
 import os
 import ssl
-import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
+from .. import clock
 from ..console_service import read_events
 from . import access, timeline
 from .replies import ApiError, int_query, json_reply, need
@@ -113,7 +113,7 @@ class PairHistory:
         """This server's records from ``since`` (epoch seconds; at most HISTORY_SECONDS
         back), for its peer's timeline."""
         need(access.is_monitor(request["user"]))
-        now = time.time()
+        now = clock.now()
         try:
             since = float(request.query.get("since", now - 3600))
         except ValueError:
@@ -132,7 +132,7 @@ class PairHistory:
         hours = int_query(request, "hours", timeline.DEFAULT_HOURS, 1, 24)
         if hours not in timeline.HOURS:
             raise ApiError(400, "bad_request", f"hours must be one of {timeline.HOURS}")
-        now = time.time()
+        now = clock.now()
         since = now - hours * 3600.0
         # On a minute's boundary: the same read serves a minute of the page's refreshes.
         read_from = math.floor(min(since, timeline.midnight(now)) / 60) * 60.0

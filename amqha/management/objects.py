@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from .. import access_admin
+from .. import access_admin, clock
 from ..core.kinds import new_queue
 from ..core.message import Message
 from ..gate import ConsoleRefused
@@ -113,7 +112,7 @@ class ObjectRoutes:
         need(access.may_change_queue(request["user"], vhost.name))
         if not self.broker.pair.serving():
             return json_reply({"status": "failed", "reason": "this server is not serving"}, 503)
-        now = time.time()
+        now = clock.now()
         queue = new_queue(ALIVENESS_QUEUE, vhost=vhost.name)
         vhost.enqueue(aliveness_message(), (queue,), now)
         got = queue.get(now, no_ack=True)
@@ -127,7 +126,7 @@ class ObjectRoutes:
 
     async def queues(self, request: web.Request) -> web.StreamResponse:
         vhosts = self._vhosts(request)
-        node, now = self.node(), time.time()
+        node, now = self.node(), clock.now()
         found = [
             shapes.queue_shape(v.name, q, node, shapes.queue_rates(self.rates, v.name, q, now))
             for v in vhosts
@@ -146,7 +145,7 @@ class ObjectRoutes:
 
     async def queue(self, request: web.Request) -> web.StreamResponse:
         vhost, queue = self._queue(request)
-        rates = shapes.queue_rates(self.rates, vhost.name, queue, time.time())
+        rates = shapes.queue_rates(self.rates, vhost.name, queue, clock.now())
         shape = shapes.queue_shape(vhost.name, queue, self.node(), rates)
         shape["consumer_details"] = [
             c
@@ -378,7 +377,7 @@ class ObjectRoutes:
                 # Against what the broker holds now, on the loop: nothing is applied
                 # unless all of it can be.
                 definitions.check_against(plan, self.broker.vhosts, self.broker.config)
-                definitions.apply(plan, self.broker, time.time())
+                definitions.apply(plan, self.broker, clock.now())
             except definitions.Refused as error:
                 raise ApiError(error.status, "bad_request", str(error)) from None
         log.info(
