@@ -42,6 +42,8 @@ from amqha.console import ConsoleClient, ConsoleError
 from amqha.quarantine import read_quarantine
 from bench import nemesis_check as checker
 from bench.nemesis_plan import (
+    CLOCK_KINDS,
+    CLOCK_STEP,
     DISK_KINDS,
     HOOK_KINDS,
     NETWORK_KINDS,
@@ -51,7 +53,7 @@ from bench.nemesis_plan import (
     from_json,
     schedule,
 )
-from tests import lazyfs, netns
+from tests import faketime, lazyfs, netns
 from tests.durability import drain
 from tests.pairs import PAIR_SECRET, Pair, poll, url_of
 from tests.sites import HEARTBEAT, TIMEOUT, Site
@@ -110,9 +112,17 @@ class Cluster:
     """The pair under test, and its witness when asked for: on test hosts in network
     namespaces (``site``) or on loopback."""
 
-    def __init__(self, workdir: Path, witness: bool, namespaces: bool, disks: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        witness: bool,
+        namespaces: bool,
+        disks: bool = False,
+        clocks: bool = False,
+    ) -> None:
         self.site: Site | None = None
         self.disks: dict[str, lazyfs.LazyDisk] = {}
+        self.clocks: dict[str, Path] = {}  # server name -> its faked clock's offset file
         self.local_witness: LocalWitness | None = None
         if namespaces:
             self.site = Site(workdir, witness=witness)
@@ -139,6 +149,9 @@ class Cluster:
                 self.disks[server.name] = disk
                 server.data_dir = disk.path / server.name
                 server.config["server"]["data_dir"] = str(server.data_dir)
+        if clocks:  # each server under libfaketime, its clock moved by clock_step
+            for server in self.pair.servers:
+                self.clocks[server.name] = faketime.fake_clock(server, workdir)
 
     async def start(self) -> None:
         self.pair.start()
@@ -240,6 +253,16 @@ async def apply(fault: Fault, cluster: Cluster, started: float) -> dict[str, Any
         await _witness_fault(fault, cluster, entry)
     elif fault.kind in DISK_KINDS:
         await _disk_fault(fault, cluster, entry)
+    elif fault.kind in CLOCK_KINDS:
+        role, sign = fault.target[:-1], fault.target[-1]
+        server = cluster.role(role)
+        entry["server"] = server.name
+        offset = cluster.clocks[server.name]
+        faketime.set_offset(offset, CLOCK_STEP if sign == "+" else -CLOCK_STEP)
+        try:
+            await asyncio.sleep(fault.seconds)
+        finally:
+            faketime.set_offset(offset, 0)
     else:
         server = cluster.role(fault.target)
         entry["server"] = server.name
@@ -472,9 +495,12 @@ class Options:
     keep_dir: Path | None = None  # where a failed run's directory goes (a temporary one)
 
 
-def fault_kinds(options: Options, namespaces: bool, disks: bool) -> tuple[str, ...]:
+def fault_kinds(
+    options: Options, namespaces: bool, disks: bool, clocks: bool = False
+) -> tuple[str, ...]:
     kinds = PROCESS_KINDS + (NETWORK_KINDS if namespaces else ()) + HOOK_KINDS
     kinds += DISK_KINDS if disks else ()
+    kinds += CLOCK_KINDS if clocks else ()
     if options.witness and namespaces:
         kinds += WITNESS_KINDS
     if options.kinds is None:
@@ -484,6 +510,8 @@ def fault_kinds(options: Options, namespaces: bool, disks: bool) -> tuple[str, .
         need = (
             "the power-loss filesystem (FUSE)"
             if kind in DISK_KINDS
+            else "libfaketime"
+            if kind in CLOCK_KINDS
             else "network namespaces (and a witness for witness_cut)"
         )
         say(f"fault kind {kind} skipped: it needs {need}")
@@ -499,7 +527,10 @@ async def run(options: Options) -> dict[str, Any]:
     disk_reason = lazyfs.unavailable()
     if disk_reason is not None:
         say(f"disk faults skipped: {disk_reason}")
-    kinds = fault_kinds(options, namespaces, disk_reason is None)
+    clock_reason = faketime.unavailable()
+    if clock_reason is not None:
+        say(f"clock steps skipped: {clock_reason}")
+    kinds = fault_kinds(options, namespaces, disk_reason is None, clock_reason is None)
     faults = (
         options.faults
         if options.faults is not None
@@ -508,6 +539,9 @@ async def run(options: Options) -> dict[str, Any]:
     if disk_reason is not None and any(f.kind in DISK_KINDS for f in faults):
         say("the schedule's disk faults are left out")
         faults = [f for f in faults if f.kind not in DISK_KINDS]
+    if clock_reason is not None and any(f.kind in CLOCK_KINDS for f in faults):
+        say("the schedule's clock steps are left out")
+        faults = [f for f in faults if f.kind not in CLOCK_KINDS]
     workdir = Path(tempfile.mkdtemp(prefix=f"amqha-nemesis-{options.seed}-", dir=options.keep_dir))
     os.chmod(workdir, 0o755)
     result: dict[str, Any] = {
@@ -520,8 +554,13 @@ async def run(options: Options) -> dict[str, Any]:
     cluster: Cluster | None = None
     began = time.monotonic()
     try:
-        on_disks = any(f.kind in DISK_KINDS for f in faults)
-        cluster = Cluster(workdir, options.witness, namespaces, disks=on_disks)
+        cluster = Cluster(
+            workdir,
+            options.witness,
+            namespaces,
+            disks=any(f.kind in DISK_KINDS for f in faults),
+            clocks=any(f.kind in CLOCK_KINDS for f in faults),
+        )
         await cluster.start()
         result.update(await _exercise(cluster, options, faults))
     except Exception as error:

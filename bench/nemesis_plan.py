@@ -22,11 +22,13 @@ logs: ``active``, ``passive``, or ``witness``):
   (target ``both``: both servers at once), started again after ``seconds``;
 - ``disk_error``: every fsync of the target's store fails with EIO for ``seconds``; then
   the disk is mended and the server restarted (a store whose disk failed writes nothing
-  more until then: docs/durability.md, section 9).
+  more until then: docs/durability.md, section 9);
+- ``clock_step``: the target's wall clock stepped by an hour, forward or back (the sign is
+  drawn: ``target`` ``active+`` or ``passive-`` and so on), for ``seconds``, then back.
 
 The network kinds need the namespace harness (tests/netns.py), the disk kinds the
-power-loss filesystem (tests/lazyfs.py); the caller leaves them out where either is
-missing.
+power-loss filesystem (tests/lazyfs.py), the clock kind libfaketime (tests/faketime.py);
+the caller leaves them out where one is missing.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ NETWORK_KINDS = ("partition", "one_way", "isolate")
 WITNESS_KINDS = ("witness_cut",)
 HOOK_KINDS = ("switchover",)
 DISK_KINDS = ("power_cut", "disk_error")
-KINDS = PROCESS_KINDS + NETWORK_KINDS + WITNESS_KINDS + HOOK_KINDS + DISK_KINDS
+CLOCK_KINDS = ("clock_step",)
+KINDS = PROCESS_KINDS + NETWORK_KINDS + WITNESS_KINDS + HOOK_KINDS + DISK_KINDS + CLOCK_KINDS
+CLOCK_STEP = 3600  # seconds a clock_step moves the wall clock
 
 MIN_FREEZE, MAX_FREEZE = 0.1, 120.0
 
@@ -96,6 +100,9 @@ def draw(rng: random.Random, kind: str, duration: float, witness: bool) -> tuple
         return rng.choice([*servers, "both"]), seconds
     if kind == "disk_error":
         return rng.choice(servers), rng.uniform(1.0, longest_cut(duration))
+    if kind == "clock_step":
+        sign = rng.choice("+-")
+        return rng.choice(servers) + sign, rng.uniform(1.0, longest_cut(duration))
     raise ValueError(f"unknown fault kind {kind!r}; kinds are {', '.join(KINDS)}")
 
 
@@ -131,7 +138,13 @@ def from_json(items: list[dict[str, Any]]) -> list[Fault]:
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r} in {item}; kinds are {', '.join(KINDS)}")
         target = item.get("target", "active")
-        if target not in ("active", "passive", "witness", "both"):
+        if kind == "clock_step":
+            if target not in ("active+", "active-", "passive+", "passive-"):
+                raise ValueError(
+                    f"a clock_step's target is active or passive and the step's sign"
+                    f" (active+, passive-, ...), not {target!r} in {item}"
+                )
+        elif target not in ("active", "passive", "witness", "both"):
             raise ValueError(
                 f"target is active, passive, witness or both, not {target!r} in {item}"
             )

@@ -21,11 +21,12 @@ import aiormq
 import pytest
 
 from amqha.client import connect_robust
+from tests import faketime
 from tests.durability import drain
+from tests.faketime import fake_clock, set_offset
 from tests.pairs import MakePair, Pair, Publisher, client_vote, poll
 from tests.support import ServerProcess
 
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 # Messages that must outlive the test's steps: long beside any wait here, short beside
 # the hour a step moves the wall clock.
 LONG_TTL_MS = 300_000
@@ -34,31 +35,9 @@ LONG_COUNT = 20
 WAIT = 30.0  # the bound of every wait for the server to act
 
 pytestmark = [
-    pytest.mark.skipif(
-        not LIBFAKETIME.exists(),
-        reason=f"libfaketime is not installed ({LIBFAKETIME}; Debian's package libfaketime,"
-        " installed by make)",
-    ),
+    pytest.mark.skipif(faketime.unavailable() is not None, reason=faketime.unavailable() or ""),
     pytest.mark.timeout(240),
 ]
-
-
-def fake_clock(server: ServerProcess, folder: Path) -> Path:
-    """Start ``server`` under libfaketime, its wall clock at the offset the returned file
-    holds ("+0" now; a write is seen at the next reading), its monotonic clock real."""
-    offset = folder / f"{server.name}.faketime"
-    offset.write_text("+0\n")
-    server.env = {
-        "LD_PRELOAD": str(LIBFAKETIME),
-        "FAKETIME_TIMESTAMP_FILE": str(offset),
-        # Read again at most once a second. With FAKETIME_NO_CACHE=1 (read at every call)
-        # the PASSIVE's heartbeat thread missed its ticks for 0.4 to 0.9 s, 10 times in one
-        # run of this test (its peer lost it, its feed was dropped); with a 1 s cache, never.
-        # The test waits for the server's own word that it saw each step.
-        "FAKETIME_CACHE_DURATION": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
-    return offset
 
 
 async def step(server: ServerProcess, offset: Path, seconds: int, by: float) -> None:
@@ -66,9 +45,7 @@ async def step(server: ServerProcess, offset: Path, seconds: int, by: float) -> 
     (bounded) for the server to log that it saw one more step of that size."""
     line = f"the system clock stepped {by:+.1f} s"
     before = server.log().count(line)
-    staged = offset.with_suffix(".new")
-    staged.write_text(f"{seconds:+d}\n")
-    staged.replace(offset)
+    set_offset(offset, seconds)
     await poll(lambda: server.log().count(line) > before, WAIT, f"{server.name} logs: {line}")
 
 

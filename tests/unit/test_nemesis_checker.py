@@ -178,7 +178,24 @@ def test_bad_schedules_are_refused_with_the_reason() -> None:
     assert from_json([{"at": 1, "kind": "power_cut", "target": "both", "seconds": 2}]) == [
         Fault(1.0, "power_cut", "both", 2.0)
     ]
+    with pytest.raises(ValueError, match="a clock_step's target is active or passive and"):
+        from_json([{"at": 1, "kind": "clock_step", "target": "active"}])
+    assert from_json([{"at": 1, "kind": "clock_step", "target": "passive-", "seconds": 3}]) == [
+        Fault(1.0, "clock_step", "passive-", 3.0)
+    ]
     assert from_json([{"at": 5, "kind": "kill", "seconds": 1}, {"at": 1, "kind": "freeze"}]) == [
         Fault(1.0, "freeze", "active", 0.0),
         Fault(5.0, "kill", "active", 1.0),
     ]
+
+
+def test_the_disk_and_clock_kinds_draw_their_own_targets() -> None:
+    drawn = schedule(9, 3600, ("power_cut", "disk_error", "clock_step"))
+    targets = {
+        kind: {f.target for f in drawn if f.kind == kind} for kind in {f.kind for f in drawn}
+    }
+    assert targets["power_cut"] == {"active", "passive", "both"}
+    assert targets["disk_error"] == {"active", "passive"}
+    assert targets["clock_step"] == {"active+", "active-", "passive+", "passive-"}
+    # A drawn schedule reads back as itself (the JSON a run prints can be replayed).
+    assert from_json([f.to_json() for f in drawn]) == sorted(drawn, key=lambda f: f.at)
