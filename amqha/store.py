@@ -382,11 +382,12 @@ class Store:
             items = self._take(None)
             if items:
                 self._write(items)
-        if self.broken is None:  # a broken disk is asked nothing more
-            try:
-                mark_open(self._db, self.path, False)  # with the checkpoint
-            except (sqlite3.Error, OSError) as exc:
-                log.warning("%s: checkpoint at close failed (%s)", self.path, exc)
+        # Even a broken store: SQLite's own close writes its log back whatever we do, and a
+        # store whose log went that way must not read as one whose log was lost.
+        try:
+            mark_open(self._db, self.path, False)  # with the checkpoint
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("%s: checkpoint at close failed (%s)", self.path, exc)
         self._db.close()
 
     def _take(self, first: Any) -> list[tuple[int, Sequence[Change]]]:

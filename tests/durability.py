@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aio_pika
 import aiormq
@@ -241,3 +242,39 @@ async def keep_consuming(
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 2)
+
+
+async def declare_durable(url: str, queue: str, **arguments: Any) -> None:
+    connection = await aiormq.connect(url)
+    channel = await connection.channel()
+    await channel.queue_declare(queue, durable=True, arguments=arguments or None)
+    await connection.close()
+
+
+def through_failovers(
+    urls: list[str], queue: str, ledger: Ledger, stop: asyncio.Event
+) -> list[asyncio.Task[None]]:
+    """A publisher confirming and a consumer acking on ``queue``, each following the ACTIVE
+    through every failover, until ``stop``."""
+    return [
+        asyncio.create_task(keep_publishing(urls, queue, ledger, "p", stop)),
+        asyncio.create_task(keep_consuming(urls, queue, ledger, stop, prefetch=50)),
+    ]
+
+
+async def grown(ledger: Ledger, by: int, what: str, timeout: float = 120.0) -> None:
+    """Until ``by`` more publishes are confirmed (the service goes on), at most ``timeout`` s."""
+    target = len(ledger.confirmed) + by
+    deadline = time.monotonic() + timeout
+    while len(ledger.confirmed) < target:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not reached after {timeout} s: {what}")
+        await asyncio.sleep(0.02)
+
+
+async def nothing_lost(url: str, queue: str, ledger: Ledger) -> None:
+    """Drain ``queue`` at ``url``: every confirmed message was acked or is there, and
+    nothing there was never sent."""
+    lost, invented = ledger.check([body for body, _ in await drain(url, queue)])
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+    assert not invented, sorted(invented)[:5]

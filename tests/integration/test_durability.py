@@ -19,20 +19,20 @@ import pytest
 import yaml
 from pamqp import commands
 
-from tests.durability import PERSISTENT, Ledger, consume_acking, drain, publish_confirmed
+from tests.durability import (
+    PERSISTENT,
+    Ledger,
+    consume_acking,
+    declare_durable,
+    drain,
+    publish_confirmed,
+)
 from tests.support import ServerProcess, start_to_exit
 
 
 def weak(line: str) -> bool:
     """A warning about the test users' well-known passwords (loopback only)."""
     return line.startswith("amqha: WARNING: ")
-
-
-async def declare_durable(url: str, queue: str, **arguments: Any) -> None:
-    connection = await aiormq.connect(url)
-    channel = await connection.channel()
-    await channel.queue_declare(queue, durable=True, arguments=arguments or None)
-    await connection.close()
 
 
 async def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:

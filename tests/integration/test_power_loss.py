@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from tests import lazyfs
-from tests.durability import Ledger, drain, keep_consuming, keep_publishing
-from tests.pairs import ADMIN, Pair, poll, url_of
-from tests.support import ROOT, soak_size
+from tests.durability import Ledger, declare_durable, grown, nothing_lost, through_failovers
+from tests.pairs import Pair, poll
+from tests.support import soak_size
 
 pytestmark = pytest.mark.soak
 
@@ -53,53 +51,21 @@ async def cut(pair: Pair, server: Any, disk: lazyfs.LazyDisk) -> None:
     assert before.startswith(after) and b'"started"' in after
 
 
-async def grown(ledger: Ledger, by: int, what: str) -> None:
-    """Until ``by`` more publishes are confirmed (the service goes on)."""
-    target = len(ledger.confirmed) + by
-    await poll(lambda: len(ledger.confirmed) >= target, 120, what)
-
-
-async def promote_force(server: Any) -> None:
-    """``amqha console promote --force``, as an operator types it once both were cut."""
-    promoted = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "amqha", "console", "--server", url_of(server, ADMIN)]
-        + ["promote", "--force"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert promoted.returncode == 0, promoted.stderr
-
-
-async def declare(url: str) -> None:
-    import aiormq
-
-    connection = await aiormq.connect(url)
-    channel = await connection.channel()
-    await channel.queue_declare(QUEUE, durable=True)
-    await connection.close()
-
-
 async def settle_and_check(pair: Pair, ledger: Ledger, stop: asyncio.Event, tasks: Any) -> None:
     active, _ = await pair.settled(timeout=120)
     await grown(ledger, 200, "confirms after the last cut")
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-    remaining = [body for body, _ in await drain(active.url, QUEUE)]
-    lost, invented = ledger.check(remaining)
-    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
-    assert not invented, sorted(invented)[:5]
-    assert len(ledger.confirmed) > 0
+    await nothing_lost(active.url, QUEUE, ledger)
 
 
-def workload(pair: Pair, ledger: Ledger, stop: asyncio.Event) -> list[asyncio.Task[None]]:
-    urls = [server.url for server in pair.servers]
-    return [
-        asyncio.create_task(keep_publishing(urls, QUEUE, ledger, "p", stop)),
-        asyncio.create_task(keep_consuming(urls, QUEUE, ledger, stop, prefetch=50)),
-    ]
+async def loaded(pair: Pair) -> tuple[Ledger, asyncio.Event, list[asyncio.Task[None]]]:
+    """The pair started and settled, and its workload running through every failover."""
+    pair.start()
+    await pair.settled(timeout=120)
+    await declare_durable(pair.primary.url, QUEUE)
+    ledger, stop = Ledger(), asyncio.Event()
+    return ledger, stop, through_failovers([s.url for s in pair.servers], QUEUE, ledger, stop)
 
 
 @pytest.mark.parametrize("target", ["active", "passive"])
@@ -110,11 +76,7 @@ async def test_a_power_cut_of_one_server_loses_no_confirmed_message(
     over and the publisher goes on there) or of the PASSIVE (the ACTIVE goes on), the
     server restarted on what its disk kept, back in sync."""
     pair, disks = lazy_pair()
-    pair.start()
-    await pair.settled(timeout=120)
-    await declare(pair.primary.url)
-    ledger, stop = Ledger(), asyncio.Event()
-    tasks = workload(pair, ledger, stop)
+    ledger, stop, tasks = await loaded(pair)
     try:
         for _ in range(ROUNDS):
             active, passive = await pair.settled(timeout=120)
@@ -144,11 +106,7 @@ async def test_a_power_cut_of_both_loses_no_confirmed_message(
     and the client vote). Every confirmed message is served after, or kept in a
     quarantine file and counted (docs/durability.md, section 9)."""
     pair, disks = lazy_pair(replication={"when_alone": when_alone})
-    pair.start()
-    await pair.settled(timeout=120)
-    await declare(pair.primary.url)
-    ledger, stop = Ledger(), asyncio.Event()
-    tasks = workload(pair, ledger, stop)
+    ledger, stop, tasks = await loaded(pair)
     rng = random.Random(ROUNDS)
     disk_of = dict(zip((s.name for s in pair.servers), disks, strict=True))
     kinds = []
