@@ -8,6 +8,12 @@ process runs (NTP, a VM restored, an operator's ``date -s``) moves none of them,
 keep the rate of the monotonic clock (which NTP slews). ``stepped`` says how far the
 system clock has moved away since, for the log and the metrics.
 
+And the pair's time (``pair_now``): ``now`` plus the offset to the ACTIVE this server last
+followed (``follow``), by which every message deadline and queue expiry is set and read.
+A PASSIVE takes its ACTIVE's time from the state messages it hears, so a deadline it
+receives means the same to it, even with its system clock an hour off, and it keeps that
+time when it takes over (docs/durability.md, "When a clock steps").
+
 Must not know: who reads it.
 """
 
@@ -30,3 +36,24 @@ def stepped() -> float:
     """How far the system's wall clock now is from ``now`` (positive: ahead), in seconds:
     the sum of the steps it took since this process started (0 without one)."""
     return time.time() - now()
+
+
+_pair_offset = 0.0
+
+
+def pair_now() -> float:
+    """The pair's time: ``now`` plus the offset to the ACTIVE this server last followed
+    (0 for a server that never followed one). Message deadlines are on it."""
+    return _BASE + time.monotonic() + _pair_offset
+
+
+def pair_offset() -> float:
+    """How far the pair's time is from this process's ``now`` (positive: ahead)."""
+    return _pair_offset
+
+
+def follow(offset: float) -> None:
+    """The pair's time is ``offset`` s from ``now`` from this moment (a PASSIVE hearing
+    its ACTIVE, or a server starting with what it last followed)."""
+    global _pair_offset
+    _pair_offset = offset

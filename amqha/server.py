@@ -152,7 +152,7 @@ class Broker(Leadership, StoreSide):
             for name in user.vhosts:
                 self.vhost(name)
         self.connections: set[Connection] = set()
-        self.timers = QueueTimers(self.loop, self._on_queue_due, clock.now)
+        self.timers = QueueTimers(self.loop, self._on_queue_due, clock.pair_now)
         self.channel_count = 0
         self.memory = MemoryAccount(
             self.loop,
@@ -192,10 +192,11 @@ class Broker(Leadership, StoreSide):
     # -- model access ---------------------------------------------------------------------
 
     def now(self) -> float:
-        """Epoch seconds on this process's steady wall clock (``amqha.clock``): deadlines in
-        the change stream mean the same after a restart and on the peer, and a step of the
-        system clock while this runs moves none (timers convert to the loop's clock)."""
-        return clock.now()
+        """The pair's time (``amqha.clock.pair_now``): epoch seconds on this process's steady
+        wall clock, moved to its ACTIVE's when it follows one. Deadlines in the change
+        stream mean the same after a restart and on the peer, and a step of the system
+        clock while this runs moves none (timers convert to the loop's clock)."""
+        return clock.pair_now()
 
     def _buffer_guard(self, queue: str, connection: object, reading: bool) -> str | None:
         """Why ``connection`` may not touch federation buffer queue ``queue``, or None: its
@@ -213,7 +214,7 @@ class Broker(Leadership, StoreSide):
         if vhost is None:
             # Logged while this server leads (a PASSIVE applies, ``lead`` attaches the log).
             log_ = self.log if self.leading else None
-            vhost = VHost(name, clock.now, log_, self.ids, self.config.global_name)
+            vhost = VHost(name, clock.pair_now, log_, self.ids, self.config.global_name)
             vhost.max_queues = self.config.limits.vhost.max_queues
             vhost.max_arguments_size = self.config.limits.max_arguments_size
             vhost.replicate_default = self.config.replication.default
@@ -243,7 +244,7 @@ class Broker(Leadership, StoreSide):
     def record_access(self, change: Any) -> None:
         """Apply a change of the run-time users, vhosts or permissions on this serving
         server and log it like wiring (docs/security.md, "Users at run time")."""
-        apply(self, change, clock.now())
+        apply(self, change, clock.pair_now())
         if self.leading and self.log is not None:
             self.log.emit(change, sync=True)
 

@@ -42,7 +42,7 @@ from peering import Peering
 
 from . import fsm, keys, peer_message
 from .drift import ConfigDrift
-from .epoch import load_epoch, store_epoch
+from .epoch import load_epoch, load_pair_offset, store_epoch, store_pair_offset
 from .events import EventLog, RecordThrottle
 from .freeze_rule import FreezeRule
 from .heartbeat import Heartbeat
@@ -68,6 +68,9 @@ CLIENT_RECORD_INTERVAL = 1.0
 REJOIN_WAIT = 10.0
 # How long an ACTIVE whose disk failed waits for its PASSIVE to be in sync to hand over.
 DISK_HANDOVER_WAIT = 10.0
+# How far a PASSIVE's pair time may be from its ACTIVE's before it takes it again: more
+# than a state message's flight and a heartbeat's jitter, far less than any TTL's grain.
+PAIR_TIME_SLACK = 0.25
 # A step of the system clock this large is logged (it moves none of this server's times:
 # amqha.clock, docs/durability.md, "When a clock steps").
 CLOCK_STEP_NOTICE = 1.0
@@ -101,6 +104,9 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.events = EventLog(
             config.event_log_path, config.name, self.role.value, pair=config.pair
         )
+        # The pair's time this server last followed (message deadlines are on it), until
+        # it hears its ACTIVE's again (docs/durability.md, "When a clock steps").
+        clock.follow(load_pair_offset(config.data_dir))
         self._disk_handover: asyncio.Task[None] | None = None
         self.expected = peer_message.Expected(
             config.failover.secret,
@@ -258,6 +264,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
                 "seq": seq,
                 "heard": heard,
                 "ts": clock.now(),
+                "pair_ts": clock.pair_now(),
                 "listen": self.config.public_address,
                 "clients": self.clients,
                 "version": __version__,
@@ -405,7 +412,33 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             self._write("peer_up", peer=peer.name, peer_state=peer.state.value, last_seen=parsed.ts)
         if outcome.machine.misconfigured is None:
             self.peer_last_seen = parsed.ts if parsed.ts is not None else clock.now()
+            self._follow_pair_time(peer, parsed.pair_ts)
         self._heard_echo(heard, self.boot)
+
+    def _follow_pair_time(self, peer: fsm.PeerInfo, pair_ts: float | None) -> None:
+        """A PASSIVE takes its ACTIVE's pair time (message deadlines are on it), within
+        ``PAIR_TIME_SLACK`` (the message's flight and the heartbeat's jitter), and keeps it
+        in its data dir for a restart (docs/durability.md, "When a clock steps")."""
+        if (
+            pair_ts is None
+            or peer.state is not fsm.State.ACTIVE
+            or self.machine.state is not fsm.State.PASSIVE
+        ):
+            return
+        offset = pair_ts - clock.now()
+        if abs(offset - clock.pair_offset()) < PAIR_TIME_SLACK:
+            return
+        clock.follow(offset)
+        log.warning(
+            "following %s's time: %+.3f s from this server's clock (message deadlines keep"
+            " to the ACTIVE's)",
+            escaped(peer.name),
+            offset,
+        )
+        try:
+            store_pair_offset(self.config.data_dir, offset)
+        except OSError as error:
+            log.warning("cannot keep the pair's time in the data dir: %s", error)
 
     def _config_drift(self, peer: str) -> None:
         """The settings that differ from the peer's changed: logged, by key only."""

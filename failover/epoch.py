@@ -2,7 +2,8 @@
 
 Owns: the one-line `epoch` file in the server's data dir, written atomically so that a crash
 at any moment leaves either the old epoch or the new one, never a torn file (`write_durably`,
-which the pair's other small files use too).
+which the pair's other small files use too), and the `pair_time` file: the offset of the
+pair's time this server last followed (amqha.clock).
 
 Must not know: when or why the epoch changes (the state machine decides and asks, through
 `PersistEpoch`), nor anything about the peer.
@@ -59,6 +60,25 @@ def store_epoch(data_dir: str | os.PathLike[str], epoch: int) -> None:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
     write_durably(data_dir, EPOCH_FILE, f"{epoch}\n")
+
+
+PAIR_TIME_FILE = "pair_time"
+
+
+def store_pair_offset(data_dir: str | os.PathLike[str], offset: float) -> None:
+    """The offset of the pair's time from this server's clock (amqha.clock), kept for a
+    restart."""
+    write_durably(data_dir, PAIR_TIME_FILE, f"{offset!r}\n")
+
+
+def load_pair_offset(data_dir: str | os.PathLike[str]) -> float:
+    """The offset kept by ``store_pair_offset``; 0 if none, or unreadable (the server's
+    own clock then)."""
+    try:
+        value = float((Path(data_dir) / PAIR_TIME_FILE).read_text(encoding="ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return 0.0
+    return value if value == value and abs(value) < 10 * 365 * 86400 else 0.0
 
 
 def write_durably(data_dir: str | os.PathLike[str], name: str, text: str) -> None:

@@ -75,6 +75,9 @@ class StateMessage:
     maintenance: View | None = None
     # The protocol the peer's release speaks (amqha.core.protocol; none sent: 1).
     protocol: int = 1
+    # The peer's pair time when it sent the message (amqha.clock.pair_now; an older
+    # release sends none): a PASSIVE takes its ACTIVE's.
+    pair_ts: float | None = None
 
 
 def signature(secret: bytes, kind: str, body: bytes) -> str:
@@ -159,7 +162,16 @@ def parse(
         _config(data.get("config")),
         _maintenance(data.get("maintenance")),
         _protocol(data.get("protocol")),
+        _time(data.get("pair_ts")),
     )
+
+
+def _time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value == value:
+        raise MalformedPeerMessage("field", "field 'pair_ts' is not a number")
+    return float(value)
 
 
 def _protocol(value: Any) -> int:

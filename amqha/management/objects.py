@@ -112,7 +112,7 @@ class ObjectRoutes:
         need(access.may_change_queue(request["user"], vhost.name))
         if not self.broker.pair.serving():
             return json_reply({"status": "failed", "reason": "this server is not serving"}, 503)
-        now = clock.now()
+        now = self.broker.now()
         queue = new_queue(ALIVENESS_QUEUE, vhost=vhost.name)
         vhost.enqueue(aliveness_message(), (queue,), now)
         got = queue.get(now, no_ack=True)
@@ -377,7 +377,7 @@ class ObjectRoutes:
                 # Against what the broker holds now, on the loop: nothing is applied
                 # unless all of it can be.
                 definitions.check_against(plan, self.broker.vhosts, self.broker.config)
-                definitions.apply(plan, self.broker, clock.now())
+                definitions.apply(plan, self.broker, self.broker.now())
             except definitions.Refused as error:
                 raise ApiError(error.status, "bad_request", str(error)) from None
         log.info(

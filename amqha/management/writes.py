@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pamqp import exceptions
 
-from .. import clock
 from ..logtext import escaped
 from . import definitions, shapes
 from .replies import ApiError, json_body, json_reply, not_found
@@ -174,7 +173,7 @@ class WriteRoutes:
         try:
             plan = definitions.plan_import({kind: [item]}, self.broker.config)
             definitions.check_against(plan, self.broker.vhosts, self.broker.config)
-            definitions.apply(plan, self.broker, clock.now())
+            definitions.apply(plan, self.broker, self.broker.now())
         except definitions.Refused as error:
             reason = str(error).replace(f"{kind}[0]", what)
             reason = reason.replace(" (what came before it in the file was imported)", "")

@@ -24,8 +24,8 @@ from amqha.client import connect_robust
 from tests import faketime
 from tests.durability import drain
 from tests.faketime import fake_clock, set_offset
-from tests.pairs import MakePair, Pair, Publisher, client_vote, poll
-from tests.support import ServerProcess
+from tests.pairs import ADMIN, MakePair, Pair, Publisher, client_vote, poll, url_of
+from tests.support import ServerProcess, console_in_process
 
 # Messages that must outlive the test's steps: long beside any wait here, short beside
 # the hour a step moves the wall clock.
@@ -209,3 +209,43 @@ async def expired(url: str, queue: str) -> None:
     while await count(url, queue) is not None:
         assert loop.time() < deadline, f"{queue} (x-expires) still there after {WAIT} s: late"
         await asyncio.sleep(1.5 * SHORT_TTL_MS / 1000)
+
+
+@pytest.mark.parametrize("hours", [1, -1])
+async def test_a_passive_an_hour_off_its_active_keeps_the_actives_deadlines(
+    make_pair: MakePair, tmp_path: Path, hours: int
+) -> None:
+    """The backup's system clock an hour ahead of (or behind) the primary's from its start,
+    not stepped: as PASSIVE it takes its ACTIVE's time from the state messages, so the
+    deadlines it receives mean the same to it. After a kill -9 of the ACTIVE it serves
+    them right: the long ones not expired at once (an hour ahead would have), the short
+    one not kept an hour (an hour behind would have)."""
+    pair = make_pair(heartbeat=0.25, timeout=2.0)
+    offset = fake_clock(pair.backup, tmp_path)
+    set_offset(offset, 3600 * hours)
+    pair.start()
+    active, passive = await pair.settled()
+    assert (active, passive) == (pair.primary, pair.backup)
+    await poll(
+        lambda: "following primary's time" in passive.log(), WAIT, "the backup takes its time"
+    )
+    connection = await aio_pika.connect(active.url, timeout=WAIT)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("per-message", durable=True)
+        await fill(channel, "per-message")
+    await pair.wait_in_sync(passive, timeout=WAIT)
+    pair.kill(active)
+    assert (await client_vote([passive], retry_for=WAIT))["name"] == passive.name
+    await pair.wait_states(None, "ACTIVE", timeout=WAIT)
+    await short_one_gone(passive.url, "per-message", f"a backup {hours:+d} h off")
+    # Restarted (alone: an operator promotes it), it keeps the time it followed (its data
+    # dir's pair_time): the long ones are still there.
+    passive.kill()
+    passive.start()
+    promoted = await asyncio.to_thread(
+        console_in_process, "--server", url_of(passive, ADMIN), "promote", "--force"
+    )
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    await pair.wait_states(None, "ACTIVE", timeout=WAIT)
+    assert await count(passive.url, "per-message") == LONG_COUNT
