@@ -160,24 +160,23 @@ class StoreSide:
 
     def _stored(self, last_lsn: int, failed: StoreFailure | None) -> None:
         self.store_sink.reported(last_lsn)
-        if failed is not None and failed.broken:
+        if failed is not None:
             self.confirms.refuse(failed.first_lsn, failed.last_lsn)
             self.store_failures += 1
-            if self.disk_failed is None:
-                self._disk_failed(failed.error)
-        elif failed is not None:
-            self.confirms.refuse(failed.first_lsn, failed.last_lsn)
-            self.store_failures += 1
-            if not self.store_failing:
-                log.warning(
-                    "the store could not write (%s): publishes not stored are nacked and "
-                    "publishers blocked; consumers are still served",
-                    failed.error,
-                )
-                self.store_failing = True
-                self.update_blocked()
-            if self.store_retry is None:
-                self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
+            if failed.broken:
+                if self.disk_failed is None:
+                    self._disk_failed(failed.error)
+            else:
+                if not self.store_failing:
+                    log.warning(
+                        "the store could not write (%s): publishes not stored are nacked and "
+                        "publishers blocked; consumers are still served",
+                        failed.error,
+                    )
+                    self.store_failing = True
+                    self.update_blocked()
+                if self.store_retry is None:
+                    self.store_retry = self.loop.call_later(STORE_RETRY, self._retry_store)
         self.confirms.advance()
 
     def _disk_failed(self, error: str) -> None:

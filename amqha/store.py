@@ -384,6 +384,8 @@ class Store:
                 self._write(items)
         # Even a broken store: SQLite's own close writes its log back whatever we do, and a
         # store whose log went that way must not read as one whose log was lost.
+        if self.broken is not None:
+            self._rollback()
         try:
             mark_open(self._db, self.path, False)  # with the checkpoint
         except (sqlite3.Error, OSError) as exc:
@@ -477,7 +479,7 @@ class Store:
             return None, False
         except Exception as exc:
             if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR"):
-                # Not rolled back: nothing more is asked of this connection.
+                # Not rolled back now: nothing more is asked of this connection until close.
                 self.broken = f"{exc} ({exc.sqlite_errorname})"  # type: ignore[attr-defined]
                 return self.broken, False
             self._rollback()

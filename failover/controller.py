@@ -107,7 +107,7 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         # The pair's time this server last followed (message deadlines are on it), until
         # it hears its ACTIVE's again (docs/durability.md, "When a clock steps").
         clock.follow(load_pair_offset(config.data_dir))
-        self._disk_handover: asyncio.Task[None] | None = None
+        self._disk_handover: asyncio.Task[None] | None = None  # held while it runs
         self.expected = peer_message.Expected(
             config.failover.secret,
             frozenset(config.failover.peer_listen),
@@ -667,9 +667,9 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.machine = replace(self.machine, in_sync=False)
         self._write("disk_failed", reason=reason)
         if self.machine.state is fsm.State.ACTIVE:
-            self._disk_handover = self.loop.create_task(self._hand_over_failed_disk(reason))
+            self._disk_handover = self.loop.create_task(self._hand_over_failed_disk())
 
-    async def _hand_over_failed_disk(self, reason: str) -> None:
+    async def _hand_over_failed_disk(self) -> None:
         try:
             result = await self._switchover(DISK_HANDOVER_WAIT, "amqha (the disk failed)")
             log.error("the disk failed: %s", result["result"])

@@ -3,9 +3,9 @@
 Owns: the record envelope (`v`, `ts`, `node`, `role`, `epoch`, `state`, `event`, and `pair`
 when the server names its pair: an additive v1 field), appending
 records so each is in the file as a whole line once `write()` returns (one write(2) per
-record; an fsync follows within ``SYNC_WITHIN`` seconds, in a thread of its own, so a power
-cut loses at most the last second's records), and reading a log back while skipping lines a crash tore or garbage
-left behind. A failing write (a full disk, an I/O error) never raises: the log is a side
+record; an fsync follows within ``SYNC_WITHIN`` seconds, in a thread of its own, so a
+power cut loses at most the last second's records), and reading a log back while
+skipping lines a crash tore or garbage left behind. A failing write (a full disk, an I/O error) never raises: the log is a side
 resource and failover must go on without it. The record goes to stderr instead, at most once
 a second, and ``lost`` counts it.
 
@@ -28,7 +28,7 @@ from typing import Any
 from amqha import clock as steady
 
 SCHEMA_VERSION = 1
-SYNC_WITHIN = 1.0  # seconds from a record to its fsync (docs/failover.md, "Event log")
+SYNC_WITHIN = 1.0  # seconds from a record to its fsync (docs/failover.md, "The event log")
 
 _ENVELOPE = ("v", "ts", "node", "role", "epoch", "state", "event", "pair")
 

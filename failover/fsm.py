@@ -223,9 +223,9 @@ def step(
         and not peer.maintenance
         and peer_led_last(heard.role, heard.epoch, peer.epoch)
     ):
-        # Both starting: the peer led after we last did, and
-        # may have confirmed alone what we never had. We do not lead on our store; it
-        # leads, and we follow it (docs/failover.md, "Who led last").
+        # Both starting: the peer led after we last did, and may have confirmed alone what
+        # we never had. We do not lead on our store; it leads, and we follow it
+        # (docs/failover.md, "Who led last").
         heard = replace(heard, in_sync=False)
     if heard.fenced and peer.epoch > heard.epoch and event is not Event.PEER_ACTIVE:
         outcome = overtaken(heard, event, peer)
