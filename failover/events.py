@@ -169,14 +169,23 @@ class EventLog:
                 self._sync_timer.start()
 
     def _sync(self) -> None:
+        # The fsync runs on a descriptor of its own, outside the lock: a slow disk must not
+        # hold up a record being written (the loop's, or the heartbeat thread's).
         with self._sync_lock:
             self._sync_timer = None
             if self._fd is None:
                 return
             try:
-                os.fsync(self._fd)
+                fd = os.dup(self._fd)
             except OSError as error:
                 self._complain(error, "(fsync)")
+                return
+        try:
+            os.fsync(fd)
+        except OSError as error:
+            self._complain(error, "(fsync)")
+        finally:
+            os.close(fd)
 
     def _complain(self, error: OSError, line: str) -> None:
         now = time.monotonic()
