@@ -174,6 +174,7 @@ class ConsoleService:
             uptime=round(clock.now() - broker.started, 1),
             control_received=broker.control_received,
             store=broker.store_status(),
+            collector=broker.collector.status(),
         )
         upstream = getattr(broker, "upstream", None)
         status["federation"] = {

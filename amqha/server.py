@@ -40,6 +40,7 @@ from . import __version__, clock, flow
 from .auth import Authenticator, Refused
 from .broker_store import StoreSide, StoreSink
 from .channel_feed import FeedService
+from .collector import Collector
 from .confirm_pipeline import ConfirmPipeline
 from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
@@ -79,6 +80,8 @@ GC_THRESHOLDS = (10_000, 10, 10)
 # returns from each SQLite call (and the heartbeat thread wakes) needing the GIL back
 # from a busy loop thread: at Python's default 5 ms, every group commit waits that long.
 SWITCH_INTERVAL = 0.0005
+# How often the loop asks whether the last full collection was slow (collector.py).
+COLLECTOR_CHECK = 1.0
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -164,6 +167,9 @@ class Broker(Leadership, StoreSide):
         # Publishers are blocked (Connection.Blocked, not read) while the memory alarm is
         # on or the store fails.
         self.blocked = False
+        # Full collections over millions of queued messages kept short (collector.py).
+        self.collector = Collector()
+        self._collector_check: asyncio.TimerHandle | None = None
         # Connections not read for a reason that may last (blocked, say): asyncio would
         # see their client's FIN or reset only by reading, so the watch polls them.
         self.hangups = HangupWatch(self.loop)
@@ -504,6 +510,12 @@ class Broker(Leadership, StoreSide):
         self.open_store()
         await self.listener.open(self.config.addresses, self.config.tls, self.config.source)
         self.memory.start()
+        self.collector.install()
+        self._check_collector()
+
+    def _check_collector(self) -> None:
+        self.collector.check()
+        self._collector_check = self.loop.call_later(COLLECTOR_CHECK, self._check_collector)
 
     @property
     def port(self) -> int:
@@ -511,6 +523,9 @@ class Broker(Leadership, StoreSide):
 
     async def stop(self, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
         self.memory.stop()
+        if self._collector_check is not None:
+            self._collector_check.cancel()
+        self.collector.remove()
         self.hangups.stop()
         self.timers.close()
         try:
