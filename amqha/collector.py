@@ -36,9 +36,11 @@ THAW_BELOW = 200_000
 
 
 def decide(last_full: float, frozen: int) -> str | None:
-    """``freeze`` after a full collection of ``last_full`` s that was slow, ``thaw`` once
-    ``frozen`` objects (those still alive) are few, else None."""
-    if last_full > SLOW:
+    """``freeze`` after a full collection of ``last_full`` s (0: none since the last look)
+    that was slow, or after any while many are frozen (so that each covers only what came
+    since the one before); ``thaw`` once ``frozen`` objects (those still alive) are few;
+    else None."""
+    if last_full > SLOW or (last_full > 0 and frozen >= THAW_BELOW):
         return "freeze"
     if 0 < frozen < THAW_BELOW:
         return "thaw"

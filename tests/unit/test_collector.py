@@ -15,7 +15,8 @@ def test_the_rule() -> None:
     assert decide(SLOW * 2, 0) == "freeze"
     assert decide(SLOW * 2, 5_000_000) == "freeze"  # more grew since: frozen with them
     assert decide(SLOW / 2, 0) is None
-    assert decide(SLOW / 2, THAW_BELOW * 10) is None  # still many: thawing would pause
+    assert decide(0, THAW_BELOW * 10) is None  # still many: thawing would pause
+    assert decide(SLOW / 2, THAW_BELOW * 10) == "freeze"  # each collection after the last
     assert decide(SLOW / 2, THAW_BELOW - 1) == "thaw"
 
 
@@ -43,6 +44,7 @@ def test_a_slow_full_collection_freezes_its_survivors_and_few_left_thaw(
         assert gc.get_freeze_count() >= len(held)
         gc.collect()
         assert watch.last_full < SLOW / 100  # the frozen objects are left out
+        watch.last_full = 0.0  # no full collection since
         assert watch.check() is None
         # Few left: the test process's own objects and a quarter of these (the bound set
         # from what this process holds besides).
