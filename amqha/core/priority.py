@@ -342,7 +342,7 @@ class PriorityQueue(Queue):
         self.count = 0
         self.bytes = 0
 
-    def messages(self) -> list[tuple[Message, float | None]]:
+    def messages(self) -> Iterator[tuple[Message, float | None]]:
         found = [
             (m, None if d == math.inf else d)
             for lane in self.lanes.values()
@@ -350,4 +350,4 @@ class PriorityQueue(Queue):
         ]
         found += [(m, self.outstanding_deadlines.get(i)) for i, m in self.outstanding.items()]
         found.sort(key=lambda pair: pair[0].msg_id)
-        return found
+        return iter(found)

@@ -603,17 +603,17 @@ class Queue:
         self.bytes = 0
         return count
 
-    def messages(self) -> list[tuple[Message, float | None]]:
-        """Every message not yet settled, in id order, with its deadline (tests, snapshots)."""
-        expiries = self.expiries
-        found = [
-            (m, None if expiries is None or expiries[i] == math.inf else expiries[i])
-            for i, m in enumerate(self.ready)
-        ]
-        found += [(m, None if d == math.inf else d) for _, d, m in self.returned]
-        found += [(m, self.outstanding_deadlines.get(i)) for i, m in self.outstanding.items()]
-        found.sort(key=lambda pair: pair[0].msg_id)
-        return found
+    def messages(self) -> Iterator[tuple[Message, float | None]]:
+        """Every message not yet settled, in id order, with its deadline (snapshots,
+        tests): the queue as it is now, yielded as asked. The ready messages are in id
+        order already (``holds`` relies on it too), so millions of them are copied (a
+        loop in C) and never sorted or paired up front: that held the GIL for over half a
+        second at ten million messages, and a snapshot's start looked like a freeze."""
+        expiries = None if self.expiries is None else list(self.expiries)
+        rest = [(m, None if d == math.inf else d) for _, d, m in self.returned]
+        rest += [(m, self.outstanding_deadlines.get(i)) for i, m in self.outstanding.items()]
+        rest.sort(key=_first_id)
+        return _in_id_order(list(self.ready), expiries, rest)
 
     # -- consumers ---------------------------------------------------------------
 
@@ -764,3 +764,25 @@ class RankedConsumers:
         self.order.clear()
         self.ranked.clear()
         self.level_of.clear()
+
+
+def _first_id(pair: tuple[Message, float | None]) -> int:
+    return pair[0].msg_id
+
+
+def _in_id_order(
+    ready: list[Message],
+    expiries: list[float] | None,
+    rest: list[tuple[Message, float | None]],
+) -> Iterator[tuple[Message, float | None]]:
+    """``ready`` (in id order, with its ``expiries``, inf for none) merged with ``rest``
+    (sorted), each as (message, deadline or None)."""
+    inf = math.inf
+    if expiries is None:
+        own: Iterator[tuple[Message, float | None]] = zip(ready, itertools.repeat(None))
+    else:
+        own = ((m, None if d == inf else d) for m, d in zip(ready, expiries, strict=True))
+    if rest:
+        yield from heapq.merge(own, rest, key=_first_id)
+    else:
+        yield from own

@@ -527,3 +527,21 @@ def test_a_run_with_a_change_this_server_cannot_apply_is_refused_whole() -> None
             codec.decode(data)
     fine = codec.encode(1, [ExchangeDeclared("/", "orders", "topic", True, False, {})])
     assert codec.decode(fine)[1][0].kind == "topic"
+
+
+def test_a_queues_messages_are_a_cut_taken_when_asked_in_id_order() -> None:
+    """Queue.messages(): ready, requeued and delivered messages merged in id order with
+    their deadlines; what happens to the queue after the call changes nothing of it."""
+    header = make_message("", "q", b"m").header
+    changes: list[Any] = [QueueDeclared("/", "q", False, {})] + [
+        Enqueued("/", "q", n, address_of("", "q"), header, b"m%d" % n, deadline, True)
+        for n, deadline in ((1, WALL + 60), (2, None), (3, WALL + 90), (4, None))
+    ]
+    queue = replay(changes)["/"].queues["q"]
+    first = queue.get(WALL, no_ack=False)  # 1: delivered, outstanding
+    second = queue.get(WALL, no_ack=False)  # 2: delivered, then requeued
+    assert first is not None and second is not None
+    queue.requeue([second[0].msg_id])
+    cut = queue.messages()
+    queue.get(WALL, no_ack=True)  # taken after the cut: still in it
+    assert [(m.msg_id, d) for m, d in cut] == [(1, WALL + 60), (2, None), (3, WALL + 90), (4, None)]
