@@ -207,7 +207,7 @@ def state_changes(
     if access is not None:
         wiring += access.changes()
     contents: list[
-        tuple[str, str, int, list[tuple[Message, float | None]], list[tuple[int, int]]]
+        tuple[str, str, int, Iterator[tuple[Message, float | None]], list[tuple[int, int]]]
     ] = []
     caches: list[DedupSeen] = []
     for name, vhost in vhosts.items():
