@@ -2,8 +2,8 @@
 messages (docs/performance.md, "The garbage collector").
 
 Owns: timing each full collection (``gc.callbacks``), freezing the objects that outlive a
-slow one (``gc.freeze``: later collections leave them out), and thawing them
-(``gc.unfreeze``) once few are left. ``decide`` is the rule, pure; ``Collector`` applies
+slow one (``gc.freeze``: later collections leave them out) and, from then on, what is alive
+at each look (once a second), and thawing them (``gc.unfreeze``) once few are left. ``decide`` is the rule, pure; ``Collector`` applies
 it when the broker's loop asks (``check``).
 
 Why: a full collection walks every object the collector tracks, and each queued message is
@@ -36,13 +36,13 @@ THAW_BELOW = 200_000
 
 
 def decide(last_full: float, frozen: int) -> str | None:
-    """``freeze`` after a full collection of ``last_full`` s (0: none since the last look)
-    that was slow, or after any while many are frozen (so that each covers only what came
-    since the one before); ``thaw`` once ``frozen`` objects (those still alive) are few;
+    """``freeze`` after a full collection of ``last_full`` s that was slow, and at every
+    look while many objects are frozen (so that a full collection walks only what came
+    since the last look); ``thaw`` once ``frozen`` objects (those still alive) are few;
     else None."""
-    if last_full > SLOW or (last_full > 0 and frozen >= THAW_BELOW):
+    if last_full > SLOW or frozen >= THAW_BELOW:
         return "freeze"
-    if 0 < frozen < THAW_BELOW:
+    if frozen:
         return "thaw"
     return None
 
@@ -77,17 +77,21 @@ class Collector:
     def check(self) -> str | None:
         action = decide(self.last_full, gc.get_freeze_count())
         if action == "freeze":
+            first = not gc.get_freeze_count()
             gc.freeze()
             self.freezes += 1
-            log.info(
-                "garbage collector: a full collection took %.3f s; its %d surviving objects"
-                " are left out of later ones until few are left",
-                self.last_full,
-                gc.get_freeze_count(),
-            )
+            if first:
+                log.info(
+                    "garbage collector: a full collection took %.3f s; the %d objects alive"
+                    " are left out of later ones until fewer than %d are left",
+                    self.last_full,
+                    gc.get_freeze_count(),
+                    THAW_BELOW,
+                )
         elif action == "thaw":
             gc.unfreeze()
             self.thaws += 1
+            log.info("garbage collector: few frozen objects left: collected as before")
         self.last_full = 0.0
         return action
 
