@@ -16,15 +16,15 @@ from tests import lazyfs
 
 async def test_a_short_fixed_schedule_loses_nothing(tmp_path: Path) -> None:
     faults = [
-        Fault(3.0, "freeze", "active", 3.0),
-        Fault(10.0, "kill", "active", 1.0),
-        Fault(16.0, "power_cut", "both", 1.0),
-        Fault(23.0, "disk_error", "active", 2.0),
+        Fault(2.0, "freeze", "active", 3.0),
+        Fault(7.0, "kill", "active", 1.0),
+        Fault(11.0, "power_cut", "both", 1.0),
+        Fault(15.0, "disk_error", "active", 1.5),
     ]
     disks = lazyfs.unavailable() is None  # without FUSE the disk faults are left out
     result = await nemesis.run(
         nemesis.Options(
-            duration=30.0,
+            duration=20.0,
             seed=0,
             namespaces=False,
             faults=faults if disks else faults[:2],
