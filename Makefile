@@ -48,7 +48,7 @@ run: $(STAMP)
 ## The whole suite: unit, integration (real processes on loopback), Spark. JOBS worker
 ## processes side by side (most tests wait on servers, not on the CPU; tests/xdist_groups.py
 ## says which tests share one); the 25 slowest tests are listed at the end.
-JOBS ?= 4
+JOBS ?= 5
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 \
 		tests --ignore=tests/partitions
