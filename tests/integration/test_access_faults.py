@@ -27,12 +27,10 @@ from tests.integration.test_pair_freezes import (
 )
 from tests.integration.test_replication import (
     fill_confirmed,
-    passive_syncs,
-    restart_into_catch_up,
-    wait_in_sync,
+    kill_in_catch_up_then_at_in_sync,
 )
 from tests.integration.test_runtime_users import call, url_of
-from tests.pairs import MakePair, client_vote, poll
+from tests.pairs import MakePair, poll
 from tests.support import free_port
 
 JSON = {"Content-Type": "application/json"}
@@ -91,24 +89,7 @@ async def test_run_time_access_survives_kills_in_catch_up_and_at_in_sync(
     stop = asyncio.Event()
     publisher = asyncio.create_task(keep_publishing(urls, "orders", ledger, "live", stop, 50))
     try:
-        await wait_in_sync(pair, pair.primary)
-        assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
-        pair.kill(pair.backup)
-        seen = len(passive_syncs(pair, pair.backup))
-        pair.backup.start()
-        await poll(
-            lambda: any(
-                e.get("sync") == "in_sync" for e in passive_syncs(pair, pair.backup)[seen:]
-            ),
-            60,
-            "the restarted passive in sync",
-            interval=0.005,
-        )
-        pair.kill(pair.primary)
-        await client_vote([pair.backup], retry_for=30)
-        await poll(lambda: pair.state(pair.backup) == "ACTIVE", 30, "the takeover")
-        target = len(ledger.confirmed) + 200
-        await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed after")
+        await kill_in_catch_up_then_at_in_sync(pair, ledger)
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from amqha.quarantine import read_quarantine
 from tests import lazyfs
 from tests.durability import Ledger, declare_durable, grown, nothing_lost, through_failovers
 from tests.pairs import Pair, poll
@@ -57,6 +58,9 @@ async def settle_and_check(pair: Pair, ledger: Ledger, stop: asyncio.Event, task
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
     await nothing_lost(active.url, QUEUE, ledger)
+    # Quarantined: only messages never confirmed (a dead ACTIVE's unconfirmed tail).
+    quarantined = {row[5] for path in pair.quarantine_files() for row in read_quarantine(str(path))}
+    assert not quarantined & ledger.confirmed, "a confirmed message was quarantined"
 
 
 async def loaded(pair: Pair) -> tuple[Ledger, asyncio.Event, list[asyncio.Task[None]]]:

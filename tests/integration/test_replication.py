@@ -454,6 +454,29 @@ async def test_the_passives_own_disk_holds_every_confirmed_message(make_pair: An
     assert not set(remaining) - ledger.sent  # nothing invented
 
 
+async def kill_in_catch_up_then_at_in_sync(pair: Pair, ledger: Ledger) -> None:
+    """The worst moments, under a publisher confirming through failovers into ``ledger``:
+    the backup (PASSIVE) killed -9 while it catches up (it must not count as in sync, nor
+    lead), restarted, and the primary (ACTIVE) killed -9 the moment the restarted backup
+    logs in sync; the backup voted in and confirming 200 more."""
+    await wait_in_sync(pair, pair.primary)
+    assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
+    pair.kill(pair.backup)
+    seen = len(passive_syncs(pair, pair.backup))
+    pair.backup.start()
+    await poll(
+        lambda: any(e.get("sync") == "in_sync" for e in passive_syncs(pair, pair.backup)[seen:]),
+        60,
+        "the restarted passive in sync",
+        interval=0.005,
+    )
+    pair.kill(pair.primary)
+    await client_vote([pair.backup], retry_for=30)
+    await poll(lambda: pair.state(pair.backup) == "ACTIVE", 30, "the takeover")
+    target = len(ledger.confirmed) + 200
+    await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed after")
+
+
 def passive_syncs(pair: Pair, server: Any) -> list[dict[str, Any]]:
     return [e for e in pair.events(server) if e["event"] == "sync" and e.get("side") == "passive"]
 
@@ -638,26 +661,7 @@ async def test_a_quorum_backlog_with_delivery_counts_survives_kills_in_catch_up_
         )
     )
     try:
-        await wait_in_sync(pair, pair.primary)
-        # Killed while it catches up: it must not count as in sync, nor lead.
-        assert await restart_into_catch_up(pair, pair.backup), "the catch-up was never seen"
-        pair.kill(pair.backup)
-        seen = len(passive_syncs(pair, pair.backup))
-        pair.backup.start()
-        # The moment the restarted PASSIVE logs in sync, the ACTIVE dies.
-        await poll(
-            lambda: any(
-                e.get("sync") == "in_sync" for e in passive_syncs(pair, pair.backup)[seen:]
-            ),
-            60,
-            "the restarted passive in sync",
-            interval=0.005,
-        )
-        pair.kill(pair.primary)
-        await client_vote([pair.backup], retry_for=30)
-        await poll(lambda: pair.state(pair.backup) == "ACTIVE", 30, "the takeover")
-        target = len(ledger.confirmed) + 200
-        await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed after")
+        await kill_in_catch_up_then_at_in_sync(pair, ledger)
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
