@@ -497,6 +497,25 @@ async def client_vote(servers: Iterable[ServerProcess], retry_for: float = 10.0)
             await connection.close()
 
 
+async def vote_in(server: ServerProcess, retry_for: float = 20.0) -> None:
+    """Client votes at ``server`` alone until it is the one that lets the client in, at most
+    ``retry_for`` s. ``client_vote`` follows redirects: while ``server`` still hears a live
+    ACTIVE (its peer's timeout not yet run out on a busy machine) the vote it redirects is
+    let in by that ACTIVE instead, and says nothing of ``server``."""
+    deadline = time.monotonic() + retry_for
+    while True:
+        left = deadline - time.monotonic()
+        served_by = (await client_vote([server], retry_for=max(left, 0.1)))["name"]
+        if served_by == server.name:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"not reached after {retry_for} s: a vote let in by {server.name} "
+                f"(the last went to {served_by})"
+            )
+        await asyncio.sleep(0.1)
+
+
 @dataclass
 class Publisher:
     """A task publishing with confirms through a robust connection; records what happened."""

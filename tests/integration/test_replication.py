@@ -34,6 +34,7 @@ from tests.pairs import (
     poll,
     raw_open,
     url_of,
+    vote_in,
     vote_refused,
 )
 from tests.support import ROOT, soak_size
@@ -285,7 +286,7 @@ async def test_a_split_brain_keeps_the_losers_confirmed_messages_in_quarantine(
         "the primary noticing the cut",
     )
     await publish_confirmed(pair.primary.url, "split", alone, "alone", stop, limit=400)
-    await client_vote([pair.backup], retry_for=20)
+    await vote_in(pair.backup)
     await pair.wait_states("ACTIVE", "ACTIVE", timeout=20)
     winner_side = Ledger()
     await publish_confirmed(pair.backup.url, "split", winner_side, "winner", stop, limit=200)
