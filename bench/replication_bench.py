@@ -21,7 +21,10 @@ publisher confirms with a window of 100, loopback:
   confirms (100 in flight) to a queue of its own: its rate with the PASSIVE in sync
   before the restart, its rate during the catch-up and the share (goal >= 0.7).
   ``--catch-up N`` sets the backlog (1,000,000 by default; 10,000,000 for the
-  time to redundancy at that size).
+  time to redundancy at that size);
+- ``takeover_at_in_sync``: the PASSIVE restarted again on that backlog, the ACTIVE
+  killed -9 the moment it declares it in sync: seconds to the first publish the
+  PASSIVE confirms (goal <= 1 s), and what it had left to apply.
 
 Failover time with replication on is ``bench.failover_bench`` (a pair replicates by
 default). Prints JSON.
@@ -186,6 +189,54 @@ async def until_applied(server: ServerProcess, timeout: float) -> dict[str, Any]
     raise TimeoutError(f"runs still to apply after {timeout} s")
 
 
+TAKEOVER_LIMIT = 120.0  # seconds a takeover is given before the bench gives up on it
+
+
+async def takeover_at_in_sync(pair: Pair, active: ServerProcess) -> dict[str, Any]:
+    """The worst moment after a catch-up: the PASSIVE restarted (it takes a snapshot of
+    the whole backlog) and the ACTIVE killed -9 the moment it declares the PASSIVE in
+    sync. Seconds from the kill to the first publish the PASSIVE confirms (a raw client
+    knocking every 10 ms: its first connection is the vote), and what the PASSIVE said
+    it had still to apply when it went in sync."""
+    passive = pair.backup
+    pair.kill(passive)
+    passive.start(wait=False)
+    await asyncio.to_thread(passive.wait_ready, 300)
+    await until_in_sync(active, 1200)
+    pair.kill(active)
+    killed = time.monotonic()
+    frames = rawclient.publish_frames(1, "after-takeover", BODY, persistent=True)
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            client = await rawclient.connect(HOST, passive.port, limit=5)
+            try:
+                await client.open_channel(confirm=True)
+                await client.rpc(commands.Queue.Declare(queue="after-takeover", durable=True))
+                nacked = await client.publish_confirmed(frames, 1, window=1, limit=60)
+            finally:
+                await client.close()
+            if not nacked:
+                break
+        except Exception:
+            pass
+        if time.monotonic() - killed > TAKEOVER_LIMIT:
+            raise TimeoutError(f"no takeover {TAKEOVER_LIMIT} s after the kill")
+        await asyncio.sleep(0.01)
+    seconds = time.monotonic() - killed
+    synced = [
+        e
+        for e in pair.events(passive)
+        if e["event"] == "sync" and e.get("side") == "passive" and e.get("sync") == "in_sync"
+    ]
+    return {
+        "seconds_kill_to_first_confirm": round(seconds, 3),
+        "attempts": attempts,
+        "in_sync_said": synced[-1].get("reason") if synced else None,
+    }
+
+
 def best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return max(rounds, key=lambda r: r["msgs_per_s"])
 
@@ -286,6 +337,10 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
                 "apply_seconds": applied.get("last_apply_seconds"),
                 "passive_cpu_s_applied": round(cpu_seconds(pair.backup.process.pid) or 0, 2),
                 "load_average": os.getloadavg(),
+            }
+            say("replication bench: takeover the moment the PASSIVE is in sync")
+            result["takeover_at_in_sync"] = asyncio.run(takeover_at_in_sync(pair, active)) | {
+                "backlog": count
             }
         finally:
             solo.stop()
