@@ -21,9 +21,23 @@ from __future__ import annotations
 
 import time
 
-_WALL_AT_START = time.time()
-_MONOTONIC_AT_START = time.monotonic()
-_BASE = _WALL_AT_START - _MONOTONIC_AT_START
+
+def _base(samples: int = 8) -> float:
+    """The wall clock less the monotonic one, from the reading taken in the shortest
+    moment: a process descheduled between two reads (a busy machine) would otherwise
+    start its clock milliseconds off its peer's, and the report would see two clocks."""
+    best = None
+    for _ in range(samples):
+        before = time.monotonic()
+        wall = time.time()
+        after = time.monotonic()
+        if best is None or after - before < best[0]:
+            best = (after - before, wall - (before + after) / 2)
+    assert best is not None
+    return best[1]
+
+
+_BASE = _base()
 
 
 def now() -> float:
