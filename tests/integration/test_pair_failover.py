@@ -98,7 +98,9 @@ async def test_a_robust_client_listing_the_dead_primary_first_reaches_the_backup
 
 
 async def test_restarted_primary_comes_back_passive(make_pair: MakePair) -> None:
-    pair = make_pair().start()
+    # The start-up grace is one timeout: a loaded machine's restart may take longer
+    # than the suite's 0.4 s to hear its peer (tests/integration/test_pair_restart_grace.py).
+    pair = make_pair(timeout=1.0).start()
     await pair.wait_states("ACTIVE", "PASSIVE")
     pair.kill(pair.primary)
     assert (await client_vote([pair.backup]))["name"] == "backup"

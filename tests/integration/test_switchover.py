@@ -191,14 +191,26 @@ async def test_switchovers_back_and_forth_under_load_lose_and_duplicate_nothing(
         phases = switchover_records(pair, server)
         assert phases.count("requested") == phases.count("handed_over") > 0
         assert "failed" not in phases
-    # Each server that handed over rejoined by resuming, with no snapshot.
+    # Each server that handed over rejoined by resuming, with no snapshot; or, where the
+    # new ACTIVE took it for lost meanwhile (a busy machine: silent for the 0.4 s
+    # timeout), from a snapshot, as a lost peer must (the resume is for a server that
+    # followed throughout), and the log says so.
     resumed = [
         e
         for server in pair.servers
         for e in pair.events(server)
         if e["event"] == "sync" and "resumed where this server handed" in e.get("reason", "")
     ]
-    assert len(resumed) == rounds, [
+    lost = [
+        line
+        for server in pair.servers
+        for line in server.log().splitlines()
+        if "no resume after the handover: the server that handed the service over is lost" in line
+    ]
+    assert len(lost) <= sum(
+        e["event"] == "peer_lost" for server in pair.servers for e in pair.events(server)
+    )
+    assert len(resumed) + len(lost) == rounds and resumed, [
         line
         for server in pair.servers
         for line in server.log().splitlines()
