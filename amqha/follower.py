@@ -8,9 +8,10 @@ of it is stored or acked, then kept in the store as received (a pending run: one
 acked once that is written, and applied with ``core.apply`` (the same function as
 recovery) and written as rows after, in order, paced by the store's writer. A live run's
 row is written with an fsync; a snapshot's runs before its last without one (the last
-one's covers them), and none of a snapshot is applied before its end is on disk: what
-the ACTIVE waits for, while catching up and in sync, is the decode and one row per run;
-the rows and the state are off its way.
+one's covers them). What the ACTIVE waits for is the decode and one row per run, and,
+only once more than a bound is kept and not applied, the apply: so a takeover, which
+applies what is left before it serves, is quick at any moment, right after a catch-up
+of millions of messages too.
 
 Must not know: the failover state machine (the pair tells the broker to follow), the
 store's files, the feed's side of the protocol (``replication``).
@@ -53,6 +54,8 @@ from .replication import (
     IN_SYNC,
     RUN_BYTES,
     SNAPSHOT_END,
+    UNAPPLIED_BYTES,
+    UNAPPLIED_CHANGES,
 )
 
 log = logging.getLogger("amqha.replication")
@@ -107,17 +110,17 @@ class Follower:
         # From a snapshot's end on disk to its last run applied (``_apply_next``).
         self.applying_since: float | None = None
         self.last_apply_seconds: float | None = None
-        # Runs kept in the store as received and not applied yet, in order:
-        # (seq, changes, now) for a live run (decoded on arrival, kept decoded), (seq,
-        # bytes, now) for a snapshot's run (decoded again when applied: held as bytes,
-        # it takes about 60% of the memory). Every run is decoded, so validated, before
-        # anything of it is stored or acked.
-        self._unapplied: collections.deque[tuple[int, list[Change] | bytes, float]] = (
+        # Runs kept in the store as received and not applied yet, in order: (seq,
+        # changes, now, bytes of the run). Every run is decoded, so validated, before
+        # anything of it is stored or acked; what they hold in all is bounded
+        # (``_release``), so that a takeover applies little before it serves.
+        self._unapplied: collections.deque[tuple[int, list[Change], float, int]] = (
             collections.deque()
         )
-        # A snapshot is arriving (from its first run to its end on disk): nothing is
-        # applied meanwhile, so the runs are stored and acked as fast as they come.
-        self._receiving_snapshot = False
+        self._unapplied_changes = 0
+        self._unapplied_bytes = 0
+        # Acks of runs kept (and markers), in order, held while too much is unapplied.
+        self._acks: collections.deque[tuple[Link, int]] = collections.deque()
         self._writing = 0  # applied runs whose rows the store has not written yet
         self.pending_runs = 0  # runs kept as received, their changes not written yet
         self.refused_runs = 0  # runs that did not authenticate or validate
@@ -154,6 +157,7 @@ class Follower:
         leading would let the old ACTIVE, still serving in a split, confirm a change on
         the word of a server that no longer follows it. ``stop`` ends the reconnecting."""
         self.detached = True
+        self._acks.clear()
         current = self.link.link
         if current is not None:
             current.close(reason)
@@ -172,8 +176,9 @@ class Follower:
         """Apply the oldest kept run: its changes to the state and to the store as rows,
         with the run's removal (a write without an fsync: the run was on disk first).
         Returns the LSN the store must pass for those rows."""
-        seq, run, now = self._unapplied.popleft()
-        changes = codec.decode(run)[1] if isinstance(run, bytes) else run
+        seq, changes, now, size = self._unapplied.popleft()
+        self._unapplied_changes -= len(changes)
+        self._unapplied_bytes -= size
         self.pending_runs -= 1
         self.applied += len(changes)
         broker = self.broker
@@ -190,14 +195,34 @@ class Follower:
 
     def _drain(self) -> None:
         """Apply kept runs in the background, in order: at most ``APPLY_AHEAD`` whose rows
-        the store has not written yet (the store's writer sets the pace), and none while
-        a snapshot arrives. Each step returns to the loop, so that runs still arriving
-        are stored and acked between two steps."""
-        if self.detached or self._receiving_snapshot:
+        the store has not written yet (the store's writer sets the pace). Each step
+        returns to the loop, so that runs still arriving are stored and acked between
+        two steps."""
+        if self.detached:
             return
         while self._unapplied and self._writing < APPLY_AHEAD:
             self._writing += 1
             self.broker.when_safe(self._apply_next(), self._written)
+        self._release()
+
+    def _ack(self, link: Link, tag: int) -> None:
+        self._acks.append((link, tag))
+        self._release()
+
+    def _release(self) -> None:
+        """Send the acks held, in order, while what is kept and not applied is within
+        ``UNAPPLIED_CHANGES`` and ``UNAPPLIED_BYTES``. Beyond, the ACTIVE waits for the
+        apply (its prefetch runs out): a PASSIVE in sync never holds more than that and
+        the prefetch to apply, so its takeover is quick whatever the backlog it caught
+        up on (docs/durability.md, section 5, "Acks and flow")."""
+        acks = self._acks
+        while (
+            acks
+            and self._unapplied_changes <= UNAPPLIED_CHANGES
+            and self._unapplied_bytes <= UNAPPLIED_BYTES
+        ):
+            link, tag = acks.popleft()
+            link.ack(tag)
 
     def _written(self, ok: bool) -> None:
         self._writing -= 1
@@ -296,7 +321,7 @@ class Follower:
 
     def _declared(self, link: Link, tag: int, sync_lsn: int) -> None:
         """The ACTIVE's marker: every change it confirmed is in this server's store."""
-        link.ack(tag)
+        self._ack(link, tag)
         self.state = "in_sync"
         if self.eligibility.declared(sync_lsn):
             seconds = round(time.monotonic() - self.snapshot_started, 3)
@@ -354,19 +379,19 @@ class Follower:
         written without one: only the last one's ack counts (``core.sync.Leader``), its
         write has an fsync whatever it holds, which covers every write before it, and a
         crash before it leaves the data dir's ``incomplete`` mark (on disk before the
-        snapshot's first run): the snapshot is taken again. A snapshot's runs are
-        applied once its end is on disk, so that what the ACTIVE waits for (the end's
-        ack, then the marker) is the decode and one row per run."""
+        snapshot's first run): the snapshot is taken again. The ack waits for the
+        apply only beyond the bound (``_release``)."""
         broker = self.broker
         seq = next(_RUN_SEQS)
         if snapshot:
             lsn = broker.replicated(
                 [PendingRun(seq, body), SnapshotEnd() if end else SnapshotPart()]
             )
-            self._unapplied.append((seq, body, broker.now()))
         else:
             lsn = broker.replicated([PendingRun(seq, body)])
-            self._unapplied.append((seq, changes, broker.now()))
+        self._unapplied.append((seq, changes, broker.now(), len(body)))
+        self._unapplied_changes += len(changes)
+        self._unapplied_bytes += len(body)
         self.pending_runs += 1
         self.runs += 1
 
@@ -381,7 +406,6 @@ class Follower:
                 # when this server holds them (its marker).
                 self.state = "closing"
                 self.last_snapshot_seconds = round(time.monotonic() - self.snapshot_started, 3)
-                self._receiving_snapshot = False
                 self.applying_since = time.monotonic()
                 log.info(
                     "replication: snapshot on disk in %s s (%d runs to apply); waiting for "
@@ -389,7 +413,7 @@ class Follower:
                     self.last_snapshot_seconds,
                     len(self._unapplied),
                 )
-            link.ack(tag)
+            self._acks.append((link, tag))
             self._drain()
 
         broker.when_safe(lsn, kept)
@@ -407,7 +431,6 @@ class Follower:
         self.resumed = False
         self.snapshot_started = time.monotonic()
         self.state = "catching_up"
-        self._receiving_snapshot = True
         self._ended("a new snapshot from the ACTIVE")
         self.broker.before_reset()
 
@@ -420,6 +443,8 @@ class Follower:
             "runs": self.runs,
             "pending_runs": self.pending_runs,
             "unapplied_runs": len(self._unapplied),
+            "unapplied_changes": self._unapplied_changes,
+            "held_acks": len(self._acks),
             "refused_runs": self.refused_runs,
             "last_snapshot_seconds": self.last_snapshot_seconds,
             "last_apply_seconds": self.last_apply_seconds,

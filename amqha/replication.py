@@ -65,6 +65,12 @@ RUN_BYTES = 512 * 1024
 FOLLOWER_PREFETCH = 16
 # Kept runs the follower applies ahead of the store writing their rows.
 APPLY_AHEAD = 2
+# The most a follower holds kept and not applied before it stops acking (changes, bytes
+# of runs): what a takeover must apply before it serves, at any moment. Beyond it the
+# ACTIVE's feed waits for the follower's apply, as it waits for its disk
+# (docs/durability.md, section 5, "Acks and flow").
+UNAPPLIED_CHANGES = 20_000
+UNAPPLIED_BYTES = 8 * 1024 * 1024
 # A kept run's number in the store's runs table: never used twice by one process (the
 # table is this process's alone, and opening the store empties it), so that a run left
 # by an earlier follower never comes after a later one.
