@@ -333,7 +333,8 @@ class Follower:
             else:
                 how = (
                     f"{seconds} s after the snapshot started (snapshot on disk in "
-                    f"{self.last_snapshot_seconds} s, {len(self._unapplied)} runs to apply)"
+                    f"{self.last_snapshot_seconds} s, {len(self._unapplied)} runs to apply: "
+                    f"{self._unapplied_changes} changes, {self._unapplied_bytes} bytes)"
                 )
             self.on_sync(True, f"in sync at LSN {sync_lsn}, {how}")
 

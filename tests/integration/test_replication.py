@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import subprocess
 import sys
 from typing import Any
@@ -16,6 +17,13 @@ import pytest
 
 from amqha.client import Publisher
 from amqha.quarantine import read_quarantine
+from amqha.replication import (
+    FOLLOWER_PREFETCH,
+    RUN_BYTES,
+    RUN_CHANGES,
+    UNAPPLIED_BYTES,
+    UNAPPLIED_CHANGES,
+)
 from tests.durability import (
     PERSISTENT,
     Ledger,
@@ -478,6 +486,16 @@ async def kill_in_catch_up_then_at_in_sync(pair: Pair, ledger: Ledger) -> None:
     await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed after")
 
 
+def left_to_apply(syncs: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """What a PASSIVE said it had left to apply when it went in sync: runs, changes,
+    bytes (its ``sync`` record's reason)."""
+    (reason,) = [e["reason"] for e in syncs if e.get("sync") == "in_sync"][:1]
+    found = re.search(r"(\d+) runs to apply: (\d+) changes, (\d+) bytes", reason)
+    assert found, reason
+    runs, changes, size = found.groups()
+    return int(runs), int(changes), int(size)
+
+
 def passive_syncs(pair: Pair, server: Any) -> list[dict[str, Any]]:
     return [e for e in pair.events(server) if e["event"] == "sync" and e.get("side") == "passive"]
 
@@ -520,6 +538,13 @@ async def test_a_kill_of_the_active_the_moment_its_passive_is_in_sync_loses_noth
                 interval=0.005,
             )
             pair.kill(active)
+            # In sync with little left to apply: a takeover applies it before it serves.
+            # The backlog (25 MB) is over the bound: before it, the whole snapshot was
+            # left to apply at this moment.
+            _, changes, size = left_to_apply(passive_syncs(pair, passive)[seen:])
+            assert changes <= UNAPPLIED_CHANGES + FOLLOWER_PREFETCH * RUN_CHANGES
+            # (a run holds at most RUN_BYTES and one more 2 KB message)
+            assert size <= UNAPPLIED_BYTES + FOLLOWER_PREFETCH * (RUN_BYTES + 4096)
             await client_vote([passive], retry_for=30)
             await poll(lambda: pair.state(passive) == "ACTIVE", 30, "the takeover")  # noqa: B023
             active.start()
