@@ -20,6 +20,7 @@ Must not know: who reads it.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 
 def _base(samples: int = 8) -> float:
@@ -71,3 +72,16 @@ def follow(offset: float) -> None:
     its ACTIVE, or a server starting with what it last followed)."""
     global _pair_offset
     _pair_offset = offset
+
+
+def offset_to_follow(samples: Iterable[float], current: float, slack: float) -> float | None:
+    """The pair time's new offset from the ACTIVE's latest state messages (each its
+    ``pair_ts`` less this server's ``now`` at arrival), or None to keep ``current``.
+
+    A message's time is the ACTIVE's when it was sent: its flight makes it look behind,
+    never ahead, so the highest sample is the closest. Within ``slack`` of ``current``
+    nothing moves."""
+    best = max(samples, default=None)
+    if best is None or abs(best - current) < slack:
+        return None
+    return best

@@ -19,6 +19,7 @@ decides (``fsm``), how a message is signed and checked (``peer_message``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -71,6 +72,9 @@ DISK_HANDOVER_WAIT = 10.0
 # How far a PASSIVE's pair time may be from its ACTIVE's before it takes it again: more
 # than a state message's flight and a heartbeat's jitter, far less than any TTL's grain.
 PAIR_TIME_SLACK = 0.25
+# The pair time is read from the latest of this many state messages: a message held up on
+# a busy machine carries an older time than its arrival, and alone would set it back.
+PAIR_TIME_SAMPLES = 8
 # A step of the system clock this large is logged (it moves none of this server's times:
 # amqha.clock, docs/durability.md, "When a clock steps").
 CLOCK_STEP_NOTICE = 1.0
@@ -119,6 +123,10 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
         self.running = True
         self.peer_heard = False
         self.peer_last_seen: float | None = None  # wall clock of the last peer state message
+        # The ACTIVE's pair time less ours, from its latest state messages (PASSIVE only).
+        self._pair_time_samples: collections.deque[float] = collections.deque(
+            maxlen=PAIR_TIME_SAMPLES
+        )
         self.peer_boot: str | None = None
         self.peer_seq = -1
         self.peer_protocol: int | None = None  # what the peer's release speaks, once heard
@@ -424,9 +432,12 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             or peer.state is not fsm.State.ACTIVE
             or self.machine.state is not fsm.State.PASSIVE
         ):
+            self._pair_time_samples.clear()
             return
-        offset = pair_ts - clock.now()
-        if abs(offset - clock.pair_offset()) < PAIR_TIME_SLACK:
+        samples = self._pair_time_samples
+        samples.append(pair_ts - clock.now())
+        offset = clock.offset_to_follow(samples, clock.pair_offset(), PAIR_TIME_SLACK)
+        if offset is None:
             return
         clock.follow(offset)
         log.warning(
