@@ -368,3 +368,65 @@ async def test_a_client_chosen_name_cannot_forge_a_log_line(
     log = server.log()
     assert not [line for line in log.splitlines() if line.startswith(LOG_LINE_START)]
     assert "\x1b" not in log
+
+
+# -- a publish and its content in one read ------------------------------------------------
+# The server takes a Basic.Publish, its header and a body that arrive together in one
+# call (its hot path); each failure at each of the three frames must end as it does
+# frame by frame.
+
+
+async def test_a_publish_refused_with_its_content_in_one_write_closes_only_the_channel(
+    raw: RawConnection,
+) -> None:
+    await raw.handshake()
+    await raw.open_channel(1)
+    await raw.open_channel(2)
+    await raw.send(
+        1,
+        commands.Basic.Publish(exchange="amq.peer", routing_key="x"),
+        ContentHeader(0, 5, commands.Basic.Properties()),
+        ContentBody(b"hello"),
+        commands.Basic.Publish(exchange="", routing_key="x"),  # on the closing channel
+        ContentHeader(0, 5, commands.Basic.Properties()),
+        ContentBody(b"hello"),
+    )
+    close = await raw.expect(commands.Channel.Close, 1)
+    assert (close.reply_code, close.class_id, close.method_id) == (403, 60, 40), close
+    await raw.send(2, commands.Queue.Declare(queue=unique("ok"), auto_delete=True))
+    await raw.expect(commands.Queue.DeclareOk, 2)
+
+
+async def test_a_header_refused_in_the_same_write_drops_its_body_with_the_channel(
+    raw: RawConnection,
+) -> None:
+    await raw.handshake()
+    await raw.open_channel(1)
+    await raw.open_channel(2)
+    await raw.send(
+        1,
+        commands.Basic.Publish(exchange="", routing_key=unique("q")),
+        ContentHeader(0, 5, commands.Basic.Properties(user_id="someone-else")),
+        ContentBody(b"hello"),
+    )
+    close = await raw.expect(commands.Channel.Close, 1)
+    assert close.reply_code == 406 and "user_id" in close.reply_text, close
+    await raw.send(2, commands.Queue.Declare(queue=unique("ok"), auto_delete=True))
+    await raw.expect(commands.Queue.DeclareOk, 2)
+
+
+async def test_a_body_after_an_empty_message_in_the_same_write_is_505(
+    raw: RawConnection,
+) -> None:
+    queue = unique("empty")
+    await raw.handshake()
+    await raw.open_channel(1)
+    await raw.send(1, commands.Queue.Declare(queue=queue, auto_delete=True))
+    await raw.expect(commands.Queue.DeclareOk, 1)
+    await raw.send(
+        1,
+        commands.Basic.Publish(exchange="", routing_key=queue),
+        ContentHeader(0, 0, commands.Basic.Properties()),
+        ContentBody(b"extra"),
+    )
+    await raw.expect_connection_close(505)
