@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 from .replication import (
     _RUN_SEQS,
     APPLY_AHEAD,
+    BEHIND,
     FOLLOWER_PREFETCH,
     IN_SYNC,
     RUN_BYTES,
@@ -59,6 +60,13 @@ from .replication import (
 )
 
 log = logging.getLogger("amqha.replication")
+
+
+def acks_may_go(unapplied_changes: int, unapplied_bytes: int, behind: bool) -> bool:
+    """Whether the follower may ack what it kept: while what is kept and not applied is
+    within the bound, or whatever it is while the ACTIVE says its backlog for this
+    follower nears the limit at which it would drop it (``BEHIND``)."""
+    return behind or (unapplied_changes <= UNAPPLIED_CHANGES and unapplied_bytes <= UNAPPLIED_BYTES)
 
 
 class _Session:
@@ -121,6 +129,8 @@ class Follower:
         self._unapplied_bytes = 0
         # Acks of runs kept (and markers), in order, held while too much is unapplied.
         self._acks: collections.deque[tuple[Link, int]] = collections.deque()
+        # The ACTIVE's last run said its backlog for us nears its limit (``BEHIND``).
+        self._behind = False
         self._writing = 0  # applied runs whose rows the store has not written yet
         self.pending_runs = 0  # runs kept as received, their changes not written yet
         self.refused_runs = 0  # runs that did not authenticate or validate
@@ -214,13 +224,10 @@ class Follower:
         ``UNAPPLIED_CHANGES`` and ``UNAPPLIED_BYTES``. Beyond, the ACTIVE waits for the
         apply (its prefetch runs out): a PASSIVE in sync never holds more than that and
         the prefetch to apply, so its takeover is quick whatever the backlog it caught
-        up on (docs/durability.md, section 5, "Acks and flow")."""
+        up on; unless the ACTIVE says it is near dropping us (``acks_may_go``)
+        (docs/durability.md, section 5, "Acks and flow")."""
         acks = self._acks
-        while (
-            acks
-            and self._unapplied_changes <= UNAPPLIED_CHANGES
-            and self._unapplied_bytes <= UNAPPLIED_BYTES
-        ):
+        while acks and acks_may_go(self._unapplied_changes, self._unapplied_bytes, self._behind):
             link, tag = acks.popleft()
             link.ack(tag)
 
@@ -349,6 +356,7 @@ class Follower:
         end = bool(headers.get(SNAPSHOT_END))
         if not self._authentic(link, tag, headers, marker, end, body):
             return
+        self._behind = bool(headers.get(BEHIND))
         if marker is not None:
             if self.resume is not None:
                 self._first_run(False)

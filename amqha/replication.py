@@ -83,6 +83,12 @@ MAX_BACKLOG_BYTES = 256 * 1024 * 1024
 # to the LSN it carries (docs/durability.md, section 5, "In sync").
 SNAPSHOT_END = "amqha-snapshot-end"
 IN_SYNC = "amqha-in-sync"
+# On a run sent while more than half of MAX_BACKLOG_BYTES waits for the subscriber: the
+# follower then acks what it has kept without waiting for its apply (UNAPPLIED_CHANGES),
+# so that a long catch-up under a busy publisher ends rather than starts again from a
+# new snapshot. A pacing hint, outside the run's MAC: a forged one makes a takeover
+# right after a catch-up slower, never loses a change (docs/durability.md, section 5).
+BEHIND = "amqha-behind"
 
 
 def _size(changes: Sequence[Change]) -> int:
@@ -466,6 +472,8 @@ class Feed:
         tag = outlet.next_tag()
         marker = headers.get(IN_SYNC) if headers else None
         headers = {SNAPSHOT_END: True} if end else dict(headers or {})
+        if self.backlog_bytes > MAX_BACKLOG_BYTES // 2:
+            headers[BEHIND] = True
         headers[feedauth.MAC_HEADER] = feedauth.run_mac(subscriber.key, tag, end, marker, body)
         header = ContentHeader(0, len(body), commands.Basic.Properties(headers=headers)).marshal()
         self.leader.sent(tag, SentRun(last, end, first_msg_id, time.monotonic(), len(body)))
