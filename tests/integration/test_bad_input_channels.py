@@ -376,41 +376,37 @@ async def test_a_client_chosen_name_cannot_forge_a_log_line(
 # frame by frame.
 
 
+@pytest.mark.parametrize(
+    ("exchange", "properties", "code", "ids"),
+    [
+        ("amq.peer", commands.Basic.Properties(), 403, (60, 40)),
+        ("", commands.Basic.Properties(user_id="someone-else"), 406, (0, 0)),
+    ],
+    ids=["publish refused", "header refused"],
+)
 async def test_a_publish_refused_with_its_content_in_one_write_closes_only_the_channel(
     raw: RawConnection,
+    exchange: str,
+    properties: commands.Basic.Properties,
+    code: int,
+    ids: tuple[int, int],
 ) -> None:
+    """The rest of the write (the refused publish's own content, another publish) is
+    dropped with the closing channel; the other channel carries on."""
     await raw.handshake()
     await raw.open_channel(1)
     await raw.open_channel(2)
     await raw.send(
         1,
-        commands.Basic.Publish(exchange="amq.peer", routing_key="x"),
-        ContentHeader(0, 5, commands.Basic.Properties()),
+        commands.Basic.Publish(exchange=exchange, routing_key=unique("q")),
+        ContentHeader(0, 5, properties),
         ContentBody(b"hello"),
         commands.Basic.Publish(exchange="", routing_key="x"),  # on the closing channel
         ContentHeader(0, 5, commands.Basic.Properties()),
         ContentBody(b"hello"),
     )
     close = await raw.expect(commands.Channel.Close, 1)
-    assert (close.reply_code, close.class_id, close.method_id) == (403, 60, 40), close
-    await raw.send(2, commands.Queue.Declare(queue=unique("ok"), auto_delete=True))
-    await raw.expect(commands.Queue.DeclareOk, 2)
-
-
-async def test_a_header_refused_in_the_same_write_drops_its_body_with_the_channel(
-    raw: RawConnection,
-) -> None:
-    await raw.handshake()
-    await raw.open_channel(1)
-    await raw.open_channel(2)
-    await raw.send(
-        1,
-        commands.Basic.Publish(exchange="", routing_key=unique("q")),
-        ContentHeader(0, 5, commands.Basic.Properties(user_id="someone-else")),
-        ContentBody(b"hello"),
-    )
-    close = await raw.expect(commands.Channel.Close, 1)
-    assert close.reply_code == 406 and "user_id" in close.reply_text, close
+    assert (close.reply_code, close.class_id, close.method_id) == (code, *ids), close
     await raw.send(2, commands.Queue.Declare(queue=unique("ok"), auto_delete=True))
     await raw.expect(commands.Queue.DeclareOk, 2)
 
