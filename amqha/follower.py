@@ -422,7 +422,7 @@ class Follower:
                     self.last_snapshot_seconds,
                     len(self._unapplied),
                 )
-            self._acks.append((link, tag))
+            self._ack(link, tag)  # before the apply: within the bound, at once
             self._drain()
 
         broker.when_safe(lsn, kept)
