@@ -2,9 +2,10 @@
 messages (docs/performance.md, "The garbage collector").
 
 Owns: timing each full collection (``gc.callbacks``), freezing the objects that outlive a
-slow one (``gc.freeze``: later collections leave them out) and, from then on, what is alive
-at each look (once a second), and thawing them (``gc.unfreeze``) once few are left. ``decide`` is the rule, pure; ``Collector`` applies
-it when the broker's loop asks (``check``).
+slow one (``gc.freeze``: later collections leave them out) and, from then on, what is
+alive at each look (once a second), and thawing them (``gc.unfreeze``) once few are
+left. ``decide`` is the rule, pure; ``Collector`` applies it when the broker's loop asks
+(``check``).
 
 Why: a full collection walks every object the collector tracks, and each queued message is
 one. At five million messages one took over a second here, during which no thread runs:
