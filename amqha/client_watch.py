@@ -38,6 +38,10 @@ DEFAULT_HEARTBEAT = 2
 # other server has found its peer silent too and takes over on this client's vote.
 DEFAULT_SILENT_AFTER = 1.2
 
+# A watch tick later than this share of ``silent_after`` (over three ticks) means the
+# client's own loop stalled: the count against the server starts again (``Silence``).
+STALL_SHARE = 1 / 3
+
 Verdict = Literal["wait", "probe", "silent"]
 
 
@@ -67,12 +71,26 @@ class Silence:
     later. A frame late by half of ``silent_after`` earns a probe (a request the server
     answers at once: a slow confirm is not a silent server); late by ``silent_after``,
     the server is silent. Times are the caller's clock; nothing here reads one.
+
+    With ``stall_after``, the caller ticks more often than that: a tick that comes later
+    means the client's own loop did not run meanwhile (a long synchronous call, a GC
+    pause, a starved process). It could neither read what the server sent nor send what
+    it owed, so that time is not the server's: the count starts again at that tick.
     """
 
-    def __init__(self, silent_after: float, heartbeat: float, started: float) -> None:
+    def __init__(
+        self,
+        silent_after: float,
+        heartbeat: float,
+        started: float,
+        stall_after: float | None = None,
+    ) -> None:
         self.silent_after = check_silent_after(silent_after)
         self.heartbeat = heartbeat
         self.started = started
+        self.stall_after = stall_after
+        self.last_tick = started
+        self.stalls = 0
         self.owed_since: float | None = None
         self.probed_at: float | None = None
 
@@ -87,6 +105,11 @@ class Silence:
     def tick(self, now: float, heard: float, owed: bool) -> Verdict:
         """``heard``: when the server last sent a byte; ``owed``: whether the client
         awaits an answer now."""
+        if self.stall_after is not None and now - self.last_tick > self.stall_after:
+            self.stalls += 1
+            self.started = now
+            self.owed_since = self.probed_at = None
+        self.last_tick = now
         if not owed:
             self.owed_since = None
         elif self.owed_since is None:
@@ -191,8 +214,10 @@ class Watch:
         loop = asyncio.get_running_loop()
         tune = getattr(connection, "connection_tune", None)
         heartbeat = float(getattr(tune, "heartbeat", 0) or 0)
-        self.rule = Silence(silent_after, heartbeat, loop.time())
-        self.interval = min(0.1, self.rule.silent_after / 10)
+        self.interval = min(0.1, check_silent_after(silent_after) / 10)
+        self.rule = Silence(
+            silent_after, heartbeat, loop.time(), stall_after=silent_after * STALL_SHARE
+        )
         self.probes = 0
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._probe: asyncio.Task[None] | None = None

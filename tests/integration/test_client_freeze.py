@@ -28,6 +28,7 @@ from tests.pairs import MakePair, Pair, poll
 from tests.support import ServerProcess
 
 SHIPPED = {"heartbeat": 0.2, "timeout": 0.6}  # config/*.yaml, failover section
+STALLS = 12  # the client stalls in a row, at 0 to 3 turns of its loop after a burst
 FAILED_OVER = re.compile(r"^(.+) failed over: lost (\S+), (\S+) serves now, after ([\d.]+) s")
 
 
@@ -280,3 +281,37 @@ async def test_a_robust_connection_leaves_a_frozen_active(
     assert match is not None and match.group(2, 3) == (pair.primary.address, pair.backup.address)
     assert b"before" in held and b"after" in held
     assert not library_warnings(logged.records)
+
+
+@pytest.mark.timeout(180)
+async def test_a_client_whose_own_loop_stalls_keeps_its_server(make_pair: MakePair) -> None:
+    """The client's own event loop blocked (a long synchronous call, a GC pause, a starved
+    process) for twice ``silent_after`` while its publisher has confirms owed, some of
+    them for publishes still in its own write queue: the server heard nothing to answer,
+    and the client read nothing. The watch must not take that for a silent server:
+    leaving it would send the held messages again, and those the server had stored would
+    be stored twice (docs/client.md, "A silent server"). The stall comes 0 to 3 turns of
+    the loop after a burst of sends, where the publishes are owed but not yet written."""
+    pair = await healthy_pair(make_pair)
+    urls = [pair.primary.url, pair.backup.url]
+    sent: list[bytes] = []
+    futures: list[asyncio.Future[None]] = []
+    async with Publisher(urls, setup=declare("stall"), silent_after=0.4) as publisher:
+        stall = 2 * publisher.watching.silent_after
+        for number in range(STALLS):
+            await poll(lambda: publisher.pending == 0, 60, "every confirm")
+            for _ in range(50):  # a watch tick (0.04 s) sees confirms owed
+                for _ in range(4):
+                    body = b"m-%d" % len(sent)
+                    futures.append(await publisher.send(body, routing_key="stall"))
+                    sent.append(body)
+                await asyncio.sleep(0.002)
+            for _ in range(number % 4):
+                await asyncio.sleep(0)
+            time.sleep(stall)  # noqa: ASYNC251 - the client's stall itself
+        await publisher.flush(60)
+        assert (publisher.failovers, publisher.resent) == (0, 0)
+    assert all(f.done() and f.exception() is None for f in futures)
+    stored = [body for body, _ in await drain(pair.primary.url, "stall")]
+    assert len(stored) == len(set(stored)), "a message stored twice"
+    assert set(stored) == set(sent)

@@ -64,6 +64,29 @@ def test_the_count_starts_no_earlier_than_the_watch() -> None:
     assert rule.tick(51.25, 0.0, True) == "silent"
 
 
+def test_a_stall_of_the_clients_own_loop_is_not_the_servers_silence() -> None:
+    """Ticks every 0.125 s, then none for 2 s: the client read and sent nothing meanwhile.
+    The server gets ``silent_after`` again from the tick after the stall. (Times in
+    eighths: exact in binary.)"""
+    rule = Silence(silent_after=1.0, heartbeat=2, started=0.0, stall_after=0.25)
+    assert run(rule, heard=0.0, owed=True, times=[0.125, 0.25]) == ["wait"] * 2
+    assert rule.tick(2.25, 0.0, True) == "wait"  # 2 s late, but the client was not running
+    assert rule.stalls == 1
+    assert run(rule, heard=0.0, owed=True, times=[2.375, 2.5, 2.625]) == ["wait"] * 3
+    assert rule.tick(2.75, 0.0, True) == "probe"
+    assert rule.tick(3.125, 0.0, True) == "wait"  # 0.375 s after the last tick: a stall
+    assert rule.stalls == 2
+    times = [3.125 + 0.125 * n for n in range(1, 8)]  # 3.25 .. 4.0
+    assert run(rule, heard=0.0, owed=True, times=times) == ["wait"] * 3 + ["probe"] + ["wait"] * 3
+    assert rule.tick(4.125, 0.0, True) == "silent"  # 1 s of ticks on time, nothing heard
+
+
+def test_without_stall_after_a_late_tick_counts_against_the_server() -> None:
+    rule = Silence(silent_after=1.0, heartbeat=2, started=0.0)
+    assert rule.tick(0.125, 0.0, True) == "wait"
+    assert rule.tick(2.25, 0.0, True) == "silent"
+
+
 @pytest.mark.parametrize("bad", [0, -1, "1", None, True, float("nan")])
 def test_silent_after_must_be_a_positive_number(bad: object) -> None:
     with pytest.raises(ValueError, match="silent_after must be a number of seconds above 0"):
