@@ -188,6 +188,11 @@ class Channel(Publishing, Transactions):
 
     # -- frames in -----------------------------------------------------------------
 
+    def takes_publish(self) -> bool:
+        """Whether a Basic.Publish and its content may skip ``handle_frame``
+        (``Connection._handle_publish``): an open channel with no content pending."""
+        return self.pending is None and self.state is not CLOSING
+
     def handle_frame(self, frame: wire.RawFrame) -> None:
         if self.state is CLOSING:
             # After our Channel.Close, everything but Close/CloseOk is dropped unread (spec

@@ -47,6 +47,7 @@ _content_head = struct.Struct(">HHQ")
 _end_and_head = struct.Struct(">BBHI")
 
 PUBLISH_INDEX = commands.Basic.Publish.index
+PUBLISH_PREFIX = _method_index.pack(PUBLISH_INDEX)
 _DELIVER_PREFIX = _method_index.pack(commands.Basic.Deliver.index)
 _GET_OK_PREFIX = _method_index.pack(commands.Basic.GetOk.index)
 _RETURN_PREFIX = _method_index.pack(commands.Basic.Return.index)

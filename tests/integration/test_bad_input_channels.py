@@ -370,9 +370,10 @@ async def test_a_client_chosen_name_cannot_forge_a_log_line(
     assert "\x1b" not in log
 
 
-# -- a publish and its content in one write -----------------------------------------------
-# A Basic.Publish, its header and its body arrive in one read, as clients write them; a
-# failure at each of the three frames ends the same way whatever came after it.
+# -- a publish and its content in one read ------------------------------------------------
+# The server takes a Basic.Publish, its header and a body that arrive together in one
+# call (its hot path); each failure at each of the three frames must end as it does
+# frame by frame.
 
 
 @pytest.mark.parametrize(
