@@ -281,7 +281,7 @@ class ChangeLog:
     appended to an empty log (the host schedules ``take`` once per turn of its loop).
     """
 
-    __slots__ = ("pending", "lsn", "sync_lsn", "on_first", "_batch", "_batch_sync")
+    __slots__ = ("pending", "lsn", "sync_lsn", "on_first", "_batch", "_batch_sync", "_marks")
 
     def __init__(self, on_first: Callable[[], None] | None = None) -> None:
         self.pending: list[Entry] = []
@@ -290,6 +290,7 @@ class ChangeLog:
         self.on_first = on_first
         self._batch: list[Entry] | None = None
         self._batch_sync = False
+        self._marks: dict[object, int] = {}  # a queue's Delivered in ``pending``: its index
 
     def emit(self, change: Entry, sync: bool = False) -> None:
         batch = self._batch
@@ -304,6 +305,21 @@ class ChangeLog:
         self.lsn += 1
         if sync:
             self.sync_lsn = self.lsn
+
+    def emit_delivered(self, queue: object, change: Delivered) -> None:
+        """A delivery of ``queue``'s (``Delivered``): its mark is a maximum, read when a
+        message is delivered again (docs/durability.md, "Delivery marks"), so a turn
+        needs one per queue. A later one of the same turn replaces the first in place,
+        not appended: a consumer's every delivery is not a change of its own for the
+        store and the PASSIVE. In a transaction's batch, appended."""
+        at = self._marks.get(queue)
+        if at is not None and self._batch is None:
+            if change[2] > self.pending[at][2]:  # type: ignore[index]
+                self.pending[at] = change
+            return
+        if self._batch is None:
+            self._marks[queue] = len(self.pending)
+        self.emit(change)
 
     def extend(self, changes: list[Entry], sync: bool = False) -> None:
         """``emit`` each of ``changes``, in one step."""
@@ -337,4 +353,6 @@ class ChangeLog:
         """The pending changes and the LSN of the first; the log is empty afterwards."""
         pending = self.pending
         self.pending = []
+        if self._marks:
+            self._marks = {}
         return self.lsn - len(pending) + 1, pending

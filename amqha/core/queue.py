@@ -385,7 +385,7 @@ class Queue:
             if deadline != math.inf:
                 self.outstanding_deadlines[msg_id] = deadline
             if log is not None:
-                log.emit(Delivered(self.vhost, self.name, msg_id))
+                log.emit_delivered(self, Delivered(self.vhost, self.name, msg_id))
         counter = self.counter
         if counter is not None:
             message = counter.handed_out(self, message, redelivered, no_ack, get)

@@ -197,6 +197,47 @@ def test_dead_lettering_is_a_settle_and_an_enqueue_of_the_rewritten_bytes() -> N
     assert settled == Settled("/", "work", (got[0].msg_id,), "rejected")
 
 
+def test_a_turn_emits_one_delivery_mark_per_queue_its_highest() -> None:
+    """Deliveries of one turn (between two ``take``s): one ``Delivered`` per queue, where
+    the first was, holding the highest id; acks keep their places. A replica applying the
+    stream ends with the same mark, and a message delivered before comes back marked."""
+    h = Logged()
+    a = h.vhost.declare_queue("a", OWNER, h.now, durable=True)
+    b = h.vhost.declare_queue("b", OWNER, h.now, durable=True)
+    for n in range(4):
+        h.publish("", "a", b"a%d" % n)
+        h.publish("", "b", b"b%d" % n)
+    replica = Replica()
+    replay(h.changes(), replica)
+    first = a.get(h.now, no_ack=False)
+    second = a.get(h.now, no_ack=False)
+    other = b.get(h.now, no_ack=False)
+    assert first and second and other
+    a.ack([first[0].msg_id])
+    third = a.get(h.now, no_ack=False)
+    assert third
+    turn = h.changes()
+    assert turn == [
+        Delivered("/", "a", third[0].msg_id),
+        Delivered("/", "b", other[0].msg_id),
+        Settled("/", "a", (first[0].msg_id,), "ack"),
+    ]
+    replay(turn, replica)
+    assert replica.vhosts["/"].queues["a"].delivered_mark == a.delivered_mark
+    # The next turn starts its own mark.
+    fourth = a.get(h.now, no_ack=False)
+    assert fourth and h.changes() == [Delivered("/", "a", fourth[0].msg_id)]
+    # What the replica would redeliver after a failover: the two delivered, not acked.
+    taker = Taker()
+    replica.vhosts["/"].queues["a"].add_consumer(taker, h.now)
+    replica.vhosts["/"].queues["a"].drain(h.now)
+    assert [(m.body, again) for m, again in taker.got] == [
+        (b"a1", True),
+        (b"a2", True),
+        (b"a3", False),
+    ]
+
+
 def test_a_transaction_is_one_batch() -> None:
     h = Logged()
     h.vhost.declare_queue("d", OWNER, h.now, durable=True)
