@@ -149,7 +149,29 @@ def apply_run(state: State, changes: list[Change], now: float) -> None:
     last_vhost = last_queue = None  # the names of the message before, and its found
     found: Any = None
     for change in changes:
-        if type(change) is not Enqueued:
+        kind = type(change)
+        if kind is not Enqueued:
+            if kind is Settled or kind is Delivered:
+                # The next hottest kinds (a consumer's acks and its turns' delivery
+                # marks): what ``apply`` does with them, with the queue found as a
+                # message's is. Neither changes what a name means.
+                s: Any = change
+                vhost_name, queue_name = s[0], s[1]
+                if vhost_name is not last_vhost or queue_name is not last_queue:
+                    key = (vhost_name, queue_name)
+                    found = queues.get(key)
+                    if found is None:
+                        vhost = state.vhost(vhost_name)
+                        assert vhost.log is None, "apply() on a vhost that logs would emit"
+                        found = queues[key] = (vhost.queues.get(queue_name), vhost.ids)
+                    last_vhost, last_queue = vhost_name, queue_name
+                queue = found[0]
+                if queue is not None:
+                    if kind is Settled:
+                        queue.discard(s[2])
+                    else:
+                        queue.mark_delivered(s[2])
+                continue
             apply(state, change, now)
             queues.clear()  # a declare or delete may have changed what a name means
             last_vhost = last_queue = None

@@ -281,7 +281,17 @@ class ChangeLog:
     appended to an empty log (the host schedules ``take`` once per turn of its loop).
     """
 
-    __slots__ = ("pending", "lsn", "sync_lsn", "on_first", "_batch", "_batch_sync", "_marks")
+    __slots__ = (
+        "pending",
+        "lsn",
+        "sync_lsn",
+        "on_first",
+        "_batch",
+        "_batch_sync",
+        "_marks",
+        "_acking",
+        "_acks",
+    )
 
     def __init__(self, on_first: Callable[[], None] | None = None) -> None:
         self.pending: list[Entry] = []
@@ -291,6 +301,9 @@ class ChangeLog:
         self._batch: list[Entry] | None = None
         self._batch_sync = False
         self._marks: dict[object, int] = {}  # a queue's Delivered in ``pending``: its index
+        # The queue whose acks the last change in ``pending`` gathers, and their ids.
+        self._acking: object | None = None
+        self._acks: list[int] = []
 
     def emit(self, change: Entry, sync: bool = False) -> None:
         batch = self._batch
@@ -298,6 +311,8 @@ class ChangeLog:
             batch.append(change)
             self._batch_sync = self._batch_sync or sync
             return
+        if self._acking is not None:
+            self._close_acks()
         pending = self.pending
         if not pending and self.on_first is not None:
             self.on_first()
@@ -308,7 +323,7 @@ class ChangeLog:
 
     def emit_delivered(self, queue: object, change: Delivered) -> None:
         """A delivery of ``queue``'s (``Delivered``): its mark is a maximum, read when a
-        message is delivered again (docs/durability.md, "Delivery marks"), so a turn
+        message is delivered again (docs/durability.md, section 1, "Redelivered"), so a turn
         needs one per queue. A later one of the same turn replaces the first in place,
         not appended: a consumer's every delivery is not a change of its own for the
         store and the PASSIVE. In a transaction's batch, appended."""
@@ -321,12 +336,37 @@ class ChangeLog:
             self._marks[queue] = len(self.pending)
         self.emit(change)
 
+    def emit_ack(self, queue: object, change: Settled) -> None:
+        """An ack of one of ``queue``'s messages (``Settled`` of one id, reason "ack").
+        Right after another such ack of the same queue (nothing else emitted between,
+        a delivery mark raised in place aside), it joins that change's ids: one
+        ``Settled`` of many ids is what the acks one by one would do, in the same place
+        of the order, and a consumer acking each message does not make a change of each
+        ack for the store and the PASSIVE. The change is closed (its ids a tuple again)
+        when anything else is emitted, or at ``take``. In a transaction's batch, appended."""
+        if self._acking is queue and self._batch is None:
+            self._acks.append(change[2][0])
+            return
+        self.emit(change)
+        if self._batch is None:
+            self._acking = queue
+            self._acks = [change[2][0]]
+
+    def _close_acks(self) -> None:
+        acks = self._acks
+        if len(acks) > 1:
+            last: Any = self.pending[-1]
+            self.pending[-1] = Settled(last[0], last[1], tuple(acks), last[3])
+        self._acking = None
+
     def extend(self, changes: list[Entry], sync: bool = False) -> None:
         """``emit`` each of ``changes``, in one step."""
         if self._batch is not None or not changes:
             for change in changes:
                 self.emit(change, sync)
             return
+        if self._acking is not None:
+            self._close_acks()
         pending = self.pending
         if not pending and self.on_first is not None:
             self.on_first()
@@ -351,6 +391,8 @@ class ChangeLog:
 
     def take(self) -> tuple[int, list[Entry]]:
         """The pending changes and the LSN of the first; the log is empty afterwards."""
+        if self._acking is not None:
+            self._close_acks()
         pending = self.pending
         self.pending = []
         if self._marks:

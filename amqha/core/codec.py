@@ -525,7 +525,11 @@ def decode(data: bytes) -> tuple[int, list[Change]]:
                 else:
                     (count,) = _U32.unpack_from(data, end)
                     end += 4
-                    ids = struct.unpack_from(f">{count}q", data, end)
+                    ids = (
+                        _I64.unpack_from(data, end)  # one ack: a 1-tuple as it is
+                        if count == 1
+                        else struct.unpack_from(f">{count}q", data, end)
+                    )
                     at = end + 8 * count
                     append(_new(Settled, (names[0], names[1], ids, names[2])))
                 remaining -= 1

@@ -487,7 +487,7 @@ class Queue:
             self.outstanding_deadlines.pop(msg_id, None)
         self.acked += 1
         if self.log is not None:
-            self.log.emit(Settled(self.vhost, self.name, (msg_id,), "ack"))
+            self.log.emit_ack(self, Settled(self.vhost, self.name, (msg_id,), "ack"))
         if self.counter is not None:
             self.counter.forget((msg_id,))
 
@@ -539,12 +539,26 @@ class Queue:
     def discard(self, msg_ids: Iterable[int]) -> None:
         """Remove messages wherever they are, settled elsewhere (a peer's or a store's
         ``Settled``); nothing is emitted or dead-lettered."""
+        if type(msg_ids) is tuple and len(msg_ids) == 1 and self.counter is None:
+            # The usual case on a PASSIVE: one ack of the head message, or of one
+            # delivered (outstanding) on a server that restores its consumers' state.
+            (msg_id,) = msg_ids
+            if self.outstanding.pop(msg_id, None) is not None:
+                self.outstanding_deadlines.pop(msg_id, None)
+                return
+            ready = self.ready
+            if ready and ready[0].msg_id == msg_id:
+                self.bytes -= len(ready.popleft().body)
+                if self.expiries is not None:
+                    self.expiries.popleft()
+                return
         wanted = set(msg_ids)
         if self.counter is not None:
             self.counter.forget(wanted)
-        for msg_id in wanted:
+        for msg_id in list(wanted):
             if self.outstanding.pop(msg_id, None) is not None:
                 self.outstanding_deadlines.pop(msg_id, None)
+                wanted.discard(msg_id)  # a message is outstanding or ready, never both
         ready = self.ready
         while ready and wanted and ready[0].msg_id in wanted:
             wanted.discard(ready[0].msg_id)

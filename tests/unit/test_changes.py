@@ -238,6 +238,60 @@ def test_a_turn_emits_one_delivery_mark_per_queue_its_highest() -> None:
     ]
 
 
+def test_acks_one_by_one_in_a_row_are_one_settled_change() -> None:
+    """A consumer acking each message: the acks of one queue, one after another (a
+    delivery mark raised in place between them does not part them), are one ``Settled``
+    of their ids, in the place of the first; anything else emitted closes it. A replica
+    applying the stream holds what the server holds."""
+    h = Logged()
+    a = h.vhost.declare_queue("a", OWNER, h.now, durable=True)
+    b = h.vhost.declare_queue("b", OWNER, h.now, durable=True)
+    for n in range(7):
+        h.publish("", "a", b"a%d" % n)
+    h.publish("", "b", b"b0")
+    replica = Replica()
+    replay(h.changes(), replica)
+    got = [a.get(h.now, no_ack=False) for _ in range(5)]
+    other = b.get(h.now, no_ack=False)
+    assert all(got) and other
+    ids = [g[0].msg_id for g in got if g]
+    h.changes()  # the delivery marks
+    fifth = a.get(h.now, no_ack=False)  # the turn's first delivery of a: its mark
+    a.ack_one(ids[0])
+    a.ack_one(ids[1])
+    sixth = a.get(h.now, no_ack=False)  # its mark raised in place: no parting
+    assert fifth and sixth
+    a.ack_one(ids[2])
+    b.ack_one(other[0].msg_id)  # another queue's ack: a change of its own
+    a.ack_one(ids[3])
+    h.publish("", "a", b"a7")  # anything else emitted closes the gathered acks
+    a.ack_one(ids[4])
+    turn = h.changes()
+    assert [type(c) for c in turn] == [Delivered, Settled, Settled, Settled, Enqueued, Settled]
+    assert turn[0] == Delivered("/", "a", sixth[0].msg_id)
+    assert turn[1] == Settled("/", "a", (ids[0], ids[1], ids[2]), "ack")
+    assert turn[2] == Settled("/", "b", (other[0].msg_id,), "ack")
+    assert turn[3] == Settled("/", "a", (ids[3],), "ack")
+    assert turn[5] == Settled("/", "a", (ids[4],), "ack")
+    assert h.log.lsn == 2 + 8 + 2 + 6  # declares and messages, the marks' turn, this turn
+    replay(turn, replica)
+    # The replica holds what is not acked: a5 and a6 (outstanding on the server, ready
+    # on the replica, marked delivered) and a7.
+    mirror = replica.vhosts["/"].queues["a"]
+    assert [m.body for m, _ in mirror.messages()] == [b"a5", b"a6", b"a7"]
+    assert mirror.delivered_mark == a.delivered_mark
+    assert replica.vhosts["/"].queues["b"].message_count == 0
+    # In a transaction, each ack is a change of its own in the batch.
+    a.ack_one(fifth[0].msg_id)
+    h.log.begin_batch()
+    h.log.emit_ack(a, Settled("/", "a", (1,), "ack"))
+    h.log.emit_ack(a, Settled("/", "a", (2,), "ack"))
+    h.log.end_batch()
+    gathered, batch = h.changes()
+    assert gathered == Settled("/", "a", (fifth[0].msg_id,), "ack")
+    assert isinstance(batch, Batch) and len(batch.changes) == 2
+
+
 def test_a_transaction_is_one_batch() -> None:
     h = Logged()
     h.vhost.declare_queue("d", OWNER, h.now, durable=True)
