@@ -329,7 +329,8 @@ class ChangeLog:
         store and the PASSIVE. In a transaction's batch, appended."""
         at = self._marks.get(queue)
         if at is not None and self._batch is None:
-            if change[2] > self.pending[at][2]:  # type: ignore[index]
+            before: Any = self.pending[at]
+            if change.msg_id > before.msg_id:
                 self.pending[at] = change
             return
         if self._batch is None:
