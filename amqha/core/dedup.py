@@ -312,11 +312,11 @@ class InQueue:
 
 def in_id_order(messages: Any, msg_id: int) -> bool:
     """Whether a sequence of messages in id order holds ``msg_id``."""
-    at = bisect.bisect_left(messages, msg_id, key=_msg_id)
+    at = bisect.bisect_left(messages, msg_id, key=msg_id_of)
     return at < len(messages) and messages[at].msg_id == msg_id
 
 
-def _msg_id(message: Any) -> int:
+def msg_id_of(message: Any) -> int:
     return message.msg_id
 
 

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 from .arguments import QueueLimits
 from .changes import ChangeLog, Delivered, Enqueued, Settled
-from .dedup import InQueue, SeenCache, in_id_order
+from .dedup import InQueue, SeenCache, in_id_order, msg_id_of
 from .message import Message
 
 
@@ -65,6 +65,10 @@ class Consumer(Protocol):
 
 
 DeadLetterFn = Callable[["Queue", Message, str], None]
+
+# ``discard`` finds ids behind the head one by one while they are at most one in this
+# many of the ready messages; more, and one pass over the queue costs less.
+FIND_SHARE = 64
 
 
 class DeliveryCounting(Protocol):
@@ -567,6 +571,13 @@ class Queue:
                 self.expiries.popleft()
         if not wanted:
             return
+        if len(wanted) * FIND_SHARE <= len(ready):
+            # A few ids behind the head (acks out of order: two consumers, a late one):
+            # each found by bisection in the id-ordered ready messages and taken out
+            # where it is; rebuilding a deep queue for each cost it a scan of every
+            # message (77 ms an ack at 200,000 messages, on a PASSIVE applying them).
+            self._take_out(wanted)
+            return
         keep = [
             (message, deadline)
             for message, deadline in zip(
@@ -586,6 +597,25 @@ class Queue:
         self.bytes = sum(len(m.body) for m in ready) + sum(
             len(entry[2].body) for entry in self.returned
         )
+
+    def _take_out(self, wanted: set[int]) -> None:
+        """``discard`` of ids not at the head: found in ``ready`` by id, else in
+        ``returned``."""
+        ready, expiries = self.ready, self.expiries
+        for msg_id in sorted(wanted):
+            at = bisect.bisect_left(ready, msg_id, key=msg_id_of)
+            if at < len(ready) and ready[at].msg_id == msg_id:
+                self.bytes -= len(ready[at].body)
+                del ready[at]
+                if expiries is not None:
+                    del expiries[at]
+                wanted.discard(msg_id)
+        if wanted and self.returned:
+            gone = [entry for entry in self.returned if entry[0] in wanted]
+            if gone:
+                self.bytes -= sum(len(entry[2].body) for entry in gone)
+                self.returned = [entry for entry in self.returned if entry[0] not in wanted]
+                heapq.heapify(self.returned)
 
     def purge(self) -> int:
         """Drop every ready message (outstanding ones stay with their consumers)."""

@@ -478,3 +478,36 @@ def test_next_due_follows_the_head_and_x_expires() -> None:
     assert queue.next_due() is None
     queue.remove_consumer(consumer, 13.0)
     assert queue.next_due() == 18.0 and changes[-1] == 18.0
+
+
+@pytest.mark.parametrize("ttl", [None, 60_000])
+def test_discard_out_of_order_takes_out_exactly_those_wherever_they_are(ttl: int | None) -> None:
+    """A peer's acks applied out of id order (two consumers, a late one): each id leaves
+    from where it is (the head, behind it, the returned, the outstanding) and the rest
+    keep their order, deadlines and byte count, however deep the queue (a deep one finds
+    them by id, a shallow one is rebuilt: both are checked)."""
+    for count in (8, 2000):
+        queue = Queue("q", arguments={} if ttl is None else {"x-message-ttl": ttl})
+        messages = [message(f"m{n:04}") for n in range(count)]
+        for each in messages:
+            queue.enqueue(each, float(messages.index(each)) if ttl else 0.0)
+        taken = [queue.get(0.0, no_ack=False) for _ in range(3)]
+        assert all(taken)
+        queue.requeue([messages[1].msg_id])  # returned; 0 and 2 stay outstanding
+        gone = {messages[n].msg_id for n in (0, 1, 4, 6, count - 1)}
+        queue.discard([messages[6].msg_id, messages[count - 1].msg_id])  # behind the head
+        queue.discard([messages[4].msg_id])
+        queue.discard([messages[1].msg_id, messages[0].msg_id])  # returned, outstanding
+        left = [m for m in messages if m.msg_id not in gone]
+        assert queue.unacked == 1  # message 2
+        assert queue.message_count == len(left) - 1
+        assert queue.bytes == sum(len(m.body) for m in left if m is not messages[2])
+        assert [m for m, _ in queue.messages()] == left
+        if ttl:
+            deadlines = dict((m.msg_id, d) for m, d in queue.messages())
+            assert deadlines[messages[3].msg_id] == pytest.approx(3.0 + ttl / 1000)
+            assert deadlines[messages[5].msg_id] == pytest.approx(5.0 + ttl / 1000)
+            # The expiries follow their messages: just past message 3's deadline, it
+            # alone expires (0, 1 and 4 are gone, 2 is outstanding).
+            queue.expire(3.0 + ttl / 1000 + 0.001)
+            assert [m for m, _ in queue.messages()] == [m for m in left if m is not messages[3]]
