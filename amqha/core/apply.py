@@ -144,40 +144,22 @@ def apply(state: State, change: Change, now: float) -> None:
 def apply_run(state: State, changes: list[Change], now: float) -> None:
     """Apply a run of changes in order: the same state as ``apply`` on each, with the
     hot kind, ``Enqueued``, put on its queue without dispatch (the PASSIVE applies every
-    message the ACTIVE takes; recovery every stored one)."""
+    message the ACTIVE takes; recovery every stored one), and ``Settled`` and
+    ``Delivered`` without ``apply``'s dispatch either."""
     queues: dict[tuple[str, str], Any] = {}  # (vhost, queue) -> (queue or None, vhost)
     last_vhost = last_queue = None  # the names of the message before, and its found
     found: Any = None
     for change in changes:
         kind = type(change)
-        if kind is not Enqueued:
-            if kind is Settled or kind is Delivered:
-                # The next hottest kinds (a consumer's acks and its turns' delivery
-                # marks): what ``apply`` does with them, with the queue found as a
-                # message's is. Neither changes what a name means.
-                s: Any = change
-                vhost_name, queue_name = s[0], s[1]
-                if vhost_name is not last_vhost or queue_name is not last_queue:
-                    key = (vhost_name, queue_name)
-                    found = queues.get(key)
-                    if found is None:
-                        vhost = state.vhost(vhost_name)
-                        assert vhost.log is None, "apply() on a vhost that logs would emit"
-                        found = queues[key] = (vhost.queues.get(queue_name), vhost.ids)
-                    last_vhost, last_queue = vhost_name, queue_name
-                queue = found[0]
-                if queue is not None:
-                    if kind is Settled:
-                        queue.discard(s[2])
-                    else:
-                        queue.mark_delivered(s[2])
-                continue
+        if kind is not Enqueued and kind is not Settled and kind is not Delivered:
             apply(state, change, now)
             queues.clear()  # a declare or delete may have changed what a name means
             last_vhost = last_queue = None
             continue
+        # The hot kinds: a message, a consumer's acks, its turns' delivery marks (none
+        # changes what a name means), with the queue looked up once for a row of them.
         c: Any = change
-        vhost_name, queue_name = c.vhost, c.queue
+        vhost_name, queue_name = c[0], c[1]
         if vhost_name is not last_vhost or queue_name is not last_queue:
             key = (vhost_name, queue_name)
             found = queues.get(key)
@@ -186,6 +168,13 @@ def apply_run(state: State, changes: list[Change], now: float) -> None:
                 assert vhost.log is None, "apply() on a vhost that logs would emit the change again"
                 found = queues[key] = (vhost.queues.get(queue_name), vhost.ids)
             last_vhost, last_queue = vhost_name, queue_name
+        if kind is not Enqueued:
+            if found[0] is not None:
+                if kind is Settled:
+                    found[0].discard(c[2])
+                else:
+                    found[0].mark_delivered(c[2])
+            continue
         queue, ids = found
         if queue is not None:
             message = Message(c.address, c.header, c.body, None, c.msg_id)
