@@ -290,6 +290,7 @@ class ChangeLog:
         "_batch_sync",
         "_marks",
         "_acking",
+        "_acks_reason",
         "_acks",
     )
 
@@ -301,8 +302,9 @@ class ChangeLog:
         self._batch: list[Entry] | None = None
         self._batch_sync = False
         self._marks: dict[object, int] = {}  # a queue's Delivered in ``pending``: its index
-        # The queue whose acks the last change in ``pending`` gathers, and their ids.
+        # The queue whose settles the last change in ``pending`` gathers, why, their ids.
         self._acking: object | None = None
+        self._acks_reason = ""
         self._acks: list[int] = []
 
     def emit(self, change: Entry, sync: bool = False) -> None:
@@ -337,20 +339,22 @@ class ChangeLog:
             self._marks[queue] = len(self.pending)
         self.emit(change)
 
-    def emit_ack(self, queue: object, change: Settled) -> None:
-        """An ack of one of ``queue``'s messages (``Settled`` of one id, reason "ack").
-        Right after another such ack of the same queue (nothing else emitted between,
-        a delivery mark raised in place aside), it joins that change's ids: one
-        ``Settled`` of many ids is what the acks one by one would do, in the same place
-        of the order, and a consumer acking each message does not make a change of each
-        ack for the store and the PASSIVE. The change is closed (its ids a tuple again)
-        when anything else is emitted, or at ``take``. In a transaction's batch, appended."""
-        if self._acking is queue and self._batch is None:
+    def emit_settled(self, queue: object, change: Settled) -> None:
+        """One of ``queue``'s messages settled (``Settled`` of one id: an ack, a no-ack
+        delivery). Right after another of the same queue for the same reason (nothing
+        else emitted between, a delivery mark raised in place aside), it joins that
+        change's ids: one ``Settled`` of many ids is what they would do one by one, in
+        the same place of the order, and a consumer settling each message does not make
+        a change of each for the store and the PASSIVE. The change is closed (its ids a
+        tuple again) when anything else is emitted, or at ``take``. In a transaction's
+        batch, appended."""
+        if self._acking is queue and self._batch is None and change[3] == self._acks_reason:
             self._acks.append(change[2][0])
             return
         self.emit(change)
         if self._batch is None:
             self._acking = queue
+            self._acks_reason = change[3]
             self._acks = [change[2][0]]
 
     def _close_acks(self) -> None:

@@ -383,7 +383,7 @@ class Queue:
         log = self.log
         if no_ack:
             if log is not None:
-                log.emit(Settled(self.vhost, self.name, (msg_id,), "consumed"))
+                log.emit_settled(self, Settled(self.vhost, self.name, (msg_id,), "consumed"))
         else:
             self.outstanding[msg_id] = message
             if deadline != math.inf:
@@ -491,7 +491,7 @@ class Queue:
             self.outstanding_deadlines.pop(msg_id, None)
         self.acked += 1
         if self.log is not None:
-            self.log.emit_ack(self, Settled(self.vhost, self.name, (msg_id,), "ack"))
+            self.log.emit_settled(self, Settled(self.vhost, self.name, (msg_id,), "ack"))
         if self.counter is not None:
             self.counter.forget((msg_id,))
 

@@ -284,12 +284,35 @@ def test_acks_one_by_one_in_a_row_are_one_settled_change() -> None:
     # In a transaction, each ack is a change of its own in the batch.
     a.ack_one(fifth[0].msg_id)
     h.log.begin_batch()
-    h.log.emit_ack(a, Settled("/", "a", (1,), "ack"))
-    h.log.emit_ack(a, Settled("/", "a", (2,), "ack"))
+    h.log.emit_settled(a, Settled("/", "a", (1,), "ack"))
+    h.log.emit_settled(a, Settled("/", "a", (2,), "ack"))
     h.log.end_batch()
     gathered, batch = h.changes()
     assert gathered == Settled("/", "a", (fifth[0].msg_id,), "ack")
     assert isinstance(batch, Batch) and len(batch.changes) == 2
+
+
+def test_no_ack_deliveries_in_a_row_are_one_settled_change_parted_by_reason() -> None:
+    """A no-ack consumer's deliveries settle as ``consumed``: in a row, one change; an
+    ack of the same queue between parts them (another reason)."""
+    h = Logged()
+    q = h.vhost.declare_queue("q", OWNER, h.now, durable=True)
+    for n in range(4):
+        h.publish("", "q", b"m%d" % n)
+    h.changes()
+    held = q.get(h.now, no_ack=False)
+    h.changes()
+    first = [q.get(h.now, no_ack=True) for _ in range(2)]
+    assert held and all(first)
+    q.ack_one(held[0].msg_id)
+    last = q.get(h.now, no_ack=True)
+    assert last
+    assert h.changes() == [
+        Settled("/", "q", tuple(g[0].msg_id for g in first if g), "consumed"),
+        Settled("/", "q", (held[0].msg_id,), "ack"),
+        Settled("/", "q", (last[0].msg_id,), "consumed"),
+    ]
+    assert q.message_count == 0
 
 
 def test_a_transaction_is_one_batch() -> None:
