@@ -8,7 +8,7 @@ import gc
 import pytest
 
 from amqha import collector
-from amqha.collector import SLOW, THAW_BELOW, Collector, decide
+from amqha.collector import COUNT_SPACING, SLOW, THAW_BELOW, Collector, count_due, decide
 
 
 def test_the_rule() -> None:
@@ -17,6 +17,16 @@ def test_the_rule() -> None:
     # Many frozen: what came since the last look is frozen too, collection or not.
     assert decide(0, THAW_BELOW * 10) == "freeze"
     assert decide(SLOW / 2, THAW_BELOW - 1) == "thaw"
+
+
+def test_the_frozen_objects_are_counted_again_only_once_a_hundred_times_the_last_count_passed() -> (
+    None
+):
+    assert count_due(5.0, None, 0.0)  # never counted
+    took = 0.125  # binary-exact times
+    assert not count_due(10.0 + COUNT_SPACING * took - 0.0625, 10.0, took)
+    assert count_due(10.0 + COUNT_SPACING * took, 10.0, took)
+    assert count_due(10.0, 10.0, 0.0)  # a count that took nothing: at every look
 
 
 class Held:
@@ -33,6 +43,7 @@ def test_a_slow_full_collection_freezes_its_survivors_and_few_left_thaw(
     assert gc.get_freeze_count() == 0
     # A slow collection here is one over 300,000 objects at a threshold 100 times lower.
     monkeypatch.setattr(collector, "SLOW", SLOW / 100)
+    monkeypatch.setattr(collector, "COUNT_SPACING", 0)  # counted at every look
     watch = Collector()
     watch.install()
     try:
@@ -49,8 +60,15 @@ def test_a_slow_full_collection_freezes_its_survivors_and_few_left_thaw(
         monkeypatch.setattr(collector, "THAW_BELOW", others + len(held) // 2)
         assert watch.check() == "freeze"  # not thawed: most are alive
         del held[len(held) // 4 :]  # freed by reference counting, frozen or not
+        # The status is the last look's count: it walks nothing of its own.
+        assert watch.status()["frozen_objects"] >= others + 300_000
+        # Until a count is due, a look keeps the last one (so freezes again).
+        monkeypatch.setattr(collector, "COUNT_SPACING", 10**9)
+        assert watch.check() == "freeze"
+        monkeypatch.setattr(collector, "COUNT_SPACING", 0)
         assert watch.check() == "thaw" and gc.get_freeze_count() == 0
-        assert watch.status()["freezes"] == 2 and watch.status()["thaws"] == 1
+        assert watch.status()["frozen_objects"] == 0
+        assert watch.status()["freezes"] == 3 and watch.status()["thaws"] == 1
     finally:
         watch.remove()
         gc.unfreeze()
