@@ -131,6 +131,7 @@ class Channel(Publishing, Transactions):
         self.number = number
         self.state = OPEN
         self.can_deliver = True  # Channel.Flow
+        self.wake_due = False  # in the connection's ``to_wake`` until its read ends
         self.consumers: dict[str, ChannelConsumer] = {}
         # Unacked deliveries by tag; ``unacked_order`` keeps tags in delivery order so
         # a multiple ack settles from the front without scanning the dict.
@@ -331,7 +332,21 @@ class Channel(Publishing, Transactions):
             else:
                 for each, queue_ids in _by_queue(entries).items():
                     each.ack(queue_ids)
-        self._wake_consumers()
+        connection = self.connection
+        if connection.reading:
+            # Acks come many to a read: the consumers are woken once, after it
+            # (``Connection.wake_channels``), and take what those acks made room for at once.
+            if not self.wake_due:
+                self.wake_due = True
+                connection.to_wake.append(self)
+        else:
+            self._wake_consumers()
+
+    def wake_after_read(self) -> None:
+        """The wake an ack in a read put off (``_settle``), on a channel still open."""
+        self.wake_due = False
+        if self.state == OPEN:
+            self._wake_consumers()
 
     def _wake_consumers(self) -> None:
         consumers = self.consumers

@@ -118,6 +118,10 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.read_holds = 0
         self.backlog: tuple[list[wire.RawFrame], int] | None = None
+        # While frames of a read are handled: the channels whose acks put off waking their
+        # consumers until the read ends (``Channel._settle``).
+        self.reading = False
+        self.to_wake: list[Any] = []
         self.buffered = 0  # len(self.buffer) as last counted by broker.memory.count_input
         self.counted = False  # counted in the broker's per-vhost and per-user connections
         self.published = False
@@ -278,6 +282,21 @@ class Connection(asyncio.Protocol):
         self.flush()
 
     def _handle_frames(self, frames: list[wire.RawFrame], start: int) -> None:
+        """``_handle_some``, then the consumers of the channels it acked on are woken
+        once: each takes in one go what the read's acks made room for."""
+        outer = not self.reading
+        self.reading = True
+        try:
+            self._handle_some(frames, start)
+        finally:
+            if outer:
+                self.reading = False
+                if self.to_wake:
+                    channels, self.to_wake = self.to_wake, []
+                    for channel in channels:
+                        channel.wake_after_read()
+
+    def _handle_some(self, frames: list[wire.RawFrame], start: int) -> None:
         """Handle ``frames[start:]`` until done or FRAME_BUDGET is spent; then the rest
         waits in ``backlog`` for the next turn of the loop, the socket unread.
 

@@ -201,6 +201,8 @@ class ChannelOwner(Protocol):
     peer: str
     nonce: bytes
     frame_max: int
+    reading: bool  # handling a read's frames: an ack's wake waits for its end
+    to_wake: list[Any]
     bypasses_gate: bool
     published: bool
     write_paused: bool

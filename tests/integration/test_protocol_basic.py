@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import aio_pika
 import aiormq
@@ -469,3 +470,48 @@ async def test_closing_a_consumer_channel_requeues_to_another_consumer(connectio
     await second_inbox.wait_for(1)
     message = second_inbox.messages[0]
     assert (message.body, message.redelivered) == (b"handed over", True)
+
+
+def _deliveries_before(
+    raw: RawClient, channel: int, reply: type | None, count: int = 0
+) -> tuple[list[int], Any]:
+    """The delivery tags the server sends on ``channel`` until ``reply`` (returned with
+    it), or until ``count`` deliveries when ``reply`` is None."""
+    tags: list[int] = []
+    for _ in range(1000):
+        if reply is None and len(tags) >= count:
+            return tags, None
+        number, frame = raw.read()
+        if number != channel:
+            continue
+        if isinstance(frame, commands.Basic.Deliver):
+            tags.append(frame.delivery_tag)
+        elif reply is not None and isinstance(frame, reply):
+            return tags, frame
+    raise AssertionError("the frames awaited never came, in 1000 frames")
+
+
+def test_acks_in_one_read_make_room_for_as_many_after_it_and_a_cancel_behind_them_takes_none(
+    broker,
+) -> None:
+    """A channel's consumers are woken once after a read's acks, not after each ack: a
+    passive declare sent with two acks is answered before the two deliveries they make
+    room for; acks followed by Basic.Cancel in the same write bring no delivery (the
+    cancel is handled first), and those messages stay ready in the queue."""
+    with RawClient(broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        name = raw.call(1, commands.Queue.Declare(exclusive=True), commands.Queue.DeclareOk).queue
+        for n in range(6):
+            raw.publish(1, "", name, b"%d" % n)
+        raw.call(1, commands.Basic.Qos(prefetch_count=2), commands.Basic.QosOk)
+        raw.send(1, commands.Basic.Consume(queue=name, consumer_tag="c"))
+        assert _deliveries_before(raw, 1, None, 2)[0] == [1, 2]
+        count = commands.Queue.Declare(queue=name, passive=True)
+        raw.send(1, commands.Basic.Ack(1), commands.Basic.Ack(2), count)
+        tags, declared = _deliveries_before(raw, 1, commands.Queue.DeclareOk)
+        assert (tags, declared.message_count) == ([], 4)
+        assert _deliveries_before(raw, 1, None, 2)[0] == [3, 4]
+        raw.send(1, commands.Basic.Ack(3), commands.Basic.Ack(4), commands.Basic.Cancel("c"))
+        assert _deliveries_before(raw, 1, commands.Basic.CancelOk)[0] == []
+        assert raw.call(1, count, commands.Queue.DeclareOk).message_count == 2
