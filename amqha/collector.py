@@ -58,8 +58,8 @@ def count_due(now: float, counted_at: float | None, took: float) -> bool:
     """Whether a look at ``now`` counts the frozen objects again: the first time, and
     then once ``COUNT_SPACING`` times what the last count took (at ``counted_at``) has
     passed. Between two counts the last one stands: each look still freezes while it
-    was many, and a thaw waits for the next count (at 10 million frozen objects, about
-    15 s)."""
+    was many, and a thaw waits for the next count (a count that took 0.1 s comes again
+    10 s later)."""
     return counted_at is None or now - counted_at >= COUNT_SPACING * took
 
 
