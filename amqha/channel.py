@@ -335,7 +335,7 @@ class Channel(Publishing, Transactions):
         connection = self.connection
         if connection.reading:
             # Acks come many to a read: the consumers are woken once, after it
-            # (``Connection.wake_channels``), and take what those acks made room for at once.
+            # (``Connection._handle_frames``), and take what those acks made room for at once.
             if not self.wake_due:
                 self.wake_due = True
                 connection.to_wake.append(self)
