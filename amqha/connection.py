@@ -284,17 +284,15 @@ class Connection(asyncio.Protocol):
     def _handle_frames(self, frames: list[wire.RawFrame], start: int) -> None:
         """``_handle_some``, then the consumers of the channels it acked on are woken
         once: each takes in one go what the read's acks made room for."""
-        outer = not self.reading
         self.reading = True
         try:
             self._handle_some(frames, start)
         finally:
-            if outer:
-                self.reading = False
-                if self.to_wake:
-                    channels, self.to_wake = self.to_wake, []
-                    for channel in channels:
-                        channel.wake_after_read()
+            self.reading = False
+            if self.to_wake:
+                channels, self.to_wake = self.to_wake, []
+                for channel in channels:
+                    channel.wake_after_read()
 
     def _handle_some(self, frames: list[wire.RawFrame], start: int) -> None:
         """Handle ``frames[start:]`` until done or FRAME_BUDGET is spent; then the rest
