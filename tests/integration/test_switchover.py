@@ -424,6 +424,9 @@ async def test_nothing_is_confirmed_on_one_copy_while_the_old_active_rejoins(
     await backlog(primary.url, also_unreplicated=True)
     await pair.wait_in_sync(backup, timeout=60)
     await switchover(primary)
+    # The switchover answers once it has handed over; the backup serves once it has read
+    # the handover, a moment later (on a busy machine, after this call may connect).
+    await poll(lambda: pair.state(backup) == "ACTIVE", 30, "the backup ACTIVE")
     connection = await aio_pika.connect(backup.url, timeout=10)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
