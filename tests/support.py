@@ -172,6 +172,7 @@ class ServerProcess:
         self.data_dir = self.workdir / name
         self.config_path = self.workdir / f"{name}.yaml"
         self.log_path = self.workdir / f"{name}.log"
+        self.log_start = 0  # the offset of the last started process's output in it
         self.config: dict[str, Any] = {
             "server": {
                 "name": name,
@@ -216,6 +217,8 @@ class ServerProcess:
     def start(self, wait: bool = True, extra_args: tuple[str, ...] = ()) -> ServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.config))
+        # Where this process's output starts: an earlier one's banner is not its own.
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         if self.code != ROOT:  # found before the installed tree
@@ -242,16 +245,19 @@ class ServerProcess:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until this process says it listens (a connect alone could reach another listener).
 
+        The banner is looked for in this process's own output: a restarted server's log
+        still holds the one before's, and its port answers before its failover controller
+        has started (so an event log read then would still be the process before's).
         A start takes under a second on a quiet machine; the bound is for one whose two
         cores are shared with parallel test workers and more (15 s was seen to pass)."""
         deadline = time.monotonic() + timeout
-        banner = f"listening on {self.address}"
+        banner = f"listening on {self.address}".encode()
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
                     f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
                 )
-            if banner in self.log():
+            if banner in self.own_output():
                 with (
                     contextlib.suppress(OSError),
                     socket.create_connection((self.host, self.port), timeout=0.5),
@@ -264,6 +270,14 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def own_output(self) -> bytes:
+        """What the process last started has written to the log."""
+        if not self.log_path.exists():
+            return b""
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_start)
+            return log.read()
 
     @property
     def alive(self) -> bool:
