@@ -425,7 +425,7 @@ async def test_nothing_is_confirmed_on_one_copy_while_the_old_active_rejoins(
     await pair.wait_in_sync(backup, timeout=60)
     await switchover(primary)
     # The switchover answers once it has handed over; the backup serves once it has read
-    # the handover, a moment later (on a busy machine, after this call may connect).
+    # the handover, a moment later: on a busy machine, later than a connect made at once.
     await poll(lambda: pair.state(backup) == "ACTIVE", 30, "the backup ACTIVE")
     connection = await aio_pika.connect(backup.url, timeout=10)
     async with connection:
