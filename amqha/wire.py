@@ -18,50 +18,50 @@ import decimal
 import json
 import struct
 import time
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from pamqp import commands, constants, decode, exceptions
 from pamqp import encode as pamqp_encode
 from pamqp.base import Frame as Method
 from pamqp.header import ContentHeader
 
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 
-FRAME_METHOD = constants.FRAME_METHOD
-FRAME_HEADER = constants.FRAME_HEADER
-FRAME_BODY = constants.FRAME_BODY
-FRAME_HEARTBEAT = constants.FRAME_HEARTBEAT
-FRAME_END = constants.FRAME_END
+FRAME_METHOD: Final = constants.FRAME_METHOD
+FRAME_HEADER: Final = constants.FRAME_HEADER
+FRAME_BODY: Final = constants.FRAME_BODY
+FRAME_HEARTBEAT: Final = constants.FRAME_HEARTBEAT
+FRAME_END: Final = constants.FRAME_END
 # 7 header bytes plus the end byte: what a frame costs beyond its payload.
-FRAME_OVERHEAD = 8
+FRAME_OVERHEAD: Final = 8
 
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
-_frame_head = struct.Struct(">BHI")
-_method_index = struct.Struct(">I")
-_short = struct.Struct(">H")
-_long_long = struct.Struct(">Q")
-_deliver_tail = struct.Struct(">QB")
-_content_head = struct.Struct(">HHQ")
+_frame_head: Final = struct.Struct(">BHI")
+_method_index: Final = struct.Struct(">I")
+_short: Final = struct.Struct(">H")
+_long_long: Final = struct.Struct(">Q")
+_deliver_tail: Final = struct.Struct(">QB")
+_content_head: Final = struct.Struct(">HHQ")
 # A frame's end byte followed by the next frame's type, channel and size.
-_end_and_head = struct.Struct(">BBHI")
+_end_and_head: Final = struct.Struct(">BBHI")
 
-PUBLISH_INDEX = commands.Basic.Publish.index
-PUBLISH_PREFIX = _method_index.pack(PUBLISH_INDEX)
-_DELIVER_PREFIX = _method_index.pack(commands.Basic.Deliver.index)
-_GET_OK_PREFIX = _method_index.pack(commands.Basic.GetOk.index)
-_RETURN_PREFIX = _method_index.pack(commands.Basic.Return.index)
-_ACK_PREFIX = _method_index.pack(commands.Basic.Ack.index)
-_NACK_PREFIX = _method_index.pack(commands.Basic.Nack.index)
-_DECLARE_OK_PREFIX = _method_index.pack(commands.Queue.DeclareOk.index)
-_counts = struct.Struct(">II")
+PUBLISH_INDEX: Final = commands.Basic.Publish.index
+PUBLISH_PREFIX: Final = _method_index.pack(PUBLISH_INDEX)
+_DELIVER_PREFIX: Final = _method_index.pack(commands.Basic.Deliver.index)
+_GET_OK_PREFIX: Final = _method_index.pack(commands.Basic.GetOk.index)
+_RETURN_PREFIX: Final = _method_index.pack(commands.Basic.Return.index)
+_ACK_PREFIX: Final = _method_index.pack(commands.Basic.Ack.index)
+_NACK_PREFIX: Final = _method_index.pack(commands.Basic.Nack.index)
+_DECLARE_OK_PREFIX: Final = _method_index.pack(commands.Queue.DeclareOk.index)
+_counts: Final = struct.Struct(">II")
 
 # Connection.Redirect exists in AMQP 0-8/0-9 (class 10, method 42) but not in 0-9-1,
 # so pamqp has no class for it: it is encoded here by hand.
-REDIRECT_CLASS_METHOD = (10, 42)
-_REDIRECT_PREFIX = _method_index.pack(10 << 16 | 42)
+REDIRECT_CLASS_METHOD: Final = (10, 42)
+_REDIRECT_PREFIX: Final = _method_index.pack(10 << 16 | 42)
 
-_KNOWN_CLASSES = {index >> 16 for index in commands.INDEX_MAPPING}
+_KNOWN_CLASSES: Final = {index >> 16 for index in commands.INDEX_MAPPING}
 
 
 class RawFrame:
@@ -113,7 +113,7 @@ def split_frames(buffer: bytes | bytearray, frame_max: int) -> tuple[list[RawFra
 # client's properties) hold a handful of entries. Past this many, counting those of
 # nested tables and arrays, the frame is refused before the rest is decoded: a 128 KiB
 # frame of one-byte void entries would otherwise cost the loop 131,000 of them.
-MAX_METHOD_TABLE_ENTRIES = 4096
+MAX_METHOD_TABLE_ENTRIES: Final = 4096
 
 
 def decode_method(payload: bytes) -> Method:
@@ -145,7 +145,7 @@ def decode_method(payload: bytes) -> Method:
 
 
 # Each method class's arguments in wire order with their pamqp type names.
-_ARGUMENT_TYPES: dict[type[Method], tuple[tuple[str, str], ...]] = {
+_ARGUMENT_TYPES: Final[dict[type[Method], tuple[tuple[str, str], ...]]] = {
     method_class: tuple((name, method_class.amqp_type(name)) for name in method_class.__slots__)
     for method_class in cast(dict[int, type[Method]], commands.INDEX_MAPPING).values()
 }
@@ -209,7 +209,7 @@ def method_ids(frame: RawFrame) -> tuple[int, int]:
     return 0, 0
 
 
-_CLOSING_METHODS = (
+_CLOSING_METHODS: Final = (
     method_index_bytes(commands.Connection.Close),
     method_index_bytes(commands.Connection.CloseOk),
 )
@@ -289,13 +289,13 @@ def content_body_size(header_payload: bytes) -> int:
 
 
 # Basic's properties in flag order (bit 15 down to bit 2) with their pamqp type names.
-_PROPERTY_TYPES = tuple(
+_PROPERTY_TYPES: Final = tuple(
     (flag, commands.Basic.Properties.amqp_type(name))
     for name, flag in commands.Basic.Properties.flags.items()
 )
 # A timestamp or a second flag word: rare enough to leave to pamqp.
-_PAMQP_CHECKS_FLAGS = commands.Basic.Properties.flags["timestamp"] | 0x0003
-_EMPTY_TABLE = b"\x00\x00\x00\x00"
+_PAMQP_CHECKS_FLAGS: Final = commands.Basic.Properties.flags["timestamp"] | 0x0003
+_EMPTY_TABLE: Final = b"\x00\x00\x00\x00"
 
 
 def check_properties(header_payload: bytes) -> commands.Basic.Properties | None:
@@ -341,8 +341,8 @@ def check_properties(header_payload: bytes) -> commands.Basic.Properties | None:
 
 # Deeper nesting than this is refused: no client sends it, and each level costs a
 # recursion in every decoder that will read the table after us.
-MAX_TABLE_DEPTH = 32
-_PROPERTY_NAMES = tuple(
+MAX_TABLE_DEPTH: Final = 32
+_PROPERTY_NAMES: Final = tuple(
     (name, commands.Basic.Properties.flags[name], commands.Basic.Properties.amqp_type(name))
     for name in commands.Basic.Properties.__slots__
 )
@@ -414,11 +414,11 @@ class _Entries:
 
 # Content headers are bounded by limits.max_header_size before they are decoded, and a
 # stored table was counted when its method arrived: neither has a count of its own.
-_UNCOUNTED = 2**62
+_UNCOUNTED: Final = 2**62
 
 
-_u32 = struct.Struct(">I")
-_FIXED_VALUES: dict[int, tuple[int, Any]] = {
+_u32: Final = struct.Struct(">I")
+_FIXED_VALUES: Final[dict[int, tuple[int, Any]]] = {
     ord(tag): (size, unpack)
     for tag, size, unpack in (
         ("t", 1, lambda data, at: bool(data[at])),
@@ -504,10 +504,11 @@ def _value(data: bytes, at: int, end: int, depth: int, entries: _Entries) -> tup
             return stop, raw.decode()
         except UnicodeDecodeError:
             return stop, raw
+    table: dict[str, Any] | list[Any]
     if tag == 70:  # "F"
         stop, table = _table(data, at, depth + 1, entries)
     elif tag == 65:  # "A"
-        stop, table = _array(data, at, depth + 1, entries)  # type: ignore[assignment]
+        stop, table = _array(data, at, depth + 1, entries)
     elif tag == 86 or tag == 0:  # "V" void, and a zero tag pamqp also reads as void
         return at, None
     elif tag == 68 or tag == 84:  # "D" decimal, "T" timestamp: rare, left to pamqp
@@ -660,7 +661,7 @@ def decode_ack(payload: bytes) -> tuple[int, bool]:
     return tag, bool(bits & 1)
 
 
-ACK_INDEX = commands.Basic.Ack.index
+ACK_INDEX: Final = commands.Basic.Ack.index
 
 
 # -- field tables ---------------------------------------------------------------------
@@ -670,10 +671,10 @@ ACK_INDEX = commands.Basic.Ack.index
 # rewritten. This encoder keeps each value's width: floats are doubles, a longstr that is
 # not UTF-8 stays a longstr, a byte array stays a byte array, a timestamp a timestamp.
 
-_long = struct.Struct(">I")
-_signed_long = struct.Struct(">i")
-_signed_long_long = struct.Struct(">q")
-_double = struct.Struct(">d")
+_long: Final = struct.Struct(">I")
+_signed_long: Final = struct.Struct(">i")
+_signed_long_long: Final = struct.Struct(">q")
+_double: Final = struct.Struct(">d")
 
 
 def field_table(table: dict[str, Any]) -> bytes:
@@ -722,8 +723,8 @@ def _field_value(value: Any) -> bytes:
     raise TypeError(f"no AMQP field type for {type(value).__name__} ({value!r})")
 
 
-_HEADERS_FLAG = commands.Basic.Properties.flags["headers"]
-_SHORTSTR_FLAGS_BEFORE_HEADERS = (
+_HEADERS_FLAG: Final = commands.Basic.Properties.flags["headers"]
+_SHORTSTR_FLAGS_BEFORE_HEADERS: Final = (
     commands.Basic.Properties.flags["content_type"],
     commands.Basic.Properties.flags["content_encoding"],
 )
