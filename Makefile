@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # source again (0.29 s of CPU a start instead of 0.15; the suite starts about 500).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test durations unit lint bench bench-federation compat demo report clean venv soak soak-backlog simulate partitions nemesis
+.PHONY: compiled run test durations unit lint bench bench-federation compat demo report clean venv soak soak-backlog simulate partitions nemesis
 
 venv: $(STAMP)
 
@@ -39,51 +39,56 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,speed]'
 	@touch $(STAMP)
 
+## The hot modules compiled to C by mypyc into build/compiled (amqha/compiled.py); a no-op
+## when that build matches the sources. Without a C compiler they run interpreted, as said.
+compiled: $(STAMP)
+	@$(BIN)/python -c 'import sys, amqha.compiled as c; sys.exit(c.build())'
+
 ## Start the pair on loopback (primary :5672, backup :5673, or PORTS=P,B; the web pages at
 ## :15672 and :15673, or PAGE_PORTS=P,B; a taken port is
 ## replaced by a free one, and `amqha console` finds them in var/pair.json); Ctrl-C stops both.
-run: $(STAMP)
+run: compiled
 	$(BIN)/amqha pair --config-dir config $(if $(PORTS),--ports $(PORTS)) $(if $(PAGE_PORTS),--page-ports $(PAGE_PORTS))
 
 ## The whole suite: unit, integration (real processes on loopback), Spark. JOBS worker
 ## processes side by side (most tests wait on servers, not on the CPU; tests/xdist_groups.py
 ## says which tests share one); the 25 slowest tests are listed at the end.
 JOBS ?= 5
-test: $(STAMP)
+test: compiled
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 \
 		tests --ignore=tests/partitions
 
 ## Each test's time in a whole run, written to tests/durations.json: make test sends the
 ## longest work out first (tests/xdist_groups.py). Run it again when tests are added or grow.
-durations: $(STAMP)
+durations: compiled
 	AMQHA_DURATIONS_OUT=tests/durations.json $(BIN)/python -m pytest -q -p no:cacheprovider \
 		-n $(JOBS) --dist loadgroup tests --ignore=tests/partitions
 
 ## Real partitions: each server on a test host in a network namespace, faults made by the
 ## kernel (link down, nftables drops one way or at random). Needs root; skips, saying why,
 ## without it. CI runs it after make test.
-partitions: $(STAMP)
+partitions: compiled
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/partitions
 
-unit: $(STAMP)
+unit: compiled
 	$(BIN)/python -m pytest -q tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check amqha peering failover spark config tests bench
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/mypy failover/fsm.py failover/fsm_steps.py failover/values.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/gate.py amqha/host.py amqha/store.py amqha/store_file.py amqha/store_write.py amqha/core amqha/federation amqha/memory_account.py amqha/held.py amqha/confirm_pipeline.py amqha/listener.py bench/nemesis_check.py bench/nemesis_plan.py
+	$(BIN)/mypy failover/fsm.py failover/fsm_steps.py failover/values.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/compiled.py amqha/gate.py amqha/host.py amqha/store.py amqha/store_file.py amqha/store_write.py amqha/core amqha/federation amqha/memory_account.py amqha/held.py amqha/confirm_pipeline.py amqha/listener.py bench/nemesis_check.py bench/nemesis_plan.py
 
 ## The suite's kill loops at full size (the tests marked soak: 30 kill/restart cycles, 20
 ## kills under amqha.client, 20 kills under a raw publisher), then 100 kill -9s of the ACTIVE
 ## under a confirming publisher and an acking consumer; JSON.
-soak: $(STAMP)
+soak: compiled
 	SOAK=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m soak tests --ignore=tests/partitions
 	$(BIN)/python -m bench.soak --kills 100
 
 ## The worst moments: a backlog of 300,000 messages and 100 kill -9s of the ACTIVE at random
 ## moments (while the restarted PASSIVE catches up, within 0.5 s of its in sync, later); JSON.
-soak-backlog: $(STAMP)
+soak-backlog: compiled
 	$(BIN)/python -m bench.soak --kills 100 --backlog 300000
 
 ## A seeded fault schedule with a checker (Jepsen's way): 10 publishers and 10 consumers on a
@@ -94,7 +99,7 @@ soak-backlog: $(STAMP)
 ## WITNESS=1 adds a witness. A failed run keeps its logs and stores and prints where.
 DURATION ?= 600
 SEED ?= random
-nemesis: $(STAMP)
+nemesis: compiled
 	$(BIN)/python -m bench.nemesis --duration $(DURATION) --seed $(SEED) $(if $(WITNESS),--witness)
 
 ## The deterministic simulators: SCHEDULES seeded schedules of the replication protocol (kill
@@ -102,28 +107,28 @@ nemesis: $(STAMP)
 ## (the rule after a freeze, kills, link resets); JSON with the failing seeds and schedules/s.
 SCHEDULES ?= 100000
 FREEZE_SCHEDULES ?= 20000
-simulate: $(STAMP)
+simulate: compiled
 	$(BIN)/python -m tests.sim --schedules $(SCHEDULES) --jobs 2
 	$(BIN)/python -m tests.sim --freezes --schedules $(FREEZE_SCHEDULES) --jobs 2
 
 ## Benchmarks side by side with RabbitMQ (installed from Debian if missing); prints JSON.
-bench: $(STAMP)
+bench: compiled
 	$(BIN)/python -m bench.run
 
 ## Exchange federation beside RabbitMQ's federation plugin (two nodes of each): the rate
 ## through a federated exchange with confirms end to end, and a new binding's latency; JSON.
 ## Also part of make bench.
-bench-federation: $(STAMP)
+bench-federation: compiled
 	$(BIN)/python -m bench.federation_bench
 
 ## Real clients' own suites (kombu, pika, amqplib, aio-pika, a Celery worker) on amqha and on
 ## RabbitMQ, side by side. Downloads the suites (and installs RabbitMQ from Debian if
 ## missing): not in make test.
-compat: $(STAMP)
+compat: compiled
 	$(BIN)/python -m bench.compat
 
 ## A scripted tour: start the pair, publish, kill -9 the primary, take over, recover.
-demo: $(STAMP)
+demo: compiled
 	$(BIN)/python -m amqha.demo
 
 clean:

@@ -36,7 +36,7 @@ from config import ServerConfig, User
 from config.schema import format_host_port
 from failover import keys
 
-from . import __version__, clock, flow
+from . import __version__, clock, compiled, flow
 from .auth import Authenticator, Refused
 from .broker_store import StoreSide, StoreSink
 from .channel_feed import FeedService
@@ -606,6 +606,12 @@ async def serve(
     if config.management is not None:
         scheme = "https" if config.management.tls else "http"
         amqps += f", management on {scheme}://{config.management.listen}/"
+    hot = compiled.active()
+    print(
+        f"amqha {config.name}: hot path "
+        + (f"compiled ({', '.join(hot)})" if hot else "interpreted (no compiled build matches)"),
+        file=sys.stderr,
+    )
     print(
         f"amqha {config.name} ({config.failover.role or 'standalone'}) listening on "
         + ", ".join(format_host_port(host, port) for host, port in config.addresses)

@@ -1,0 +1,159 @@
+"""The hot modules compiled to C by mypyc, used only when built from the sources beside
+them (docs/performance.md, "The compiled hot path").
+
+``make compiled`` (before ``make run``, ``make test`` and the rest) calls ``build()``: it compiles ``MODULES`` into ``build/compiled/`` with a stamp naming the Python, the
+mypy and each source's SHA-256. Importing ``amqha`` calls ``install()``: when the stamp
+matches the sources as they are now, a finder at the front of ``sys.meta_path`` loads
+exactly those modules from their extension files; anything else (no build, a source
+edited since, another Python, ``AMQHA_INTERPRETED=1``) leaves every module interpreted,
+with the same behaviour, only slower. So an edit to a compiled module is never hidden
+by an older build: until ``make`` builds it again, the source runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# Relative to the checkout's root. Each is type-checked by `make lint` (mypy), which is
+# what mypyc compiles from.
+MODULES = ("amqha/wire.py",)
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "compiled"
+STAMP = "stamp.json"
+DISABLE = "AMQHA_INTERPRETED"
+
+
+def expected_stamp() -> dict[str, Any]:
+    """What a build for these sources and this interpreter records."""
+    return {
+        "python": sys.version,
+        "abi": sys.implementation.cache_tag,
+        "sources": {
+            name: hashlib.sha256((ROOT / name).read_bytes()).hexdigest() for name in MODULES
+        },
+    }
+
+
+def _matches(recorded: dict[str, Any]) -> bool:
+    expected = expected_stamp()
+    return all(recorded.get(key) == value for key, value in expected.items())
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds exactly the built extension modules, by their dotted names."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        self.files = files
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+def _extension_files(folder: Path) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for file in folder.rglob(f"*{suffix}"):
+            parts = file.relative_to(folder).parts
+            name = ".".join((*parts[:-1], parts[-1][: -len(suffix)]))
+            files.setdefault(name, str(file))
+    return files
+
+
+def install() -> bool:
+    """Load the compiled modules if a build matches the sources; True if it did."""
+    if os.environ.get(DISABLE) or any(isinstance(f, _Finder) for f in sys.meta_path):
+        return False
+    try:
+        recorded = json.loads((BUILD / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    try:
+        if not isinstance(recorded, dict) or not _matches(recorded):
+            return False
+    except OSError:
+        return False  # a source gone (an installed copy without them): interpreted
+    files = _extension_files(BUILD / "lib")
+    wanted = {name[:-3].replace("/", ".") for name in MODULES}
+    if not wanted <= files.keys():
+        return False
+    sys.meta_path.insert(0, _Finder(files))
+    return True
+
+
+def active() -> list[str]:
+    """The compiled modules loaded in this process (for logs and tests)."""
+    loaded = []
+    for name in MODULES:
+        module = sys.modules.get(name[:-3].replace("/", "."))
+        if module is not None and str(getattr(module, "__file__", "")).endswith(
+            tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        ):
+            loaded.append(module.__name__)
+    return loaded
+
+
+def build() -> int:
+    """Compile MODULES into BUILD unless a matching build is there; 0 on success or when
+    compiling is not possible here (said on stderr: the sources then run interpreted)."""
+    try:
+        recorded = json.loads((BUILD / STAMP).read_text())
+        if _matches(recorded) and (BUILD / "lib").is_dir():
+            print("compiled hot path: up to date", file=sys.stderr)
+            return 0
+    except (OSError, ValueError):
+        pass
+    import shutil
+    import subprocess
+    import tempfile
+
+    stamp = expected_stamp()
+    staging = Path(tempfile.mkdtemp(prefix="amqha-compile-"))
+    try:
+        # setuptools reads the project file of the folder it runs in: the build runs in a
+        # folder of its own, on absolute paths.
+        script = (
+            "import sys\n"
+            "from setuptools import setup\n"
+            "from mypyc.build import mypycify\n"
+            "setup(name='amqha_compiled', ext_modules=mypycify(sys.argv[1:], opt_level='3'),"
+            " script_args=['build_ext', '--build-lib', 'lib', '--build-temp', 'tmp'])\n"
+        )
+        sources = [str(ROOT / name) for name in MODULES]
+        done = subprocess.run(
+            [sys.executable, "-c", script, *sources],
+            cwd=staging,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MYPYPATH": str(ROOT)},
+        )
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            print(
+                f"compiled hot path: not built, the modules run interpreted:\n{tail}",
+                file=sys.stderr,
+            )
+            return 0
+        BUILD.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(BUILD / "lib", ignore_errors=True)
+        (BUILD / STAMP).unlink(missing_ok=True)
+        shutil.copytree(staging / "lib", BUILD / "lib")
+        (BUILD / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"compiled hot path: built {', '.join(MODULES)}", file=sys.stderr)
+    return 0
