@@ -1,8 +1,9 @@
 """The hot modules compiled to C by mypyc, used only when built from the sources beside
-them (docs/performance.md, "The compiled hot path").
+them (docs/performance.md, "The compiled wire module").
 
-``make compiled`` (before ``make run``, ``make test`` and the rest) calls ``build()``: it compiles ``MODULES`` into ``build/compiled/`` with a stamp naming the Python, the
-mypy and each source's SHA-256. Importing ``amqha`` calls ``install()``: when the stamp
+``make compiled`` (run before ``make run``, ``make test`` and the rest) calls
+``build()``: it compiles ``MODULES`` into ``build/compiled/`` with a stamp naming the
+Python and each source's SHA-256. Importing ``amqha`` calls ``install()``: when the stamp
 matches the sources as they are now, a finder at the front of ``sys.meta_path`` loads
 exactly those modules from their extension files; anything else (no build, a source
 edited since, another Python, ``AMQHA_INTERPRETED=1``) leaves every module interpreted,
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "compiled"
 STAMP = "stamp.json"
 DISABLE = "AMQHA_INTERPRETED"
+BUILD_TIMEOUT = 900  # seconds; a build takes about 15 s here
 
 
 def expected_stamp() -> dict[str, Any]:
@@ -44,7 +46,9 @@ def expected_stamp() -> dict[str, Any]:
     }
 
 
-def _matches(recorded: dict[str, Any]) -> bool:
+def _matches(recorded: Any) -> bool:
+    if not isinstance(recorded, dict):
+        return False
     expected = expected_stamp()
     return all(recorded.get(key) == value for key, value in expected.items())
 
@@ -83,7 +87,7 @@ def install() -> bool:
     except (OSError, ValueError):
         return False
     try:
-        if not isinstance(recorded, dict) or not _matches(recorded):
+        if not _matches(recorded):
             return False
     except OSError:
         return False  # a source gone (an installed copy without them): interpreted
@@ -93,6 +97,16 @@ def install() -> bool:
         return False
     sys.meta_path.insert(0, _Finder(files))
     return True
+
+
+def describe() -> str:
+    """How this process runs the hot modules, for a server's start line."""
+    loaded = active()
+    if loaded:
+        return f"compiled ({', '.join(loaded)})"
+    if os.environ.get(DISABLE):
+        return f"interpreted ({DISABLE} is set)"
+    return "interpreted (no compiled build matches the sources: make compiled)"
 
 
 def active() -> list[str]:
@@ -134,15 +148,20 @@ def build() -> int:
             " script_args=['build_ext', '--build-lib', 'lib', '--build-temp', 'tmp'])\n"
         )
         sources = [str(ROOT / name) for name in MODULES]
-        done = subprocess.run(
-            [sys.executable, "-c", script, *sources],
-            cwd=staging,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "MYPYPATH": str(ROOT)},
-        )
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", script, *sources],
+                cwd=staging,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "MYPYPATH": str(ROOT)},
+                timeout=BUILD_TIMEOUT,
+            )
+            output, failed = (done.stderr or done.stdout), done.returncode != 0
+        except subprocess.TimeoutExpired:
+            output, failed = f"the build took more than {BUILD_TIMEOUT} s", True
+        if failed:
+            tail = "\n".join(output.strip().splitlines()[-15:])
             print(
                 f"compiled hot path: not built, the modules run interpreted:\n{tail}",
                 file=sys.stderr,

@@ -606,12 +606,7 @@ async def serve(
     if config.management is not None:
         scheme = "https" if config.management.tls else "http"
         amqps += f", management on {scheme}://{config.management.listen}/"
-    hot = compiled.active()
-    print(
-        f"amqha {config.name}: hot path "
-        + (f"compiled ({', '.join(hot)})" if hot else "interpreted (no compiled build matches)"),
-        file=sys.stderr,
-    )
+    print(f"amqha {config.name}: hot path {compiled.describe()}", file=sys.stderr)
     print(
         f"amqha {config.name} ({config.failover.role or 'standalone'}) listening on "
         + ", ".join(format_host_port(host, port) for host, port in config.addresses)

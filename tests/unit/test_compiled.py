@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from amqha import compiled
+from tests.support import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT = (compiled.BUILD / compiled.STAMP).is_file()
@@ -37,16 +38,29 @@ def python(code: str, **env: str) -> str:
 
 @needs_build
 def test_a_build_that_matches_the_sources_is_what_a_server_loads() -> None:
-    origin = python("import amqha.wire as w, amqha.compiled as c; print(w.__file__, c.active())")
+    origin = python(
+        "import amqha.wire as w, amqha.compiled as c; print(w.__file__, c.active(), c.describe())"
+    )
     assert "build/compiled/lib/amqha/wire." in origin and "['amqha.wire']" in origin
+    assert origin.endswith(" compiled (amqha.wire)")
+
+
+@needs_build
+def test_a_server_says_at_its_start_how_it_runs_the_hot_path(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path, "hot").start()
+    try:
+        said = server.own_output().decode()
+    finally:
+        server.stop()
+    assert "amqha hot: hot path compiled (amqha.wire)" in said
 
 
 def test_with_amqha_interpreted_set_every_module_runs_from_its_source() -> None:
     origin = python(
-        "import amqha.wire as w, amqha.compiled as c; print(w.__file__, c.active())",
+        "import amqha.wire as w, amqha.compiled as c; print(w.__file__, c.active(), c.describe())",
         AMQHA_INTERPRETED="1",
     )
-    assert origin == f"{ROOT}/amqha/wire.py []"
+    assert origin == f"{ROOT}/amqha/wire.py [] interpreted (AMQHA_INTERPRETED is set)"
 
 
 @needs_build
