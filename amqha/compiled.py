@@ -27,6 +27,7 @@ from typing import Any
 # Relative to the checkout's root. Each is type-checked by `make lint` (mypy), which is
 # what mypyc compiles from.
 MODULES = ("amqha/wire.py",)
+NAMES = tuple(name[:-3].replace("/", ".") for name in MODULES)  # as imported
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "compiled"
@@ -46,11 +47,16 @@ def expected_stamp() -> dict[str, Any]:
     }
 
 
-def _matches(recorded: Any) -> bool:
-    if not isinstance(recorded, dict):
-        return False
-    expected = expected_stamp()
-    return all(recorded.get(key) == value for key, value in expected.items())
+def _built() -> bool:
+    """Whether BUILD holds a build of the sources as they are now, for this Python."""
+    try:
+        recorded = json.loads((BUILD / STAMP).read_text())
+        expected = expected_stamp()
+    except (OSError, ValueError):
+        return False  # no build, or a source gone (an installed copy without them)
+    return isinstance(recorded, dict) and all(
+        recorded.get(key) == value for key, value in expected.items()
+    )
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -82,18 +88,10 @@ def install() -> bool:
     """Load the compiled modules if a build matches the sources; True if it did."""
     if os.environ.get(DISABLE) or any(isinstance(f, _Finder) for f in sys.meta_path):
         return False
-    try:
-        recorded = json.loads((BUILD / STAMP).read_text())
-    except (OSError, ValueError):
+    if not _built():
         return False
-    try:
-        if not _matches(recorded):
-            return False
-    except OSError:
-        return False  # a source gone (an installed copy without them): interpreted
     files = _extension_files(BUILD / "lib")
-    wanted = {name[:-3].replace("/", ".") for name in MODULES}
-    if not wanted <= files.keys():
+    if not set(NAMES) <= files.keys():
         return False
     sys.meta_path.insert(0, _Finder(files))
     return True
@@ -111,26 +109,20 @@ def describe() -> str:
 
 def active() -> list[str]:
     """The compiled modules loaded in this process (for logs and tests)."""
-    loaded = []
-    for name in MODULES:
-        module = sys.modules.get(name[:-3].replace("/", "."))
-        if module is not None and str(getattr(module, "__file__", "")).endswith(
-            tuple(importlib.machinery.EXTENSION_SUFFIXES)
-        ):
-            loaded.append(module.__name__)
-    return loaded
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return [
+        name
+        for name in NAMES
+        if str(getattr(sys.modules.get(name), "__file__", "")).endswith(suffixes)
+    ]
 
 
 def build() -> int:
     """Compile MODULES into BUILD unless a matching build is there; 0 on success or when
     compiling is not possible here (said on stderr: the sources then run interpreted)."""
-    try:
-        recorded = json.loads((BUILD / STAMP).read_text())
-        if _matches(recorded) and (BUILD / "lib").is_dir():
-            print("compiled hot path: up to date", file=sys.stderr)
-            return 0
-    except (OSError, ValueError):
-        pass
+    if _built() and (BUILD / "lib").is_dir():
+        print("compiled hot path: up to date", file=sys.stderr)
+        return 0
     import shutil
     import subprocess
     import tempfile
