@@ -133,6 +133,9 @@ async def test_an_epoch_that_cannot_be_stored_never_becomes_active(
     # In sync first: a replicated change the full disk refused would take the backup out of
     # sync, and that refusal, not the epoch's, would answer the vote.
     await pair.wait_in_sync(pair.backup, timeout=60)
+    # In sync comes at the snapshot (LSN 0); the changes the ACTIVE makes as it starts
+    # follow within milliseconds, and one written after the fill would do the same.
+    await replication_quiet(pair, pair.primary)
     fill(small_fs)
     epoch = pair.epoch(pair.backup)
     pair.kill(pair.primary)
@@ -150,6 +153,22 @@ async def test_an_epoch_that_cannot_be_stored_never_becomes_active(
     (small_fs / "filler").unlink()
     assert (await client_vote([pair.backup]))["name"] == "backup"
     assert pair.epoch(pair.backup) == epoch + 1
+
+
+async def replication_quiet(pair: Pair, active, timeout: float = 15.0) -> None:
+    """Until the ACTIVE's feed has nothing unacked and its replicated LSN holds still for
+    0.2 s: every change it has made is on its PASSIVE."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    while True:
+        feed = ((await pair.status(active)).get("replication") or {}).get("feed") or {}
+        now = (feed.get("lag_changes"), feed.get("replicated_lsn"))
+        if now[0] == 0 and now == last:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"the feed never settled: {feed}")
+        last = now
+        await asyncio.sleep(0.2)
 
 
 async def poll_status(pair: Pair, server, predicate, timeout: float = 15.0) -> dict:
