@@ -89,7 +89,8 @@ class ChannelConsumer:
 
     def ready(self) -> bool:
         channel = self.channel
-        if not channel.can_deliver or channel.connection.write_paused:
+        connection = channel.connection
+        if not channel.can_deliver or connection.write_paused or connection.turn_spent:
             return False
         if self.no_ack:
             return True

@@ -12,7 +12,10 @@ has not logged in can make us hold no more. Output is bounded: frames are writte
 soon as ``limits.output_buffer`` bytes are queued, and once the socket holds that much
 unwritten, deliveries to this connection stop and, if it publishes, it is no longer
 read (its Basic.Returns and confirms are what backs up) until the socket drains (each
-reason a socket is not read is a bit of ``read_holds``).
+reason a socket is not read is a bit of ``read_holds``). One turn of the loop hands a
+connection at most TURN_OUTPUT bytes however fast its socket drains: then its consumers
+wait for the next turn (``turn_spent``), so a consumer of a deep queue cannot hold the
+loop, and with it every other connection and the pair's timers.
 While it is not read for such a reason, the broker polls its socket for the client's
 FIN or reset (``hung_up``), which asyncio would only see by reading.
 The memory alarm holds a connection at a publish of a message (``flow``); a held
@@ -85,6 +88,9 @@ FRAME_BUDGET = 0.005
 # table is the costly one to handle).
 FRAMES_PER_CLOCK_READ = 64
 LARGE_FRAME = 1024
+# Bytes one turn of the loop hands a connection at most (less if limits.output_buffer is):
+# a few milliseconds of deliveries (docs/limits.md, "Output").
+TURN_OUTPUT = 256 * 1024
 
 
 class Connection(asyncio.Protocol):
@@ -98,6 +104,7 @@ class Connection(asyncio.Protocol):
         # Until Tune-Ok the client has agreed to nothing: the protocol's minimum applies.
         self.frame_max = FRAME_MIN_SIZE
         self.output_limit = limits.output_buffer
+        self.turn_limit = min(limits.output_buffer, TURN_OUTPUT)
         self.channel_max = limits.channel_max
         self.heartbeat = 0
         self.channels: dict[int, Channel] = {}
@@ -116,6 +123,8 @@ class Connection(asyncio.Protocol):
         self.out_bytes = 0
         self.flush_scheduled = False
         self.write_paused = False
+        # This turn of the loop has handed out output_buffer bytes: deliveries wait a turn.
+        self.turn_spent = False
         self.read_holds = 0
         self.backlog: tuple[list[wire.RawFrame], int] | None = None
         # While frames of a read are handled: the channels whose acks put off waking their
@@ -341,6 +350,11 @@ class Connection(asyncio.Protocol):
                     self.loop.call_soon(self._resume_backlog)
                     return
 
+    def _next_turn(self) -> None:
+        self.turn_spent = False
+        if not self.write_paused and self.state < CLOSED:
+            self.wake_consumers()
+
     def _resume_backlog(self) -> None:
         if self.backlog is None or self.state >= CLOSED:
             return
@@ -365,10 +379,15 @@ class Connection(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         self.out.append(data)
         self.out_bytes += len(data)
-        if self.out_bytes >= self.output_limit:
+        if self.out_bytes >= self.turn_limit:
             # Written now, so that the transport sees it and pauses us when the socket
-            # does not drain: nothing piles up here unbounded within one turn.
+            # does not drain: nothing piles up here unbounded within one turn. A socket
+            # that drains as fast as we write would never pause us: deliveries stop for
+            # this turn all the same (docs/limits.md, "Output").
             self.flush()
+            if not self.turn_spent:
+                self.turn_spent = True
+                self.loop.call_soon(self._next_turn)
         elif not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)

@@ -4,11 +4,14 @@ the exact frames: the channel's rules as the broker applies them, a millisecond 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from pamqp import commands
+from pamqp import commands, frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from amqha.connection import TURN_OUTPUT
 from tests.memory_peer import MemoryPeer, solo_broker
 
 
@@ -122,3 +125,55 @@ async def test_a_message_over_the_size_limit_is_refused_before_its_body() -> Non
     (closed,) = [f for _, f in peer.take()]
     assert closed.name == "Channel.Close" and closed.reply_code == 406
     assert "larger than configured max size 1024" in closed.reply_text
+
+
+@pytest.mark.parametrize("output_buffer", [64 * 1024, None])
+async def test_one_turn_of_the_loop_hands_a_connection_a_bounded_output(
+    output_buffer: int | None,
+) -> None:
+    """A socket that drains as fast as the broker writes (this transport) never pauses its
+    deliveries: a no-ack consumer of a deep queue still takes them a turn of the loop at a
+    time, TURN_OUTPUT bytes a turn (``limits.output_buffer`` if less), so whatever else is
+    due (other clients, heartbeats, the pair's timers) runs in between (docs/limits.md,
+    "Output")."""
+    if output_buffer is None:
+        peer = await MemoryPeer.open(solo_broker())
+        limit = TURN_OUTPUT
+    else:
+        peer = await MemoryPeer.open(solo_broker(output_buffer=output_buffer))
+        limit = output_buffer
+    await open_channel(peer)
+    await peer.send(1, commands.Queue.Declare(queue="deep"))
+    assert peer.methods() == [(1, "Queue.DeclareOk")]
+    count = 5000  # about 1.3 MB of deliveries: five turns' worth at least
+    publish = b"".join(
+        frame.marshal(f, 1)
+        for f in (commands.Basic.Publish(routing_key="deep"), *content(b"x" * 200))
+    )
+    for _ in range(count // 500):
+        await peer.send(1, publish * 500)
+    await peer.send(1, commands.Queue.Declare(queue="deep", passive=True))
+    (declared,) = [f for _, f in peer.take() if f.name == "Queue.DeclareOk"]
+    assert declared.message_count == count
+    one_delivery = len(frame.marshal(commands.Basic.Deliver("ctag", 1, False, "", "deep"), 1))
+    one_delivery += len(publish)  # its header and body frames, and more
+    connection, transport = peer.connection, peer.transport
+
+    def handed_out() -> int:
+        return len(transport.data) + connection.out_bytes
+
+    before = handed_out()
+    connection.data_received(
+        frame.marshal(commands.Basic.Consume(queue="deep", no_ack=True, consumer_tag="c"), 1)
+    )
+    turns = [handed_out() - before]
+    for _ in range(400):  # bounded: twenty turns at most are needed
+        before = handed_out()
+        await asyncio.sleep(0)
+        turns.append(handed_out() - before)
+        if not connection.vhost.queues["deep"].message_count and not turns[-1]:
+            break
+    assert max(turns) <= limit + one_delivery, turns
+    delivered = [f for _, f in peer.take() if getattr(f, "name", "") == "Basic.Deliver"]
+    assert len(delivered) == count
+    assert sum(1 for size in turns if size) >= count * 200 // limit
