@@ -45,6 +45,18 @@ class PeeringStatus:
     dropped: int = 0
 
 
+def raise_if_cancelled() -> None:
+    """Raise the cancel this task did not see as a ``CancelledError``: ``asyncio.wait_for``
+    (Python 3.11) returns or raises a step's own outcome when the step finished in the
+    turn the cancel came, and the cancel is not delivered again. A reconnect loop calls
+    this on every lap; without it, a link whose connect was refused in that turn went on
+    reconnecting after its task was cancelled, and a server's loop never finished
+    closing at shutdown."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:
+        raise asyncio.CancelledError
+
+
 class Reconnecting:
     """The reconnect loop of a link: connect (``_open``, bounded by the subclass), count
     and report it up, wait until it closes (``_wait_closed``), report it down, back off
@@ -111,19 +123,9 @@ class Reconnecting:
         task = asyncio.current_task()
         return self._stopping or (task is not None and task.cancelling() > 0)
 
-    def _raise_if_cancelled(self) -> None:
-        """A cancel this task did not see as a ``CancelledError``: ``asyncio.wait_for``
-        (Python 3.11) returns or raises a step's own outcome when the step finished in the
-        turn the cancel came, and the cancel is not delivered again. Without this, a link
-        whose connect was refused in that turn went on reconnecting after its task was
-        cancelled, and a server's loop never finished closing at shutdown."""
-        task = asyncio.current_task()
-        if task is not None and task.cancelling() > 0:
-            raise asyncio.CancelledError
-
     async def _run(self) -> None:
         while not self._stopping:
-            self._raise_if_cancelled()
+            raise_if_cancelled()
             try:
                 await self._connect_loop()
             except asyncio.CancelledError:
@@ -148,7 +150,7 @@ class Reconnecting:
     async def _connect_loop(self) -> None:
         delay = self.backoff_initial
         while not self._stopping:
-            self._raise_if_cancelled()
+            raise_if_cancelled()
             self.status.attempts += 1
             try:
                 await self._open()

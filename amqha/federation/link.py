@@ -39,6 +39,8 @@ from yarl import URL
 
 from ..core import names
 from ..core.reserved import FEDERATION_EXCHANGE
+from peering.agent import raise_if_cancelled
+
 from ..gate import redirect_target
 from . import model
 from .forward import Forwarder
@@ -298,6 +300,7 @@ class Link(Intake):
 
     async def _run(self) -> None:
         while True:
+            raise_if_cancelled()
             try:
                 await self._session_run()
                 reason = "the upstream closed the connection"
@@ -317,6 +320,7 @@ class Link(Intake):
             self.state.failed(reason, now)
             if self.state.attempts == 1 or not was_running and self.state.attempts % 50 == 0:
                 self._event("link_failed", reason=reason, attempts=self.state.attempts)
+            raise_if_cancelled()
             await asyncio.sleep(
                 model.backoff(self.state.attempts, BACKOFF_INITIAL, BACKOFF_MAX, self.rng)
             )
@@ -331,6 +335,7 @@ class Link(Intake):
             for _ in range(2):  # the listed address, then where it sends the link
                 if target is None:
                     break
+                raise_if_cancelled()
                 try:
                     connection = await asyncio.wait_for(
                         aiormq.connect(target, **self._connect_options(target)), timeout
