@@ -37,10 +37,10 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 from yarl import URL
 
-from ..core import names
-from ..core.reserved import FEDERATION_EXCHANGE
 from peering.agent import raise_if_cancelled
 
+from ..core import names
+from ..core.reserved import FEDERATION_EXCHANGE
 from ..gate import redirect_target
 from . import model
 from .forward import Forwarder

@@ -57,9 +57,7 @@ class OneStepFederationLink(Link):
 
     def __init__(self) -> None:
         spec = FederatedExchange("market", "central")
-        super().__init__(
-            solo_broker(), spec, ("amqp://127.0.0.1:1/",), "here", "id", 5.0, 5.0, 10
-        )
+        super().__init__(solo_broker(), spec, ("amqp://127.0.0.1:1/",), "here", "id", 5.0, 5.0, 10)
         self.step: asyncio.Future[None] | None = None
         self.connecting = asyncio.Event()
 
