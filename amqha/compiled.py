@@ -1,5 +1,5 @@
 """The hot modules compiled to C by mypyc, used only when built from the sources beside
-them (docs/performance.md, "The compiled wire module").
+them (docs/performance.md, "The compiled modules").
 
 ``make compiled`` (run before ``make run``, ``make test`` and the rest) calls
 ``build()``: it compiles ``MODULES`` into ``build/compiled/`` with a stamp naming the
@@ -26,7 +26,7 @@ from typing import Any
 
 # Relative to the checkout's root. Each is type-checked by `make lint` (mypy), which is
 # what mypyc compiles from.
-MODULES = ("amqha/wire.py",)
+MODULES = ("amqha/wire.py", "amqha/core/codec.py", "amqha/store_write.py")
 NAMES = tuple(name[:-3].replace("/", ".") for name in MODULES)  # as imported
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -241,9 +241,10 @@ def encode(first_lsn: int, changes: list[Change]) -> bytes:
         c: Any = change
         if c.queue is not queue or c.vhost is not vhost:
             vhost, queue = key = c.vhost, c.queue
-            prefix = prefixes.get(key)  # type: ignore[assignment]
-            if prefix is None:
-                prefix = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
+            known = prefixes.get(key)
+            if known is None:
+                known = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
+            prefix = known
         this_address, this_header, body, deadline = c.address, c.header, c.body, c.deadline
         if this_address != address or this_header != header:
             address, header = this_address, this_header

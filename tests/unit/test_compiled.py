@@ -16,6 +16,13 @@ from amqha import compiled
 from tests.support import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
+# The tests of the compiled modules (compiled.MODULES), run again on their sources.
+TESTED_BOTH_WAYS = (
+    "tests/unit/test_wire.py",  # amqha/wire.py
+    "tests/unit/test_changes.py",  # amqha/core/codec.py
+    "tests/unit/test_store.py",  # amqha/store_write.py, and the codec under it
+    "tests/unit/test_store_passive.py",
+)
 BUILT = (compiled.BUILD / compiled.STAMP).is_file()
 needs_build = pytest.mark.skipif(
     not BUILT,
@@ -52,7 +59,7 @@ def test_a_server_says_at_its_start_how_it_runs_the_hot_path(tmp_path: Path) -> 
         said = server.own_output().decode()
     finally:
         server.stop()
-    assert "amqha hot: hot path compiled (amqha.wire)" in said
+    assert f"amqha hot: hot path compiled ({', '.join(compiled.NAMES)})" in said
 
 
 def test_with_amqha_interpreted_set_every_module_runs_from_its_source() -> None:
@@ -84,7 +91,7 @@ def test_a_build_of_other_sources_is_not_used(tmp_path: Path) -> None:
 
 
 @needs_build
-def test_the_wire_tests_pass_on_the_interpreted_module_too() -> None:
+def test_the_compiled_modules_tests_pass_on_the_interpreted_modules_too() -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -94,7 +101,7 @@ def test_the_wire_tests_pass_on_the_interpreted_module_too() -> None:
             "-p",
             "no:cacheprovider",
             "-x",
-            "tests/unit/test_wire.py",
+            *TESTED_BOTH_WAYS,
         ],
         cwd=ROOT,
         env=os.environ | {compiled.DISABLE: "1"},
