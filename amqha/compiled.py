@@ -26,7 +26,16 @@ from typing import Any
 
 # Relative to the checkout's root. Each is type-checked by `make lint` (mypy), which is
 # what mypyc compiles from.
-MODULES = ("amqha/wire.py", "amqha/core/codec.py", "amqha/store_write.py")
+MODULES = (
+    "amqha/wire.py",
+    "amqha/core/codec.py",
+    "amqha/store_write.py",
+    "amqha/core/message.py",
+    "amqha/core/changes.py",
+    "amqha/core/queue.py",
+    "amqha/core/confirms.py",
+    "amqha/core/priority.py",
+)
 NAMES = tuple(name[:-3].replace("/", ".") for name in MODULES)  # as imported
 
 ROOT = Path(__file__).resolve().parent.parent

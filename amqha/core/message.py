@@ -18,7 +18,7 @@ Must not know: queues, channels, connections.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, ClassVar
 
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
@@ -54,7 +54,7 @@ class Message:
     __slots__ = ("address", "header", "body", "decoded", "cost", "msg_id")
 
     # Bytes held by all live messages of this process (see the module docstring).
-    held = 0
+    held: ClassVar[int] = 0
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from .changes import ChangeLog, Settled
 from .dedup import in_id_order
@@ -32,7 +32,7 @@ class Lane:
 
     # Lanes alive in this process: the memory watermark counts each (a lane lives only
     # while it holds a message, but one message may cost a lane on its own).
-    held = 0
+    held: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self.ready: deque[Message] = deque()

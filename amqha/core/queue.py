@@ -46,7 +46,7 @@ import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from .arguments import QueueLimits
 from .changes import ChangeLog, Delivered, Enqueued, Settled
@@ -113,6 +113,10 @@ class DeliveryCounting(Protocol):
         ...
 
 
+# Whether this module runs compiled (amqha/compiled.py): from its extension file.
+_COMPILED: Final = not __file__.endswith(".py")
+
+
 class Queue:
     # x-single-active-consumer: the consumer that may receive. A class default, set on an
     # instance only when it has one: see the attribute count in ``__init__``.
@@ -177,11 +181,17 @@ class Queue:
         # who to tell when ``next_due`` may have moved earlier.
         self.timer_due: float | None = None
         self.on_due_changed: Callable[[Queue], None] | None = None
-        # That is 29 attributes, the most CPython 3.11 keeps in the keys its instances
-        # share: with one more, each queue reads its attributes from a dictionary of its
-        # own, and delivering and acking a message costs 3.6% more instructions (two more
-        # measured: bench.hotpath's consume phase under callgrind). What a queue needs
-        # only for an extension lives in a subclass, a class default or ``limits``.
+        if _COMPILED:
+            # A compiled class applies no class defaults: the three above, set here.
+            self.active_consumer = None
+            self.counter = None
+            self.dedup = None
+        # Interpreted, that is 29 attributes, the most CPython 3.11 keeps in the keys its
+        # instances share: with one more, each queue reads its attributes from a
+        # dictionary of its own, and delivering and acking a message costs 3.6% more
+        # instructions (two more measured: bench.hotpath's consume phase under
+        # callgrind). What a queue needs only for an extension lives in a subclass, a
+        # class default or ``limits``.
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} messages={self.message_count}>"

@@ -19,9 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # The tests of the compiled modules (compiled.MODULES), run again on their sources.
 TESTED_BOTH_WAYS = (
     "tests/unit/test_wire.py",  # amqha/wire.py
-    "tests/unit/test_changes.py",  # amqha/core/codec.py
+    "tests/unit/test_changes.py",  # amqha/core/codec.py and core/changes.py
     "tests/unit/test_store.py",  # amqha/store_write.py, and the codec under it
     "tests/unit/test_store_passive.py",
+    "tests/unit/test_queue.py",  # amqha/core/queue.py and core/message.py
+    "tests/unit/test_priority.py",  # amqha/core/priority.py
+    "tests/unit/test_quorum.py",
+    "tests/unit/test_confirms.py",  # amqha/core/confirms.py
+    "tests/unit/test_vhost.py",
 )
 BUILT = (compiled.BUILD / compiled.STAMP).is_file()
 needs_build = pytest.mark.skipif(
