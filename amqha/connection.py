@@ -123,7 +123,7 @@ class Connection(asyncio.Protocol):
         self.out_bytes = 0
         self.flush_scheduled = False
         self.write_paused = False
-        # This turn of the loop has handed out output_buffer bytes: deliveries wait a turn.
+        # This turn of the loop has handed out turn_limit bytes: deliveries wait a turn.
         self.turn_spent = False
         self.read_holds = 0
         self.backlog: tuple[list[wire.RawFrame], int] | None = None

@@ -206,7 +206,7 @@ class ChannelOwner(Protocol):
     bypasses_gate: bool
     published: bool
     write_paused: bool
-    turn_spent: bool  # this turn handed out output_buffer bytes: deliveries wait a turn
+    turn_spent: bool  # this turn handed out its bytes (TURN_OUTPUT): deliveries wait a turn
     channels: dict[int, Any]
     exclusive_queues: dict[str, Queue]
 
