@@ -35,6 +35,8 @@ MODULES = (
     "amqha/core/queue.py",
     "amqha/core/confirms.py",
     "amqha/core/priority.py",
+    "amqha/core/vhost.py",
+    "amqha/core/dedup.py",
 )
 NAMES = tuple(name[:-3].replace("/", ".") for name in MODULES)  # as imported
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections import OrderedDict
-from typing import Any
+from typing import Any, ClassVar
 
 from pamqp import exceptions
 
@@ -58,7 +58,7 @@ EXCHANGE, QUEUE = "x", "q"  # what owns a cache, in a ``DedupSeen``
 class DedupBytes:
     """Bytes held by every deduplication memory of this process."""
 
-    held = 0
+    held: ClassVar[int] = 0
 
 
 def _held(key: bytes, sign: int) -> int:

@@ -26,7 +26,8 @@ TESTED_BOTH_WAYS = (
     "tests/unit/test_priority.py",  # amqha/core/priority.py
     "tests/unit/test_quorum.py",
     "tests/unit/test_confirms.py",  # amqha/core/confirms.py
-    "tests/unit/test_vhost.py",
+    "tests/unit/test_vhost.py",  # amqha/core/vhost.py
+    "tests/unit/test_dedup.py",  # amqha/core/dedup.py
 )
 BUILT = (compiled.BUILD / compiled.STAMP).is_file()
 needs_build = pytest.mark.skipif(
