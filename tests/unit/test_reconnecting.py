@@ -35,21 +35,25 @@ class OneStepLink(Reconnecting):
         return None
 
 
-@pytest.mark.asyncio
-async def test_a_cancel_in_the_turn_a_connect_fails_ends_the_link() -> None:
-    link = OneStepLink()
-    await link.start()
+async def refused_then_cancelled(link: OneStepLink | OneStepFederationLink) -> None:
+    """The link's connect fails (a refused socket) and its task is cancelled (the loop's
+    end at shutdown) before the task runs again: the task ends, cancelled."""
     task = link._task
     assert task is not None
     await asyncio.wait_for(link.connecting.wait(), 5)
     assert link.step is not None
-    # The connect fails (a refused socket) and the task is cancelled (the loop's end at
-    # shutdown), before the task runs again.
     link.step.set_exception(ConnectionRefusedError("refused"))
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
     assert task.cancelled()
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_in_the_turn_a_connect_fails_ends_the_link() -> None:
+    link = OneStepLink()
+    await link.start()
+    await refused_then_cancelled(link)
 
 
 class OneStepFederationLink(Link):
@@ -71,12 +75,4 @@ class OneStepFederationLink(Link):
 async def test_a_cancel_in_the_turn_a_federation_connect_fails_ends_the_link() -> None:
     link = OneStepFederationLink()
     link.start()
-    task = link._task
-    assert task is not None
-    await asyncio.wait_for(link.connecting.wait(), 5)
-    assert link.step is not None
-    link.step.set_exception(ConnectionRefusedError("refused"))
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, 5)
-    assert task.cancelled()
+    await refused_then_cancelled(link)
