@@ -157,18 +157,16 @@ async def test_an_epoch_that_cannot_be_stored_never_becomes_active(
 
 async def replication_quiet(pair: Pair, active, timeout: float = 15.0) -> None:
     """Until the ACTIVE's feed has nothing unacked and its replicated LSN holds still for
-    0.2 s: every change it has made is on its PASSIVE."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    last = None
-    while True:
-        feed = ((await pair.status(active)).get("replication") or {}).get("feed") or {}
-        now = (feed.get("lag_changes"), feed.get("replicated_lsn"))
-        if now[0] == 0 and now == last:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"the feed never settled: {feed}")
-        last = now
-        await asyncio.sleep(0.2)
+    0.2 s (five polls): every change it has made is on its PASSIVE."""
+    seen: list[tuple[object, object]] = []
+
+    def quiet(status: dict) -> bool:
+        feed = (status.get("replication") or {}).get("feed") or {}
+        seen.append((feed.get("lag_changes"), feed.get("replicated_lsn")))
+        last = seen[-5:]
+        return len(last) == 5 and last[0][0] == 0 and last.count(last[0]) == 5
+
+    await poll_status(pair, active, quiet, timeout)
 
 
 async def poll_status(pair: Pair, server, predicate, timeout: float = 15.0) -> dict:
