@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiormq
 from pamqp import commands
@@ -51,6 +52,8 @@ class Confirms:
 
     ledger: Ledger = field(default_factory=Ledger)
     seen: list[tuple[float, str, bytes]] = field(default_factory=list)
+    # The publishers' connections open now, by server.
+    open: dict[str, int] = field(default_factory=dict)
 
     def by(self, name: str, after: float = 0.0, before: float = float("inf")) -> int:
         return sum(1 for at, server, _ in self.seen if server == name and after < at < before)
@@ -76,28 +79,28 @@ async def knock_and_publish(
         except Exception:
             await asyncio.sleep(0.05)
             continue
+        confirms.open[server.name] = confirms.open.get(server.name, 0) + 1
         try:
             channel = await asyncio.wait_for(connection.channel(publisher_confirms=True), 2.0)
+
+            async def publish(body: bytes) -> tuple[Any, float]:
+                """The broker's answer to one publish, and the moment it came."""
+                answer = channel.basic_publish(body, routing_key=queue, properties=PERSISTENT)
+                return await asyncio.wait_for(answer, 3.0), time.monotonic()
+
             while not stop.is_set():
                 bodies = [f"{server.name}-{number + i}".encode() for i in range(WINDOW)]
                 number += WINDOW
                 confirms.ledger.sent.update(bodies)
-                results = await asyncio.gather(
-                    *(
-                        asyncio.wait_for(
-                            channel.basic_publish(body, routing_key=queue, properties=PERSISTENT),
-                            3.0,
-                        )
-                        for body in bodies
-                    ),
-                    return_exceptions=True,
-                )
-                now = time.monotonic()
+                results = await asyncio.gather(*map(publish, bodies), return_exceptions=True)
                 failed = False
-                for body, result in zip(bodies, results, strict=True):
+                for body, outcome in zip(bodies, results, strict=True):
+                    result, at = outcome if isinstance(outcome, tuple) else (outcome, 0.0)
                     if isinstance(result, commands.Basic.Ack):
                         confirms.ledger.confirmed.add(body)
-                        confirms.seen.append((now, server.name, body))
+                        # When this confirm came, not when its window ended: a window
+                        # whose other publishes fail at a handover ends seconds later.
+                        confirms.seen.append((at, server.name, body))
                     elif isinstance(result, aiormq.exceptions.DeliveryError):
                         confirms.ledger.nacked.add(body)
                     else:
@@ -109,6 +112,7 @@ async def knock_and_publish(
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 1.0)
+            confirms.open[server.name] -= 1
 
 
 @contextlib.asynccontextmanager
@@ -491,6 +495,9 @@ async def test_the_server_that_handed_over_frozen_as_it_resumes_never_confirms_a
             assert (await console.call("switchover", wait=20))["to"] == "backup"
         # Once the backup has taken the service: the old ACTIVE is resuming, or has.
         await pair.wait_states("PASSIVE", "ACTIVE", timeout=30)
+        # And once its publisher has read all the old ACTIVE sent before it closed its
+        # clients at the handover: any confirm of the primary's from now on is a fault.
+        await poll(lambda: confirms.open.get("primary", 0) == 0, 30, "the handover's closes")
         since = time.monotonic()
         thaw = await freeze(primary, FREEZE)
         assert confirms.by("backup", after=since, before=thaw) >= 50, "no service"
