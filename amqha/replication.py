@@ -507,11 +507,14 @@ class Feed:
 
     def _declare(self, subscriber: _Subscriber, reason: str) -> None:
         """The PASSIVE is in sync: the marker goes after every run it covers, so the
-        PASSIVE reads it holding them."""
+        PASSIVE reads it holding them. This server says so first (``on_sync`` clears its
+        unprotected mark): once the marker is out the PASSIVE may take over at once, and
+        a mark left behind by a kill in between would set aside, at this server's
+        restart, messages its peer holds (docs/durability.md, section 5)."""
         self.held_since = None
         self._end_rejoin_wait()
-        self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: self.leader.sync_lsn})
         self.on_sync(True, reason)
+        self._send(subscriber, 0, [], 0, False, None, {IN_SYNC: self.leader.sync_lsn})
 
     def status(self) -> dict[str, Any]:
         subscriber = self.subscriber

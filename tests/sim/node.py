@@ -165,10 +165,11 @@ class Feed:
         if before is Phase.SNAPSHOT and leader.phase is not Phase.SNAPSHOT:
             node.world.moment("snapshot_acked", node)
         if synced.declared:
-            self._send(0, [], 0, False, None, leader.sync_lsn)
+            # As ``Feed._declare``: the mark is cleared before the marker goes out.
             node.world.result.in_sync_declared += 1
             node.world.event(f"{node.name} feed: in sync at {leader.sync_lsn}")
             node.feed_sync(True, "in sync")
+            self._send(0, [], 0, False, None, leader.sync_lsn)
             node.world.moment("declared", node)
         elif synced.moved:
             node.feed_sync(True, "")

@@ -15,7 +15,8 @@ from pamqp.header import ContentHeader
 
 from amqha.core import codec
 from amqha.core.changes import Enqueued
-from amqha.replication import RUN_BYTES, RUN_CHANGES
+from amqha.quarantine import read_unprotected_mark, write_unprotected_mark
+from amqha.replication import IN_SYNC, RUN_BYTES, RUN_CHANGES
 from amqha.server import Broker
 from amqha.wire import address_of
 from config import load_config
@@ -99,5 +100,37 @@ def test_runs_cut_by_bytes_tile_the_lsns_they_carry(tmp_path: Path) -> None:
             assert feed.leader.replicated_lsn < first + count - 1
         feed.acked(outlet, outlet.runs[-1][0], False)
         assert feed.leader.replicated_lsn == first + count - 1
+
+    asyncio.run(check())
+
+
+def test_the_unprotected_mark_is_gone_before_the_in_sync_marker_leaves(tmp_path: Path) -> None:
+    """The moment the marker is out, the PASSIVE may take over (a kill of this server
+    the next instant): a mark still on disk then would quarantine, at this server's
+    restart, messages its peer holds."""
+
+    class MarkWatchingOutlet(RecordingOutlet):
+        def __init__(self) -> None:
+            super().__init__()
+            self.marks: list[int | None] = []  # the mark on disk as each marker left
+
+        def deliver(self, tag: int, header: bytes, body: bytes) -> None:
+            super().deliver(tag, header, body)
+            if IN_SYNC.encode() in header:
+                self.marks.append(read_unprotected_mark(str(tmp_path)))
+
+    async def check() -> None:
+        broker, feed, _ = in_sync_feed(tmp_path)
+        broker.open_store()  # a server keeps a mark only with a store
+        try:
+            feed.drop("the in-sync PASSIVE is lost", cancel=False)
+            write_unprotected_mark(str(tmp_path), 1234)  # confirmed alone from id 1234 on
+            outlet = MarkWatchingOutlet()
+            feed.subscribe(outlet, b"k" * 32)
+            for tag, _ in list(outlet.runs):
+                feed.acked(outlet, tag, False)
+            assert feed.in_sync and outlet.marks == [None]
+        finally:
+            broker.close_store()
 
     asyncio.run(check())
