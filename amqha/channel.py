@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from .host import ChannelHost, ChannelOwner, ConsumeService, Outlet
 
 
+# Unacked deliveries put back in their queues in one turn of the loop (a close, a recover,
+# a nack of many): about 10 ms of it.
+REQUEUE_SLICE = 20_000
 _CLOSE_INDEXES = (
     wire.method_index_bytes(commands.Channel.Close),
     wire.method_index_bytes(commands.Channel.CloseOk),
@@ -368,7 +371,13 @@ class Channel(Publishing, Transactions):
 
     def _return_to_queues(self, entries: list[Unacked], requeue: bool) -> None:
         """Nack, reject, recover, cancel or close: back to their positions, or settled as
-        rejected (dead-lettered where the queue says)."""
+        rejected (dead-lettered where the queue says). More than REQUEUE_SLICE put back
+        go a slice a turn of the loop: a channel closed holding a million took the loop
+        0.9 s in one callback, past a pair's failover timeout (docs/limits.md, "Big
+        drops")."""
+        if requeue and len(entries) > REQUEUE_SLICE:
+            self._requeue_slices(entries, 0)
+            return
         self._release(entries)
         by_queue = _by_queue(entries)
         now = self.broker.now()
@@ -381,6 +390,24 @@ class Channel(Publishing, Transactions):
             for queue in by_queue:
                 queue.drain(now)
         self._wake_consumers()
+
+    def _requeue_slices(self, entries: list[Unacked], at: int) -> None:
+        """``entries[at:]`` back to their queues, REQUEUE_SLICE now and the rest at the
+        next turns; the messages not yet put back stay outstanding meanwhile."""
+        part = entries[at : at + REQUEUE_SLICE]
+        self._release(part)
+        by_queue = _by_queue(part)  # a queue deleted meanwhile is skipped
+        for queue, ids in by_queue.items():
+            queue.requeue(ids)
+        if not self.broker.switching:  # see release()
+            now = self.broker.now()
+            for queue in by_queue:
+                queue.drain(now)
+        at += REQUEUE_SLICE
+        if at < len(entries):
+            self.broker.loop.call_soon(self._requeue_slices, entries, at)
+        else:
+            self._wake_consumers()
 
     def on_basic_ack(self, method: commands.Basic.Ack) -> None:
         self._ack(method.delivery_tag, method.multiple)

@@ -44,6 +44,7 @@ from .collector import Collector
 from .confirm_pipeline import ConfirmPipeline
 from .connection import CLOSED, OPEN, Connection
 from .console_service import ConsoleService
+from .core import release
 from .core.access import Access
 from .core.apply import apply
 from .core.changes import ChangeLog
@@ -512,6 +513,19 @@ class Broker(Leadership, StoreSide):
         self.memory.start()
         self.collector.install()
         self._check_collector()
+        release.set_waker(self._release_soon)
+
+    def _release_soon(self) -> None:
+        """Big drops (a purge, a delete) are freed a slice a turn (core/release.py)."""
+        try:
+            self.loop.call_soon(self._release_some)
+        except RuntimeError:  # the loop is closed: no turn comes, so all now
+            while release.some():
+                pass
+
+    def _release_some(self) -> None:
+        if release.some():
+            self.loop.call_soon(self._release_some)
 
     def _check_collector(self) -> None:
         self.collector.check()
@@ -542,6 +556,7 @@ class Broker(Leadership, StoreSide):
             # Whatever went wrong above, what the store was given is written and closed.
             self.auth.close()
             self.close_store()
+            release.set_waker(None)
 
 
 def tune_gc() -> None:

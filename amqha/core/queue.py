@@ -48,6 +48,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Protocol
 
+from . import release
 from .arguments import QueueLimits
 from .changes import ChangeLog, Delivered, Enqueued, Settled
 from .dedup import InQueue, SeenCache, in_id_order, msg_id_of
@@ -569,11 +570,22 @@ class Queue:
         wanted = set(msg_ids)
         if self.counter is not None:
             self.counter.forget(wanted)
-        for msg_id in list(wanted):
-            if self.outstanding.pop(msg_id, None) is not None:
-                self.outstanding_deadlines.pop(msg_id, None)
-                wanted.discard(msg_id)  # a message is outstanding or ready, never both
+        if self.outstanding:
+            for msg_id in list(wanted):
+                if self.outstanding.pop(msg_id, None) is not None:
+                    self.outstanding_deadlines.pop(msg_id, None)
+                    wanted.discard(msg_id)  # a message is outstanding or ready, never both
         ready = self.ready
+        if len(wanted) >= len(ready) > release.AT_ONCE and all(
+            message.msg_id in wanted for message in ready
+        ):
+            # Every ready message at once (the ACTIVE purged the queue): let go of them
+            # whole, freed a slice a turn, not rebuilt around none.
+            self._drop_ready()
+            self.returned = [entry for entry in self.returned if entry[0] not in wanted]
+            heapq.heapify(self.returned)
+            self.bytes = sum(len(entry[2].body) for entry in self.returned)
+            return
         while ready and wanted and ready[0].msg_id in wanted:
             wanted.discard(ready[0].msg_id)
             self.bytes -= len(ready.popleft().body)
@@ -598,8 +610,9 @@ class Queue:
             if message.msg_id not in wanted
         ]
         if len(keep) != len(ready):
-            ready.clear()
-            ready.extend(message for message, _ in keep)
+            # The messages that go are freed with the old deque, a slice a turn if many.
+            release.later(ready)
+            self.ready = ready = deque(message for message, _ in keep)
             if self.expiries is not None:
                 self.expiries = deque(deadline for _, deadline in keep)
         self.returned = [entry for entry in self.returned if entry[0] not in wanted]
@@ -635,12 +648,19 @@ class Queue:
         if self.log is not None and count:
             ids = tuple(m.msg_id for m in self.ready) + tuple(e[0] for e in self.returned)
             self.log.emit(Settled(self.vhost, self.name, ids, "purged"))
-        self.ready.clear()
+        self._drop_ready()
         self.returned.clear()
-        if self.expiries is not None:
-            self.expiries.clear()
         self.bytes = 0
         return count
+
+    def _drop_ready(self) -> None:
+        """Let go of every ready message: a big queue's are freed a slice a turn
+        (``release``), not all in this call."""
+        release.later(self.ready)
+        self.ready = deque()
+        if self.expiries is not None:
+            release.later(self.expiries)
+            self.expiries = deque()
 
     def close(self) -> int:
         """The queue is deleted: drop everything it holds; returns the ready count."""
@@ -648,10 +668,8 @@ class Queue:
             self.counter.clear()
         count = self.message_count
         self.deleted = True
-        self.ready.clear()
+        self._drop_ready()
         self.returned.clear()
-        if self.expiries is not None:
-            self.expiries.clear()
         self.outstanding.clear()
         self.outstanding_deadlines.clear()
         self.bytes = 0

@@ -65,6 +65,14 @@ class Confirms:
         return sum(1 for a, b in zip(names, names[1:], strict=False) if a != b)
 
 
+async def answered(
+    channel: aiormq.abc.AbstractChannel, queue: str, body: bytes
+) -> tuple[Any, float]:
+    """The broker's answer to one publish, and the moment it came."""
+    answer = channel.basic_publish(body, routing_key=queue, properties=PERSISTENT)
+    return await asyncio.wait_for(answer, 3.0), time.monotonic()
+
+
 async def knock_and_publish(
     server: ServerProcess, queue: str, confirms: Confirms, stop: asyncio.Event
 ) -> None:
@@ -82,17 +90,13 @@ async def knock_and_publish(
         confirms.open[server.name] = confirms.open.get(server.name, 0) + 1
         try:
             channel = await asyncio.wait_for(connection.channel(publisher_confirms=True), 2.0)
-
-            async def publish(body: bytes) -> tuple[Any, float]:
-                """The broker's answer to one publish, and the moment it came."""
-                answer = channel.basic_publish(body, routing_key=queue, properties=PERSISTENT)
-                return await asyncio.wait_for(answer, 3.0), time.monotonic()
-
             while not stop.is_set():
                 bodies = [f"{server.name}-{number + i}".encode() for i in range(WINDOW)]
                 number += WINDOW
                 confirms.ledger.sent.update(bodies)
-                results = await asyncio.gather(*map(publish, bodies), return_exceptions=True)
+                results = await asyncio.gather(
+                    *(answered(channel, queue, body) for body in bodies), return_exceptions=True
+                )
                 failed = False
                 for body, outcome in zip(bodies, results, strict=True):
                     result, at = outcome if isinstance(outcome, tuple) else (outcome, 0.0)

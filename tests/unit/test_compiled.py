@@ -28,6 +28,7 @@ TESTED_BOTH_WAYS = (
     "tests/unit/test_confirms.py",  # amqha/core/confirms.py
     "tests/unit/test_vhost.py",  # amqha/core/vhost.py
     "tests/unit/test_dedup.py",  # amqha/core/dedup.py
+    "tests/unit/test_release.py",  # a purge and a discard in amqha/core/queue.py
 )
 BUILT = (compiled.BUILD / compiled.STAMP).is_file()
 needs_build = pytest.mark.skipif(

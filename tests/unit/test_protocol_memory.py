@@ -11,6 +11,7 @@ from pamqp import commands, frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from amqha import channel as channel_module
 from amqha.connection import TURN_OUTPUT
 from tests.memory_peer import MemoryPeer, solo_broker
 
@@ -177,3 +178,36 @@ async def test_one_turn_of_the_loop_hands_a_connection_a_bounded_output(
     delivered = [f for _, f in peer.take() if getattr(f, "name", "") == "Basic.Deliver"]
     assert len(delivered) == count
     assert sum(1 for size in turns if size) >= count * 200 // limit
+
+
+async def test_a_close_holding_many_unacked_puts_them_back_a_slice_a_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A channel closed holding more unacked deliveries than REQUEUE_SLICE puts them back
+    in their queue a slice a turn of the loop, not in the close's callback (docs/limits.md,
+    "Big drops"); at the end every one is ready again, none lost, none twice."""
+    monkeypatch.setattr(channel_module, "REQUEUE_SLICE", 100)
+    peer = await MemoryPeer.open(solo_broker())
+    await open_channel(peer)
+    await peer.send(1, commands.Queue.Declare(queue="held"))
+    count = 1000
+    publish = b"".join(
+        frame.marshal(f, 1)
+        for f in (commands.Basic.Publish(routing_key="held"), *content(b"x" * 20))
+    )
+    await peer.send(1, publish * count)
+    await peer.send(1, commands.Basic.Consume(queue="held", consumer_tag="c"))
+    queue = peer.connection.vhost.queues["held"]
+    assert len(queue.outstanding) == count and queue.message_count == 0
+    peer.connection.data_received(frame.marshal(commands.Channel.Close(200, "bye", 0, 0), 1))
+    back = [queue.message_count]  # after the close's own callback
+    for _ in range(100):  # bounded: ten turns are needed
+        await asyncio.sleep(0)
+        back.append(queue.message_count)
+        if back[-1] == count:
+            break
+    assert back[0] == 100 and back[-1] == count, back
+    assert len(back) >= count // 100  # a slice a turn
+    assert not queue.outstanding
+    ids = [message.msg_id for message, _ in queue.messages()]
+    assert len(set(ids)) == count

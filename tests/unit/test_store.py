@@ -35,6 +35,7 @@ from amqha.core.changes import (
 )
 from amqha.store import Store, StoreFailure
 from amqha.store_file import MIN_BYTES, SCHEMA_VERSION, StoreError
+from amqha.store_write import SETTLE_IDS
 from tests.support import ROOT
 from tests.unit import store_support
 from tests.unit.store_support import WAIT, Writer, message, queue, recovered, rows
@@ -553,3 +554,14 @@ def test_a_reset_replaces_everything_the_store_held(tmp_path: Path) -> None:
     again.close()
     assert [type(c).__name__ for c in recovered] == ["QueueDeclared", "Enqueued"]
     assert recovered[1].body == b"fresh"
+
+
+def test_a_settle_of_more_ids_than_one_statement_lists_deletes_every_one(path: Path) -> None:
+    """A purge of a big queue is one Settled: its ids go to SQLite SETTLE_IDS a
+    statement (the writer lists them with the GIL held), every one deleted."""
+    count = 2 * SETTLE_IDS + 5
+    writer = Writer(path)
+    writer.write(queue("q"), *(message("q", n) for n in range(1, count + 2)))
+    writer.write(Settled("/", "q", tuple(range(1, count + 1)), "purged"))
+    writer.close()
+    assert rows(path, "SELECT msg_id FROM messages") == [(count + 1,)]
