@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 
 # Unacked deliveries put back in their queues in one turn of the loop (a close, a recover,
-# a nack of many): about 10 ms of it.
+# a nack of many): about 20 ms of it.
 REQUEUE_SLICE = 20_000
 _CLOSE_INDEXES = (
     wire.method_index_bytes(commands.Channel.Close),

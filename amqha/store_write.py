@@ -85,7 +85,8 @@ _DELETE_BINDINGS_TO_EXCHANGE = (
 _MARK_DELIVERED = (
     "UPDATE queues SET delivered_upto = max(delivered_upto, ?) WHERE vhost = ? AND name = ?"
 )
-# One statement per queue per write, the ids as one JSON array: one step, not one per id.
+# One statement per queue per write (per SETTLE_IDS of its ids), the ids as one JSON array:
+# one step, not one per id.
 SETTLE_IDS = 10_000  # message ids one DELETE lists
 _SETTLE = (
     f"DELETE FROM messages WHERE queue = {_QUEUE_ID} AND msg_id IN (SELECT value FROM json_each(?))"

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 AT_ONCE = 20_000  # items: a container up to this size is freed at once
-SLICE = 20_000  # items freed by one call of ``some`` (about 4 ms)
+SLICE = 20_000  # items freed by one call of ``some`` (4 ms alone, 16 ms in a busy server)
 
 _held: deque[Any] = deque()
 _wake: Callable[[], None] | None = None
