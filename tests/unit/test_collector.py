@@ -52,8 +52,10 @@ def test_a_slow_full_collection_freezes_its_survivors_and_few_left_thaw(
         assert watch.last_full > SLOW / 100
         assert watch.check() == "freeze"
         assert gc.get_freeze_count() >= len(held)
-        gc.collect()
-        assert watch.last_full < SLOW / 100  # the frozen objects are left out
+        # The frozen objects are left out of full collections: not among what one walks
+        # (not how long it takes: a loaded machine made a short one 0.53 ms, over 0.5).
+        walked = {id(tracked) for tracked in gc.get_objects()}
+        assert not any(id(one) in walked for one in held)
         # Few left: the test process's own objects and a quarter of these (the bound set
         # from what this process holds besides).
         others = gc.get_freeze_count() - len(held)
