@@ -582,39 +582,37 @@ class Queue:
             # Every ready message at once (the ACTIVE purged the queue): let go of them
             # whole, freed a slice a turn, not rebuilt around none.
             self._drop_ready()
-            self.returned = [entry for entry in self.returned if entry[0] not in wanted]
-            heapq.heapify(self.returned)
-            self.bytes = sum(len(entry[2].body) for entry in self.returned)
-            return
-        while ready and wanted and ready[0].msg_id in wanted:
-            wanted.discard(ready[0].msg_id)
-            self.bytes -= len(ready.popleft().body)
-            if self.expiries is not None:
-                self.expiries.popleft()
-        if not wanted:
-            return
-        if len(wanted) * FIND_SHARE <= len(ready):
-            # A few ids behind the head (acks out of order: two consumers, a late one):
-            # each found by bisection in the id-ordered ready messages and taken out
-            # where it is; rebuilding a deep queue for each cost it a scan of every
-            # message (77 ms an ack at 200,000 messages, on a PASSIVE applying them).
-            self._take_out(wanted)
-            return
-        keep = [
-            (message, deadline)
-            for message, deadline in zip(
-                ready,
-                self.expiries if self.expiries is not None else [math.inf] * len(ready),
-                strict=True,
-            )
-            if message.msg_id not in wanted
-        ]
-        if len(keep) != len(ready):
-            # The messages that go are freed with the old deque, a slice a turn if many.
-            release.later(ready)
-            self.ready = ready = deque(message for message, _ in keep)
-            if self.expiries is not None:
-                self.expiries = deque(deadline for _, deadline in keep)
+            ready = self.ready
+        else:
+            while ready and wanted and ready[0].msg_id in wanted:
+                wanted.discard(ready[0].msg_id)
+                self.bytes -= len(ready.popleft().body)
+                if self.expiries is not None:
+                    self.expiries.popleft()
+            if not wanted:
+                return
+            if len(wanted) * FIND_SHARE <= len(ready):
+                # A few ids behind the head (acks out of order: two consumers, a late one):
+                # each found by bisection in the id-ordered ready messages and taken out
+                # where it is; rebuilding a deep queue for each cost it a scan of every
+                # message (77 ms an ack at 200,000 messages, on a PASSIVE applying them).
+                self._take_out(wanted)
+                return
+            keep = [
+                (message, deadline)
+                for message, deadline in zip(
+                    ready,
+                    self.expiries if self.expiries is not None else [math.inf] * len(ready),
+                    strict=True,
+                )
+                if message.msg_id not in wanted
+            ]
+            if len(keep) != len(ready):
+                # The messages that go are freed with the old deque, a slice a turn if many.
+                release.later(ready)
+                self.ready = ready = deque(message for message, _ in keep)
+                if self.expiries is not None:
+                    self.expiries = deque(deadline for _, deadline in keep)
         self.returned = [entry for entry in self.returned if entry[0] not in wanted]
         heapq.heapify(self.returned)
         self.bytes = sum(len(m.body) for m in ready) + sum(
