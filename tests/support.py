@@ -23,6 +23,9 @@ from typing import Any
 
 import yaml
 
+from tests import forks
+from tests.forks import FORKS, Forked
+
 ROOT = Path(__file__).resolve().parent.parent
 
 USERS = [
@@ -186,7 +189,7 @@ class ServerProcess:
                 self.config.setdefault(section, {}).update(values)
             else:
                 self.config[section] = values
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | Forked | None = None
         # What runs the server after the interpreter (a test's own launcher may replace it),
         # and from which tree of the code (another release's: tests/test_rolling_upgrade.py).
         self.command: tuple[str, ...] = ("-m", "amqha", "start")
@@ -219,8 +222,15 @@ class ServerProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         # Where this process's output starts: an earlier one's banner is not its own.
         self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        arguments = ["--config", str(self.config_path), *extra_args]
+        plain = not self.prefix and self.command == forks.COMMAND and self.code == ROOT
+        if plain and not self.env and FORKS.usable(env):  # tests/forks.py: the same process, forked
+            self.process = FORKS.spawn([*self.command[2:], *arguments], ROOT, self.log_path, env)
+            if wait:
+                self.wait_ready()
+            return self
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         if self.code != ROOT:  # found before the installed tree
             env["PYTHONPATH"] = os.pathsep.join([str(self.code), env.get("PYTHONPATH", "")])
         self.process = subprocess.Popen(
