@@ -6,6 +6,7 @@ names"; docs/federation.md, "Buffer queues")."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -221,10 +222,11 @@ async def test_a_buffer_queue_is_its_links_alone_by_every_route(
         # The management API: a management user of the vhost may not purge or delete it.
         port = central.config["management"]["listen"].rsplit(":", 1)[1]
         path = f"http://127.0.0.1:{port}/api/queues/%2F/{quote(buffer, safe='')}"
-        auth = aiohttp.BasicAuth(*MGMT)
+        token = base64.b64encode(":".join(MGMT).encode()).decode()
+        auth = {"Authorization": f"Basic {token}"}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
             for target in (path + "/contents", path):
-                async with session.delete(target, auth=auth) as answer:
+                async with session.delete(target, headers=auth) as answer:
                     text = await answer.text()  # RabbitMQ's answer to a tag that may not
                     assert (answer.status, "not_authorised" in text) == (401, True), text
     finally:
