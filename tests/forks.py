@@ -22,6 +22,7 @@ environment unchanged since the fork server started. Anything else is run as bef
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -97,11 +98,15 @@ class ForkServer:
         status = self._ask({"op": "reap", "pid": pid})["status"]
         return None if status is None else int(status)
 
-    def close(self) -> None:
+    def _end(self) -> None:
+        """At the test process's exit: the fork server ends (its servers were the
+        fixtures' to end) and its file of errors goes."""
         with self._lock:
             if self._process is not None and self._process.poll() is None:
                 self._process.kill()
                 self._process.wait(timeout=10)
+            if self._errors is not None:
+                self._errors.unlink(missing_ok=True)
 
     def _ask(self, request: dict[str, Any], start: bool = False) -> dict[str, Any]:
         with self._lock:
@@ -129,6 +134,7 @@ class ForkServer:
         handle, name = tempfile.mkstemp(prefix="amqha-forks-", suffix=".log")
         os.close(handle)
         self._errors = Path(name)
+        atexit.register(self._end)
         with open(self._errors, "wb") as errors:
             self._process = subprocess.Popen(
                 [sys.executable, __file__],

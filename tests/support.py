@@ -192,7 +192,7 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | Forked | None = None
         # What runs the server after the interpreter (a test's own launcher may replace it),
         # and from which tree of the code (another release's: tests/test_rolling_upgrade.py).
-        self.command: tuple[str, ...] = ("-m", "amqha", "start")
+        self.command: tuple[str, ...] = forks.COMMAND
         self.code: Path = ROOT
         # Further environment for this server's process alone (a faked clock:
         # tests/integration/test_clock_step.py).
@@ -234,14 +234,7 @@ class ServerProcess:
         if self.code != ROOT:  # found before the installed tree
             env["PYTHONPATH"] = os.pathsep.join([str(self.code), env.get("PYTHONPATH", "")])
         self.process = subprocess.Popen(
-            [
-                *self.prefix,
-                sys.executable,
-                *self.command,
-                "--config",
-                str(self.config_path),
-                *extra_args,
-            ],
+            [*self.prefix, sys.executable, *self.command, *arguments],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.code,
