@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
+from . import release
 from .changes import ChangeLog, Settled
 from .dedup import in_id_order
 from .message import Message
@@ -107,6 +108,17 @@ class Lane:
             count += len(returned)
             size += sum(len(entry[2].body) for entry in returned)
         return count, size
+
+    def let_go(self) -> None:
+        """Empty the lane, its messages handed to ``release`` (freed a slice a turn if
+        many) rather than freed in this call."""
+        release.later(self.ready)
+        self.ready = deque()
+        if self.expiries is not None:
+            release.later(self.expiries)
+            self.expiries = None
+        release.later(self.returned)
+        self.returned = []
 
     def entries(self) -> Iterator[tuple[Message, float]]:
         """Every message with its deadline (inf: none)."""
@@ -312,6 +324,15 @@ class PriorityQueue(Queue):
             if self.outstanding.pop(msg_id, None) is not None:
                 self.outstanding_deadlines.pop(msg_id, None)
                 wanted.discard(msg_id)
+        if len(wanted) >= self.count > release.AT_ONCE and all(
+            message.msg_id in wanted
+            for lane in self.lanes.values()
+            for message, _ in lane.entries()
+        ):
+            # Every message of every lane (the ACTIVE purged the queue): let go of the
+            # lanes whole, as ``Queue.discard`` lets go of its ready messages.
+            self._clear_lanes()
+            return
         # The heads of every lane first: a walk of a whole lane only for what is left.
         for discard in (Lane.discard_heads, Lane.discard_anywhere):
             for priority, lane in list(self.lanes.items()):
@@ -337,6 +358,8 @@ class PriorityQueue(Queue):
         return count
 
     def _clear_lanes(self) -> None:
+        for lane in self.lanes.values():
+            lane.let_go()
         self.lanes = {}
         self._top = 0
         self.count = 0

@@ -8,11 +8,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from pamqp import commands
+from pamqp.header import ContentHeader
 
 from amqha.core import release
 from amqha.core.changes import ChangeLog, Settled
+from amqha.core.kinds import new_queue
 from amqha.core.message import Message
+from amqha.core.priority import PriorityQueue
 from amqha.core.queue import Queue
+from amqha.wire import address_of
 
 
 @pytest.fixture
@@ -81,3 +86,44 @@ def test_a_discard_of_most_but_not_all_keeps_the_rest_in_order(wakes: list[int])
     while release.some(100):
         pass
     assert [m.msg_id for m, _ in queue.messages()] == [10, 20, 30, 40, 50]
+
+
+def prioritised(count: int, log: ChangeLog | None = None) -> PriorityQueue:
+    """A priority queue with messages in three lanes (priorities 0, 1 and 2)."""
+    queue = new_queue("p", durable=True, arguments={"x-max-priority": 2}, log=log)
+    assert isinstance(queue, PriorityQueue)
+    for n in range(1, count + 1):
+        properties = commands.Basic.Properties(priority=n % 3)
+        header = ContentHeader(0, 100, properties).marshal()
+        queue.restore(Message(address_of("", "p"), header, b"x" * 100, None, n), None)
+    return queue
+
+
+def test_a_priority_queues_purge_frees_its_lanes_later(wakes: list[int]) -> None:
+    log = ChangeLog()
+    queue = prioritised(60, log)
+    held = Message.held
+    assert queue.purge() == 60
+    assert queue.message_count == 0 and queue.bytes == 0 and not queue.lanes
+    (settled,) = log.take()[1]
+    assert sorted(settled.msg_ids) == list(range(1, 61))
+    assert Message.held == held and release.pending() == 60  # handed over, lane by lane
+    while release.some(25):
+        pass
+    assert Message.held < held and release.pending() == 0
+
+
+def test_a_passive_applying_a_priority_queues_purge_lets_go_of_every_lane(
+    wakes: list[int],
+) -> None:
+    queue = prioritised(60)
+    queue.discard(tuple(range(1, 61)))
+    assert queue.message_count == 0 and queue.bytes == 0 and not queue.lanes
+    assert release.pending() == 60
+
+
+def test_a_priority_queues_discard_of_all_but_one_keeps_it(wakes: list[int]) -> None:
+    queue = prioritised(60)
+    queue.discard(tuple(range(1, 60)))  # 60 stays
+    assert [m.msg_id for m, _ in queue.messages()] == [60]
+    assert queue.message_count == 1 and queue.bytes == 100
