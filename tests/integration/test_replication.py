@@ -45,7 +45,7 @@ from tests.pairs import (
     vote_in,
     vote_refused,
 )
-from tests.support import ROOT, soak_size
+from tests.support import ROOT, ServerProcess, soak_size
 
 
 def run_replay(path: Any, url: str) -> subprocess.CompletedProcess[str]:
@@ -111,6 +111,16 @@ async def test_confirmed_messages_survive_a_kill_9_of_the_active(make_pair: Any)
     assert found == [f"o-{k}".encode() for k in range(2000)]
 
 
+def in_sync_at(pair: Pair, server: ServerProcess, moment: float) -> bool:
+    """Whether ``server``'s last passive ``sync`` record before ``moment`` says in sync."""
+    records = [
+        e
+        for e in pair.events(server)
+        if e["event"] == "sync" and e.get("side") == "passive" and e["ts"] < moment
+    ]
+    return bool(records) and records[-1].get("sync") == "in_sync"
+
+
 async def kill_the_active_repeatedly(pair: Pair, kills: int, queue: str) -> Ledger:
     """A confirming publisher and an acking consumer through ``kills`` kill -9s of
     whichever server is ACTIVE, each killed one restarted and caught up before the next."""
@@ -122,14 +132,27 @@ async def kill_the_active_repeatedly(pair: Pair, kills: int, queue: str) -> Ledg
         asyncio.create_task(keep_consuming(urls, queue, ledger, stop)),
     ]
     try:
-        for _ in range(kills):
+        done = 0
+        for _ in range(3 * kills):  # bounded: a kill is not counted if its PASSIVE was behind
+            if done == kills:
+                break
             active, _ = await pair.settled()
             target = len(ledger.confirmed) + 200
             await poll(lambda: len(ledger.confirmed) >= target, 60, "publishes confirmed")  # noqa: B023
-            pair.kill(active)
+            killed_at = pair.kill(active).before
             other = pair.other(active)
-            await poll(lambda: pair.state(other) == "ACTIVE", 30, "the takeover")  # noqa: B023
+            # In sync when settled, but a stall of both servers on a loaded machine can
+            # drop the PASSIVE from the feed before the kill (its confirms then go on
+            # without it): such a PASSIVE rightly does not take over. That kill is not
+            # counted; the killed server restarts and the pair settles again.
+            await poll(
+                lambda: pair.state(other) == "ACTIVE" or not in_sync_at(pair, other, killed_at),  # noqa: B023
+                30,
+                "the takeover",
+            )
+            done += pair.state(other) == "ACTIVE"
             active.start()
+        assert done == kills, f"{done} of {kills} kills found the PASSIVE in sync"
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
