@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -192,10 +193,10 @@ class Forked:
             os.kill(self.pid, number)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
 
 FORKS = ForkServer()
@@ -222,8 +223,7 @@ def _serve() -> dict[str, Any]:
         replies.write(json.dumps(value).encode() + b"\n")
         replies.flush()
 
-    reply_line = b"ready\n"
-    replies.write(reply_line)
+    replies.write(b"ready\n")  # the broker is imported
     replies.flush()
     while True:
         line = requests.readline()
