@@ -16,6 +16,7 @@ import aiormq
 import pytest
 
 from amqha.client import Publisher
+from amqha.core import release
 from amqha.quarantine import read_quarantine
 from amqha.replication import (
     FOLLOWER_PREFETCH,
@@ -726,6 +727,45 @@ async def test_a_quorum_backlog_with_delivery_counts_survives_kills_in_catch_up_
     # The head message, nacked 300 times before the kills, came through the snapshot and
     # the failover with its count; every other message was never delivered before.
     assert counts[0] == 300 and not any(counts[1:])
+
+
+async def test_a_big_priority_backlog_purged_then_refilled_survives_kills_in_catch_up_and_at_in_sync(
+    make_pair: Any,
+) -> None:
+    """A priority queue past ``release.AT_ONCE`` purged on the ACTIVE: the PASSIVE lets its
+    lanes go whole, both free them a slice a turn (docs/limits.md, "Big drops"). Then a
+    backlog again under a confirming publisher: the PASSIVE killed while it catches up,
+    the ACTIVE the moment the restarted PASSIVE logs in sync. Every message confirmed
+    after the purge is on the survivor, none purged comes back, none is quarantined."""
+    pair = make_pair().start()
+    await pair.wait_states("ACTIVE", "PASSIVE")
+    await declare(pair.primary.url, "pbacklog", **{"x-max-priority": 2})
+    purged = Ledger()
+    count = release.AT_ONCE + 5000
+    await fill_confirmed(pair.primary.url, "pbacklog", purged, count, 10)
+    await wait_in_sync(pair, pair.primary)
+    connection = await aiormq.connect(pair.primary.url)
+    channel = await connection.channel()
+    assert (await channel.queue_purge("pbacklog")).message_count == count
+    await connection.close()
+    ledger = Ledger()
+    await fill_confirmed(pair.primary.url, "pbacklog", ledger, 5000, 2000)
+    stop = asyncio.Event()
+    publisher = asyncio.create_task(
+        keep_publishing(
+            [pair.primary.url, pair.backup.url], "pbacklog", ledger, "live", stop, window=50
+        )
+    )
+    try:
+        await kill_in_catch_up_then_at_in_sync(pair, ledger)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
+    assert pair.quarantine_files() == []
+    remaining = [got.body for got in await take_all(pair.backup.url, "pbacklog")]
+    lost, invented = ledger.check(remaining)
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"
+    assert not invented, f"{len(invented)} not sent after the purge, e.g. {sorted(invented)[:3]}"
 
 
 async def test_a_passive_in_sync_in_the_term_before_does_not_take_over_from_a_new_one(
