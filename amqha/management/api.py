@@ -217,15 +217,9 @@ class ManagementEndpoint:
         socket = request.protocol if isinstance(request.protocol, ManagedSocket) else None
         if socket is not None:
             socket.request_in()
-        logged_in = False
-        try:
-            response = await self._answer(request, handler)
-            logged_in = "user" in request
-        finally:
-            if socket is not None:
-                socket.busy = False
+        response = await self._answer(request, handler)
         if socket is not None:
-            socket.answered(response, logged_in)
+            socket.answered(response, "user" in request)
         return response
 
     async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -48,7 +48,7 @@ LOG_WINDOW = 60.0
 class ManagedSocket(BoundedSocket):
     """One socket of the listener, counted by its ``SocketTable``."""
 
-    __slots__ = ("table", "source", "asked", "busy", "logged_in")
+    __slots__ = ("table", "source", "sent", "ripe", "logged_in")
 
     first_timeout = REQUEST_TIMEOUT
 
@@ -56,8 +56,8 @@ class ManagedSocket(BoundedSocket):
         super().__init__(manager, **options)
         self.table = table
         self.source = ""
-        self.asked = False  # a whole request has come in
-        self.busy = False  # a request is being answered
+        self.sent = False  # a byte has come in
+        self.ripe = False  # the loop has read the socket once since it was opened
         self.logged_in = False  # the last request carried a good login (set on its login)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -65,20 +65,28 @@ class ManagedSocket(BoundedSocket):
         self.source = source_of(str(peer[0])) if peer else ""
         super().connection_made(transport)
         self.table.opened(self)
+        # The transport starts reading in this pass of the loop, so the next pass reads
+        # what is already in: the socket is ripe at the start of the pass after that.
+        loop = asyncio.get_running_loop()
+        loop.call_soon(loop.call_soon, self._ripen)
+
+    def _ripen(self) -> None:
+        self.ripe = True
+
+    def data_received(self, data: bytes) -> None:
+        self.sent = True
+        super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.table.closed(self)
         super().connection_lost(exc)
 
     def request_in(self) -> None:
-        """A request has been parsed: it is being answered."""
-        self.asked = True
-        self.busy = True
+        """A request has been parsed: its first request was in time."""
         self.stop_timer()
 
     def answered(self, response: web.StreamResponse, logged_in: bool) -> None:
         """The answer is made; without a login the socket closes once it is sent."""
-        self.busy = False
         self.logged_in = logged_in
         if not self.logged_in:
             response.force_close()
@@ -111,9 +119,9 @@ class SocketTable:
         anonymous = [s for s in self.sockets if not s.logged_in]
         same = [s for s in anonymous if s.source == newcomer.source]
         if len(same) >= self.per_address:
-            self._evict(_oldest_idle_first(same))
+            self._evict(_victim(same))
         if len(self.sockets) >= self.limit:
-            victim = _oldest_idle_first([s for s in self.sockets if not s.logged_in])
+            victim = _victim([s for s in self.sockets if not s.logged_in])
             if victim is None:
                 # Every place is held by a socket that logged in.
                 newcomer.drop()
@@ -145,6 +153,11 @@ class SocketTable:
             socket.drop()
 
 
-def _oldest_idle_first(candidates: list[ManagedSocket]) -> ManagedSocket | None:
-    """The oldest socket not being answered, else the oldest of all (None if none)."""
-    return next((s for s in candidates if not s.busy), candidates[0] if candidates else None)
+def _victim(candidates: list[ManagedSocket]) -> ManagedSocket | None:
+    """Of sockets oldest first, the one to give way (None if none): the oldest read and
+    found silent, else the oldest that has sent bytes, else the oldest not read yet."""
+    return min(candidates, key=_standing, default=None)  # min keeps the first of a tie
+
+
+def _standing(socket: ManagedSocket) -> int:
+    return 1 if socket.sent else 0 if socket.ripe else 2

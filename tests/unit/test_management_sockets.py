@@ -7,39 +7,76 @@ from amqha.management.sockets import SocketTable
 
 
 class Socket:
-    def __init__(self, source: str = "10.0.0.1", logged_in: bool = False, busy: bool = False):
-        self.source, self.logged_in, self.busy = source, logged_in, busy
+    """A socket as the table sees it: ``ripe`` once the loop has read it, ``sent`` once a
+    byte came in."""
+
+    def __init__(
+        self,
+        source: str = "10.0.0.1",
+        logged_in: bool = False,
+        sent: bool = False,
+        ripe: bool = True,
+    ) -> None:
+        self.source, self.logged_in, self.sent, self.ripe = source, logged_in, sent, ripe
         self.dropped = False
 
     def drop(self) -> None:
         self.dropped = True
 
 
-def test_one_address_gives_way_to_itself_oldest_idle_first() -> None:
-    table = SocketTable(limit=100, per_address=3)
-    first, second, third = Socket(busy=True), Socket(), Socket()
-    for socket in (first, second, third):
+def opened(table: SocketTable, *sockets: Socket) -> None:
+    for socket in sockets:
         table.opened(socket)  # type: ignore[arg-type]
-    newcomer = Socket()
-    table.opened(newcomer)  # type: ignore[arg-type]
-    assert second.dropped and not first.dropped and not newcomer.dropped
+
+
+def test_one_address_gives_way_to_itself_silent_first_then_oldest() -> None:
+    table = SocketTable(limit=100, per_address=3)
+    first, second, third = Socket(sent=True), Socket(), Socket()
+    opened(table, first, second, third)
+    newcomer = Socket(ripe=False)
+    opened(table, newcomer)
+    # The oldest socket read and found silent goes; one that sent stays, older or not.
+    assert second.dropped and not first.dropped and not third.dropped
     # Another address is not counted with it.
     elsewhere = Socket("10.0.0.2")
-    table.opened(elsewhere)  # type: ignore[arg-type]
+    opened(table, elsewhere)
     assert not elsewhere.dropped and len(table) == 4
+    # With no silent socket left, the oldest that sent goes before any not read yet.
+    third.sent = True
+    late = Socket(ripe=False)
+    opened(table, late)
+    assert first.dropped and not third.dropped and not newcomer.dropped
+
+
+def test_a_socket_not_read_yet_is_not_dropped_for_being_new() -> None:
+    """Older sockets all being answered, an operator's socket whose request is not read
+    yet, then more newcomers: the operator's socket is the last to go, not the first (it
+    was the first: 7 of 10 operators got in on a loaded machine)."""
+    table = SocketTable(limit=100, per_address=4)
+    answered = [Socket(sent=True) for _ in range(3)]
+    operator = Socket(ripe=False)
+    opened(table, *answered, operator)
+    newcomers = [Socket(ripe=False) for _ in range(3)]
+    opened(table, *newcomers)
+    assert all(s.dropped for s in answered) and not operator.dropped
+    # Read, with its request in, it outlasts every newcomer read and found silent.
+    operator.sent = operator.ripe = True
+    for socket in newcomers:
+        socket.ripe = True
+    opened(table, Socket(ripe=False), Socket(ripe=False), Socket(ripe=False))
+    assert not operator.dropped and all(s.dropped for s in newcomers)
 
 
 def test_logged_in_sockets_never_give_way_to_sockets_without_a_login() -> None:
     table = SocketTable(limit=3, per_address=10)
     operators = [Socket(logged_in=True) for _ in range(2)]
-    anonymous = Socket(busy=True)
-    for socket in (*operators, anonymous):
-        table.opened(socket)  # type: ignore[arg-type]
-    newcomer = Socket()
-    table.opened(newcomer)  # type: ignore[arg-type]
+    anonymous = Socket(sent=True)
+    opened(table, *operators, anonymous)
+    newcomer = Socket(ripe=False)
+    opened(table, newcomer)
     assert anonymous.dropped and not any(s.dropped for s in operators)
     newcomer.logged_in = True
     late = Socket()
-    table.opened(late)  # type: ignore[arg-type]
+    opened(table, late)
     # Every place is held by a login: the newcomer is the one refused.
     assert late.dropped and not any(s.dropped for s in (*operators, newcomer))
