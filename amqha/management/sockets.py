@@ -14,8 +14,11 @@ The rule: an operator who logs in is never kept out by sockets that have not log
 - One address holds at most PER_ADDRESS sockets that have not logged in; a newcomer past
   that takes the place of that address's oldest one.
 - Past MAX_CONNECTIONS in all, a newcomer takes the place of the oldest socket that has
-  not logged in (one that is not being answered first); only when every socket has
-  logged in is the newcomer refused.
+  not logged in; only when every socket has logged in is the newcomer refused.
+- Which of those gives way first (``_victim``): one the loop has read and found silent,
+  then one that has sent bytes, and last one the loop has not read yet; the oldest first
+  in each. Sockets that never send go first, and an operator's socket taken in with
+  newcomers in one pass is not dropped before its request is read.
 - A socket whose last request logged in keeps its place between requests for aiohttp's
   ``keepalive_timeout``.
 

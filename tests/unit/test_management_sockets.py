@@ -51,7 +51,7 @@ def test_one_address_gives_way_to_itself_silent_first_then_oldest() -> None:
 def test_a_socket_not_read_yet_is_not_dropped_for_being_new() -> None:
     """Older sockets all being answered, an operator's socket whose request is not read
     yet, then more newcomers: the operator's socket is the last to go, not the first (it
-    was the first: 7 of 10 operators got in on a loaded machine)."""
+    was the first)."""
     table = SocketTable(limit=100, per_address=4)
     answered = [Socket(sent=True) for _ in range(3)]
     operator = Socket(ripe=False)
