@@ -646,7 +646,7 @@ class Connection(asyncio.Protocol):
     def on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self._expect(AWAIT_START_OK, "Connection.StartOk")
         self.client_properties = dict(method.client_properties or {})
-        username, password = credentials(method.mechanism, method.response)
+        username, password = credentials(method.mechanism, _longstr(method, "response"))
         # A password check may take a while (scrypt, or the delay of a refusal): nothing is
         # read from this client meanwhile, so it holds no more memory than it has sent.
         self.state = AUTHENTICATING
@@ -782,7 +782,7 @@ class Connection(asyncio.Protocol):
         the login stays valid; the new secret must still be text and the user still known.
         """
         self._expect(OPEN, "Connection.UpdateSecret")
-        secret = method.new_secret
+        secret = _longstr(method, "new_secret")
         if not isinstance(secret, str) or not secret or not self.broker.user_known(self.user.name):
             raise exceptions.AMQPNotAllowed(
                 "NOT_ALLOWED - New secret was refused by one of the backends"
@@ -900,3 +900,10 @@ class Connection(asyncio.Protocol):
             "channels": len(self.channels),
             "client": str(self.client_properties.get("product", "")),
         }
+
+
+def _longstr(method: Any, name: str) -> Any:
+    """A method's longstr argument as pamqp decodes it: text, or bytes where it is not
+    UTF-8, though its classes declare str. Read untyped: compiled code checks what it
+    reads as the type declared, and raised TypeError on those bytes."""
+    return getattr(method, name)
