@@ -77,7 +77,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check amqha peering failover spark config tests bench
 	$(BIN)/ruff format --check amqha peering failover spark config tests bench
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/mypy failover/fsm.py failover/fsm_steps.py failover/values.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/compiled.py amqha/gate.py amqha/host.py amqha/store.py amqha/store_file.py amqha/store_write.py amqha/core amqha/federation amqha/memory_account.py amqha/held.py amqha/confirm_pipeline.py amqha/listener.py bench/nemesis_check.py bench/nemesis_plan.py
+	$(BIN)/mypy failover/fsm.py failover/fsm_steps.py failover/values.py failover/peer_message.py failover/witness.py amqha/wire.py amqha/compiled.py amqha/connection.py amqha/channel.py amqha/channel_parts.py amqha/channel_publish.py amqha/channel_tx.py amqha/gate.py amqha/host.py amqha/store.py amqha/store_file.py amqha/store_write.py amqha/core amqha/federation amqha/memory_account.py amqha/held.py amqha/confirm_pipeline.py amqha/listener.py bench/nemesis_check.py bench/nemesis_plan.py
 
 ## The suite's kill loops at full size (the tests marked soak: 30 kill/restart cycles, 20
 ## kills under amqha.client, 20 kills under a raw publisher), then 100 kill -9s of the ACTIVE

@@ -4,7 +4,8 @@ Owns: the channel's state (open / closing), consumers and their prefetch credit,
 unacknowledged deliveries and their tags, declarations, flow and close. Every method is
 checked against the channel's state before it is dispatched, by a dict keyed on the pamqp
 class. Its parts, mixed in: publishing and confirms (``channel_publish.py``), transactions
-(``channel_tx.py``). A consume of a name that is not a queue goes to the service the
+(``channel_tx.py``); what they read and call of it is declared in ``channel_parts.py``.
+A consume of a name that is not a queue goes to the service the
 broker names for it (``host.ConsumeService``), whose outlet then takes the channel's acks.
 
 Must not know: sockets (frames go out through ``connection.send``), how exchanges
@@ -20,15 +21,16 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
 from . import wire
-from .channel_publish import PendingPublish, Publishing
+from .channel_parts import TxAction, Unacked
+from .channel_publish import PendingPublish, Publishing, ReplyConsumer
 from .channel_state import CLOSING, OPEN, control_only_text
-from .channel_tx import TX_ACK, TX_RETURN, Transactions, TxAction
+from .channel_tx import TX_ACK, TX_RETURN, Transactions
 from .core.arguments import QueueArgumentError, consumer_priority
 from .core.confirms import Confirms
 from .core.message import Message
@@ -41,14 +43,11 @@ if TYPE_CHECKING:
 
 # Unacked deliveries put back in their queues in one turn of the loop (a close, a recover,
 # a nack of many): about 20 ms of it.
-REQUEUE_SLICE = 20_000
-_CLOSE_INDEXES = (
+REQUEUE_SLICE = 20_000  # not Final: a test makes it smaller
+_CLOSE_INDEXES: Final = (
     wire.method_index_bytes(commands.Channel.Close),
     wire.method_index_bytes(commands.Channel.CloseOk),
 )
-
-# An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
-Unacked = tuple[int, "ChannelConsumer | None", Queue, Message]
 
 
 def _by_queue(entries: list[Unacked]) -> dict[Queue, list[int]]:
@@ -105,11 +104,11 @@ class ChannelConsumer:
         channel = self.channel
         tag = channel.next_delivery_tag
         channel.next_delivery_tag = tag + 1
-        connection = channel.connection
         if not self.no_ack:
             channel.unacked[tag] = (tag, self, queue, message)
             channel.unacked_order.append(tag)
             self.unacked += 1
+        connection = channel.connection
         connection.send(
             wire.deliver_frames(
                 channel.number,
@@ -129,9 +128,11 @@ class Channel(Publishing, Transactions):
     publishing and transactions are its parts'."""
 
     def __init__(self, connection: ChannelOwner, number: int) -> None:
+        vhost = connection.vhost
+        assert vhost is not None, "a channel is opened on an open connection"
         self.connection = connection
         self.broker: ChannelHost = connection.broker
-        self.vhost = connection.vhost
+        self.vhost = vhost
         self.number = number
         self.state = OPEN
         self.can_deliver = True  # Channel.Flow
@@ -156,7 +157,7 @@ class Channel(Publishing, Transactions):
         # An empty queue name in a method means the queue last declared on this channel.
         self.last_queue = ""
         # Direct reply-to: this channel's reply consumer and the address its requests carry.
-        self.reply_consumer: ChannelConsumer | None = None
+        self.reply_consumer: ReplyConsumer | None = None
         self.reply_address = ""
         # A consumer that is not a queue's (host.ConsumeService: the replication feed's),
         # when one consumes on this channel: it gets the channel's acks.
@@ -413,11 +414,11 @@ class Channel(Publishing, Transactions):
         self._ack(method.delivery_tag, method.multiple)
 
     def on_basic_nack(self, method: commands.Basic.Nack) -> None:
-        entries = self._take_unacked(method.delivery_tag, method.multiple)
+        entries = self._take_unacked(method.delivery_tag or 0, method.multiple)
         self._return_or_later(entries, method.requeue)
 
     def on_basic_reject(self, method: commands.Basic.Reject) -> None:
-        entries = self._take_unacked(method.delivery_tag, False)
+        entries = self._take_unacked(method.delivery_tag or 0, False)
         self._return_or_later(entries, method.requeue)
 
     def _return_or_later(self, entries: list[Unacked], requeue: bool) -> None:
@@ -535,7 +536,7 @@ class Channel(Publishing, Transactions):
             raise exceptions.AMQPPreconditionFailed(
                 "PRECONDITION_FAILED - reply consumer already set"
             )
-        self.reply_consumer = ChannelConsumer(tag, self, None, True, False, 0)  # type: ignore[arg-type]
+        self.reply_consumer = ReplyConsumer(tag, self)
         self.reply_address = REPLY_TO_PREFIX + secrets.token_urlsafe(24)
         self.broker.add_reply(self.reply_address, self.reply_consumer)
         if not method.nowait:
@@ -554,7 +555,7 @@ class Channel(Publishing, Transactions):
         if outlet is not None and outlet.consumer_tag == method.consumer_tag:
             self.outlet = None
             outlet.ended()
-        consumer = self.consumers.pop(method.consumer_tag, None)
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
         if consumer is not None:
             self._detach(consumer)
         if not method.nowait:
@@ -736,7 +737,7 @@ class Channel(Publishing, Transactions):
         )
 
     def on_channel_flow(self, method: commands.Channel.Flow) -> None:
-        self.can_deliver = method.active
+        self.can_deliver = bool(method.active)
         self.reply(commands.Channel.FlowOk(method.active))
         if method.active:
             self._wake_consumers()
@@ -763,7 +764,10 @@ class Channel(Publishing, Transactions):
         self.state = CLOSING
         self.reply(
             commands.Channel.Close(
-                error.value, _reply_text(error), class_id=class_id, method_id=method_id
+                error.value,  # type: ignore[attr-defined]  # each concrete error class's
+                _reply_text(error),
+                class_id=class_id,
+                method_id=method_id,
             )
         )
 
@@ -820,5 +824,5 @@ _CONTROL_ONLY_METHODS = frozenset(
 
 
 def _reply_text(error: exceptions.AMQPError) -> str:
-    text = str(error.args[0]) if error.args else error.name.replace("-", "_")
+    text = str(error.args[0]) if error.args else error.name.replace("-", "_")  # type: ignore[attr-defined]
     return wire.reply_text(text)

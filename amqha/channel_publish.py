@@ -9,17 +9,20 @@ publish's seq and what it waits for, handed down as values (due now to the conne
 waiting for the watermark to the confirm pipeline, ``core.confirms.Waiting``).
 
 Must not know: sockets (frames go out through the connection), how exchanges match keys
-or queues store messages (``core``). A mixin of ``channel.Channel``: it reads the
-channel's state and writes only its publishing and confirm state.
+or queues store messages (``core``). A part of ``channel.Channel`` (a mixin, compiled as
+a trait: ``channel_parts.py``): it reads the channel's state and writes only its
+publishing and confirm state.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
+from mypy_extensions import trait
 from pamqp import commands, exceptions
 
 from . import flow, wire
+from .channel_parts import ChannelParts
 from .channel_state import control_only_text
 from .channel_tx import TX_PUBLISH
 from .core.message import Message
@@ -27,10 +30,13 @@ from .core.reserved import REPLY_TO, REPLY_TO_PREFIX
 from .core.vhost import REFUSED
 from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
 
+if TYPE_CHECKING:
+    from .core.queue import Queue
+
 # The user_id bit of the content header's property flags (low byte of the flag word).
-_USER_ID_FLAG = 0x10
+_USER_ID_FLAG: Final = 0x10
 # The reply_to bit (high byte of the flag word).
-_REPLY_TO_FLAG = 0x02
+_REPLY_TO_FLAG: Final = 0x02
 
 
 class PendingPublish:
@@ -48,8 +54,43 @@ class PendingPublish:
         self.received = 0
 
 
-class Publishing:
+class ReplyConsumer:
+    """Direct reply-to's consumer (Basic.Consume of ``amq.rabbitmq.reply-to``): no queue,
+    no acks; the replies to this channel's requests go straight to it (``Publishing._reply``,
+    and the control plane's answers)."""
+
+    __slots__ = ("tag", "tag_wire", "channel")
+
+    def __init__(self, tag: str, channel: ChannelParts) -> None:
+        self.tag = tag
+        self.tag_wire = wire.shortstr(tag)
+        self.channel = channel
+
+    def deliver(self, queue: Queue | None, message: Message, redelivered: bool) -> None:
+        channel = self.channel
+        connection = channel.connection
+        connection.send(
+            wire.deliver_frames(
+                channel.number,
+                self.tag_wire,
+                channel.next_tag(),
+                redelivered,
+                message.address,
+                message.header,
+                message.body,
+                connection.frame_max,
+            )
+        )
+
+
+@trait
+class Publishing(ChannelParts):
     """Basic.Publish and its content, routing and confirms: part of ``Channel``."""
+
+    pending: PendingPublish | None  # a publish whose content is being read
+    # Direct reply-to: this channel's reply consumer and the address its requests carry.
+    reply_consumer: ReplyConsumer | None
+    reply_address: str
 
     def on_basic_publish(self, publish: wire.Publish) -> None:
         connection = self.connection
@@ -165,12 +206,14 @@ class Publishing:
         pending = self.pending
         if pending is not None:
             self.pending = None
-            self.broker.memory.count_input(-pending.received)
+            if pending.received:  # a body in many frames (``_on_body``)
+                self.broker.memory.count_input(-pending.received)
 
     def _complete(self, pending: PendingPublish, body: bytes) -> None:
         self._drop_pending()
-        publish = pending.publish
-        message = Message(publish.address, pending.header, body, pending.decoded)  # type: ignore[arg-type]
+        publish, header = pending.publish, pending.header
+        assert header is not None  # the body follows its header
+        message = Message(publish.address, header, body, pending.decoded)
         broker = self.broker
         memory = broker.memory
         if not broker.blocked and Message.held > memory.message_budget:
@@ -231,7 +274,7 @@ class Publishing:
         consumer = self.broker.reply_consumer(address)
         if consumer is None:
             return False
-        consumer.deliver(None, message, False)  # type: ignore[arg-type]  # no_ack: no queue
+        consumer.deliver(None, message, False)  # a ReplyConsumer: no queue
         return True
 
     def _to_control_plane(self, exchange: Any, publish: wire.Publish, message: Message) -> None:

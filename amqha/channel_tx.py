@@ -4,26 +4,37 @@ Owns: the open transaction's actions (publishes, acks, returns) and the bytes it
 the commit that runs them as one batch of changes, and Commit-Ok only once the store has
 them (the connection is not read meanwhile: nothing overtakes it).
 
-Must not know: sockets, how the store writes. A mixin of ``channel.Channel``.
+Must not know: sockets, how the store writes. A part of ``channel.Channel`` (a mixin,
+compiled as a trait: ``channel_parts.py``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Final
 
+from mypy_extensions import trait
 from pamqp import commands, exceptions
 
+from .channel_parts import ChannelParts, TxAction, Unacked
 from .core.confirms import Commit
 from .read_holds import READ_HELD_STORE
 
-# A transaction is data: the actions it will take on commit, in order.
-TX_PUBLISH, TX_ACK, TX_RETURN = 0, 1, 2
-TxAction = tuple[Any, ...]
+# A transaction is data: the actions it will take on commit, in order (``TxAction``).
+TX_PUBLISH: Final = 0
+TX_ACK: Final = 1
+TX_RETURN: Final = 2
 
 
-class Transactions:
+@trait
+class Transactions(ChannelParts):
     """Tx.Select, Commit and Rollback: part of ``Channel``."""
+
+    # Deliveries acked inside the open transaction: a rollback makes them unacked again.
+    transaction_acks: list[Unacked]
+    transaction_bytes: int  # message bodies published in the open transaction
+    unacked: dict[int, Unacked]
+    unacked_order: deque[int]
 
     def on_tx_select(self, method: commands.Tx.Select) -> None:
         if self.confirm:

@@ -37,6 +37,11 @@ MODULES = (
     "amqha/core/priority.py",
     "amqha/core/vhost.py",
     "amqha/core/dedup.py",
+    "amqha/connection.py",
+    "amqha/channel.py",
+    "amqha/channel_parts.py",
+    "amqha/channel_publish.py",
+    "amqha/channel_tx.py",
 )
 NAMES = tuple(name[:-3].replace("/", ".") for name in MODULES)  # as imported
 

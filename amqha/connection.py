@@ -34,7 +34,8 @@ import asyncio
 import logging
 import secrets
 import struct
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from pamqp import commands, exceptions
 
@@ -64,33 +65,32 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqha.connection")
 
-# Handshake states, in order.
-(
-    AWAIT_HEADER,
-    AWAIT_START_OK,
-    AUTHENTICATING,
-    AWAIT_TUNE_OK,
-    AWAIT_OPEN,
-    OPEN,
-    CLOSING,
-    CLOSED,
-) = range(8)
+# Handshake states, in order. The constants here are Final: compiled, they are C values,
+# not names looked up at each use (docs/performance.md, "The compiled modules").
+AWAIT_HEADER: Final = 0
+AWAIT_START_OK: Final = 1
+AUTHENTICATING: Final = 2
+AWAIT_TUNE_OK: Final = 3
+AWAIT_OPEN: Final = 4
+OPEN: Final = 5
+CLOSING: Final = 6
+CLOSED: Final = 7
 
-KNOWN_FRAME_TYPES = frozenset(
+KNOWN_FRAME_TYPES: Final = frozenset(
     (wire.FRAME_METHOD, wire.FRAME_HEADER, wire.FRAME_BODY, wire.FRAME_HEARTBEAT)
 )
-CLOSE_OK_TIMEOUT = 3.0
-HANDSHAKE_TIMEOUT = 10.0
+CLOSE_OK_TIMEOUT: Final = 3.0
+HANDSHAKE_TIMEOUT: Final = 10.0
 # AMQP's minimum frame size, the most a client may send before Connection.TuneOk.
-FRAME_MIN_SIZE = 4096
-FRAME_BUDGET = 0.005
+FRAME_MIN_SIZE: Final = 4096
+FRAME_BUDGET: Final = 0.005
 # The clock is read after this many frames, or after any frame this large (a big header
 # table is the costly one to handle).
-FRAMES_PER_CLOCK_READ = 64
-LARGE_FRAME = 1024
+FRAMES_PER_CLOCK_READ: Final = 64
+LARGE_FRAME: Final = 1024
 # Bytes one turn of the loop hands a connection at most (less if limits.output_buffer is):
 # a few milliseconds of deliveries (docs/limits.md, "Output").
-TURN_OUTPUT = 256 * 1024
+TURN_OUTPUT: Final = 256 * 1024
 
 
 class Connection(asyncio.Protocol):
@@ -113,7 +113,7 @@ class Connection(asyncio.Protocol):
         # publish the headers a link acts on (amqha/federation/upstream.py).
         self.federation_linked = False
         self.user: Any = None
-        self.vhost: VHost = None  # type: ignore[assignment]
+        self.vhost: VHost | None = None  # from Connection.Open on
         self.client_properties: dict[str, Any] = {}
         self.peer = "?"
         self.nonce = b""  # this connection's nonce, sent in Connection.Start
@@ -153,7 +153,7 @@ class Connection(asyncio.Protocol):
         self.login: asyncio.Task[None] | None = None
         # Frames a client pipelined behind its Start-Ok, handled once the login is decided.
         self.held_frames: list[wire.RawFrame] = []
-        self.handlers = {
+        self.handlers: dict[type, Callable[[Any], None]] = {
             commands.Connection.StartOk: self.on_start_ok,
             commands.Connection.TuneOk: self.on_tune_ok,
             commands.Connection.Open: self.on_open,
@@ -168,7 +168,10 @@ class Connection(asyncio.Protocol):
     # -- asyncio protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream's transport: asyncio's or uvloop's (which is not a subclass of
+        # asyncio.Transport, so it is not checked as one).
+        stream = cast(asyncio.Transport, transport)
+        self.transport = stream
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
@@ -178,9 +181,9 @@ class Connection(asyncio.Protocol):
             self.fileno = sock.fileno()
         if not self.broker.admit(self):
             self.state = CLOSED
-            transport.abort()
+            stream.abort()
             return
-        self.transport.set_write_buffer_limits(high=self.output_limit)
+        stream.set_write_buffer_limits(high=self.output_limit)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -245,7 +248,7 @@ class Connection(asyncio.Protocol):
         log.info("%s: the client left while not read, closing", self.peer)
         self.transport.abort()
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | bytearray) -> None:
         self.last_received = self.loop.time()
         if self.state >= CLOSED:
             return
@@ -290,12 +293,13 @@ class Connection(asyncio.Protocol):
         self._handle_frames(frames, 0)
         self.flush()
 
-    def _handle_frames(self, frames: list[wire.RawFrame], start: int) -> None:
+    def _handle_frames(self, frames: list[wire.RawFrame], start: int) -> bool:
         """``_handle_some``, then the consumers of the channels it acked on are woken
-        once: each takes in one go what the read's acks made room for."""
+        once: each takes in one go what the read's acks made room for. True if frames
+        were left in ``backlog``."""
         self.reading = True
         try:
-            self._handle_some(frames, start)
+            return self._handle_some(frames, start)
         finally:
             self.reading = False
             if self.to_wake:
@@ -303,9 +307,9 @@ class Connection(asyncio.Protocol):
                 for channel in channels:
                     channel.wake_after_read()
 
-    def _handle_some(self, frames: list[wire.RawFrame], start: int) -> None:
+    def _handle_some(self, frames: list[wire.RawFrame], start: int) -> bool:
         """Handle ``frames[start:]`` until done or FRAME_BUDGET is spent; then the rest
-        waits in ``backlog`` for the next turn of the loop, the socket unread.
+        waits in ``backlog`` for the next turn of the loop, the socket unread (True).
 
         The clock is read every FRAMES_PER_CLOCK_READ frames and after any large frame;
         an OPEN connection (the hot path) pays one state comparison per frame."""
@@ -337,18 +341,19 @@ class Connection(asyncio.Protocol):
                 handle(frame)
             if self.state != OPEN:
                 if self.state >= CLOSED:
-                    return
+                    return False
                 if self.state == AUTHENTICATING:
                     # Frames pipelined behind Start-Ok wait for the login's answer.
                     self.held_frames = frames[index:]
-                    return
+                    return False
             if index >= next_check or len(frame.payload) > LARGE_FRAME:
                 next_check = index + FRAMES_PER_CLOCK_READ
                 if index < count and clock() > deadline:
                     self.backlog = (frames, index)
                     self.hold_reading(READ_HELD_BACKLOG, True)
                     self.loop.call_soon(self._resume_backlog)
-                    return
+                    return True
+        return False
 
     def _next_turn(self) -> None:
         self.turn_spent = False
@@ -360,8 +365,9 @@ class Connection(asyncio.Protocol):
             return
         frames, start = self.backlog
         self.backlog = None
-        self._handle_frames(frames, start)
-        if self.backlog is None:
+        # Told by the call, not read from ``self.backlog``: mypy would keep it narrowed to
+        # the None above, and the compiled code would check what it reads against that.
+        if not self._handle_frames(frames, start):
             self.hold_reading(READ_HELD_BACKLOG, False)
             if self.buffer and self.state < CLOSED:
                 self.data_received(b"")
@@ -581,7 +587,7 @@ class Connection(asyncio.Protocol):
         # Reply texts name queues, exchanges, consumer tags, users and vhosts as the client
         # spelt them.
         text = escaped(error.args[0]) if error.args else ""
-        log.info("%s%s: %s %s", self.peer, where, error.value, text)
+        log.info("%s%s: %s %s", self.peer, where, error.value, text)  # type: ignore[attr-defined]
 
     def _open_channel(self, frame: wire.RawFrame) -> None:
         number = frame.channel
@@ -640,7 +646,7 @@ class Connection(asyncio.Protocol):
     def on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self._expect(AWAIT_START_OK, "Connection.StartOk")
         self.client_properties = dict(method.client_properties or {})
-        username, password = credentials(method.mechanism, method.response)
+        username, password = credentials(method.mechanism, _longstr(method, "response"))
         # A password check may take a while (scrypt, or the delay of a refusal): nothing is
         # read from this client meanwhile, so it holds no more memory than it has sent.
         self.state = AUTHENTICATING
@@ -776,7 +782,7 @@ class Connection(asyncio.Protocol):
         the login stays valid; the new secret must still be text and the user still known.
         """
         self._expect(OPEN, "Connection.UpdateSecret")
-        secret = method.new_secret
+        secret = _longstr(method, "new_secret")
         if not isinstance(secret, str) or not secret or not self.broker.user_known(self.user.name):
             raise exceptions.AMQPNotAllowed(
                 "NOT_ALLOWED - New secret was refused by one of the backends"
@@ -803,12 +809,16 @@ class Connection(asyncio.Protocol):
             return
         self._release_all()
         self.state = CLOSING
-        text = str(error.args[0]) if error.args else error.name
+        # pamqp names an error's code and name on each concrete class, not on AMQPError.
+        text = str(error.args[0]) if error.args else error.name  # type: ignore[attr-defined]
         self.send(
             wire.method_frame(
                 0,
                 commands.Connection.Close(
-                    error.value, wire.reply_text(text), class_id=class_id, method_id=method_id
+                    error.value,  # type: ignore[attr-defined]
+                    wire.reply_text(text),
+                    class_id=class_id,
+                    method_id=method_id,
                 ),
             )
         )
@@ -831,8 +841,10 @@ class Connection(asyncio.Protocol):
             channel.state = CHANNEL_CLOSING
             self.broker.channel_closed(self)
         self.channels.clear()
-        for queue in list(self.exclusive_queues.values()):
-            self.vhost.remove_queue(queue)
+        vhost = self.vhost
+        if vhost is not None:  # exclusive queues are declared on an open connection only
+            for queue in list(self.exclusive_queues.values()):
+                vhost.remove_queue(queue)
         self.exclusive_queues.clear()
 
     def _handshake_timeout(self) -> None:
@@ -888,3 +900,10 @@ class Connection(asyncio.Protocol):
             "channels": len(self.channels),
             "client": str(self.client_properties.get("product", "")),
         }
+
+
+def _longstr(method: Any, name: str) -> Any:
+    """A method's longstr argument as pamqp decodes it: text, or bytes where it is not
+    UTF-8, though its classes declare str. Read untyped: compiled code checks what it
+    reads as the type declared, and raised TypeError on those bytes."""
+    return getattr(method, name)

@@ -158,6 +158,7 @@ class ConfirmBook(Protocol):
 class ChannelHost(Protocol):
     """What a channel asks of the broker."""
 
+    loop: asyncio.AbstractEventLoop
     config: ServerConfig
     pair: Pair
     confirms: ConfirmBook
@@ -194,10 +195,12 @@ class ChannelHost(Protocol):
 class ChannelOwner(Protocol):
     """A channel's connection, as the channel sees it."""
 
-    broker: ChannelHost
+    @property
+    def broker(self) -> ChannelHost: ...  # read only: the connection's is a BrokerHost
+
     loop: asyncio.AbstractEventLoop
     user: User
-    vhost: VHost
+    vhost: VHost | None  # from Connection.Open on (a channel opens after it)
     peer: str
     nonce: bytes
     frame_max: int
@@ -205,6 +208,8 @@ class ChannelOwner(Protocol):
     to_wake: list[Any]
     bypasses_gate: bool
     published: bool
+    publishes_messages: bool  # to an exchange that is not a control exchange
+    federation_linked: bool  # a federation link's own connection
     write_paused: bool
     turn_spent: bool  # this turn handed out its bytes (TURN_OUTPUT): deliveries wait a turn
     channels: dict[int, Any]
@@ -242,7 +247,7 @@ class ConnectionHost(Protocol):
     def admit(self, connection: Any) -> bool: ...
 
     async def authenticate(
-        self, username: str, password: str, address: str, mechanism: str
+        self, username: str, password: str, address: str, mechanism: str, nonce: bytes = b""
     ) -> User | Refused: ...
 
     def user_known(self, username: str) -> bool: ...

@@ -29,6 +29,9 @@ TESTED_BOTH_WAYS = (
     "tests/unit/test_vhost.py",  # amqha/core/vhost.py
     "tests/unit/test_dedup.py",  # amqha/core/dedup.py
     "tests/unit/test_release.py",  # a purge and a discard in amqha/core/queue.py
+    # amqha/connection.py, channel.py and its parts, in process (tests/memory_peer.py)
+    "tests/unit/test_protocol_memory.py",
+    "tests/unit/test_confirm_pipeline_memory.py",
 )
 BUILT = (compiled.BUILD / compiled.STAMP).is_file()
 needs_build = pytest.mark.skipif(

@@ -211,3 +211,49 @@ async def test_a_close_holding_many_unacked_puts_them_back_a_slice_a_turn(
     assert not queue.outstanding
     ids = [message.msg_id for message, _ in queue.messages()]
     assert len(set(ids)) == count
+
+
+class SteppingLoop:
+    """The test's loop with a clock that moves 1 ms at each read: every read of it finds
+    the connection's frame budget spent."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.now = loop.time()
+
+    def time(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._loop, name)
+
+
+async def test_a_read_that_outlasts_the_frame_budget_goes_on_over_turns_in_order() -> None:
+    """One read's frames past FRAME_BUDGET wait in the backlog, the socket unread; each
+    later turn handles some and may leave a backlog again; once all are handled, in order,
+    the socket is read again."""
+    peer = await MemoryPeer.open(solo_broker())
+    await open_channel(peer)
+    await peer.send(1, commands.Queue.Declare(queue="q"))
+    peer.take()
+    connection = peer.connection
+    connection.loop = SteppingLoop(connection.loop)  # type: ignore[assignment]
+    count = 1000
+    data = b"".join(
+        frame.marshal(f, 1)
+        for n in range(count)
+        for f in (commands.Basic.Publish(routing_key="q"), *content(b"%04d" % n))
+    )
+    connection.data_received(data)
+    queue = connection.vhost.queues["q"]
+    turns = [queue.message_count]
+    assert connection.backlog is not None and connection.read_holds  # not read meanwhile
+    for _ in range(100):  # bounded: about 20 turns are needed
+        await asyncio.sleep(0)
+        turns.append(queue.message_count)
+        if connection.backlog is None:
+            break
+    assert connection.backlog is None and not connection.read_holds, turns
+    assert 0 < turns[0] < turns[1] < turns[2] < count == turns[-1], turns
+    assert [message.body for message, _ in queue.messages()] == [b"%04d" % n for n in range(count)]
