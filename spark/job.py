@@ -312,15 +312,14 @@ def _per_minute(buckets: DataFrame, clocks: Mapping[str, PairClocks], unnamed: s
     )
 
 
-def _bulk_by_day(per_minute: DataFrame) -> dict[str, dict[str, tuple[int, int]]]:
+def _days(per_minute: DataFrame) -> DataFrame:
     """Redirects and refusals per pair and day."""
-    rows = collect_json(
-        {
-            "days": per_minute.groupBy("pair", "day").agg(
-                F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
-            )
-        }
-    )["days"]
+    return per_minute.groupBy("pair", "day").agg(
+        F.sum("redirects").alias("redirects"), F.sum("refusals").alias("refusals")
+    )
+
+
+def _bulk_by_day(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, tuple[int, int]]]:
     by_day: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
     for row in rows:
         by_day[row["pair"]][row["day"]] = (row["redirects"], row["refusals"])
@@ -347,18 +346,26 @@ def _pair_tables(
     return summaries, small
 
 
-def _activity(
+def _known_drawn(chosen: str | None, clocks: Mapping[str, PairClocks]) -> list[str] | None:
+    """The pairs drawn, when they are known before the figures: the one asked for, or every
+    pair when there are no more than ``TIMELINE_PAIRS``; None when the worst must be chosen.
+    (Their order, the worst first, comes from the figures: see ``_drawn``.)"""
+    if chosen is not None:
+        return [chosen]
+    if len(clocks) <= TIMELINE_PAIRS:
+        return sorted(clocks)
+    return None
+
+
+def _bars_frame(
     per_minute: DataFrame, drawn: Sequence[str], clocks: Mapping[str, PairClocks]
-) -> dict[str, list[dict[str, Any]]]:
+) -> DataFrame:
     """The drawn pairs' redirects grouped into bars, each pair's from its window's start."""
-    activity: dict[str, list[dict[str, Any]]] = {name: [] for name in drawn}
-    if not drawn:
-        return activity
     starts = {name: clocks[name].window[0] for name in drawn}
     widths = {name: _bar_width(*clocks[name].window) for name in drawn}
     lo = lookup(starts, F.col("pair"))
     width = lookup(widths, F.col("pair"))
-    bars = (
+    return (
         per_minute.filter(F.col("pair").isin(list(drawn)))
         .groupBy("pair", "node", F.floor((F.col("at") - lo) / width).alias("bar"))
         .agg(
@@ -369,10 +376,17 @@ def _activity(
         .withColumn("width", width.cast("long"))
         .drop("bar")
     )
-    for row in sorted(
-        collect_json({"bars": bars})["bars"], key=lambda r: (r["pair"], r["node"], r["at"])
-    ):
-        activity[row.pop("pair")].append(row)
+
+
+def _activity(
+    bars: Iterable[dict[str, Any]], drawn: Sequence[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """The drawn pairs' bars, in the order they are drawn."""
+    activity: dict[str, list[dict[str, Any]]] = {name: [] for name in drawn}
+    for row in sorted(bars, key=lambda r: (r["pair"], r["node"], r["at"])):
+        pair = row.pop("pair")
+        if pair in activity:
+            activity[pair].append(row)
     return activity
 
 
@@ -396,7 +410,13 @@ def _reduced_report(
     chosen = asked.chosen
     if chosen is not None and chosen not in clocks:
         raise ReportError(f"--pair {chosen}: no such pair (pairs: {', '.join(sorted(clocks))})")
-    by_day = _bulk_by_day(per_minute)
+    # The days' totals and, when the pairs drawn are known already, their bars: one job.
+    known = _known_drawn(chosen, clocks)
+    frames = {"days": _days(per_minute)}
+    if known:
+        frames["bars"] = _bars_frame(per_minute, known, clocks)
+    totals = collect_json(frames)
+    by_day = _bulk_by_day(totals["days"])
     found.groups.unpersist()
     summaries, small = _pair_tables(inputs, clocks, by_day)
     summary = build_summary(
@@ -410,7 +430,10 @@ def _reduced_report(
         ],
         slo=asked.slo,
     )
-    activity = _activity(per_minute, _drawn(chosen, summary), clocks)
+    drawn = _drawn(chosen, summary)
+    if known is None:  # the worst pairs of a fleet: their bars once the figures are in
+        totals["bars"] = collect_json({"bars": _bars_frame(per_minute, drawn, clocks)})["bars"]
+    activity = _activity(totals.get("bars", []), drawn)
     step("computed")
     return SparkReport(summary, small, per_minute, activity, chosen is not None or len(inputs) == 1)
 

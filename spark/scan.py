@@ -303,7 +303,7 @@ def collect_json(frames: Mapping[str, DataFrame]) -> dict[str, list[dict[str, An
     ]
     union = tagged[0]
     for df in tagged[1:]:
-        union = union.unionByName(df)
+        union = union.union(df)  # the same two columns
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in frames}
     for row in union.collect():
         found[row["frame"]].append(json.loads(row["row"]))

@@ -40,8 +40,21 @@ def _free_port() -> int:
 
 # The cluster's daemons (master, worker) do seconds of work each here: the JIT's quick
 # compiler alone and the serial collector spend less CPU on it (about 3 s of the test's 30).
-# The cluster's settings, not the report's: the submitted command is the documented one.
+# So do the driver and the executor, given the same options by the cluster's
+# spark-defaults.conf (driver 30 s -> 18 s of CPU, executor 14 s -> 8 s). The cluster's
+# settings, not the report's: the submitted command is the documented one.
 CLUSTER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def _conf_dir(folder: Path) -> Path:
+    """The cluster's configuration directory (``SPARK_CONF_DIR``): its defaults for the
+    applications submitted to it."""
+    folder.mkdir(exist_ok=True)
+    (folder / "spark-defaults.conf").write_text(
+        f"spark.driver.extraJavaOptions {CLUSTER_JAVA_OPTIONS}\n"
+        f"spark.executor.extraJavaOptions {CLUSTER_JAVA_OPTIONS}\n"
+    )
+    return folder
 
 
 def _daemon(log: Path, *args: str) -> subprocess.Popen:
@@ -152,6 +165,7 @@ def test_spark_submit_on_a_standalone_cluster(cluster: str, tmp_path: Path) -> N
         **os.environ,
         "SPARK_HOME": str(SPARK_HOME),
         "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_CONF_DIR": str(_conf_dir(tmp_path / "conf")),
     }
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT, env=env, cwd=tmp_path
