@@ -44,6 +44,10 @@ R = CONNECT + H  # a link to a thawed server is back within its connect timeout 
 D = 3  # the longest network delay (less than a heartbeat)
 SETTLE_TICKS = 3000
 
+# A state message: the sender's boot and sequence number, its state, and the (boot, seq)
+# of the last message it heard from its peer (None: none yet), as the controller sends.
+Message = tuple[int, int, fsm.PeerInfo, tuple[int, int] | None]
+
 
 @dataclass
 class FreezeResult:
@@ -71,9 +75,7 @@ class Link:
     up: bool = False
     was_up: bool = False  # up since start: a refusal is evidence (docs/failover.md)
     reconnect_at: int = 0
-    queue: collections.deque[tuple[int, tuple[int, int, fsm.PeerInfo, int]]] = field(
-        default_factory=collections.deque
-    )
+    queue: collections.deque[tuple[int, Message]] = field(default_factory=collections.deque)
     last_arrival: int = 0
     dst_silent_since: int = 0  # the last tick dst was not frozen (aiormq's stuck clock)
 
@@ -152,7 +154,7 @@ class Server:
         self.seq += 1
         self.last_seq = self.seq
         link = self.world.link_from(self)
-        heard = self.peer_seq if self.peer_boot is not None else -1
+        heard = (self.peer_boot, self.peer_seq) if self.peer_boot is not None else None
         state = fsm.PeerInfo(
             self.name,
             self.role,
@@ -254,12 +256,13 @@ class Server:
         self.paused_at = now
         self.apply(fsm.step(self.machine, fsm.Event.PAUSED, now, thaw_seq=thaw_seq), now)
 
-    def on_peer_message(self, message: tuple[int, int, fsm.PeerInfo, int], now: int) -> None:
+    def on_peer_message(self, message: Message, now: int) -> None:
         boot, seq, state, heard = message
         if boot == self.peer_boot and seq <= self.peer_seq:
             return
         self.peer_boot, self.peer_seq = boot, seq
-        echo = heard if heard >= 0 else 0
+        # The last of our messages the peer heard, in this boot of ours (the controller).
+        echo = heard[1] if heard is not None and heard[0] == self.boot else 0
         if self.world.old:
             self.old_heard = now
             info = replace(state, echo=0)
@@ -332,7 +335,7 @@ class FreezeWorld:
     def link_to(self, server: Server) -> Link:
         return self.links[1 - server.index]
 
-    def send(self, link: Link, message: tuple[int, int, fsm.PeerInfo, int], now: int) -> None:
+    def send(self, link: Link, message: Message, now: int) -> None:
         if not link.up:
             return
         at = max(link.last_arrival, now + self.rng.randint(1, self.delay))
