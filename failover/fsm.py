@@ -24,6 +24,15 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   PEER_PRIMARY, two state messages crossing on the wire would give a dual active on a healthy
   link. The primary leading is the pair's normal shape and never leaves it without a server.
   (A PASSIVE primary + PEER_BACKUP still goes ACTIVE: the backup only stays in that case.)
+- A restarted primary leads on PEER_PASSIVE only once the backup has heard it. The PASSIVE
+  message must echo one of this run's own state messages (`PeerInfo.echo` > 0): one sent
+  before the backup heard us comes from a backup whose clock of our silence still runs
+  from our last run, which a client's vote may make ACTIVE before our first message
+  reaches it (a dual active in which the backup, the lower epoch, yields what it
+  confirmed meanwhile). A backup that has heard us has renewed our expiry and takes no
+  vote while it hears us. Until then we stay PRIMARY, or follow the backup if it is
+  voted in. PEER_BACKUP needs no echo: a BACKUP takes no client vote, and leads only
+  on hearing us, by the same start rules on the same two epochs.
 - Epoch adoption (Raft's term rule). On every correctly configured peer message the machine
   takes `epoch = max(own, peer's)`, after the table has run, and persists it when it grows. So
   a server that restarts never serves in an epoch below one it has seen, as §3 requires, even
@@ -268,7 +277,10 @@ def _peer_in_maintenance(machine: Machine) -> str:
     )
 
 
-def _primary_starts(why: str) -> Handler:
+def _primary_starts(why: str, *, heard_us: bool = False) -> Handler:
+    """``heard_us``: lead only on a message that shows the peer has heard this run of ours
+    (``PeerInfo.echo``): a PASSIVE that has not may be about to win a client's vote."""
+
     def primary_starts(machine: Machine, event: Event, now: float) -> Outcome:
         if machine.maintenance:
             return Outcome(machine)  # the backup, told so, leads
@@ -276,9 +288,16 @@ def _primary_starts(why: str) -> Handler:
             # Our store may hold part of a snapshot: the backup, whose store is whole,
             # leads (it sees us not in sync), and we follow it.
             return Outcome(machine)
+        if heard_us and (machine.peer is None or machine.peer.echo < 1):
+            # Sent before the peer heard us: its clock of our silence still runs from our
+            # last run, and a client's vote may make it ACTIVE before our first message
+            # reaches it. Its next message, a heartbeat later, says whether it has heard us.
+            return Outcome(machine)
         return become_active(machine, event, why)
 
     primary_starts.__doc__ = why + "; unless our store is incomplete (the backup leads)"
+    if heard_us:
+        primary_starts.__doc__ += ", or the peer has not heard this run of ours yet (we wait)"
     return primary_starts
 
 
@@ -631,7 +650,9 @@ TRANSITIONS: dict[tuple[State, Event], Handler] = {
     (State.PRIMARY, Event.PEER_PRIMARY): _same_role,
     (State.PRIMARY, Event.PEER_BACKUP): _primary_starts("the peer is a fresh backup: we lead"),
     (State.PRIMARY, Event.PEER_ACTIVE): go_passive("the backup took over while we were down"),
-    (State.PRIMARY, Event.PEER_PASSIVE): _primary_starts("the backup waits PASSIVE, none ACTIVE"),
+    (State.PRIMARY, Event.PEER_PASSIVE): _primary_starts(
+        "the backup waits PASSIVE, none ACTIVE", heard_us=True
+    ),
     (State.PRIMARY, Event.CLIENT_REQUEST): _client_vote,
     (State.PRIMARY, Event.MANUAL_RECOVER): refuse(_RECOVER_ON_ACTIVE_BACKUP + "PRIMARY"),
     (State.PRIMARY, Event.HANDOVER): refuse(_HANDOVER_ONLY_PASSIVE + "PRIMARY"),

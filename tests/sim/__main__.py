@@ -3,7 +3,9 @@ schedules from seed S on, print JSON (schedules run, the first failing seeds,
 schedules/s, wall seconds). ``--replay SEED`` prints one schedule's trace instead.
 ``--freezes`` runs the failover schedules of freezes (``tests/sim/freeze.py``) instead of the
 replication ones; with ``--old-protocol``, the shell that came before the rule after a
-freeze."""
+freeze. ``--restarts`` runs its schedules of kills and fast restarts (no freezes: two
+servers never serve at once); with ``--old-protocol``, a restarted primary leads on any
+PASSIVE message, whether or not the backup has heard it (the rule before the echo)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ FAILURES_SHOWN = 10
 PROGRESS_EVERY = 10.0  # seconds between progress lines on stderr
 
 
-def run_range(args: tuple[int, int, bool, bool, bool, bool]) -> dict[str, Any]:
-    first, count, old, double, active_writes, evidence = args
+def run_range(args: tuple[int, int, bool, bool, bool, bool, bool]) -> dict[str, Any]:
+    first, count, old, double, active_writes, evidence, _ = args
     leader = OldLeader if old else None
     failing: list[dict[str, Any]] = []
     totals: dict[str, int] = {}
@@ -49,13 +51,15 @@ def run_range(args: tuple[int, int, bool, bool, bool, bool]) -> dict[str, Any]:
     return {"failed": failed, "failing": failing, "totals": totals}
 
 
-def run_freeze_range(args: tuple[int, int, bool, bool, bool, bool]) -> dict[str, Any]:
-    first, count, old, *_ = args
+def run_freeze_range(args: tuple[int, int, bool, bool, bool, bool, bool]) -> dict[str, Any]:
+    first, count, old, _, _, _, restarts = args
     failing: list[dict[str, Any]] = []
     totals: dict[str, int] = {}
     failed = 0
     for seed in range(first, first + count):
-        result = simulate_freezes(seed, old=old)
+        result = simulate_freezes(
+            seed, old=old and not restarts, restarts=restarts, old_start=old and restarts
+        )
         for key in ("freezes", "kills", "takeovers", "fenced", "yields"):
             totals[key] = totals.get(key, 0) + getattr(result, key)
         if result.failures:
@@ -87,10 +91,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the failover schedules of freezes (the rule after a freeze), not replication",
     )
+    parser.add_argument(
+        "--restarts",
+        action="store_true",
+        help="the failover schedules of kills and fast restarts, no freezes (implies --freezes)",
+    )
     parser.add_argument("--replay", type=int, help="print this seed's schedule, event by event")
     options = parser.parse_args(argv)
+    options.freezes = options.freezes or options.restarts
     if options.replay is not None and options.freezes:
-        frozen = simulate_freezes(options.replay, old=options.old_protocol, log=True)
+        frozen = simulate_freezes(
+            options.replay,
+            old=options.old_protocol and not options.restarts,
+            log=True,
+            restarts=options.restarts,
+            old_start=options.old_protocol and options.restarts,
+        )
         print("\n".join(frozen.log))
         print(json.dumps({"seed": frozen.seed, "trace": frozen.trace, "failures": frozen.failures}))
         return 1 if frozen.failures else 0
@@ -117,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             options.double_failures,
             options.active_write_failures,
             options.evidence,
+            options.restarts,
         )
         for first in range(options.seed, options.seed + options.schedules, chunk)
     ]
@@ -145,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             totals[key] = totals.get(key, 0) + value
     failing = [each for part in parts for each in part["failing"]][:FAILURES_SHOWN]
     report = {
-        "model": "freezes" if options.freezes else "replication",
+        "model": "restarts"
+        if options.restarts
+        else "freezes"
+        if options.freezes
+        else "replication",
         "protocol": "old" if options.old_protocol else "new",
         "schedules": options.schedules,
         "first_seed": options.seed,

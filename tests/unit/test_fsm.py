@@ -93,9 +93,9 @@ def test_primary_hears_active_backup_and_follows_adopting_its_epoch() -> None:
 
 
 @cell(State.PRIMARY, Event.PEER_PASSIVE)
-def test_primary_hears_passive_backup_with_no_active_and_leads() -> None:
+def test_primary_hears_passive_backup_that_heard_it_with_no_active_and_leads() -> None:
     machine = ours(Role.PRIMARY, State.PRIMARY, epoch=2)
-    backup = peer(Role.BACKUP, State.PASSIVE, epoch=2)
+    backup = replace(peer(Role.BACKUP, State.PASSIVE, epoch=2), echo=1)
     outcome = hear(machine, backup)
     assert outcome.machine.state is State.ACTIVE
     assert outcome.machine.epoch == 3
@@ -103,6 +103,46 @@ def test_primary_hears_passive_backup_with_no_active_and_leads() -> None:
         State.PRIMARY, State.ACTIVE, Event.PEER_PASSIVE, "the backup waits PASSIVE, none ACTIVE"
     )
     assert outcome.actions == (PersistEpoch(3),)
+    assert_heard(outcome, backup)
+
+
+def test_primary_waits_for_a_passive_backup_that_has_not_heard_this_run() -> None:
+    """A PASSIVE message sent before the backup heard this run of ours (echo 0): the
+    backup may be voted in before our first message reaches it. We stay PRIMARY, not
+    serving, and lead on its next message, which echoes ours."""
+    machine = Machine.start("alpha", Role.PRIMARY, 1, TIMEOUT, now=NOW)
+    unheard = peer(Role.BACKUP, State.PASSIVE, epoch=1)
+    waiting = hear(machine, unheard, NOW + 0.1)
+    assert waiting.machine.state is State.PRIMARY
+    assert waiting.machine.epoch == 1
+    assert waiting.transition is None and waiting.actions == ()
+    assert_heard(waiting, unheard, NOW + 0.1)
+    assert step(waiting.machine, Event.CLIENT_REQUEST, NOW + 0.2).decision == Redirect(None)
+
+    led = hear(waiting.machine, replace(unheard, echo=1), NOW + 1.1)
+    assert led.machine.state is State.ACTIVE
+    assert led.machine.epoch == 3
+    assert led.transition == Transition(
+        State.PRIMARY, State.ACTIVE, Event.PEER_PASSIVE, "the backup waits PASSIVE, none ACTIVE"
+    )
+    assert led.actions == (PersistEpoch(3),)
+
+
+def test_primary_waiting_for_an_echo_follows_a_backup_voted_in_meanwhile() -> None:
+    """The race the echo closes: the backup's PASSIVE message was sent before it heard us,
+    and a client voted it in before our first message reached it. We never led: we
+    follow it, and nothing it confirmed is set aside."""
+    machine = Machine.start("alpha", Role.PRIMARY, 1, TIMEOUT, now=NOW)
+    waiting = hear(machine, peer(Role.BACKUP, State.PASSIVE, epoch=1), NOW + 0.1)
+    assert waiting.machine.state is State.PRIMARY
+    voted_in = peer(Role.BACKUP, State.ACTIVE, epoch=2)
+    follows = hear(waiting.machine, voted_in, NOW + 0.2)
+    assert follows.machine.state is State.PASSIVE
+    assert follows.machine.epoch == 2
+    assert follows.transition == Transition(
+        State.PRIMARY, State.PASSIVE, Event.PEER_ACTIVE, "the backup took over while we were down"
+    )
+    assert follows.actions == (PersistEpoch(2),)
 
 
 @cell(State.PRIMARY, Event.CLIENT_REQUEST)

@@ -40,6 +40,17 @@ from tests.unit.fsm_support import HEARTBEAT, LISTEN, TIMEOUT, hear, ours, peer
 HANDOVER_MESSAGE = "HANDOVER"
 
 
+@dataclass(frozen=True)
+class StateMessage:
+    """A state message on the wire: the sender's state, its boot and sequence number, and
+    the last (boot, seq) it heard from its peer (None: none yet), as the controller sends."""
+
+    info: PeerInfo
+    boot: int
+    seq: int
+    heard: tuple[int, int] | None
+
+
 @dataclass
 class Server:
     """One server as its controller would drive it: the machine plus the effects of actions."""
@@ -51,14 +62,19 @@ class Server:
     persisted: int = 0
     alive: bool = True
     clients: int = 0
-    inbox: list[PeerInfo | str] = field(default_factory=list)
+    inbox: list[StateMessage | str] = field(default_factory=list)
     reports: list[Action] = field(default_factory=list)
+    boot: int = 1  # one per run: a restart takes the next
+    seq: int = 0
+    heard: tuple[int, int] | None = None  # the peer's last (boot, seq) received
 
-    def state_message(self) -> PeerInfo:
+    def state_message(self) -> StateMessage:
         machine = self.machine
-        return PeerInfo(
+        self.seq += 1
+        info = PeerInfo(
             self.name, self.role, machine.state, machine.epoch, self.listen, machine.in_sync
         )
+        return StateMessage(info, self.boot, self.seq, self.heard)
 
 
 class PeerLink:
@@ -163,6 +179,7 @@ class PeerLink:
         assert not server.alive
         server.role = role or server.role
         server.machine = self._fresh(server.name, server.role, server.persisted)
+        server.boot, server.seq, server.heard = server.boot + 1, 0, None
         server.alive = True
         self._check()
 
@@ -183,9 +200,14 @@ class PeerLink:
             if message == HANDOVER_MESSAGE:
                 self._apply(server, step(server.machine, Event.HANDOVER, self.now))
             else:
-                assert isinstance(message, PeerInfo)
-                event = PEER_EVENT[message.state]
-                self._apply(server, step(server.machine, event, self.now, message))
+                assert isinstance(message, StateMessage)
+                server.heard = (message.boot, message.seq)
+                # The echo, as the controller takes it: only of this run of ours.
+                heard = message.heard
+                echo = heard[1] if heard is not None and heard[0] == server.boot else 0
+                info = replace(message.info, echo=echo)
+                event = PEER_EVENT[info.state]
+                self._apply(server, step(server.machine, event, self.now, info))
 
     def _apply(self, server: Server, outcome: Outcome) -> Outcome:
         before, after = server.machine, outcome.machine
@@ -297,6 +319,10 @@ def test_primary_restarted_before_failover_leads_again_without_dual_active() -> 
     link = settled(pair())
     link.crash("alpha")
     link.start("alpha")
+    link.tick()
+    # beta's PASSIVE crossed alpha's first message: it had not heard this run of alpha's,
+    # and might have been voted in before alpha's message reached it. alpha waits.
+    assert link.states() == {"alpha": State.PRIMARY, "beta": State.PASSIVE}
     link.tick()
     assert link.states() == {"alpha": State.ACTIVE, "beta": State.PASSIVE}
     assert link["alpha"].machine.epoch == 3  # its own next (odd), not the backup's 2
