@@ -487,6 +487,19 @@ async def test_the_passives_own_disk_holds_every_confirmed_message(make_pair: An
     assert not set(remaining) - ledger.sent  # nothing invented
 
 
+async def kills_under_a_publisher(pair: Pair, queue: str, ledger: Ledger) -> None:
+    """``kill_in_catch_up_then_at_in_sync`` with a publisher confirming into ``ledger`` on
+    ``queue`` (50 in flight) through both failovers, stopped once they are done."""
+    stop = asyncio.Event()
+    urls = [pair.primary.url, pair.backup.url]
+    publisher = asyncio.create_task(keep_publishing(urls, queue, ledger, "live", stop, window=50))
+    try:
+        await kill_in_catch_up_then_at_in_sync(pair, ledger)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
+
+
 async def kill_in_catch_up_then_at_in_sync(pair: Pair, ledger: Ledger) -> None:
     """The worst moments, under a publisher confirming through failovers into ``ledger``:
     the backup (PASSIVE) killed -9 while it catches up (it must not count as in sync, nor
@@ -704,17 +717,7 @@ async def test_a_quorum_backlog_with_delivery_counts_survives_kills_in_catch_up_
     ledger = Ledger()
     await fill_confirmed(pair.primary.url, "qbacklog", ledger, 10_000, 2000)
     assert await requeue_some(pair.primary.url, "qbacklog", 300) == 300
-    stop = asyncio.Event()
-    publisher = asyncio.create_task(
-        keep_publishing(
-            [pair.primary.url, pair.backup.url], "qbacklog", ledger, "live", stop, window=50
-        )
-    )
-    try:
-        await kill_in_catch_up_then_at_in_sync(pair, ledger)
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
+    await kills_under_a_publisher(pair, "qbacklog", ledger)
     assert pair.quarantine_files() == []
     taken = await take_all(pair.backup.url, "qbacklog")
     remaining = [got.body for got in taken]
@@ -750,17 +753,7 @@ async def test_a_big_priority_backlog_purged_then_refilled_survives_kills_in_cat
     await connection.close()
     ledger = Ledger()
     await fill_confirmed(pair.primary.url, "pbacklog", ledger, 5000, 2000)
-    stop = asyncio.Event()
-    publisher = asyncio.create_task(
-        keep_publishing(
-            [pair.primary.url, pair.backup.url], "pbacklog", ledger, "live", stop, window=50
-        )
-    )
-    try:
-        await kill_in_catch_up_then_at_in_sync(pair, ledger)
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(publisher, return_exceptions=True), 60)
+    await kills_under_a_publisher(pair, "pbacklog", ledger)
     assert pair.quarantine_files() == []
     remaining = [got.body for got in await take_all(pair.backup.url, "pbacklog")]
     lost, invented = ledger.check(remaining)
