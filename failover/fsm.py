@@ -32,7 +32,11 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   confirmed meanwhile). A backup that has heard us has renewed our expiry and takes no
   vote while it hears us. Until then we stay PRIMARY, or follow the backup if it is
   voted in. PEER_BACKUP needs no echo: a BACKUP takes no client vote, and leads only
-  on hearing us, by the same start rules on the same two epochs.
+  on hearing us, by the same start rules on the same two epochs. The mirror holds for a
+  restarted backup that led last: it leads on a PRIMARY message only once that message
+  echoes one of its own run. After a double failure the primary, restarted first, may be
+  voted in on our silence before our first message reaches it. (A primary not in sync or
+  in maintenance takes no vote: the backup leads on its first message.)
 - Epoch adoption (Raft's term rule). On every correctly configured peer message the machine
   takes `epoch = max(own, peer's)`, after the table has run, and persists it when it grows. So
   a server that restarts never serves in an epoch below one it has seen, as §3 requires, even
@@ -596,7 +600,9 @@ def _backup_returns(machine: Machine, event: Event, now: float) -> Outcome:
 def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Outcome:
     """The primary goes ACTIVE when it sees a BACKUP; if the primary is not in sync (a
     PASSIVE that has not caught up, or restarted with an incomplete store), it will not,
-    and this backup (whose store held the service) leads, if its own store is whole."""
+    and this backup (whose store held the service) leads, if its own store is whole. Both
+    starting and the backup led last, it leads only on a message that shows the primary
+    has heard this run of it (``PeerInfo.echo``)."""
     peer = machine.peer
     assert peer is not None
     if machine.maintenance or not machine.in_sync:
@@ -606,6 +612,13 @@ def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Out
             machine, event, f"the primary is {peer.state} and in maintenance: the backup leads"
         )
     if peer.state is State.PRIMARY and peer_led_last(peer.role, peer.epoch, machine.epoch):
+        if peer.echo < 1 and peer.in_sync:
+            # Sent before the primary heard this run of ours: a primary that restarted
+            # while we were down may be voted in on our silence before our first message
+            # reaches it (one not in sync takes no vote). Its next message, a heartbeat
+            # later, says whether it has heard us (the mirror of the restarted primary's
+            # rule).
+            return Outcome(machine)
         return become_active(
             machine, event, "both starting, and the backup led last: the backup leads"
         )

@@ -29,10 +29,9 @@ no link resets: nothing then excuses two servers serving at once, and the oracle
 the first tick of it. A restarted primary meets its backup there just as the backup's
 clock of its silence runs out; ``old_start=True`` lets it lead on any PASSIVE message,
 whether or not the backup has heard this run of it (the rule before the echo,
-docs/failover.md, "A restarted primary waits to be heard"): the oracle finds it.
-Its mirror is still found in 2 of 400 schedules (seeds 348, 350): a restarted BACKUP that
-led last leads on a PRIMARY message sent before the primary heard it, the primary voted
-in meanwhile on the evidence of the backup's death.
+docs/failover.md, "A restarted primary waits to be heard"), and a restarted backup that
+led last likewise on any PRIMARY message: the oracle finds both (the backup's in seeds
+348 and 350, the primary voted in meanwhile on the evidence of the backup's death).
 
 Time is a tick counter; every choice comes from ``random.Random(seed)``. Must not know:
 asyncio, sockets, clocks, threads, files.
@@ -278,8 +277,8 @@ class Server:
             info = replace(state, echo=0)
         else:
             info = replace(state, echo=echo)
-        if self.world.old_start and self.machine.state is fsm.State.PRIMARY:
-            info = replace(info, echo=max(info.echo, 1))  # as if every PASSIVE had heard us
+        if self.world.old_start and self.machine.state in (fsm.State.PRIMARY, fsm.State.BACKUP):
+            info = replace(info, echo=max(info.echo, 1))  # as if every peer had heard us
         self.apply(fsm.step(self.machine, fsm.PEER_EVENT[info.state], now, info), now)
         if self.world.old and self.old_fence and echo >= self.old_fence_seq:
             self.old_fence = False

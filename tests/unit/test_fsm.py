@@ -543,10 +543,11 @@ def test_both_starting_the_server_that_led_last_leads() -> None:
     assert not waits.machine.in_sync and waits.machine.epoch == 2  # says so, adopts
     # So does a primary that followed it (its epoch taken from the backup's).
     assert not hear(replace(primary, epoch=2), backup_led).machine.in_sync
-    # The backup leads on hearing the primary, whatever the order of the two messages.
+    # The backup leads on hearing the primary, whatever the order of the two messages,
+    # once the primary's message echoes one of the backup's run.
     backup = ours(Role.BACKUP, State.BACKUP, epoch=2)
     flagged = replace(peer(Role.PRIMARY, State.PRIMARY, 2), in_sync=False)
-    for told in (peer(Role.PRIMARY, State.PRIMARY, 1), flagged):
+    for told in (replace(peer(Role.PRIMARY, State.PRIMARY, 1), echo=1), flagged):
         leads = hear(backup, told)
         assert leads.machine.state is State.ACTIVE and leads.machine.epoch == 4
         assert leads.transition is not None and "led last" in leads.transition.reason
@@ -560,6 +561,36 @@ def test_both_starting_the_server_that_led_last_leads() -> None:
     assert hear(primary, incomplete).machine.state is State.ACTIVE
     resting = replace(backup_led, maintenance=True)
     assert hear(primary, resting).machine.state is State.ACTIVE
+
+
+def test_a_restarted_backup_that_led_last_waits_for_the_primary_to_hear_it() -> None:
+    """The mirror of the restarted primary's rule, after a double failure: the primary's
+    PRIMARY message was sent before it heard this run of ours, and the primary, restarted
+    first, may be voted in on our silence before our first message reaches it. We stay
+    BACKUP, not serving; on its next message we lead if it echoes ours, or follow it if it
+    was voted in meanwhile."""
+    backup = Machine.start("beta", Role.BACKUP, 2, TIMEOUT, now=NOW)
+    unheard = peer(Role.PRIMARY, State.PRIMARY, epoch=1)
+    waiting = hear(backup, unheard, NOW + 0.1)
+    assert waiting.machine.state is State.BACKUP and waiting.machine.epoch == 2
+    assert waiting.transition is None and waiting.actions == ()
+    assert step(waiting.machine, Event.CLIENT_REQUEST, NOW + 0.2).decision == Redirect(None)
+
+    led = hear(waiting.machine, replace(unheard, echo=1), NOW + 1.1)
+    assert led.machine.state is State.ACTIVE and led.machine.epoch == 4
+    assert led.transition == Transition(
+        State.BACKUP,
+        State.ACTIVE,
+        Event.PEER_PRIMARY,
+        "both starting, and the backup led last: the backup leads",
+    )
+
+    voted_in = peer(Role.PRIMARY, State.ACTIVE, epoch=3)
+    follows = hear(waiting.machine, voted_in, NOW + 0.3)
+    assert follows.machine.state is State.PASSIVE and follows.machine.epoch == 3
+    # A primary that cannot be voted in (not in sync) needs no echo: the backup leads.
+    incomplete = replace(unheard, in_sync=False)
+    assert hear(backup, incomplete, NOW + 0.1).machine.state is State.ACTIVE
 
 
 def test_promote_refuses_a_passive_server_not_in_sync_and_force_overrides() -> None:

@@ -57,10 +57,14 @@ def test_one_seed_is_one_schedule() -> None:
 PRIMARY_LED_UNHEARD = 55
 
 
-# Still open, the mirror of that race in a double failure (python -m tests.sim --restarts,
+# The mirror of that race in a double failure (python -m tests.sim --restarts found it in
 # 2 of 400: seeds 348 and 350): the backup is killed while the primary restarts, the
 # primary is voted in on the evidence of its death, and the restarted backup, which led
-# last, leads on the primary's PRIMARY message sent before it heard the backup.
+# last, leads on the primary's PRIMARY message sent before it heard the backup. With the
+# echo the backup follows the primary instead.
+BACKUP_LED_UNHEARD = 348
+
+
 def test_kills_and_fast_restarts_never_give_two_servers_serving_over_200_schedules() -> None:
     failing = [
         (seed, result.failures[:1])
@@ -92,3 +96,12 @@ def test_the_recorded_race_fails_before_the_echo_and_passes_with_it() -> None:
     assert "17 primary PRIMARY -> PASSIVE epoch 2: the backup took over while we were down" in (
         new.log
     )
+
+
+def test_the_recorded_mirror_race_fails_before_the_echo_and_passes_with_it() -> None:
+    old = simulate_freezes(BACKUP_LED_UNHEARD, restarts=True, old_start=True, log=True)
+    assert any("two servers serving at once without a freeze" in f for f in old.failures)
+    assert any("the backup led last: the backup leads" in line for line in old.log)
+    new = simulate_freezes(BACKUP_LED_UNHEARD, restarts=True, log=True)
+    assert new.ok
+    assert not any("the backup led last: the backup leads" in line for line in new.log)
