@@ -21,7 +21,8 @@ publisher confirms with a window of 100, loopback:
   confirms (100 in flight) to a queue of its own: its rate with the PASSIVE in sync
   before the restart, its rate during the catch-up and the share (goal >= 0.7).
   ``--catch-up N`` sets the backlog (1,000,000 by default; 10,000,000 for the
-  time to redundancy at that size);
+  time to redundancy at that size; 0 leaves the catch-up and the takeover out, for
+  runs of the ratios alone);
 - ``takeover_at_in_sync``: the PASSIVE restarted again on that backlog, the ACTIVE
   killed -9 the moment it declares it in sync: seconds to the first publish the
   PASSIVE confirms (goal <= 1 s), and what it had left to apply.
@@ -255,6 +256,48 @@ def compare(alone: list[dict[str, Any]], replicated: list[dict[str, Any]]) -> di
     }
 
 
+def catch_up_and_takeover(pair: Pair, active: ServerProcess, count: int, result: dict) -> None:
+    """The catch-up of ``count`` messages under a publisher, then the takeover the moment
+    the PASSIVE is in sync; into ``result``."""
+    assert active.process is not None
+    say(f"replication bench: catch-up of {count} messages")
+    asyncio.run(fill(active.port, count, "backlog"))
+    asyncio.run(until_in_sync(active, 600))
+    # A publisher all along: its confirmed rate with the PASSIVE in sync, then
+    # while the restarted PASSIVE catches up.
+    rates, started, active_cpu = asyncio.run(catch_up_under_load(pair, active))
+    seconds = time.monotonic() - started
+    active_after = cpu_seconds(active.process.pid)
+    assert pair.backup.process is not None
+    passive_cpu = cpu_seconds(pair.backup.process.pid)
+    follower = asyncio.run(follower_state(pair.backup))
+    snapshot = follower.get("last_snapshot_seconds") or seconds
+    applied = asyncio.run(until_applied(pair.backup, 1200))
+    result["catch_up"] = {
+        "messages": count,
+        "seconds_from_start": round(seconds, 2),
+        "publish_msgs_per_s_before": rates[0],
+        "publish_msgs_per_s_during": rates[1],
+        "publish_share_during": round(rates[1] / rates[0], 3) if rates[0] else None,
+        "snapshot_seconds": snapshot,
+        "msgs_per_s": round(count / snapshot),
+        "runs": follower.get("runs"),
+        # CPU seconds from the kill to in sync: on a shared machine these move
+        # less than the seconds do. The PASSIVE's include its recovery.
+        "active_cpu_s": None
+        if active_cpu is None or active_after is None
+        else round(active_after - active_cpu, 2),
+        "passive_cpu_s": None if passive_cpu is None else round(passive_cpu, 2),
+        "apply_seconds": applied.get("last_apply_seconds"),
+        "passive_cpu_s_applied": round(cpu_seconds(pair.backup.process.pid) or 0, 2),
+        "load_average": os.getloadavg(),
+    }
+    say("replication bench: takeover the moment the PASSIVE is in sync")
+    result["takeover_at_in_sync"] = asyncio.run(takeover_at_in_sync(pair, active)) | {
+        "backlog": count
+    }
+
+
 def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
     sizes = dict(DEFAULT_SIZES, **(sizes or {}))
     result: dict[str, Any] = {"sizes": sizes, "message_bytes": len(BODY)}
@@ -305,43 +348,8 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
                 else:
                     result[key] = section
             solo.stop()
-            count = sizes["catch_up"]
-            say(f"replication bench: catch-up of {count} messages")
-            asyncio.run(fill(active.port, count, "backlog"))
-            asyncio.run(until_in_sync(active, 600))
-            # A publisher all along: its confirmed rate with the PASSIVE in sync, then
-            # while the restarted PASSIVE catches up.
-            rates, started, active_cpu = asyncio.run(catch_up_under_load(pair, active))
-            seconds = time.monotonic() - started
-            active_after = cpu_seconds(active.process.pid)
-            assert pair.backup.process is not None
-            passive_cpu = cpu_seconds(pair.backup.process.pid)
-            follower = asyncio.run(follower_state(pair.backup))
-            snapshot = follower.get("last_snapshot_seconds") or seconds
-            applied = asyncio.run(until_applied(pair.backup, 1200))
-            result["catch_up"] = {
-                "messages": count,
-                "seconds_from_start": round(seconds, 2),
-                "publish_msgs_per_s_before": rates[0],
-                "publish_msgs_per_s_during": rates[1],
-                "publish_share_during": round(rates[1] / rates[0], 3) if rates[0] else None,
-                "snapshot_seconds": snapshot,
-                "msgs_per_s": round(count / snapshot),
-                "runs": follower.get("runs"),
-                # CPU seconds from the kill to in sync: on a shared machine these move
-                # less than the seconds do. The PASSIVE's include its recovery.
-                "active_cpu_s": None
-                if active_cpu is None or active_after is None
-                else round(active_after - active_cpu, 2),
-                "passive_cpu_s": None if passive_cpu is None else round(passive_cpu, 2),
-                "apply_seconds": applied.get("last_apply_seconds"),
-                "passive_cpu_s_applied": round(cpu_seconds(pair.backup.process.pid) or 0, 2),
-                "load_average": os.getloadavg(),
-            }
-            say("replication bench: takeover the moment the PASSIVE is in sync")
-            result["takeover_at_in_sync"] = asyncio.run(takeover_at_in_sync(pair, active)) | {
-                "backlog": count
-            }
+            if sizes["catch_up"]:  # --catch-up 0: the ratios alone
+                catch_up_and_takeover(pair, active, sizes["catch_up"], result)
         finally:
             solo.stop()
             pair.stop()
