@@ -36,7 +36,8 @@ Decisions where the pair's outline (docs/failover.md) is silent:
   restarted backup that led last: it leads on a PRIMARY message only once that message
   echoes one of its own run. After a double failure the primary, restarted first, may be
   voted in on our silence before our first message reaches it. (A primary not in sync or
-  in maintenance takes no vote: the backup leads on its first message.)
+  in maintenance takes no vote, unless `takeover_unsynced` lets the former: the backup
+  leads on its first message.)
 - Epoch adoption (Raft's term rule). On every correctly configured peer message the machine
   takes `epoch = max(own, peer's)`, after the table has run, and persists it when it grows. So
   a server that restarts never serves in an epoch below one it has seen, as §3 requires, even
@@ -612,12 +613,12 @@ def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Out
             machine, event, f"the primary is {peer.state} and in maintenance: the backup leads"
         )
     if peer.state is State.PRIMARY and peer_led_last(peer.role, peer.epoch, machine.epoch):
-        if peer.echo < 1 and peer.in_sync:
+        if peer.echo < 1 and (peer.in_sync or machine.takeover_unsynced):
             # Sent before the primary heard this run of ours: a primary that restarted
             # while we were down may be voted in on our silence before our first message
-            # reaches it (one not in sync takes no vote). Its next message, a heartbeat
-            # later, says whether it has heard us (the mirror of the restarted primary's
-            # rule).
+            # reaches it (one not in sync takes no vote, unless the pair's configuration
+            # says `takeover_unsynced`). Its next message, a heartbeat later, says whether
+            # it has heard us (the mirror of the restarted primary's rule).
             return Outcome(machine)
         return become_active(
             machine, event, "both starting, and the backup led last: the backup leads"

@@ -588,9 +588,13 @@ def test_a_restarted_backup_that_led_last_waits_for_the_primary_to_hear_it() -> 
     voted_in = peer(Role.PRIMARY, State.ACTIVE, epoch=3)
     follows = hear(waiting.machine, voted_in, NOW + 0.3)
     assert follows.machine.state is State.PASSIVE and follows.machine.epoch == 3
-    # A primary that cannot be voted in (not in sync) needs no echo: the backup leads.
+    # A primary that cannot be voted in (not in sync) needs no echo: the backup leads...
     incomplete = replace(unheard, in_sync=False)
     assert hear(backup, incomplete, NOW + 0.1).machine.state is State.ACTIVE
+    # ... unless the pair lets a server not in sync be voted in.
+    lenient = replace(backup, takeover_unsynced=True)
+    assert hear(lenient, incomplete, NOW + 0.1).machine.state is State.BACKUP
+    assert hear(lenient, replace(incomplete, echo=1), NOW + 1.1).machine.state is State.ACTIVE
 
 
 def test_promote_refuses_a_passive_server_not_in_sync_and_force_overrides() -> None:
