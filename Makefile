@@ -51,7 +51,8 @@ $(TOOLS): pyproject.toml
 		$(BIN)/uv pip compile --quiet --extra dev --extra speed -o $(PINS) pyproject.toml && \
 		$(BIN)/uv pip install --quiet --python $(BIN)/python -c $(PINS) \
 			mypy mypy_extensions pamqp types-PyYAML; } || \
-		{ rm -f $(PINS); $(BIN)/python -m pip install --quiet -e '.[dev,speed]'; }
+		{ echo "uv could not install the venv (said above): pip installs it instead"; \
+		rm -f $(PINS); $(BIN)/python -m pip install --quiet -e '.[dev,speed]'; }
 	@touch $(TOOLS)
 
 $(STAMP): $(TOOLS)
