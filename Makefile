@@ -57,7 +57,8 @@ $(TOOLS): pyproject.toml
 
 $(STAMP): $(TOOLS)
 	@test ! -f $(PINS) || $(BIN)/uv pip install --quiet --python $(BIN)/python -c $(PINS) \
-		-e '.[dev,speed]'
+		-e '.[dev,speed]' || { echo "uv could not install the rest (said above): pip does"; \
+		$(BIN)/python -m pip install --quiet -e '.[dev,speed]'; }
 	@touch $(STAMP)
 
 ## The hot modules compiled to C by mypyc into build/compiled (amqha/compiled.py); a no-op
