@@ -282,6 +282,13 @@ def _peer_in_maintenance(machine: Machine) -> str:
     )
 
 
+def _heard_us(peer: PeerInfo | None) -> bool:
+    """Whether the peer's message echoes one of this run's own (``PeerInfo.echo``): sent
+    after the peer heard us, so its clock of our silence was renewed. A starting server
+    that leads on a message from a peer that could be voted in waits for it."""
+    return peer is not None and peer.echo > 0
+
+
 def _primary_starts(why: str, *, heard_us: bool = False) -> Handler:
     """``heard_us``: lead only on a message that shows the peer has heard this run of ours
     (``PeerInfo.echo``): a PASSIVE that has not may be about to win a client's vote."""
@@ -293,7 +300,7 @@ def _primary_starts(why: str, *, heard_us: bool = False) -> Handler:
             # Our store may hold part of a snapshot: the backup, whose store is whole,
             # leads (it sees us not in sync), and we follow it.
             return Outcome(machine)
-        if heard_us and (machine.peer is None or machine.peer.echo < 1):
+        if heard_us and not _heard_us(machine.peer):
             # Sent before the peer heard us: its clock of our silence still runs from our
             # last run, and a client's vote may make it ACTIVE before our first message
             # reaches it. Its next message, a heartbeat later, says whether it has heard us.
@@ -613,7 +620,7 @@ def _backup_waits_for_primary(machine: Machine, event: Event, now: float) -> Out
             machine, event, f"the primary is {peer.state} and in maintenance: the backup leads"
         )
     if peer.state is State.PRIMARY and peer_led_last(peer.role, peer.epoch, machine.epoch):
-        if peer.echo < 1 and (peer.in_sync or machine.takeover_unsynced):
+        if not _heard_us(peer) and (peer.in_sync or machine.takeover_unsynced):
             # Sent before the primary heard this run of ours: a primary that restarted
             # while we were down may be voted in on our silence before our first message
             # reaches it (one not in sync takes no vote, unless the pair's configuration
