@@ -35,7 +35,7 @@ from amqha.core.changes import (
 )
 from amqha.store import Store, StoreFailure
 from amqha.store_file import MIN_BYTES, SCHEMA_VERSION, StoreError
-from amqha.store_write import SETTLE_IDS
+from amqha.store_write import RANGE_IDS, SETTLE_IDS, settle_ranges
 from tests.support import ROOT
 from tests.unit import store_support
 from tests.unit.store_support import WAIT, Writer, message, queue, recovered, rows
@@ -557,11 +557,38 @@ def test_a_reset_replaces_everything_the_store_held(tmp_path: Path) -> None:
 
 
 def test_a_settle_of_more_ids_than_one_statement_lists_deletes_every_one(path: Path) -> None:
-    """A purge of a big queue is one Settled: its ids go to SQLite SETTLE_IDS a
-    statement (the writer lists them with the GIL held), every one deleted."""
+    """A purge of a big queue is one Settled: ids not in a row go to SQLite SETTLE_IDS a
+    statement (the writer lists them with the GIL held), every one deleted; those in a
+    row go as ranges."""
     count = 2 * SETTLE_IDS + 5
     writer = Writer(path)
-    writer.write(queue("q"), *(message("q", n) for n in range(1, count + 2)))
-    writer.write(Settled("/", "q", tuple(range(1, count + 1)), "purged"))
+    writer.write(queue("q"), *(message("q", n) for n in range(1, 2 * count + 2)))
+    writer.write(Settled("/", "q", tuple(range(1, 2 * count + 1, 2)), "purged"))
+    writer.write(Settled("/", "q", tuple(range(2, 2 * count + 2, 2)[:-1]), "purged"))
     writer.close()
-    assert rows(path, "SELECT msg_id FROM messages") == [(count + 1,)]
+    assert rows(path, "SELECT msg_id FROM messages") == [(2 * count,), (2 * count + 1,)]
+
+
+def test_ids_in_a_row_are_settled_as_ranges_that_take_no_other_message(path: Path) -> None:
+    """Runs of RANGE_IDS ids or more, out of order, beside single ids, in two queues: what
+    was settled goes, and the messages between the ranges and in the other queue stay."""
+    writer = Writer(path)
+    writer.write(queue("q"), queue("r"), *(message(q, n) for q in "qr" for n in range(1, 61)))
+    settled = [*range(31, 41), 3, *range(5, 5 + RANGE_IDS), 20, 21, 22, 45, *range(50, 61)]
+    writer.write(Settled("/", "q", tuple(reversed(settled)), "ack"))
+    writer.close()
+    left = set(range(1, 61)) - set(settled)
+    assert rows(path, "SELECT msg_id FROM messages WHERE queue = 1 ORDER BY msg_id") == [
+        (n,) for n in sorted(left)
+    ]
+    assert len(rows(path, "SELECT msg_id FROM messages WHERE queue = 2")) == 60
+
+
+def test_settle_ranges_keeps_runs_of_ids_and_lists_the_rest() -> None:
+    ids = (9, *range(20, 20 + RANGE_IDS), 1, 2, 3, 100, *range(40, 40 + RANGE_IDS + 3), 7)
+    assert settle_ranges(ids) == (
+        [(20, 19 + RANGE_IDS), (40, 42 + RANGE_IDS)],
+        [1, 2, 3, 7, 9, 100],
+    )
+    assert settle_ranges(set(range(5, 5 + RANGE_IDS - 1))) == ([], list(range(5, 4 + RANGE_IDS)))
+    assert settle_ranges(()) == ([], [])

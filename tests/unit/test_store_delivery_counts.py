@@ -61,6 +61,17 @@ def test_counts_recorded_before_a_restart_are_deleted_by_settles_after_it(path: 
     assert rows(path, "SELECT * FROM deliveries") == []
 
 
+def test_a_settle_of_ids_in_a_row_deletes_their_counts_and_no_other(path: Path) -> None:
+    """Ids in a row are settled as a range (store_write.settle_ranges): the counts of the
+    messages inside it go with them, and the count of one just past it stays."""
+    writer = Writer(path)
+    writer.write(queue("q", **QUORUM), *(message("q", i) for i in range(1, 31)))
+    writer.write(*(Redelivered("/", "q", i, 2) for i in (1, 10, 20, 21)))
+    writer.write(Settled("/", "q", tuple(range(1, 21)), "ack"))
+    writer.close()
+    assert rows(path, "SELECT msg_id, count FROM deliveries") == [(21, 2)]
+
+
 def test_deleting_a_queue_or_a_reset_deletes_its_counts(path: Path) -> None:
     writer = Writer(path)
     writer.write(queue("a", **QUORUM), queue("b", **QUORUM), message("a", 1), message("b", 2))
