@@ -33,10 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pamqp import commands
-from pamqp.header import ContentHeader
-
-from . import clock
+from . import clock, wire
 from .core import codec, feedauth, protocol
 from .core.apply import state_changes
 from .core.changes import (
@@ -475,7 +472,7 @@ class Feed:
         if self.backlog_bytes > MAX_BACKLOG_BYTES // 2:
             headers[BEHIND] = True
         headers[feedauth.MAC_HEADER] = feedauth.run_mac(subscriber.key, tag, end, marker, body)
-        header = ContentHeader(0, len(body), commands.Basic.Properties(headers=headers)).marshal()
+        header = wire.headers_header(len(body), headers)
         self.leader.sent(tag, SentRun(last, end, first_msg_id, time.monotonic(), len(body)))
         self.sent_lsn = max(self.sent_lsn, last)
         outlet.deliver(tag, header, body)

@@ -643,6 +643,26 @@ def return_frames(
     return _method_with_content(channel, payload, header_payload, body, frame_max)
 
 
+def headers_header(body_size: int, headers: dict[str, Any]) -> bytes:
+    """A content header payload whose only property is ``headers`` (what pamqp's
+    ``ContentHeader(0, body_size, Basic.Properties(headers=...)).marshal()`` gives)."""
+    return (
+        _content_head.pack(commands.Basic.frame_id, 0, body_size)
+        + _short.pack(_HEADERS_FLAG)
+        + field_table(headers)
+    )
+
+
+def deliver_tag(payload: bytes) -> int:
+    """A Basic.Deliver payload's delivery tag (after its index and consumer tag); a
+    FRAME_ERROR if the payload is too short to hold one."""
+    at = 5 + payload[4] if len(payload) > 4 else len(payload)
+    if len(payload) < at + 9:
+        raise exceptions.AMQPFrameError("FRAME_ERROR - Basic.Deliver too short")
+    tag: int = _deliver_tail.unpack_from(payload, at)[0]
+    return tag
+
+
 def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     payload = _ACK_PREFIX + _deliver_tail.pack(delivery_tag, multiple)
     return _frame_head.pack(FRAME_METHOD, channel, 13) + payload + b"\xce"

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 from pamqp import commands, exceptions, frame
 from pamqp.base import Frame
-from pamqp.header import ContentHeader, ProtocolHeader
+from pamqp.header import ProtocolHeader
 from pamqp.heartbeat import Heartbeat
 
 from amqha import wire
@@ -39,6 +39,7 @@ CHANNEL = 1
 # The largest frame this side accepts (the server may tune lower).
 FRAME_MAX = 131072
 _METHOD_INDEX = struct.Struct(">I")
+_DELIVER_INDEX = commands.Basic.Deliver.index
 
 
 class LinkClosed(ConnectionError):
@@ -114,14 +115,15 @@ class Link(asyncio.Protocol):
 
     def _on_method(self, channel: int, payload: bytes) -> None:
         (index,) = _METHOD_INDEX.unpack_from(payload)
+        if index == _DELIVER_INDEX:  # the data path: only its tag is needed
+            self._delivery = [wire.deliver_tag(payload), None, 0, []]
+            return
         kind = commands.INDEX_MAPPING.get(index)
         if kind is None:
             raise LinkClosed(f"unexpected method {index >> 16}.{index & 0xFFFF}")
         method = kind()
         method.unmarshal(payload[4:])
-        if kind is commands.Basic.Deliver:
-            self._delivery = [method.delivery_tag, None, 0, []]  # type: ignore[attr-defined]
-        elif kind is commands.Connection.Start:
+        if kind is commands.Connection.Start:
             self._on_start(method)  # type: ignore[arg-type]
         elif kind is commands.Connection.Tune:
             self._on_tune(method)  # type: ignore[arg-type]
@@ -157,15 +159,14 @@ class Link(asyncio.Protocol):
         delivery = self._delivery
         if delivery is None or delivery[1] is not None:
             raise LinkClosed("a content header with no delivery")
-        header = ContentHeader()
-        header.unmarshal(payload)
-        if header.body_size > self.owner.max_body:
+        body_size = wire.content_body_size(payload)
+        if body_size > self.owner.max_body:
             raise LinkClosed(
-                f"a delivery of {header.body_size} bytes, over the {self.owner.max_body} allowed"
+                f"a delivery of {body_size} bytes, over the {self.owner.max_body} allowed"
             )
-        delivery[1] = header.properties
-        delivery[2] = header.body_size
-        if not header.body_size:
+        delivery[1] = wire.decode_properties(payload)
+        delivery[2] = body_size
+        if not body_size:
             self._deliver(delivery, b"")
 
     def _on_body(self, payload: bytes) -> None:
@@ -227,7 +228,7 @@ class Link(asyncio.Protocol):
         """Ack ``tag`` on this connection; False (nothing written) once it has closed."""
         if self.is_closed or not self.consuming:
             return False
-        self._send(commands.Basic.Ack(tag, multiple), CHANNEL)
+        self._write(wire.ack_frame(CHANNEL, tag, multiple))
         return True
 
     def _send(self, method: Frame, channel: int) -> None:

@@ -416,6 +416,38 @@ def test_ack_and_nack_frames_equal_pamqp(
     )
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**63 - 1),
+    st.dictionaries(st.text(max_size=20), st.one_of(st.booleans(), st.text(max_size=64))),
+)
+def test_a_header_of_headers_alone_equals_pamqp(body_size: int, headers: dict) -> None:
+    """The replication feed's content header (a run's MAC and marks as headers): what
+    pamqp reads from it, and what the link reads (keys in pamqp's order or not)."""
+    ours = wire.headers_header(body_size, headers)
+    read = ContentHeader()
+    read.unmarshal(ours)
+    assert (read.body_size, read.properties) == (
+        body_size,
+        commands.Basic.Properties(headers=headers),
+    )
+    assert wire.content_body_size(ours) == body_size
+    assert wire.decode_properties(ours).headers == headers
+
+
+@settings(max_examples=200, deadline=None)
+@given(TAGS, st.text(max_size=255).filter(lambda t: len(t.encode()) < 256), st.booleans())
+def test_the_delivery_tag_of_a_deliver_is_read_as_pamqp_writes_it(
+    delivery_tag: int, consumer_tag: str, redelivered: bool
+) -> None:
+    deliver = commands.Basic.Deliver(consumer_tag, delivery_tag, redelivered, "x", "key")
+    payload = frame.marshal(deliver, 1)[7:-1]
+    assert wire.deliver_tag(payload) == delivery_tag
+    for cut in (0, 4, 5, len(payload) - len("x") - len("key") - 3):
+        with pytest.raises(exceptions.AMQPFrameError):
+            wire.deliver_tag(payload[:cut])
+
+
 def test_nack_defaults_to_no_requeue() -> None:
     assert wire.nack_frame(3, 9, False) == frame.marshal(commands.Basic.Nack(9, False, False), 3)
 
