@@ -40,9 +40,11 @@ from .core.changes import (
     RunWritten,
     SnapshotEnd,
     SnapshotPart,
+    Unsynced,
 )
 from .core.reserved import FEED_QUEUE
 from .core.sync import Eligibility
+from .store_write import needs_sync
 
 if TYPE_CHECKING:
     from .host import ReplicationHost
@@ -67,6 +69,22 @@ def acks_may_go(unapplied_changes: int, unapplied_bytes: int, behind: bool) -> b
     within the bound, or whatever it is while the ACTIVE says its backlog for this
     follower nears the limit at which it would drop it (``BEHIND``)."""
     return behind or (unapplied_changes <= UNAPPLIED_CHANGES and unapplied_bytes <= UNAPPLIED_BYTES)
+
+
+def keep_entries(
+    seq: int, body: bytes, changes: list[Change], snapshot: bool, end: bool
+) -> list[Any]:
+    """What the store writes to keep a run as received: the run, and what says whether
+    its write needs an fsync. A snapshot's run before its last needs none (its last one's
+    covers it); a live run needs one if its changes would (``store_write.needs_sync``: a
+    persistent message, wiring), not if it holds only what a confirm never waits for
+    (a consumer's settles and delivery marks, transient messages), as the ACTIVE writes
+    those (docs/durability.md, section 5)."""
+    if snapshot:
+        return [PendingRun(seq, body), SnapshotEnd() if end else SnapshotPart()]
+    if needs_sync(changes):
+        return [PendingRun(seq, body)]
+    return [PendingRun(seq, body), Unsynced()]
 
 
 class _Session:
@@ -392,12 +410,7 @@ class Follower:
         apply only beyond the bound (``_release``)."""
         broker = self.broker
         seq = next(_RUN_SEQS)
-        if snapshot:
-            lsn = broker.replicated(
-                [PendingRun(seq, body), SnapshotEnd() if end else SnapshotPart()]
-            )
-        else:
-            lsn = broker.replicated([PendingRun(seq, body)])
+        lsn = broker.replicated(keep_entries(seq, body, changes, snapshot, end))
         self._unapplied.append((seq, changes, broker.now(), len(body)))
         self._unapplied_changes += len(changes)
         self._unapplied_bytes += len(body)

@@ -44,6 +44,7 @@ from amqha.core.changes import (
     SnapshotEnd,
     SnapshotPart,
     Unbound,
+    Unsynced,
     UserDeleted,
     UserSet,
     VhostDeleted,
@@ -175,9 +176,9 @@ def _binding_arguments(table: dict[str, Any]) -> bytes:
     return field_table(dict(sorted(table.items()))) if table else b""
 
 
-_NOT_KEPT = (Enqueued, PendingRun, RunWritten, SnapshotPart, SnapshotEnd)
+_NOT_KEPT = (Enqueued, PendingRun, RunWritten, SnapshotPart, SnapshotEnd, Unsynced)
 # The last entry of a write that needs no fsync of its own (see ``needs_sync``).
-_NO_SYNC = (RunWritten, SnapshotPart)
+_NO_SYNC = (RunWritten, SnapshotPart, Unsynced)
 
 
 def without_enqueued(changes: Iterable[Change]) -> Iterator[Change]:
@@ -199,7 +200,8 @@ def needs_sync(changes: Iterable[Any]) -> bool:
     docs/durability.md), so their commit skips the fsync (``synchronous=NORMAL``). So
     does a pending run's changes: the run itself is on disk (``RunWritten`` ends them);
     and a snapshot's run before its last (``SnapshotPart`` ends it): the last one's fsync
-    covers it, and nothing waits for it before that. A ``SnapshotEnd`` always needs one."""
+    covers it, and nothing waits for it before that; and a live run the follower found
+    needs none (``Unsynced`` ends it). A ``SnapshotEnd`` always needs one."""
     if isinstance(changes, (list, tuple)) and changes and type(changes[-1]) in _NO_SYNC:
         return False
     for change in changes:
@@ -435,7 +437,7 @@ class Write:
             db.execute(_ADD_RUN, change)
         elif kind is RunWritten:
             db.execute(_REMOVE_RUN, change)
-        elif kind is SnapshotPart or kind is SnapshotEnd:
+        elif kind is SnapshotPart or kind is SnapshotEnd or kind is Unsynced:
             pass  # they only say whether the write needs an fsync (``needs_sync``)
         elif kind is Reset:
             # A snapshot follows in this stream: what the store held is replaced. Written

@@ -258,6 +258,14 @@ class SnapshotPart(NamedTuple):
     mark and takes a new snapshot (docs/durability.md, section 5)."""
 
 
+class Unsynced(NamedTuple):
+    """Ends a PASSIVE's live run that holds nothing a confirm waits for (settles, delivery
+    marks, transient messages): its write commits without an fsync, as the ACTIVE writes
+    such changes, and the next write with one makes it durable too (the WAL is one file,
+    written in order). Lost in a power cut, the same run redelivers, never loses
+    (docs/durability.md, section 5)."""
+
+
 class SnapshotEnd(NamedTuple):
     """Ends a snapshot's last run: its write commits with an fsync whatever it holds (an
     empty run, transient messages or delivery marks alone), so the snapshot is on disk
@@ -265,7 +273,7 @@ class SnapshotEnd(NamedTuple):
 
 
 # What the change log carries: changes of state, and the store's own records.
-Entry = Change | PendingRun | RunWritten | SnapshotPart | SnapshotEnd
+Entry = Change | PendingRun | RunWritten | SnapshotPart | SnapshotEnd | Unsynced
 
 # The kinds a persistent store must have on disk before a confirm (Delivered, Redelivered
 # and Settled are made safe by the next write: losing them redelivers, never loses).

@@ -1,6 +1,6 @@
 """Store, a PASSIVE's side: the pending runs it keeps until their changes are written
 (written at open if they were not, refused at open if corrupt), which of a snapshot's writes
-are fsynced, a Reset written with a run's changes, and the runs table a version 1 store gains
+and of the live runs kept are fsynced, a Reset written with a run's changes, and the runs table a version 1 store gains
 at open. Real SQLite files in tmp_path, as in test_store.py.
 """
 
@@ -20,7 +20,9 @@ from amqha.core.changes import (
     Settled,
     SnapshotEnd,
     SnapshotPart,
+    Unsynced,
 )
+from amqha.follower import keep_entries
 from amqha.store import Store
 from amqha.store_file import SCHEMA_VERSION, StoreError
 from amqha.store_write import needs_sync, without_enqueued
@@ -152,6 +154,52 @@ def test_what_a_failed_write_keeps_leaves_its_snapshot_part_out() -> None:
     kept = list(without_enqueued([queue("q"), message("q", 1), SnapshotPart(), SnapshotEnd()]))
     assert kept == [queue("q")]
     assert needs_sync(kept)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fsync"),
+    [
+        ([message("q", 1)], True),
+        ([Settled("/", "q", (1, 2), "ack"), message("q", 3)], True),
+        ([queue("r")], True),
+        ([Settled("/", "q", (1, 2), "ack"), Delivered("/", "q", 4)], False),
+        ([message("q", 5, persistent=False), Delivered("/", "q", 5)], False),
+        ([], False),
+    ],
+    ids=["a message", "settles and a message", "wiring", "settles", "transient", "empty"],
+)
+def test_a_live_run_is_kept_with_an_fsync_only_if_a_confirm_may_wait_for_it(
+    path: Path, changes: list[Change], fsync: bool
+) -> None:
+    """A consumer's settles and delivery marks, or transient messages, are kept without
+    an fsync, as the ACTIVE writes them: the next write with one covers them."""
+    entries = keep_entries(7, codec.encode(3, changes), changes, snapshot=False, end=False)
+    assert entries[0] == PendingRun(7, codec.encode(3, changes))
+    assert (entries[1:] == []) is fsync
+    writer = Writer(path)
+    writer.write(queue("q"), message("q", 1), message("q", 2))
+    assert writer.write(*entries) is None
+    assert writer.store._synchronous == ("FULL" if fsync else "NORMAL")
+    writer.close()
+    assert rows(path, "SELECT seq FROM runs") == [(7,)]  # written with its changes at open
+
+
+def test_a_snapshots_runs_are_kept_as_before_whatever_they_hold() -> None:
+    run = [Settled("/", "q", (1,), "ack")]
+    assert keep_entries(1, b"x", run, snapshot=True, end=False)[1:] == [SnapshotPart()]
+    assert keep_entries(2, b"x", run, snapshot=True, end=True)[1:] == [SnapshotEnd()]
+
+
+def test_an_unsynced_run_in_a_write_with_a_message_does_not_skip_its_fsync(path: Path) -> None:
+    writer = Writer(path)
+    writer.store.submit(1, [queue("q")])
+    writer.store.submit(2, [PendingRun(1, codec.encode(9, [Delivered("/", "q", 1)])), Unsynced()])
+    writer.store.submit(4, [message("q", 1)])
+    writer.lsn = 4
+    assert writer.wait(4) is None
+    assert writer.store._synchronous == "FULL"
+    writer.close()
+    assert list(without_enqueued([Unsynced(), Delivered("/", "q", 1)])) == [Delivered("/", "q", 1)]
 
 
 def test_a_reset_written_with_a_runs_changes_drops_the_runs_before_it_and_keeps_the_rest(
