@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from typing import Any, cast
 
 from ..wire import decode_field_table, field_table
 from .changes import (
@@ -237,27 +237,30 @@ def encode(first_lsn: int, changes: list[Change]) -> bytes:
                 continue
             _encode(change, out)
             continue
-        # The hot kind, the same bytes as _encode writes, with fewer calls.
-        c: Any = change
-        if c.queue is not queue or c.vhost is not vhost:
-            vhost, queue = key = c.vhost, c.queue
+        # The hot kind, the same bytes as _encode writes, with fewer calls. Unpacked as
+        # the tuple it is: the compiled code reads its items in place, where attribute
+        # reads look each field up by name.
+        c_vhost, c_queue, msg_id, this_address, this_header, body, deadline, persistent = cast(
+            Enqueued, change
+        )
+        if c_queue is not queue or c_vhost is not vhost:
+            vhost, queue = key = c_vhost, c_queue
             known = prefixes.get(key)
             if known is None:
-                known = prefixes[key] = _ENQUEUED_KIND + _name(c.vhost) + _name(c.queue)
+                known = prefixes[key] = _ENQUEUED_KIND + _name(c_vhost) + _name(c_queue)
             prefix = known
-        this_address, this_header, body, deadline = c.address, c.header, c.body, c.deadline
         if this_address != address or this_header != header:
             address, header = this_address, this_header
             middle = this_address + pack_u32(len(this_header)) + this_header
         append(prefix)
-        append(pack_id(c.msg_id, len(this_address)))
+        append(pack_id(msg_id, len(this_address)))
         append(middle)
         append(pack_u32(len(body)))
         append(body)
         append(
-            no_deadline[c.persistent]
+            no_deadline[persistent]
             if deadline is None
-            else _ENQUEUED_TAIL.pack(deadline, c.persistent)
+            else _ENQUEUED_TAIL.pack(deadline, persistent)
         )
     return b"".join(out)
 
