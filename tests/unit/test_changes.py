@@ -636,6 +636,32 @@ def test_messages_that_share_or_change_their_address_header_and_queue_round_trip
     assert decoded[3].address is decoded[4].address
 
 
+@pytest.mark.parametrize(
+    "msg_id", [0, 1, 255, 256, 2**31, 2**32 + 7, 2**62, 2**63 - 1, -1, -(2**63)]
+)
+def test_message_ids_and_sizes_read_byte_by_byte_round_trip_and_refuse_a_cut_run(
+    msg_id: int,
+) -> None:
+    """The message fast path reads its ids and sizes byte by byte, and a message without
+    a deadline without making a float: every id width, both persistence flags, a deadline
+    beside none, and a run cut at any byte is refused."""
+    changes: list[Any] = [
+        Enqueued("/", "q", msg_id, b"ad", b"h" * 300, b"b" * 70_000, None, True),
+        Enqueued("/", "q", msg_id, b"ad", b"h" * 300, b"", None, False),
+        Enqueued("/", "q", msg_id, b"", b"", b"x", 1_700_000_000.25, True),
+        Enqueued("/", "q", msg_id, b"", b"", b"x", float("inf"), False),
+    ]
+    data = codec.encode(9, changes)
+    assert_written_as_the_general_encoder_writes(data, changes)
+    assert codec.decode(data) == (9, changes)
+    for cut in range(codec._HEAD.size, len(data), 97):
+        with pytest.raises(ValueError):
+            codec.decode(data[:cut])
+    for cut in range(len(data) - 12, len(data)):
+        with pytest.raises(ValueError):
+            codec.decode(data[:cut])
+
+
 def test_a_run_with_a_change_this_server_cannot_apply_is_refused_whole() -> None:
     """A forged exchange of an unknown type made a store unrecoverable (KeyError at every
     start); a declared control exchange would replace the control plane."""
