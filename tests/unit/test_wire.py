@@ -259,6 +259,20 @@ def test_content_body_size_and_its_errors() -> None:
         wire.content_body_size(struct.pack(">H", 50) + payload[2:])
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 2**63 - 1), st.booleans(), st.integers(0, 2**64 - 1))
+def test_acks_indexes_and_body_sizes_read_byte_by_byte_equal_pamqps(
+    delivery_tag: int, multiple: bool, body_size: int
+) -> None:
+    ack = frame.marshal(commands.Basic.Ack(delivery_tag, multiple), 1)[7:-1]
+    assert wire.decode_ack(ack) == (delivery_tag, multiple)
+    assert wire.method_index(ack) == commands.Basic.Ack.index
+    header = ContentHeader(0, body_size, commands.Basic.Properties()).marshal()
+    assert wire.content_body_size(header) == body_size
+    with pytest.raises(exceptions.AMQPSyntaxError):
+        wire.check_properties(header[:13])
+
+
 def test_decode_ack() -> None:
     payload = frame.marshal(commands.Basic.Ack(77, True), 1)[7:-1]
     assert wire.decode_ack(payload) == (77, True)
