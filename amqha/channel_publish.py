@@ -147,7 +147,9 @@ class Publishing(ChannelParts):
             if filled is not payload:
                 pending.decoded = None  # decoded from the header before it was rewritten
                 payload = filled
-        if LINK_HEADER_MARK in payload and not self.connection.federation_linked:
+        # ``find``, not ``in``: bytes' ``in`` first tries its operand as an integer, and
+        # raises and clears a TypeError, message formatted, on every publish.
+        if payload.find(LINK_HEADER_MARK) != -1 and not self.connection.federation_linked:
             # The path and probe headers a federation link acts on come only from a link's
             # own connection (docs/security.md, "Federation names").
             stripped = wire.without_headers(payload, LINK_HEADERS)
