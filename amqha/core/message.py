@@ -33,7 +33,6 @@ _FLAG_PRIORITY = 1 << 11
 _FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
 _FLAG_CONTINUED = 1
-_flags_at = struct.Struct(">H")
 _table_size = struct.Struct(">I")
 _body_size = struct.Struct(">Q")
 
@@ -88,7 +87,8 @@ class Message:
         return _unshortstr_pair(self.address)[1]
 
     def _flags(self) -> int:
-        return _flags_at.unpack_from(self.header, 12)[0]
+        header = self.header  # read in place: ``unpack_from`` builds a tuple (wire.py)
+        return header[12] << 8 | header[13]
 
     def properties(self) -> commands.Basic.Properties:
         decoded = self.decoded
@@ -144,7 +144,7 @@ class Message:
         """The priority property (0 when absent), read from the header bytes: the
         properties before it are skipped by their sizes, nothing is decoded."""
         header = self.header
-        flags = _flags_at.unpack_from(header, 12)[0]
+        flags = header[12] << 8 | header[13]
         if not flags & _FLAG_PRIORITY:
             return 0
         if flags & _FLAG_CONTINUED:
