@@ -206,10 +206,10 @@ def method_index_bytes(method: type[Method]) -> bytes:
 
 def method_index(payload: bytes) -> int:
     """The class and method ids of a method frame's payload of 4 bytes or more."""
-    return _u32_at(payload, 0)
+    return u32_at(payload, 0)
 
 
-def _u32_at(data: bytes, at: int) -> int:
+def u32_at(data: bytes, at: int) -> int:
     """The big-endian unsigned 32-bit integer at ``at`` (IndexError past the end), read
     byte by byte: the compiled code reads each in place, where ``Struct.unpack_from``
     parses its arguments and builds a tuple (a fifth of a publish's instructions went to
@@ -299,7 +299,7 @@ def content_body_size(header_payload: bytes) -> int:
     if len(header_payload) < 14:
         raise exceptions.AMQPFrameError("FRAME_ERROR - content header too short")
     class_id = header_payload[0] << 8 | header_payload[1]
-    body_size = _u32_at(header_payload, 4) << 32 | _u32_at(header_payload, 8)
+    body_size = u32_at(header_payload, 4) << 32 | u32_at(header_payload, 8)
     if class_id != commands.Basic.frame_id:
         raise exceptions.AMQPFrameError(f"FRAME_ERROR - content header for class {class_id}")
     return body_size
@@ -696,7 +696,7 @@ def decode_ack(payload: bytes) -> tuple[int, bool]:
     """Basic.Ack from a client: (delivery_tag, multiple)."""
     if len(payload) != 13:
         raise exceptions.AMQPSyntaxError("SYNTAX_ERROR - Basic.Ack has the wrong length")
-    tag = _u32_at(payload, 4) << 32 | _u32_at(payload, 8)
+    tag = u32_at(payload, 4) << 32 | u32_at(payload, 8)
     return tag, bool(payload[12] & 1)
 
 

@@ -16,7 +16,7 @@ import math
 import struct
 from typing import Any, Final, cast
 
-from ..wire import decode_field_table, field_table
+from ..wire import decode_field_table, field_table, u32_at
 from .changes import (
     Batch,
     Bound,
@@ -437,20 +437,20 @@ def _decode_messages(
                     data[vhost_end + 1 : end].decode(),
                 )
             vhost, queue = names
-        msg_id = _u64(data, end)
+        msg_id = u32_at(data, end) << 32 | u32_at(data, end + 4)
         if msg_id >= 1 << 63:
             msg_id -= 1 << 64
-        size = _u32(data, end + 8)
+        size = u32_at(data, end + 8)
         end += 12
         at = end + size
         if size != len(address) or data[end:at] != address:
             address = data[end:at]  # cut short by the run's end: the reads below fail
-        size = _u32(data, at)
+        size = u32_at(data, at)
         at += 4
         if size != len(header) or data[at : at + size] != header:
             header = data[at : at + size]
         at += size
-        size = _u32(data, at)
+        size = u32_at(data, at)
         at += 4
         body = data[at : at + size]
         at += size
@@ -483,17 +483,6 @@ def _decode_messages(
 _new = tuple.__new__  # the fields in order, without NamedTuple's keyword handling
 # What ``encode`` writes for a message without a deadline.
 _NO_DEADLINE: Final = struct.pack(">d", math.nan)
-
-
-def _u32(data: bytes, at: int) -> int:
-    """The big-endian unsigned 32-bit integer at ``at`` (IndexError past the end): read
-    byte by byte, which the compiled code does in place, where ``unpack_from`` builds a
-    tuple."""
-    return data[at] << 24 | data[at + 1] << 16 | data[at + 2] << 8 | data[at + 3]
-
-
-def _u64(data: bytes, at: int) -> int:
-    return _u32(data, at) << 32 | _u32(data, at + 4)
 
 
 def _head(data: bytes) -> tuple[int, int]:
