@@ -8,8 +8,8 @@ publisher confirms with a window of 100, loopback:
 - ``standalone``: one server with its store (the confirm waits for its fsync);
 - ``replicated``: the ACTIVE of a pair with an in-sync PASSIVE (the confirm waits for
   both stores);
-- ``ratio``: replicated ÷ standalone, the best round of each (target >= 0.7), and
-  ``ratio_of_medians``; the two take turns round by round, both running all along;
+- ``ratio``: replicated ÷ standalone, the best round of each, and ``ratio_of_medians``
+  (target >= 0.85, ``target_met``); the two take turns round by round, both running all along;
 - ``wide_window``: the same with 1000 confirms in flight: with 100, a confirm waits for
   one round (the ACTIVE takes the window, then the longer of its commit and the
   PASSIVE's leg), so the PASSIVE's leg shows as latency; with 1000, what is left is
@@ -57,6 +57,7 @@ HOST = "127.0.0.1"
 BODY = b"x" * 100
 WINDOW = 100  # confirms in flight, as in durable_bench (beside RabbitMQ)
 WIDE_WINDOW = 1000
+TARGET = 0.85  # replicated ÷ standalone, ratio of medians, at WINDOW in flight
 HELD_BYTES = 600  # the watermark's room per backlog message, with a margin
 DEFAULT_SIZES = {"messages": 100_000, "rounds": 5, "catch_up": 1_000_000}
 QUICK_SIZES = {"messages": 20_000, "rounds": 1, "catch_up": 100_000}
@@ -353,7 +354,9 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
         finally:
             solo.stop()
             pair.stop()
-    result["target_ratio"] = 0.7
+    result["target_ratio_of_medians"] = TARGET
+    if "ratio_of_medians" in result:
+        result["target_met"] = result["ratio_of_medians"] >= TARGET
     result["load_average_at_end"] = os.getloadavg()
     return result
 
