@@ -20,6 +20,7 @@ import struct
 import time
 from typing import Any, Final, cast
 
+from librt.strings import BytesWriter, write_i16_be, write_i32_be, write_i64_be
 from pamqp import commands, constants, decode, exceptions
 from pamqp import encode as pamqp_encode
 from pamqp.base import Frame as Method
@@ -37,14 +38,11 @@ FRAME_OVERHEAD: Final = 8
 
 HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
-_frame_head: Final = struct.Struct(">BHI")
 _method_index: Final = struct.Struct(">I")
 _short: Final = struct.Struct(">H")
 _long_long: Final = struct.Struct(">Q")
 _deliver_tail: Final = struct.Struct(">QB")
 _content_head: Final = struct.Struct(">HHQ")
-# A frame's end byte followed by the next frame's type, channel and size.
-_end_and_head: Final = struct.Struct(">BBHI")
 
 PUBLISH_INDEX: Final = commands.Basic.Publish.index
 PUBLISH_PREFIX: Final = _method_index.pack(PUBLISH_INDEX)
@@ -543,36 +541,61 @@ def _value(data: bytes, at: int, end: int, depth: int, entries: _Entries) -> tup
     return stop, table
 
 
+def _put_u16(out: BytesWriter, n: int) -> None:
+    """``n`` (0 to 65535) as two bytes, big-endian: librt writes signed integers, so the
+    upper half goes as its two's complement (the same bytes)."""
+    write_i16_be(out, n - 0x10000 if n > 0x7FFF else n)
+
+
+def _put_u32(out: BytesWriter, n: int) -> None:
+    write_i32_be(out, n - 0x100000000 if n > 0x7FFFFFFF else n)
+
+
+def _put_u64(out: BytesWriter, n: int) -> None:
+    if n > 0x3FFFFFFFFFFFFFFF:  # past what a compiled int holds unboxed: rare
+        n = n - 0x10000000000000000 if n > 0x7FFFFFFFFFFFFFFF else n
+    write_i64_be(out, n)
+
+
+def frame_head(kind: int, channel: int, size: int) -> bytes:
+    """A frame's first seven bytes: its type, channel and payload size. ``int.to_bytes``
+    of the three in one integer: compiled, a call in C where ``Struct.pack`` was a method
+    looked up by name, its arguments parsed (docs/performance.md, "Writing frames")."""
+    if not (0 <= channel <= 0xFFFF and 0 <= size <= 0xFFFFFFFF):
+        raise ValueError(f"frame head out of range: channel {channel}, size {size}")
+    return (kind << 48 | channel << 32 | size).to_bytes(7, "big")
+
+
 def method_frame(channel: int, method: Method) -> bytes:
     payload = _method_index.pack(method.index) + method.marshal()
-    return _frame_head.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+    return frame_head(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
 
 
 def declare_ok_frame(channel: int, queue: str, message_count: int, consumer_count: int) -> bytes:
     """Queue.DeclareOk by hand: pamqp refuses to encode a name outside the spec's domain
     regex, yet clients may declare any UTF-8 name (RabbitMQ takes them all)."""
     payload = _DECLARE_OK_PREFIX + shortstr(queue) + _counts.pack(message_count, consumer_count)
-    return _frame_head.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+    return frame_head(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
 
 
 def redirect_frame(host: str, known_hosts: str) -> bytes:
     payload = _REDIRECT_PREFIX + shortstr(host) + shortstr(known_hosts)
-    return _frame_head.pack(FRAME_METHOD, 0, len(payload)) + payload + b"\xce"
+    return frame_head(FRAME_METHOD, 0, len(payload)) + payload + b"\xce"
 
 
 def content_frames(channel: int, header_payload: bytes, body: bytes, frame_max: int) -> bytes:
     """Content header plus body frames, the body cut to fit frame_max."""
-    head = _frame_head.pack(FRAME_HEADER, channel, len(header_payload)) + header_payload + b"\xce"
+    head = frame_head(FRAME_HEADER, channel, len(header_payload)) + header_payload + b"\xce"
     size = len(body)
     if size == 0:
         return head
     chunk = frame_max - FRAME_OVERHEAD
     if size <= chunk:
-        return b"".join((head, _frame_head.pack(FRAME_BODY, channel, size), body, b"\xce"))
+        return b"".join((head, frame_head(FRAME_BODY, channel, size), body, b"\xce"))
     parts = [head]
     for start in range(0, size, chunk):
         piece = body[start : start + chunk]
-        parts += (_frame_head.pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+        parts += (frame_head(FRAME_BODY, channel, len(piece)), piece, b"\xce")
     return b"".join(parts)
 
 
@@ -589,22 +612,28 @@ def deliver_frames(
     """Basic.Deliver + content header + body. ``consumer_tag`` is already a shortstr."""
     size = len(body)
     if 0 < size <= frame_max - FRAME_OVERHEAD:
-        # The usual delivery, a body in one frame: one join, each end byte packed
-        # with the next frame's head. 13 = method index, delivery tag, redelivered.
-        return b"".join(
-            (
-                _frame_head.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(address)),
-                _DELIVER_PREFIX,
-                consumer_tag,
-                _deliver_tail.pack(delivery_tag, redelivered),
-                address,
-                _end_and_head.pack(FRAME_END, FRAME_HEADER, channel, len(header_payload)),
-                header_payload,
-                _end_and_head.pack(FRAME_END, FRAME_BODY, channel, size),
-                body,
-                b"\xce",
-            )
-        )
+        # The usual delivery, a body in one frame: all before the body written into one
+        # buffer, the body copied once after it (docs/performance.md, "Writing frames").
+        # 13 = method index, delivery tag, redelivered.
+        out = BytesWriter()
+        out.append(FRAME_METHOD)
+        _put_u16(out, channel)
+        _put_u32(out, 13 + len(consumer_tag) + len(address))
+        out.write(_DELIVER_PREFIX)
+        out.write(consumer_tag)
+        _put_u64(out, delivery_tag)
+        out.append(1 if redelivered else 0)
+        out.write(address)
+        out.append(FRAME_END)
+        out.append(FRAME_HEADER)
+        _put_u16(out, channel)
+        _put_u32(out, len(header_payload))
+        out.write(header_payload)
+        out.append(FRAME_END)
+        out.append(FRAME_BODY)
+        _put_u16(out, channel)
+        _put_u32(out, size)
+        return b"%b%b\xce" % (out.getvalue(), body)
     payload = b"".join(
         (
             _DELIVER_PREFIX,
@@ -621,7 +650,7 @@ def _method_with_content(
 ) -> bytes:
     """A method frame carrying ``payload``, then its content header and body frames."""
     return (
-        _frame_head.pack(FRAME_METHOD, channel, len(payload))
+        frame_head(FRAME_METHOD, channel, len(payload))
         + payload
         + b"\xce"
         + content_frames(channel, header_payload, body, frame_max)
@@ -683,13 +712,19 @@ def deliver_tag(payload: bytes) -> int:
 
 
 def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
-    payload = _ACK_PREFIX + _deliver_tail.pack(delivery_tag, multiple)
-    return _frame_head.pack(FRAME_METHOD, channel, 13) + payload + b"\xce"
+    return b"".join(
+        (
+            frame_head(FRAME_METHOD, channel, 13),
+            _ACK_PREFIX,
+            delivery_tag.to_bytes(8, "big"),
+            b"\x01\xce" if multiple else b"\x00\xce",
+        )
+    )
 
 
 def nack_frame(channel: int, delivery_tag: int, multiple: bool, requeue: bool = False) -> bytes:
     payload = _NACK_PREFIX + _deliver_tail.pack(delivery_tag, multiple | requeue << 1)
-    return _frame_head.pack(FRAME_METHOD, channel, 13) + payload + b"\xce"
+    return frame_head(FRAME_METHOD, channel, 13) + payload + b"\xce"
 
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
