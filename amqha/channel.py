@@ -19,7 +19,6 @@ one the whole connection; the connection decides which from the class.
 from __future__ import annotations
 
 import secrets
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -27,14 +26,14 @@ from pamqp import commands, exceptions
 from pamqp.base import Frame as Method
 
 from . import wire
-from .channel_parts import TxAction, Unacked
+from .channel_parts import Counted, TxAction, Unacked
 from .channel_publish import PendingPublish, Publishing, ReplyConsumer
 from .channel_state import CLOSING, OPEN, control_only_text
 from .channel_tx import TX_ACK, TX_RETURN, Transactions
 from .core.arguments import QueueArgumentError, consumer_priority
 from .core.confirms import Confirms
 from .core.message import Message
-from .core.queue import Queue
+from .core.queue import Consumer, Queue
 from .core.reserved import REPLY_TO, REPLY_TO_PREFIX
 
 if TYPE_CHECKING:
@@ -44,6 +43,9 @@ if TYPE_CHECKING:
 # Unacked deliveries put back in their queues in one turn of the loop (a close, a recover,
 # a nack of many): about 20 ms of it.
 REQUEUE_SLICE = 20_000  # not Final: a test makes it smaller
+# The taken tags at the front of a channel's ``unacked_order`` are cut off once there
+# are more than this many and they are more than half of it.
+ORDER_CUT: Final = 4096
 _CLOSE_INDEXES: Final = (
     wire.method_index_bytes(commands.Channel.Close),
     wire.method_index_bytes(commands.Channel.CloseOk),
@@ -53,25 +55,17 @@ _CLOSE_INDEXES: Final = (
 def _by_queue(entries: list[Unacked]) -> dict[Queue, list[int]]:
     """The message ids of ``entries`` per queue, in delivery order (deleted queues skipped)."""
     by_queue: dict[Queue, list[int]] = {}
-    for _tag, _consumer, queue, message in entries:
+    for entry in entries:
+        queue = entry.queue
         if not queue.deleted:
-            by_queue.setdefault(queue, []).append(message.msg_id)
+            by_queue.setdefault(queue, []).append(entry.message.msg_id)
     return by_queue
 
 
-class ChannelConsumer:
+class ChannelConsumer(Consumer, Counted):
     """A Basic.Consume subscription: what the queue sees as a consumer."""
 
-    __slots__ = (
-        "tag",
-        "tag_wire",
-        "channel",
-        "queue",
-        "no_ack",
-        "exclusive",
-        "prefetch",
-        "unacked",
-    )
+    __slots__ = ("tag_wire", "channel", "queue", "prefetch", "unacked")
 
     def __init__(
         self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int
@@ -105,7 +99,7 @@ class ChannelConsumer:
         tag = channel.next_delivery_tag
         channel.next_delivery_tag = tag + 1
         if not self.no_ack:
-            channel.unacked[tag] = (tag, self, queue, message)
+            channel.unacked[tag] = Unacked(tag, self, queue, message)
             channel.unacked_order.append(tag)
             self.unacked += 1
         connection = channel.connection
@@ -139,9 +133,12 @@ class Channel(Publishing, Transactions):
         self.wake_due = False  # in the connection's ``to_wake`` until its read ends
         self.consumers: dict[str, ChannelConsumer] = {}
         # Unacked deliveries by tag; ``unacked_order`` keeps tags in delivery order so
-        # a multiple ack settles from the front without scanning the dict.
+        # a multiple ack settles from the front without scanning the dict: the tags
+        # from ``order_head`` on (a list read from a moving head, compiled to plain
+        # indexing, where a deque's were calls by name).
         self.unacked: dict[int, Unacked] = {}
-        self.unacked_order: deque[int] = deque()
+        self.unacked_order: list[int] = []
+        self.order_head = 0
         self.next_delivery_tag = 1
         self.consumer_prefetch = 0
         self.global_prefetch = 0
@@ -268,32 +265,53 @@ class Channel(Publishing, Transactions):
 
     def _take_unacked(self, tag: int, multiple: bool) -> list[Unacked]:
         unacked = self.unacked
+        order = self.unacked_order
+        head = self.order_head
+        end = len(order)
         if multiple:
-            order = self.unacked_order
             taken = []
-            while order and (tag == 0 or order[0] <= tag):
-                entry = unacked.pop(order.popleft(), None)
+            while head < end:
+                at = order[head]
+                if tag and at > tag:
+                    break
+                head += 1
+                entry = unacked.get(at)
                 if entry is not None:
+                    del unacked[at]
                     taken.append(entry)
+            self._order_from(head)
             if not taken and tag:
                 raise exceptions.AMQPPreconditionFailed(
                     f"PRECONDITION_FAILED - unknown delivery tag {tag}"
                 )
             return taken
-        entry = unacked.pop(tag, None)
+        entry = unacked.get(tag)
         if entry is None:
             raise exceptions.AMQPPreconditionFailed(
                 f"PRECONDITION_FAILED - unknown delivery tag {tag}"
             )
-        order = self.unacked_order
-        while order and order[0] not in unacked:
-            order.popleft()
+        del unacked[tag]
+        while head < end and order[head] not in unacked:
+            head += 1
+        self._order_from(head)
         return [entry]
+
+    def _order_from(self, head: int) -> None:
+        """The unacked tags now start at ``head``: the list is emptied when all are
+        taken, cut when the taken half is long."""
+        order = self.unacked_order
+        if head >= len(order):
+            order.clear()
+            head = 0
+        elif head > ORDER_CUT and 2 * head > len(order):
+            del order[:head]
+            head = 0
+        self.order_head = head
 
     @staticmethod
     def _release(entries: list[Unacked]) -> None:
         for entry in entries:
-            consumer = entry[1]
+            consumer = entry.consumer
             if consumer is not None:
                 consumer.unacked -= 1
 
@@ -311,26 +329,29 @@ class Channel(Publishing, Transactions):
 
     def _settle(self, entries: list[Unacked]) -> None:
         if len(entries) == 1:
-            _tag, consumer, queue, message = entries[0]
+            entry = entries[0]
+            consumer = entry.consumer
             if consumer is not None:
                 consumer.unacked -= 1
+            queue = entry.queue
             if not queue.deleted:
-                queue.ack_one(message.msg_id)
+                queue.ack_one(entry.message.msg_id)
         elif not entries:
             # Basic.Ack(0, multiple) with nothing outstanding, now or at Tx.Commit: legal,
             # and it settles nothing.
             return
         else:
             # A multiple ack: almost always of one queue's deliveries, settled in one call.
-            first = entries[0][2]
+            first = entries[0].queue
             ids = []
             mixed = False
-            for _tag, consumer, queue, message in entries:
+            for entry in entries:
+                consumer = entry.consumer
                 if consumer is not None:
                     consumer.unacked -= 1
-                if queue is not first:
+                if entry.queue is not first:
                     mixed = True
-                ids.append(message.msg_id)
+                ids.append(entry.message.msg_id)
             if not mixed:
                 if not first.deleted:
                     first.ack(ids)
@@ -439,9 +460,12 @@ class Channel(Publishing, Transactions):
             self.reply(commands.Basic.RecoverOk())
 
     def _requeue_all(self) -> None:
-        entries = [self.unacked[tag] for tag in self.unacked_order if tag in self.unacked]
-        self.unacked.clear()
-        self.unacked_order.clear()
+        unacked = self.unacked
+        order = self.unacked_order
+        entries = [unacked[tag] for tag in order[self.order_head :] if tag in unacked]
+        unacked.clear()
+        order.clear()
+        self.order_head = 0
         if entries:
             self._return_to_queues(entries, True)
 
@@ -594,7 +618,7 @@ class Channel(Publishing, Transactions):
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         if not method.no_ack:
-            self.unacked[tag] = (tag, None, queue, message)
+            self.unacked[tag] = Unacked(tag, None, queue, message)
             self.unacked_order.append(tag)
         connection = self.connection
         connection.send(

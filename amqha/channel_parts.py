@@ -13,7 +13,7 @@ Must not know: anything a part does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import trait
 
@@ -29,15 +29,30 @@ if TYPE_CHECKING:
     from .host import ChannelHost, ChannelOwner
 
 
-class Counted(Protocol):
+@trait
+class Counted:
     """A consumer as the channel's book of unacked deliveries sees it
-    (``channel.ChannelConsumer``)."""
+    (``channel.ChannelConsumer``). A trait: compiled, the count is read and written in
+    place, where a Protocol's attribute was looked up by name."""
 
     unacked: int  # its deliveries not acked yet
 
 
-# An unacknowledged delivery: (delivery tag, consumer or None for Basic.Get, queue, message).
-Unacked = tuple[int, "Counted | None", Queue, Message]
+class Unacked:
+    """An unacknowledged delivery: its tag, its consumer (None for a Basic.Get), its queue
+    and its message. A class rather than a tuple: compiled, a tuple typed by its fields
+    is unpacked into C values where it is read and packed again where it is stored, a
+    new tuple each time (docs/performance.md, "Calls the compiler can bind")."""
+
+    __slots__ = ("tag", "consumer", "queue", "message")
+
+    def __init__(self, tag: int, consumer: Counted | None, queue: Queue, message: Message) -> None:
+        self.tag = tag
+        self.consumer = consumer
+        self.queue = queue
+        self.message = message
+
+
 # A transaction is data: the actions it will take on commit, in order (channel_tx.py).
 TxAction = tuple[Any, ...]
 

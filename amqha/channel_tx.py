@@ -10,7 +10,6 @@ compiled as a trait: ``channel_parts.py``).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Final
 
 from mypy_extensions import trait
@@ -34,7 +33,8 @@ class Transactions(ChannelParts):
     transaction_acks: list[Unacked]
     transaction_bytes: int  # message bodies published in the open transaction
     unacked: dict[int, Unacked]
-    unacked_order: deque[int]
+    unacked_order: list[int]
+    order_head: int
 
     def on_tx_select(self, method: commands.Tx.Select) -> None:
         if self.confirm:
@@ -104,8 +104,9 @@ class Transactions(ChannelParts):
         self.transaction_bytes = 0
         # Deliveries acked, nacked or rejected inside the transaction are unacked again.
         for entry in self.transaction_acks:
-            self.unacked[entry[0]] = entry
+            self.unacked[entry.tag] = entry
         if self.transaction_acks:
-            self.unacked_order = deque(sorted(self.unacked))
+            self.unacked_order = sorted(self.unacked)
+            self.order_head = 0
         self.transaction_acks = []
         self.reply(commands.Tx.RollbackOk())

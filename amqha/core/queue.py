@@ -32,7 +32,7 @@ they appear, so a queue without them runs the code it always ran:
 - ``x-single-active-consumer``: only the active consumer is ever among the ready ones;
   the next one is chosen when it leaves.
 
-Must not know: channels or sockets (a consumer is anything with ``no_ack``, ``ready()``
+Must not know: channels or sockets (a consumer is a ``Consumer``: ``no_ack``, ``ready()``
 and ``deliver()``), the clock (``now`` is passed in, wall-clock seconds), where dead
 letters go (the vhost gives an ``on_dead_letter`` callback), the store, what a
 delivery count means (the ``counter`` does).
@@ -48,6 +48,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from . import release
 from .arguments import QueueLimits
 from .changes import ChangeLog, Delivered, Enqueued, Settled
@@ -55,14 +57,28 @@ from .dedup import InQueue, SeenCache, in_id_order, msg_id_of
 from .message import Message
 
 
-class Consumer(Protocol):
-    tag: str
-    exclusive: bool
-    no_ack: bool
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Consumer:
+    """What a queue hands its messages to: a channel's Basic.Consume, a federation
+    link's forwarder, a test's taker. A class rather than a Protocol: compiled, the
+    queue calls ``ready`` and ``deliver`` through the class's table of methods, not by
+    looking each name up per message (docs/performance.md, "Calls the compiler can
+    bind"); an interpreted subclass still works, by name."""
 
-    def ready(self) -> bool: ...
+    __slots__ = ("tag", "exclusive", "no_ack")
 
-    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None: ...
+    def __init__(self, tag: str, exclusive: bool = False, no_ack: bool = False) -> None:
+        self.tag = tag
+        self.exclusive = exclusive
+        self.no_ack = no_ack
+
+    def ready(self) -> bool:
+        """Whether it can take a message now."""
+        raise NotImplementedError
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        """Take ``message`` (handed out by ``queue``)."""
+        raise NotImplementedError
 
 
 DeadLetterFn = Callable[["Queue", Message, str], None]

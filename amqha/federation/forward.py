@@ -22,7 +22,7 @@ from pamqp import commands
 
 from ..core import names
 from ..core.message import Message
-from ..core.queue import Queue
+from ..core.queue import Consumer, Queue
 
 log = logging.getLogger("amqha.federation")
 
@@ -33,11 +33,8 @@ REFUSED_PAUSE = 1.0  # seconds before a message the upstream refused is tried ag
 Publish = Callable[[str, str, bytes, commands.Basic.Properties], Awaitable[bool]]
 
 
-class Forwarder:
+class Forwarder(Consumer):
     """The consumer of one hidden forward queue."""
-
-    exclusive = True
-    no_ack = False
 
     def __init__(
         self,
@@ -47,7 +44,7 @@ class Forwarder:
         now: Callable[[], float],
         window: int = 1000,
     ) -> None:
-        self.tag = f"federation-forward:{queue.name}"
+        super().__init__(f"federation-forward:{queue.name}", exclusive=True, no_ack=False)
         self.queue = queue
         self.exchange = exchange
         self.local_name = local_name

@@ -352,6 +352,41 @@ async def test_acking_an_unknown_delivery_tag_is_406(connection, how) -> None:
     assert not connection.is_closed
 
 
+async def test_acks_in_any_order_over_a_long_run_settle_exactly_their_own(connection) -> None:
+    """The channel keeps its unacked tags in delivery order, read from a moving head and
+    cut behind it once thousands are taken: acks out of order, a multiple ack over
+    some already acked, a reject in the middle and a recover settle exactly what they
+    name, past several cuts."""
+    total = 10_000
+    channel = await connection.channel()
+    name = await new_queue(channel)
+    for at in range(total):
+        await channel.basic_publish(str(at).encode(), routing_key=name)
+    inbox = Inbox()
+    await channel.basic_consume(name, inbox)
+    await inbox.wait_for(total, timeout=60.0)
+    tags = [m.delivery_tag for m in inbox.messages]
+    assert [m.body for m in inbox.messages] == [str(at).encode() for at in range(total)]
+    # Odd positions of the first 6,000 first (the head cannot move), then the even ones.
+    for at in [*range(1, 6000, 2), *range(0, 6000, 2)]:
+        await channel.basic_ack(tags[at])
+    await channel.basic_ack(tags[7999], multiple=True)  # 6,000-7,999; the rest stay
+    await channel.basic_reject(tags[8500], requeue=False)
+    await channel.basic_ack(tags[8001])
+    recover_ok = await channel.basic_recover(requeue=True)
+    assert isinstance(recover_ok, spec.Basic.RecoverOk)
+    expected = [str(at).encode() for at in range(8000, total) if at not in (8001, 8500)]
+    await inbox.wait_for(total + len(expected), timeout=60.0)
+    again = inbox.messages[total:]
+    assert [m.body for m in again] == expected and all(m.redelivered for m in again)
+    await channel.basic_ack(again[-1].delivery_tag, multiple=True)
+    with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):
+        await channel.basic_ack(tags[0])
+        await channel.queue_declare(name, passive=True)
+    probe = await connection.channel()
+    assert await message_count(probe, name) == 0
+
+
 async def test_recover_redelivers_unacked_messages(connection) -> None:
     channel = await connection.channel()
     name = await new_queue(channel)

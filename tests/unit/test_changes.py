@@ -31,7 +31,7 @@ from amqha.core.changes import (
     Unbound,
 )
 from amqha.core.message import Message, MessageIds
-from amqha.core.queue import Queue
+from amqha.core.queue import Consumer, Queue
 from amqha.core.vhost import REFUSED, VHost
 from amqha.wire import address_of
 
@@ -85,12 +85,9 @@ def replay(changes: list[Any], replica: Replica | None = None) -> dict[str, VHos
     return replica.vhosts
 
 
-class Taker:
-    tag = "taker"
-    exclusive = False
-
+class Taker(Consumer):
     def __init__(self, no_ack: bool = False, credit: int = 10**9) -> None:
-        self.no_ack = no_ack
+        super().__init__("taker", no_ack=no_ack)
         self.credit = credit
         self.got: list[tuple[Message, bool]] = []
 

@@ -59,15 +59,12 @@ def node() -> Node:
     return Node()
 
 
-class Drain:
+class Drain(Consumer):
     """An in-process consumer (``core.queue.Consumer``), as a link's drain is: it takes
     what it has credit for and acks by id once the far side has it."""
 
-    tag = "drain"
-    exclusive = True
-    no_ack = False
-
     def __init__(self, credit: int) -> None:
+        super().__init__("drain", exclusive=True)
         self.credit = credit
         self.got: list[tuple[int, bytes]] = []
 

@@ -22,7 +22,7 @@ from amqha.core.changes import ChangeLog, Delivered, Enqueued, Settled
 from amqha.core.kinds import new_queue
 from amqha.core.message import Message
 from amqha.core.priority import Lane, PriorityQueue
-from amqha.core.queue import Queue, RankedConsumers
+from amqha.core.queue import Consumer, Queue, RankedConsumers
 from amqha.wire import address_of
 
 _ids = itertools.count(1)
@@ -61,12 +61,9 @@ def bodies(queue: Queue, now: float = 0.0) -> list[str]:
     return [body for body, _ in take_all(queue, now)]
 
 
-class FakeConsumer:
-    exclusive = False
-
+class FakeConsumer(Consumer):
     def __init__(self, tag: str, credit: int = 10**6, no_ack: bool = True) -> None:
-        self.tag = tag
-        self.no_ack = no_ack
+        super().__init__(tag, no_ack=no_ack)
         self.credit = credit
         self.got: list[str] = []
 

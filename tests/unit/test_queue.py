@@ -14,7 +14,7 @@ from pamqp.header import ContentHeader
 
 from amqha.core.arguments import QueueArgumentError
 from amqha.core.message import Message
-from amqha.core.queue import Queue
+from amqha.core.queue import Consumer, Queue
 from amqha.wire import address_of
 
 _ids = itertools.count(1)
@@ -27,13 +27,11 @@ def message(body: bytes | str, **properties: Any) -> Message:
     return Message(address_of("", "q"), header, data, msg_id=next(_ids))
 
 
-class FakeConsumer:
+class FakeConsumer(Consumer):
     def __init__(
         self, tag: str, credit: int = 10**6, exclusive: bool = False, no_ack: bool = True
     ) -> None:
-        self.tag = tag
-        self.exclusive = exclusive
-        self.no_ack = no_ack
+        super().__init__(tag, exclusive, no_ack)
         self.credit = credit
         self.got: list[tuple[bytes, bool]] = []
 

@@ -13,7 +13,7 @@ from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
 
 from amqha.core.message import Message
-from amqha.core.queue import Queue
+from amqha.core.queue import Consumer, Queue
 from amqha.core.routing import ArgumentBytes, Exchange
 from amqha.core.vhost import VHost
 from amqha.wire import address_of
@@ -235,7 +235,7 @@ def test_bad_queue_argument_is_406(h: Harness) -> None:
 
 def test_delete_queue_if_unused_if_empty(h: Harness) -> None:
     queue = h.queue("q")
-    queue.add_consumer(type("C", (), {"tag": "c", "exclusive": False})(), 0.0)  # type: ignore[arg-type]
+    queue.add_consumer(Taker(), 0.0)
     with pytest.raises(exceptions.AMQPPreconditionFailed, match="in use"):
         h.vhost.delete_queue("q", OWNER, if_unused=True)
     queue.consumers.clear()
@@ -366,14 +366,11 @@ def dead_letter_setup(h: Harness, **arguments: Any) -> tuple[Queue, Queue]:
     return source, parking
 
 
-class Taker:
+class Taker(Consumer):
     """A consumer that is always ready and keeps what it gets."""
 
-    tag = "taker"
-    exclusive = False
-    no_ack = False
-
     def __init__(self) -> None:
+        super().__init__("taker")
         self.got: list[Message] = []
 
     def ready(self) -> bool:
