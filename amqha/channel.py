@@ -102,8 +102,7 @@ class ChannelConsumer(Consumer, Counted):
             channel.unacked[tag] = Unacked(tag, self, queue, message)
             channel.unacked_order.append(tag)
             self.unacked += 1
-        connection = channel.connection
-        connection.send(
+        channel.connection.send(
             wire.deliver_frames(
                 channel.number,
                 self.tag_wire,
@@ -112,7 +111,7 @@ class ChannelConsumer(Consumer, Counted):
                 message.address,
                 message.header,
                 message.body,
-                connection.frame_max,
+                channel.frame_max,
             )
         )
 
@@ -128,6 +127,9 @@ class Channel(Publishing, Transactions):
         self.broker: ChannelHost = connection.broker
         self.vhost = vhost
         self.number = number
+        # Tuned before any channel opens: read here once, not through the connection's
+        # protocol on every delivery.
+        self.frame_max = connection.frame_max
         self.state = OPEN
         self.can_deliver = True  # Channel.Flow
         self.wake_due = False  # in the connection's ``to_wake`` until its read ends

@@ -25,7 +25,7 @@ from . import flow, wire
 from .channel_parts import ChannelParts
 from .channel_state import control_only_text
 from .channel_tx import TX_PUBLISH
-from .core.message import Message
+from .core.message import HELD, Message
 from .core.reserved import REPLY_TO, REPLY_TO_PREFIX
 from .core.vhost import REFUSED
 from .federation.model import LINK_HEADER_MARK, LINK_HEADERS
@@ -218,7 +218,7 @@ class Publishing(ChannelParts):
         message = Message(publish.address, header, body, pending.decoded)
         broker = self.broker
         memory = broker.memory
-        if not broker.blocked and Message.held > memory.message_budget:
+        if not broker.blocked and HELD.count > memory.message_budget:
             memory.check()
         if self.transaction is not None:
             self._hold_in_transaction(len(body))

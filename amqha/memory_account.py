@@ -1,7 +1,7 @@
 """The broker's memory account and the alarm it raises (docs/limits.md).
 
 Owns: what the process holds for its clients, counted as it changes (never by walking
-queues or connections): message bytes plus a per-message overhead (``Message.held``),
+queues or connections): message bytes plus a per-message overhead (``HELD.count``),
 arguments of bindings, exchanges and queues (``ArgumentBytes``), deduplication keys
 (``DedupBytes``), partial frames and
 content being assembled, output held for sockets that do not drain, a fixed cost per
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from .core.dedup import DedupBytes
-from .core.message import Message
+from .core.message import HELD
 from .core.priority import Lane
 from .core.routing import ArgumentBytes
 
@@ -61,11 +61,11 @@ class MemoryAccount:
         self.census = census
         self.on_change = on_change  # the alarm began or ended
         self.over = False
-        # Memory counted beyond Message.held (see the module docstring).
+        # Memory counted beyond HELD.count (see the module docstring).
         self.input_bytes = 0  # partial frames and multi-frame bodies being assembled
         self.paused_outputs = 0  # connections whose socket stopped draining
         # What messages may hold before the watermark is reached, refreshed at each check:
-        # a publish compares Message.held with it and checks at once when past it.
+        # a publish compares HELD.count with it and checks at once when past it.
         self.message_budget = watermark
         self.input_at_check = 0  # input_bytes when message_budget was last computed
         self.timer: asyncio.TimerHandle | None = None
@@ -87,7 +87,7 @@ class MemoryAccount:
         if (
             delta > 0
             and not self.over
-            and Message.held + self.input_bytes - self.input_at_check > self.message_budget
+            and HELD.count + self.input_bytes - self.input_at_check > self.message_budget
         ):
             self.check()
 
@@ -98,7 +98,7 @@ class MemoryAccount:
         """The bytes counted against the watermark (see the module docstring)."""
         queues, connections, channels = self.census()
         return (
-            Message.held
+            HELD.count
             + ArgumentBytes.held
             + DedupBytes.held
             + self.input_bytes
@@ -116,7 +116,7 @@ class MemoryAccount:
     def check(self) -> None:
         limit = self.watermark
         in_use = self.in_use()
-        self.message_budget = limit - (in_use - Message.held)
+        self.message_budget = limit - (in_use - HELD.count)
         self.input_at_check = self.input_bytes
         over = in_use > limit
         if over == self.over:

@@ -5,7 +5,7 @@ lazy access to its properties. The content header is kept exactly as the publish
 sent it and forwarded verbatim on delivery; it is decoded only when routing or
 dead-lettering needs a property.
 
-Also owns the count of the memory messages hold (``Message.held``): every message
+Also owns the count of the memory messages hold (``HELD.count``): every message
 adds its bytes and a fixed per-message overhead when it is made and takes them back
 when the last reference to it goes, wherever it was held (queues, unacknowledged
 deliveries, transactions). The memory watermark reads it.
@@ -18,7 +18,7 @@ Must not know: queues, channels, connections.
 from __future__ import annotations
 
 import struct
-from typing import Any, ClassVar
+from typing import Any, Final
 
 from pamqp import commands, exceptions
 from pamqp.header import ContentHeader
@@ -47,13 +47,25 @@ def _unshortstr_pair(address: bytes) -> tuple[str, str]:
     return address[1:exchange_end].decode(), address[exchange_end + 1 :].decode()
 
 
+class HeldBytes:
+    """The bytes held by all live messages of this process (see the module docstring).
+    An object's attribute, which compiled code reads and writes in place: a class
+    attribute was looked up and set by name, and each set emptied the type's method
+    cache (docs/performance.md, "Calls the compiler can bind")."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+HELD: Final = HeldBytes()
+
+
 class Message:
     """One message. Shared by every queue it was routed to; never mutated after routing."""
 
     __slots__ = ("address", "header", "body", "decoded", "cost", "msg_id")
-
-    # Bytes held by all live messages of this process (see the module docstring).
-    held: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -73,10 +85,10 @@ class Message:
         self.decoded = decoded
         cost = len(address) + len(header) + len(body) + MESSAGE_OVERHEAD
         self.cost = cost
-        Message.held += cost
+        HELD.count += cost
 
     def __del__(self) -> None:
-        Message.held -= self.cost
+        HELD.count -= self.cost
 
     @property
     def exchange(self) -> str:

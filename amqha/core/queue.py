@@ -498,10 +498,12 @@ class Queue:
 
     def ack(self, msg_ids: list[int]) -> None:
         """Settle outstanding messages for good (acked by their consumer)."""
-        pop = self.outstanding.pop
+        outstanding = self.outstanding
         deadlines = self.outstanding_deadlines
         for msg_id in msg_ids:
-            pop(msg_id, None)
+            # ``in`` and ``del`` compile to C calls; ``pop`` is a method called by name.
+            if msg_id in outstanding:
+                del outstanding[msg_id]
         if deadlines:
             for msg_id in msg_ids:
                 deadlines.pop(msg_id, None)
@@ -513,7 +515,9 @@ class Queue:
 
     def ack_one(self, msg_id: int) -> None:
         """``ack`` of one id, the usual case (an ack per message)."""
-        self.outstanding.pop(msg_id, None)
+        outstanding = self.outstanding
+        if msg_id in outstanding:
+            del outstanding[msg_id]
         if self.outstanding_deadlines:
             self.outstanding_deadlines.pop(msg_id, None)
         self.acked += 1

@@ -66,7 +66,7 @@ class ArgumentBytes:
     """The argument bytes (``arguments_size``) held by every live binding, exchange and
     queue of this process, and each binding's own cost (``BINDING_COST`` and its routing
     key): each adds its own when made and takes them back in its finaliser, as messages
-    do in ``Message.held``. The memory watermark reads it."""
+    do in ``message.HELD``. The memory watermark reads it."""
 
     held = 0
 

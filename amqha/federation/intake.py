@@ -24,7 +24,7 @@ from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
 from ..core import names
-from ..core.message import Message
+from ..core.message import HELD, Message
 from ..core.vhost import REFUSED
 from ..wire import address_of, with_headers
 from . import model
@@ -121,7 +121,7 @@ class Intake:
         wait = vhost.enqueue(message, queues, now) if queues else 0
         message.decoded = None
         broker = self.broker
-        if not broker.blocked and Message.held > broker.memory.message_budget:
+        if not broker.blocked and HELD.count > broker.memory.message_budget:
             broker.memory.check()  # as a publish does: acks stop at once past the watermark
         if wait == REFUSED:
             self.counters.drop("rejected")

@@ -14,7 +14,7 @@ from pamqp.header import ContentHeader
 from amqha.core import release
 from amqha.core.changes import ChangeLog, Settled
 from amqha.core.kinds import new_queue
-from amqha.core.message import Message
+from amqha.core.message import HELD, Message
 from amqha.core.priority import PriorityQueue
 from amqha.core.queue import Queue
 from amqha.wire import address_of
@@ -59,15 +59,15 @@ def test_a_purge_empties_the_queue_at_once_and_frees_its_messages_later(
 ) -> None:
     log = ChangeLog()
     queue = filled(50, log)
-    held = Message.held
+    held = HELD.count
     assert queue.purge() == 50
     assert queue.message_count == 0 and not queue.ready and queue.bytes == 0
     (settled,) = log.take()[1]
     assert type(settled) is Settled and settled.msg_ids == tuple(range(1, 51))
-    assert Message.held == held  # not freed yet: handed over
+    assert HELD.count == held  # not freed yet: handed over
     while release.some(20):
         pass
-    assert Message.held < held and release.pending() == 0
+    assert HELD.count < held and release.pending() == 0
     queue.restore(Message(b"", b"", b"y", None, 51), None)  # the queue goes on as before
     assert [m.msg_id for m, _ in queue.messages()] == [51]
 
@@ -102,15 +102,15 @@ def prioritised(count: int, log: ChangeLog | None = None) -> PriorityQueue:
 def test_a_priority_queues_purge_frees_its_lanes_later(wakes: list[int]) -> None:
     log = ChangeLog()
     queue = prioritised(60, log)
-    held = Message.held
+    held = HELD.count
     assert queue.purge() == 60
     assert queue.message_count == 0 and queue.bytes == 0 and not queue.lanes
     (settled,) = log.take()[1]
     assert sorted(settled.msg_ids) == list(range(1, 61))
-    assert Message.held == held and release.pending() == 60  # handed over, lane by lane
+    assert HELD.count == held and release.pending() == 60  # handed over, lane by lane
     while release.some(25):
         pass
-    assert Message.held < held and release.pending() == 0
+    assert HELD.count < held and release.pending() == 0
 
 
 def test_a_passive_applying_a_priority_queues_purge_lets_go_of_every_lane(
