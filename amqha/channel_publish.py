@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 _USER_ID_FLAG: Final = 0x10
 # The reply_to bit (high byte of the flag word).
 _REPLY_TO_FLAG: Final = 0x02
+# The headers bit (high byte of the flag word).
+_HEADERS_FLAG: Final = 0x20
 
 
 class PendingPublish:
@@ -147,9 +149,14 @@ class Publishing(ChannelParts):
             if filled is not payload:
                 pending.decoded = None  # decoded from the header before it was rewritten
                 payload = filled
-        # ``find``, not ``in``: bytes' ``in`` first tries its operand as an integer, and
-        # raises and clears a TypeError, message formatted, on every publish.
-        if payload.find(LINK_HEADER_MARK) != -1 and not self.connection.federation_linked:
+        # Only a header with a headers table can hold the marker. ``find``, not ``in``:
+        # bytes' ``in`` first tries its operand as an integer, and raises and clears a
+        # TypeError, message formatted, on every publish.
+        if (
+            payload[12] & _HEADERS_FLAG
+            and payload.find(LINK_HEADER_MARK) != -1
+            and not self.connection.federation_linked
+        ):
             # The path and probe headers a federation link acts on come only from a link's
             # own connection (docs/security.md, "Federation names").
             stripped = wire.without_headers(payload, LINK_HEADERS)
@@ -233,7 +240,9 @@ class Publishing(ChannelParts):
         vhost = self.vhost
         queues = vhost.route(exchange, publish.routing_key, message)
         wait = (
-            vhost.enqueue(message, queues, self.broker.now())
+            # The vhost's clock is the broker's (the pair's time), read without a call
+            # through the broker's protocol.
+            vhost.enqueue(message, queues, vhost.wall_clock())
             if queues
             else vhost.unrouted_wait(exchange)
         )
