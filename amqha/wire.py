@@ -557,16 +557,25 @@ def _value(data: bytes, at: int, end: int, depth: int, entries: _Entries) -> tup
 
 def put_u16(out: BytesWriter, n: int) -> None:
     """``n`` (0 to 65535) as two bytes, big-endian: librt writes signed integers, so the
-    upper half goes as its two's complement (the same bytes)."""
+    upper half goes as its two's complement (the same bytes). Out of range, a
+    ValueError, as ``Struct.pack`` refused it."""
+    if not 0 <= n <= 0xFFFF:
+        raise ValueError(f"{n} is out of range for an unsigned 16-bit integer")
     write_i16_be(out, n - 0x10000 if n > 0x7FFF else n)
 
 
 def put_u32(out: BytesWriter, n: int) -> None:
+    if not 0 <= n <= 0xFFFFFFFF:
+        raise ValueError(f"{n} is out of range for an unsigned 32-bit integer")
     write_i32_be(out, n - 0x100000000 if n > 0x7FFFFFFF else n)
 
 
 def put_u64(out: BytesWriter, n: int) -> None:
+    if n < 0:
+        raise ValueError(f"{n} is out of range for an unsigned 64-bit integer")
     if n > 0x3FFFFFFFFFFFFFFF:  # past what a compiled int holds unboxed: rare
+        if n > 0xFFFFFFFFFFFFFFFF:
+            raise ValueError(f"{n} is out of range for an unsigned 64-bit integer")
         n = n - 0x10000000000000000 if n > 0x7FFFFFFFFFFFFFFF else n
     write_i64_be(out, n)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from librt.strings import BytesWriter
 from pamqp import base, commands, exceptions, frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader, ProtocolHeader
@@ -845,3 +846,20 @@ def test_without_headers_drops_only_the_named_headers() -> None:
         body_size=0, properties=commands.Basic.Properties(headers={"amqha-probe": "x"})
     )
     assert decode_properties(without_headers(only.marshal(), keys)).headers is None
+
+
+@pytest.mark.parametrize(
+    ("put", "code", "top"),
+    [(wire.put_u16, ">H", 2**16), (wire.put_u32, ">I", 2**32), (wire.put_u64, ">Q", 2**64)],
+)
+def test_unsigned_writes_give_structs_bytes_and_refuse_what_it_refused(put, code, top) -> None:
+    """librt writes signed integers: the unsigned ones go as two's complement, the same
+    bytes as struct's, at both ends and across the sign bit; out of range is refused."""
+    for n in (0, 1, top // 2 - 1, top // 2, top // 2 + 1, 2**62 - 1, 2**62, top - 1):
+        if n < top:
+            out = BytesWriter()
+            put(out, n)
+            assert out.getvalue() == struct.pack(code, n), n
+    for bad in (-1, top, top + 1):
+        with pytest.raises((ValueError, OverflowError)):
+            put(BytesWriter(), bad)
