@@ -96,16 +96,11 @@ def split_frames(buffer: bytes | bytearray, frame_max: int) -> tuple[list[RawFra
     # One copy now (at most a partial frame plus a read) rather than two per frame.
     data = buffer if type(buffer) is bytes else bytes(buffer)
     while available - position >= 7:
-        # The head read byte by byte: the compiled code reads each in place, where
-        # ``unpack_from`` parses its arguments and builds a tuple for every frame.
+        # The head read in place, where ``unpack_from`` parses its arguments and builds
+        # a tuple for every frame.
         kind = data[position]
         channel = data[position + 1] << 8 | data[position + 2]
-        size = (
-            data[position + 3] << 24
-            | data[position + 4] << 16
-            | data[position + 5] << 8
-            | data[position + 6]
-        )
+        size = u32_at(data, position + 3)
         if size > largest_payload:
             raise exceptions.AMQPFrameError(
                 f"FRAME_ERROR - frame size {size + FRAME_OVERHEAD} exceeds frame_max {frame_max}"
@@ -229,6 +224,12 @@ def i64_at(data: bytes, at: int) -> int:
     return value
 
 
+def u64_at(data: bytes, at: int) -> int:
+    """The big-endian unsigned 64-bit integer at ``at`` (IndexError past the end)."""
+    value: int = read_i64_be(data, at)
+    return value if value >= 0 else value + 0x10000000000000000
+
+
 def method_ids(frame: RawFrame) -> tuple[int, int]:
     """A method frame's class and method ids, (0, 0) for any other frame."""
     if frame.kind == FRAME_METHOD and len(frame.payload) >= 4:
@@ -311,7 +312,7 @@ def content_body_size(header_payload: bytes) -> int:
     if len(header_payload) < 14:
         raise exceptions.AMQPFrameError("FRAME_ERROR - content header too short")
     class_id = header_payload[0] << 8 | header_payload[1]
-    body_size = u32_at(header_payload, 4) << 32 | u32_at(header_payload, 8)
+    body_size = u64_at(header_payload, 4)
     if class_id != commands.Basic.frame_id:
         raise exceptions.AMQPFrameError(f"FRAME_ERROR - content header for class {class_id}")
     return body_size
@@ -580,13 +581,19 @@ def put_u64(out: BytesWriter, n: int) -> None:
     write_i64_be(out, n)
 
 
+def put_head(out: BytesWriter, kind: int, channel: int, size: int) -> None:
+    """A frame's first seven bytes: its type, channel and payload size."""
+    out.append(kind)
+    put_u16(out, channel)
+    put_u32(out, size)
+
+
 def frame_head(kind: int, channel: int, size: int) -> bytes:
-    """A frame's first seven bytes: its type, channel and payload size. ``int.to_bytes``
-    of the three in one integer: compiled, a call in C where ``Struct.pack`` was a method
-    looked up by name, its arguments parsed (docs/performance.md, "Writing frames")."""
-    if not (0 <= channel <= 0xFFFF and 0 <= size <= 0xFFFFFFFF):
-        raise ValueError(f"frame head out of range: channel {channel}, size {size}")
-    return (kind << 48 | channel << 32 | size).to_bytes(7, "big")
+    """``put_head`` as bytes: compiled, C calls where ``Struct.pack`` was a method looked
+    up by name, its arguments parsed (docs/performance.md, "Writing frames")."""
+    out = BytesWriter()
+    put_head(out, kind, channel, size)
+    return out.getvalue()
 
 
 def method_frame(channel: int, method: Method) -> bytes:
@@ -639,23 +646,17 @@ def deliver_frames(
         # buffer, the body copied once after it (docs/performance.md, "Writing frames").
         # 13 = method index, delivery tag, redelivered.
         out = BytesWriter()
-        out.append(FRAME_METHOD)
-        put_u16(out, channel)
-        put_u32(out, 13 + len(consumer_tag) + len(address))
+        put_head(out, FRAME_METHOD, channel, 13 + len(consumer_tag) + len(address))
         out.write(_DELIVER_PREFIX)
         out.write(consumer_tag)
         put_u64(out, delivery_tag)
         out.append(1 if redelivered else 0)
         out.write(address)
         out.append(FRAME_END)
-        out.append(FRAME_HEADER)
-        put_u16(out, channel)
-        put_u32(out, len(header_payload))
+        put_head(out, FRAME_HEADER, channel, len(header_payload))
         out.write(header_payload)
         out.append(FRAME_END)
-        out.append(FRAME_BODY)
-        put_u16(out, channel)
-        put_u32(out, size)
+        put_head(out, FRAME_BODY, channel, size)
         return b"%b%b\xce" % (out.getvalue(), body)
     payload = b"".join(
         (
@@ -735,14 +736,13 @@ def deliver_tag(payload: bytes) -> int:
 
 
 def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
-    return b"".join(
-        (
-            frame_head(FRAME_METHOD, channel, 13),
-            _ACK_PREFIX,
-            delivery_tag.to_bytes(8, "big"),
-            b"\x01\xce" if multiple else b"\x00\xce",
-        )
-    )
+    out = BytesWriter()
+    put_head(out, FRAME_METHOD, channel, 13)
+    out.write(_ACK_PREFIX)
+    put_u64(out, delivery_tag)
+    out.append(1 if multiple else 0)
+    out.append(FRAME_END)
+    return out.getvalue()
 
 
 def nack_frame(channel: int, delivery_tag: int, multiple: bool, requeue: bool = False) -> bytes:
@@ -754,8 +754,7 @@ def decode_ack(payload: bytes) -> tuple[int, bool]:
     """Basic.Ack from a client: (delivery_tag, multiple)."""
     if len(payload) != 13:
         raise exceptions.AMQPSyntaxError("SYNTAX_ERROR - Basic.Ack has the wrong length")
-    tag = u32_at(payload, 4) << 32 | u32_at(payload, 8)
-    return tag, bool(payload[12] & 1)
+    return u64_at(payload, 4), bool(payload[12] & 1)
 
 
 ACK_INDEX: Final = commands.Basic.Ack.index

@@ -636,10 +636,10 @@ def test_messages_that_share_or_change_their_address_header_and_queue_round_trip
 @pytest.mark.parametrize(
     "msg_id", [0, 1, 255, 256, 2**31, 2**32 + 7, 2**62, 2**63 - 1, -1, -(2**63)]
 )
-def test_message_ids_and_sizes_read_byte_by_byte_round_trip_and_refuse_a_cut_run(
+def test_message_ids_and_sizes_read_in_place_round_trip_and_refuse_a_cut_run(
     msg_id: int,
 ) -> None:
-    """The message fast path reads its ids and sizes byte by byte, and a message without
+    """The message fast path reads its ids and sizes in place, and a message without
     a deadline without making a float: every id width, both persistence flags, a deadline
     beside none, and a run cut at any byte is refused."""
     changes: list[Any] = [
