@@ -174,10 +174,14 @@ class Network:
     def limit(self, host: Host, rate: str = "1mbit") -> None:
         """Bandwidth of the host's link out, by a token bucket (``tc tbf``)."""
         # The burst must hold more than a kernel tick's worth of the rate, or the bucket
-        # empties between ticks and the link runs far below ``rate``.
+        # empties between ticks and the link runs far below ``rate``. The queue holds at
+        # most 200 ms of it: a host that fills its link (a catch-up after a cut) delays
+        # everything else it sends by that much, its witness pings too; with 400 ms, a
+        # ping every 0.2 s reached the witness up to 0.6 s late, the whole failover
+        # timeout, and an ACTIVE fast enough to keep its link full lost its witness.
         self.inside(
             host, "tc", "qdisc", "replace", "dev", host.inside, "root",
-            "tbf", "rate", rate, "burst", "256kbit", "latency", "400ms",
+            "tbf", "rate", rate, "burst", "256kbit", "latency", "200ms",
         )  # fmt: skip
         host.limited = True
 
