@@ -25,7 +25,13 @@ publisher confirms with a window of 100, loopback:
   runs of the ratios alone);
 - ``takeover_at_in_sync``: the PASSIVE restarted again on that backlog, the ACTIVE
   killed -9 the moment it declares it in sync: seconds to the first publish the
-  PASSIVE confirms (goal <= 1 s), and what it had left to apply.
+  PASSIVE confirms (goal <= 1 s), and what it had left to apply;
+- ``disk``: what sharing one disk costs the pair here. An fdatasync of 16 KiB alone and
+  two at once (two threads, two files), and ``cap``: the ratio at WINDOW in flight that
+  a pair on this disk would reach if replication cost nothing but the PASSIVE's fsync
+  running beside the ACTIVE's (the standalone round, over that round lengthened by what
+  the second fsync adds). Two servers on two machines do not pay it
+  (docs/durability.md, section 8, "Where the round goes").
 
 Failover time with replication on is ``bench.failover_bench`` (a pair replicates by
 default). Prints JSON.
@@ -40,6 +46,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -239,6 +246,56 @@ async def takeover_at_in_sync(pair: Pair, active: ServerProcess) -> dict[str, An
     }
 
 
+SYNC_BYTES = 16 << 10  # about a run of 100 of these messages
+SYNCS = 200
+
+
+def _fsyncs(path: Path, out: list[float], start: threading.Barrier) -> None:
+    """SYNCS overwrites of SYNC_BYTES, each made durable, in a file written once before
+    (as SQLite reuses its log): the median seconds each."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, bytes(SYNC_BYTES * SYNCS))
+        os.fsync(fd)
+        seconds = []
+        start.wait(30)
+        for at in range(SYNCS):
+            began = time.perf_counter()
+            os.pwrite(fd, b"x" * SYNC_BYTES, at * SYNC_BYTES)
+            os.fdatasync(fd)
+            seconds.append(time.perf_counter() - began)
+        out.append(statistics.median(seconds))
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def disk_share(workdir: Path, standalone_msgs_per_s: float) -> dict[str, Any]:
+    """The fsync's time alone and beside another, and the cap it puts on the ratio."""
+    found: dict[int, list[float]] = {}
+    for writers in (1, 2):
+        out: list[float] = []
+        start = threading.Barrier(writers)
+        threads = [
+            threading.Thread(target=_fsyncs, args=(workdir / f"sync-{i}", out, start))
+            for i in range(writers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        found[writers] = out
+    alone = found[1][0]
+    beside = statistics.median(found[2])
+    round_seconds = WINDOW / standalone_msgs_per_s
+    return {
+        "fsync_us_alone": round(alone * 1e6),
+        "fsync_us_two_at_once": round(beside * 1e6),
+        "standalone_round_us": round(round_seconds * 1e6),
+        "cap": round(round_seconds / (round_seconds + max(0.0, beside - alone)), 3),
+    }
+
+
 def best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return max(rounds, key=lambda r: r["msgs_per_s"])
 
@@ -346,6 +403,8 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
                 section = compare(alone, rounds) | {"window": window}
                 if key is None:
                     result.update(section)
+                    median = statistics.median(r["msgs_per_s"] for r in alone)
+                    result["disk"] = disk_share(workdir, median)
                 else:
                     result[key] = section
             solo.stop()
