@@ -44,8 +44,10 @@ from .auth import Refused
 from .channel import Channel
 from .channel_state import CLOSING as CHANNEL_CLOSING
 from .core import feedauth
+from .core.reserved import PEERING_PRODUCT
 from .gate import ACCEPT, Redirect, not_active_text
 from .logtext import escaped
+from .netmark import mark_transport
 from .read_holds import (
     HEARTBEAT_PAUSING,
     LASTING_HOLDS,
@@ -653,6 +655,13 @@ class Connection(asyncio.Protocol):
         self.hold_reading(READ_HELD_LOGIN, True)
         self.login = self.loop.create_task(self._login(username, password, method.mechanism))
 
+    def _mark_control(self) -> None:
+        """The peer's state messages ride this link: what this side sends on it (acks,
+        heartbeats) goes ahead of bulk traffic too (docs/failover.md, "On a full link")."""
+        problem = "no socket to mark" if self.transport is None else mark_transport(self.transport)
+        if problem is not None:
+            log.warning("%s: the peering link's %s", self.peer, problem)
+
     async def _login(self, username: str, password: str, mechanism: str) -> None:
         try:
             result = await self.broker.authenticate(
@@ -675,6 +684,8 @@ class Connection(asyncio.Protocol):
         self.user = result
         self.bypasses_gate = bool({"peering", "administrator"} & set(result.tags))
         self.pair_link = "peering" in result.tags
+        if self.pair_link and self.client_properties.get("product") == PEERING_PRODUCT:
+            self._mark_control()
         if not self.bypasses_gate and not self.capability("connection.redirect"):
             # Clients read a Close sent in reply to Open as a framing error and lose its
             # text; a Close before Tune reaches their user as a plain 320 with the reason.

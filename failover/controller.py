@@ -33,7 +33,7 @@ from urllib.parse import quote
 from amqha import __version__, clock
 from amqha.core import feedauth, protocol
 from amqha.core.message import Message
-from amqha.core.reserved import PEER_EXCHANGE
+from amqha.core.reserved import PEER_EXCHANGE, PEERING_PRODUCT
 from amqha.gate import ACCEPT, Accept, ConsoleRefused, Member, Redirect, not_active_text
 from amqha.logtext import escaped
 from amqha.quarantine import is_incomplete
@@ -199,10 +199,11 @@ class FailoverController(FreezeRule, WitnessRule, PairCommands, Switchover, Main
             connect_timeout=_connect_timeout(self.config),
             heartbeat=self.config.failover.link_heartbeat,
             on_up=on_up,
-            client_properties={"product": "amqha peering", "amqha_node": self.config.name},
+            client_properties={"product": PEERING_PRODUCT, "amqha_node": self.config.name},
             ssl_context=None if peer_tls is None else client_context(peer_tls, self.config.source),
             server_hostname=None if peer_tls is None else peer_tls.server_name,
             login_proof=self._peering_login_proof,
+            control=True,
         )
 
     def _peering_login_proof(self, server_properties: dict[str, Any]) -> str:

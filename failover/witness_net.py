@@ -1,11 +1,12 @@
 """The witness over UDP: a server's client of its witnesses, and ``amqha witness`` itself.
 
 Owns: the datagram endpoints (one connected socket per witness on the server's side, one
-listening socket on the witness's), nonces (an answer counts only if it echoes a ping of
-ours still outstanding), the server's boot, sequence numbers and the challenge each
-witness gave it last, what a server makes known of witnesses that do not answer or whose
-answers fail verification (a log line at most every ``SILENT_LOG`` seconds, and
-``status``), and the witness's record of whom it heard when. The protocol and its rules
+listening socket on the witness's; both marked as control traffic, ``amqha.netmark``),
+nonces (an answer counts only if it echoes a ping of ours still outstanding), the
+server's boot, sequence numbers and the challenge each witness gave it last, what a
+server makes known of witnesses that do not answer or whose answers fail verification
+(a log line at most every ``SILENT_LOG`` seconds, and ``status``), and the witness's
+record of whom it heard when. The protocol and its rules
 are ``witness`` (docs/failover.md, "The witness").
 
 Must not know: the state machine, the broker.
@@ -22,6 +23,8 @@ import signal
 import time
 from collections.abc import Callable
 from typing import Any
+
+from amqha.netmark import mark_transport
 
 from .witness import (
     REFUSAL,
@@ -49,6 +52,13 @@ SILENT_LOG = 30.0
 # A witness tells at most this many senders a second that it refused their ping (a note
 # shorter than the ping: a flood of forged pings is not amplified).
 REFUSALS_PER_SECOND = 10
+
+
+def _mark(transport: asyncio.BaseTransport, what: str) -> None:
+    """The socket's datagrams marked ahead of bulk traffic (``amqha.netmark``)."""
+    problem = mark_transport(transport)
+    if problem is not None:
+        log.warning("%s: %s; they may wait behind bulk traffic", what, problem)
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -106,7 +116,7 @@ class WitnessClient:
     async def _open(self, index: int) -> None:
         host, port = self.addresses[index]
         try:
-            _, endpoint = await asyncio.get_running_loop().create_datagram_endpoint(
+            transport, endpoint = await asyncio.get_running_loop().create_datagram_endpoint(
                 lambda: _Endpoint(self, index), remote_addr=(host, port)
             )
         except OSError as error:
@@ -118,6 +128,7 @@ class WitnessClient:
             self._opening.discard(index)
         self._logged[index] = None
         self.endpoints[index] = endpoint
+        _mark(transport, f"witness {host}:{port}: pings")
 
     def ping(self, state: str, epoch: int, silent_for: float) -> None:
         for index, endpoint in enumerate(self.endpoints):
@@ -347,12 +358,19 @@ class WitnessServer(asyncio.DatagramProtocol):
             self.transport.sendto(encode_answer(self.secret, answer), addr)
 
 
+async def open_witness(host: str, port: int, secret: bytes) -> asyncio.DatagramTransport:
+    """A witness listening on ``host:port``, its answers marked as control traffic."""
+    transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+        lambda: WitnessServer(secret), local_addr=(host, port)
+    )
+    _mark(transport, "witness: answers")
+    return transport
+
+
 async def serve_witness(host: str, port: int, secret: bytes) -> None:
     """Run a witness until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_datagram_endpoint(
-        lambda: WitnessServer(secret), local_addr=(host, port)
-    )
+    transport = await open_witness(host, port, secret)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):

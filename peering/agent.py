@@ -3,8 +3,9 @@
 Owns: connecting (aiormq) as the peering user, over TLS when given a context,
 reconnecting with capped exponential backoff after any failure (refused, reset, cut,
 remote restart, a connect that hangs, a certificate not trusted), one channel for
-publishing, and up/down notifications. A TLS failure is logged as an error, once per
-distinct reason until the link comes up: it will not heal by retrying. Evidence that the
+publishing, and up/down notifications; a link that carries the pair's control traffic
+has its socket marked so (``control``, ``amqha.netmark``). A TLS failure is logged as an
+error, once per distinct reason until the link comes up: it will not heal by retrying. Evidence that the
 remote's process is gone: once a link that was up drops, its port refusing connections on
 every address is reported to ``on_gone`` (docs/failover.md, "Evidence").
 
@@ -28,6 +29,7 @@ import aiormq
 from pamqp.commands import Basic
 
 from amqha.logtext import error_chain
+from amqha.netmark import mark_transport
 
 log = logging.getLogger("amqha.peering")
 # aiormq logs every refused connect at ERROR; a peering retries by design and logs its own
@@ -233,6 +235,29 @@ class _Proof:
         return _Response(self.text)
 
 
+class ControlTransport(aiormq.TransportFactory):
+    """Opens the socket as aiormq's own factories do (TCP, or TLS for amqps), then marks
+    it as the pair's control traffic (``amqha.netmark``). ``problem``: why the last socket
+    could not be marked, or None; ``writer``: the last one opened."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def create(
+        self, url: Any, **kwargs: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        opener = (
+            aiormq.connection.TLSTransportFactory()
+            if url.scheme == "amqps"
+            else aiormq.connection.TCPTransportFactory()
+        )
+        reader, writer = await opener.create(url, **kwargs)
+        self.problem = mark_transport(writer.transport)
+        self.writer = writer
+        return reader, writer
+
+
 class _ProvingConnection(aiormq.Connection):
     """aiormq's connection, with a login that answers the server's Connection.Start
     (``login_proof(server_properties)``) instead of sending the URL's password."""
@@ -268,11 +293,13 @@ class Peering(Reconnecting):
         server_hostname: str | None = None,
         on_channel: Callable[[aiormq.abc.AbstractChannel], Awaitable[None]] | None = None,
         login_proof: Callable[[dict[str, Any]], str] | None = None,
+        control: bool = False,
     ) -> None:
         """``login_proof(server_properties)``: what the login sends instead of the URL's
-        password (docs/security.md, "Logins"); ``ssl_context``: connect with TLS (``url``
-        then says amqps); ``server_hostname``:
-        the name checked in the remote's certificate, if not the host of ``url``;
+        password (docs/security.md, "Logins"); ``control``: the link carries what the
+        failover rules read, marked ahead of bulk traffic; ``ssl_context``: connect with
+        TLS (``url`` then says amqps); ``server_hostname``: the name checked in the
+        remote's certificate, if not the host of ``url``;
         ``on_channel``: awaited with each new link's channel before it counts as up (to
         subscribe, say); if it fails, the link is retried like a failed connect."""
         super().__init__(url, name, backoff_initial, backoff_max, connect_timeout, on_up, on_down)
@@ -285,6 +312,11 @@ class Peering(Reconnecting):
         self._connection: aiormq.abc.AbstractConnection | None = None
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._connect_options: dict[str, Any] = {}
+        self.transport: ControlTransport | None = None
+        if control:
+            self.transport = ControlTransport()
+            self._connect_options["transport_factory"] = self.transport
+        self._mark_logged: str | None = None
         if ssl_context is not None:
             self._connect_options["context"] = ssl_context
             if server_hostname is not None:
@@ -342,6 +374,10 @@ class Peering(Reconnecting):
                 self.connect_timeout,
             )
         self._connection = connection
+        problem = None if self.transport is None else self.transport.problem
+        if problem is not None and problem != self._mark_logged:  # once per distinct reason
+            log.warning("%s: %s; its heartbeats may wait behind bulk traffic", self.name, problem)
+        self._mark_logged = problem
         channel = await bounded(connection.channel(), self.connect_timeout)
         if self.on_channel is not None:
             await bounded(self.on_channel(channel), self.connect_timeout)

@@ -171,8 +171,16 @@ class Network:
             self.inside(host, "tc", "qdisc", "del", "dev", host.inside, "root")
             host.limited = False
 
-    def limit(self, host: Host, rate: str = "1mbit") -> None:
-        """Bandwidth of the host's link out, by a token bucket (``tc tbf``)."""
+    def limit(self, host: Host, rate: str = "1mbit", control_first: bool = False) -> None:
+        """Bandwidth of the host's link out, by a token bucket (``tc tbf``).
+
+        With ``control_first`` the queue behind the bucket is a ``pfifo_fast`` one (Linux's
+        own default, in every kernel), which sends what is marked as control traffic
+        (``amqha.netmark``: the socket priority) ahead of the rest and holds as much of
+        the rest as the link's queue length, and the host's TCP loss-based (reno, which a
+        namespace may choose where cubic, most hosts' default, is not allowed): a bulk
+        flow fills that queue until it drops, seconds of it at a low rate: a bufferbloated
+        uplink that honours the marks."""
         # The burst must hold more than a kernel tick's worth of the rate, or the bucket
         # empties between ticks and the link runs far below ``rate``. The queue holds at
         # most 200 ms of it: a host that fills its link (a catch-up after a cut) delays
@@ -180,10 +188,40 @@ class Network:
         # ping every 0.2 s reached the witness up to 0.6 s late, the whole failover
         # timeout, and an ACTIVE fast enough to keep its link full lost its witness.
         self.inside(
-            host, "tc", "qdisc", "replace", "dev", host.inside, "root",
+            host, "tc", "qdisc", "replace", "dev", host.inside, "root", "handle", "1:",
             "tbf", "rate", rate, "burst", "256kbit", "latency", "200ms",
         )  # fmt: skip
+        if control_first:
+            self.inside(
+                host, "tc", "qdisc", "add", "dev", host.inside, "parent", "1:1", "pfifo_fast",
+            )  # fmt: skip
+            self.inside(host, "sysctl", "-qw", "net.ipv4.tcp_congestion_control=reno")
         host.limited = True
+
+    def backlog(self, host: Host) -> int:
+        """Bytes waiting in the host's limited way out (0 without a limit)."""
+        shown = self.inside(host, "tc", "-s", "qdisc", "show", "dev", host.inside).stdout
+        # The root's line comes first: what the bucket and the queue behind it hold.
+        for line in shown.splitlines():
+            if line.strip().startswith("backlog "):
+                figure = line.split()[1]
+                for suffix, scale in (("Mb", 1 << 20), ("Kb", 1 << 10), ("b", 1)):
+                    if figure.endswith(suffix):
+                        return int(figure[: -len(suffix)]) * scale
+        return 0
+
+    def pin_neighbours(self, host: Host, other: Host) -> None:
+        """Each host knows the other's hardware address for good (permanent neighbour
+        entries): no ARP between them. An ARP probe or reply waits in a full queue like
+        any unmarked packet, and the entry then fails; the limit above stands for a
+        bottleneck past the first hop, where the neighbour is reached on an idle link."""
+        for one, two in ((host, other), (other, host)):
+            shown = self.inside(two, "ip", "-o", "link", "show", "dev", two.inside).stdout
+            mac = shown.split("link/ether ", 1)[1].split()[0]
+            self.inside(
+                one, "ip", "neigh", "replace", two.address, "lladdr", mac,
+                "dev", one.inside, "nud", "permanent",
+            )  # fmt: skip
 
     # -- teardown -------------------------------------------------------------------------
 

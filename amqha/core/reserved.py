@@ -27,6 +27,11 @@ FEDERATION_EXCHANGE = "amq.federation"
 # The queue a PASSIVE subscribes to for the replication feed (docs/durability.md): the
 # channel routes its Basic.Consume and acks to the feed, never to a queue of this name.
 FEED_QUEUE = "amq.replication"
+# The client product the pair's peering link names itself by (failover/controller.py): a
+# peering login that says so carries the peer's state messages, and its server side is
+# marked as control traffic like its client side (amqha/netmark.py; docs/failover.md, "On
+# a full link"); the replication link, a peering login too, is bulk.
+PEERING_PRODUCT = "amqha peering"
 # Direct reply-to (RabbitMQ's extension): a consumer on this pseudo-queue receives, without
 # any queue, the messages published to the default exchange with the routing key its
 # channel's requests carry in reply_to (the name followed by a token naming the channel).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ import aio_pika
 import pytest
 
 from amqha.console import ConsoleClient
+from amqha.netmark import CONTROL_TOS
 from peering import Peering
 from tests.proxy import TcpProxy
 from tests.support import ServerProcess, until
@@ -83,6 +85,40 @@ async def test_connects_publishes_and_stops(make_server) -> None:
     assert not peering.connected
     assert not peering.publish("", b"after stop", routing_key=sink.name)
     assert peering.status.dropped == 1
+
+
+async def test_a_control_link_is_marked_and_an_ordinary_one_is_not(make_server) -> None:
+    """The pair's own link (``control``) leaves marked ahead of bulk traffic
+    (amqha.netmark), each of its connections (a reconnect too); another peering not."""
+    server = make_server("remote").start()
+    sink = await Sink(server, "peering-marked").open()
+    control = make_peering(server.port, [], control=True)
+    ordinary = make_peering(server.port, [])
+    await control.start()
+    await ordinary.start()
+    try:
+        seen = []
+        for connects in (1, 2):
+            await until(lambda: control.connected and ordinary.connected, 20, "links up")
+            assert control.status.connects == connects
+            assert control.transport is not None and control.transport.writer is not None
+            sock = control.transport.writer.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == CONTROL_TOS
+            assert control.transport.problem is None
+            seen.append(control.transport.writer)
+            if connects == 1:
+                assert control.publish("", b"marked", routing_key=sink.name)
+                await sink.receive(b"marked")
+                await sink.close()
+                server.kill()  # both links drop, and come back to the restarted server
+                await until(lambda: not control.connected, 10, "the control link dropped")
+                server.start()
+        assert seen[0] is not seen[1]
+        assert ordinary.transport is None
+    finally:
+        await control.stop()
+        await ordinary.stop()
+        await sink.close()
 
 
 async def test_reconnects_after_the_remote_is_killed_and_restarted(

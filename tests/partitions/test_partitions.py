@@ -347,6 +347,66 @@ async def test_with_a_witness_a_one_way_partition_changes_nothing(witnessed: Sit
     assert counts["quarantined"] == 0
 
 
+BULK = 32 * 1024  # one message of the bulk that fills the primary's way out
+BULK_COUNT = 384  # 12 MiB: at 1 Mbit/s, over a minute and a half of the link
+BULK_TAKERS = 16  # connections: one flow's queue is bounded by the kernel, not sixteen
+
+
+async def test_with_a_witness_a_full_link_holds_no_heartbeat_back(witnessed: Site) -> None:
+    """The peer link cut, so the ACTIVE serves on its witness's word alone, and its way out
+    held to 1 Mbit/s with a deep queue that sixteen consumers of large messages keep full
+    (a second and more of bulk ahead of anything unmarked): its pings to the witness are
+    marked as control traffic and pass the bulk (docs/failover.md, "On a full link"), so
+    it never stops serving. Unmarked, they waited in that queue past the timeout, and the
+    ACTIVE fenced itself within seconds of the bulk starting."""
+    site = witnessed
+    pair = await started(site)
+    publishers = Publishers([pair.primary])
+    connections = [await aiormq.connect(pair.primary.url) for _ in range(BULK_TAKERS)]
+    received: list[int] = []
+
+    async def take(message: Any) -> None:
+        received.append(len(message.body))
+
+    try:
+        channel = await connections[0].channel()
+        await channel.queue_declare("bulk")  # not durable: the cut PASSIVE needs none of it
+        for _ in range(BULK_COUNT):  # before the limit: its acks would hold these back
+            await channel.basic_publish(b"x" * BULK, routing_key="bulk")
+        takers = [await connection.channel() for connection in connections]
+        for taker in takers:
+            await taker.basic_qos(prefetch_count=4)
+        await publishers.grows("p", "confirms on the primary")
+        cut = time.time()
+        site.net.drop(site.a, site.b)
+        await poll(lambda: records(pair, pair.primary, "peer_lost", cut), STEP, "the loss")
+        site.net.pin_neighbours(site.a, site.w)  # no ARP in the full queue: see there
+        site.net.limit(site.a, "1mbit", control_first=True)
+        # All at once: each reply waits behind the bulk the ones before it started.
+        await asyncio.gather(*(t.basic_consume("bulk", take, no_ack=True) for t in takers))
+        # The premise: more than a second of bulk (at 1 Mbit/s) queued ahead of the pings.
+        await poll(lambda: site.net.backlog(site.a) > 128_000, STEP, "a second of bulk queued")
+        await hold(
+            lambda: not records(pair, pair.primary, "witness_fence", cut),
+            8.0,
+            "the primary serving with its way out full",
+        )
+        assert len(received) < BULK_COUNT  # the bulk kept the link full all along
+        assert pair.state(pair.primary) == "ACTIVE"
+        await publishers.grows("p", "confirms on the primary, its way out full")
+        site.net.unlimit(site.a)
+        site.net.heal(site.a)
+        await poll(lambda: len(received) == BULK_COUNT, STEP, "the rest of the bulk")
+    finally:
+        for connection in connections:
+            with contextlib.suppress(Exception):
+                await connection.close()
+        await publishers.close()
+    assert not records(pair, pair.primary, "witness_fence", cut)
+    counts = await loss_check(pair, publishers.ledger)
+    assert counts["quarantined"] == 0
+
+
 async def test_the_client_helpers_ride_the_active_cut_off(site: Site) -> None:
     """amqha.client's Publisher and Consumer (docs/client.md) while the ACTIVE's link is
     down: they notice the silence by the AMQP heartbeat (1 s, asked in the URLs), move to

@@ -312,3 +312,35 @@ def test_a_restarted_server_is_not_overtaken_for_its_earlier_process() -> None:
             counted = answered
             break
     assert counted is not None and not counted.overtaken
+
+
+async def test_pings_and_answers_leave_marked_as_control_traffic() -> None:
+    """Both ends' sockets carry the control mark (amqha.netmark), and a ping still gets its
+    answer through them."""
+    import asyncio
+    import socket
+
+    from amqha.netmark import CONTROL_TOS
+    from failover.witness_net import WitnessClient, open_witness
+
+    server = await open_witness("127.0.0.1", 0, SECRET)
+    port = server.get_extra_info("sockname")[1]
+    answers: list[object] = []
+    client = WitnessClient(
+        (("127.0.0.1", port),), SECRET, "a+b", "a", lambda _, answer: answers.append(answer)
+    )
+    try:
+        for _ in range(300):  # bounded: a ping every 10 ms until one is answered
+            client.ping("ACTIVE", 1, 0.0)
+            await asyncio.sleep(0.01)
+            if answers:
+                break
+        assert answers, "the witness never answered"
+        endpoint = client.endpoints[0]
+        assert endpoint is not None and endpoint.transport is not None
+        for transport in (server, endpoint.transport):
+            sock = transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == CONTROL_TOS
+    finally:
+        client.close()
+        server.close()
