@@ -19,6 +19,10 @@ venv: $(STAMP)
 system:
 	@command -v java >/dev/null || { echo "installing a Java runtime for Spark"; \
 		apt-get update -qq && apt-get install -y -qq default-jre-headless; }
+	@command -v ss >/dev/null || { echo "installing iproute2 (ip, tc, ss) for the partition tests and the sockets' marks"; \
+		apt-get install -y -qq iproute2 >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq iproute2; } || \
+		echo "iproute2 not installed: make partitions and the marks' test will skip, saying why"; }
 	@command -v nft >/dev/null || { echo "installing nftables for the partition tests"; \
 		apt-get install -y -qq nftables >/dev/null 2>&1 || \
 		{ apt-get update -qq && apt-get install -y -qq nftables; } || \
