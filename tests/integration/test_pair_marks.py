@@ -4,6 +4,7 @@ each peering link (the state messages), neither end of the replication link (bul
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 
@@ -12,7 +13,7 @@ import pytest
 from amqha.console import ConsoleClient
 from amqha.core.reserved import PEERING_PRODUCT
 from amqha.netmark import CONTROL_PRIORITY, CONTROL_TOS
-from tests.pairs import ADMIN, MakePair, url_of
+from tests.pairs import ADMIN, MakePair, Pair, url_of
 
 REPLICATION_PRODUCT = "amqha replication"
 
@@ -37,6 +38,24 @@ def socket_marks() -> dict[tuple[str, str], tuple[int, int]]:
     return marks
 
 
+async def pair_links(pair: Pair) -> list[tuple[str, str, tuple[int, int], tuple[int, int]]]:
+    """Each peering and replication connection both servers list, with the marks of its
+    client side and of its server side: (server's address, product, client's, server's).
+    A connection gone before ``ss`` looked is left out."""
+    listed = []
+    for server in pair.servers:
+        async with ConsoleClient(url_of(server, ADMIN)) as console:
+            for connection in await console.call("connections"):
+                if connection["client"] in (PEERING_PRODUCT, REPLICATION_PRODUCT):
+                    listed.append((server.address, connection["name"], connection["client"]))
+    marks = socket_marks()
+    return [
+        (server_address, product, marks[(client, server_address)], marks[(server_address, client)])
+        for server_address, client, product in listed
+        if (client, server_address) in marks and (server_address, client) in marks
+    ]
+
+
 async def test_the_peer_links_leave_marked_and_the_replication_link_does_not(
     make_pair: MakePair,
 ) -> None:
@@ -45,22 +64,20 @@ async def test_the_peer_links_leave_marked_and_the_replication_link_does_not(
     pair = make_pair(proxied=False).start()
     await pair.wait_states("ACTIVE", "PASSIVE", timeout=60)
     await pair.wait_in_sync(pair.backup, timeout=60)
-    links = []  # (the server's address, its client's address, the client's product)
-    for server in pair.servers:
-        async with ConsoleClient(url_of(server, ADMIN)) as console:
-            for connection in await console.call("connections"):
-                if connection["client"] in (PEERING_PRODUCT, REPLICATION_PRODUCT):
-                    links.append((server.address, connection["name"], connection["client"]))
-    marks = socket_marks()
-    seen = []
-    for server_address, client_address, product in links:
-        want = (CONTROL_TOS, CONTROL_PRIORITY) if product == PEERING_PRODUCT else (0, 0)
-        assert marks[(client_address, server_address)] == want, (product, "client side")
-        assert marks[(server_address, client_address)] == want, (product, "server side")
-        seen.append((server_address, product))
     primary, backup = pair.primary.address, pair.backup.address
     # Each server's state goes to the other over a peering link of its own; the PASSIVE
     # (the backup) follows the ACTIVE's feed over one replication link.
-    assert sorted(seen) == sorted(
+    expected = sorted(
         [(primary, PEERING_PRODUCT), (backup, PEERING_PRODUCT), (primary, REPLICATION_PRODUCT)]
     )
+    links: list[tuple[str, str, tuple[int, int], tuple[int, int]]] = []
+    for _ in range(50):  # bounded: until the three are seen once each (a link may reconnect)
+        links = await pair_links(pair)
+        if sorted((server, product) for server, product, _, _ in links) == expected:
+            break
+        await asyncio.sleep(0.2)
+    assert sorted((server, product) for server, product, _, _ in links) == expected, links
+    for _, product, client_side, server_side in links:
+        want = (CONTROL_TOS, CONTROL_PRIORITY) if product == PEERING_PRODUCT else (0, 0)
+        assert client_side == want, (product, "client side")
+        assert server_side == want, (product, "server side")
