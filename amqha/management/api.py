@@ -216,7 +216,7 @@ class ManagementEndpoint:
         (``sockets``)."""
         socket = request.protocol if isinstance(request.protocol, ManagedSocket) else None
         if socket is not None:
-            socket.request_in()
+            socket.request_in("Authorization" in request.headers)
         response = await self._answer(request, handler)
         if socket is not None:
             socket.answered(response, "user" in request)

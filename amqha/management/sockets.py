@@ -16,9 +16,11 @@ The rule: an operator who logs in is never kept out by sockets that have not log
 - Past MAX_CONNECTIONS in all, a newcomer takes the place of the oldest socket that has
   not logged in; only when every socket has logged in is the newcomer refused.
 - Which of those gives way first (``_victim``): one the loop has read and found silent,
-  then one that has sent bytes, and last one the loop has not read yet; the oldest first
-  in each. Sockets that never send go first, and an operator's socket taken in with
-  newcomers in one pass is not dropped before its request is read.
+  then one that has sent bytes but no login, then one whose request carries a login (until
+  its answer), and last one the loop has not read yet; the oldest first in each. Sockets
+  that never send go first; an operator's socket taken in with newcomers in one pass is
+  not dropped before its request is read, and once its login is in, not for sockets that
+  carry none (a flood of requests from its own address on a loaded machine).
 - A socket whose last request logged in keeps its place between requests for aiohttp's
   ``keepalive_timeout``.
 
@@ -44,6 +46,8 @@ log = logging.getLogger("amqha.management")
 MAX_CONNECTIONS = 256
 PER_ADDRESS = 32
 REQUEST_TIMEOUT = 10.0
+CREDENTIALS = b"\nauthorization:"  # a request's login header, read before aiohttp parses it
+HEAD = 8192  # how much of a read is looked at for it (aiohttp's limit on a header line)
 LOG_BURST = 5
 LOG_WINDOW = 60.0
 
@@ -51,7 +55,7 @@ LOG_WINDOW = 60.0
 class ManagedSocket(BoundedSocket):
     """One socket of the listener, counted by its ``SocketTable``."""
 
-    __slots__ = ("table", "source", "sent", "ripe", "logged_in")
+    __slots__ = ("table", "source", "sent", "ripe", "logged_in", "checking")
 
     first_timeout = REQUEST_TIMEOUT
 
@@ -62,6 +66,7 @@ class ManagedSocket(BoundedSocket):
         self.sent = False  # a byte has come in
         self.ripe = False  # the loop has read the socket once since it was opened
         self.logged_in = False  # the last request carried a good login (set on its login)
+        self.checking = False  # a request carrying a login is in, not yet answered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -78,18 +83,23 @@ class ManagedSocket(BoundedSocket):
 
     def data_received(self, data: bytes) -> None:
         self.sent = True
+        if not self.checking and not self.logged_in and CREDENTIALS in data[:HEAD].lower():
+            self.checking = True  # before the request is parsed, let alone answered
         super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.table.closed(self)
         super().connection_lost(exc)
 
-    def request_in(self) -> None:
-        """A request has been parsed: its first request was in time."""
+    def request_in(self, credentials: bool) -> None:
+        """A request has been parsed (its first request was in time); ``credentials``:
+        it carries a login (also when the header came in two reads)."""
         self.stop_timer()
+        self.checking = self.checking or credentials
 
     def answered(self, response: web.StreamResponse, logged_in: bool) -> None:
         """The answer is made; without a login the socket closes once it is sent."""
+        self.checking = False
         self.logged_in = logged_in
         if not self.logged_in:
             response.force_close()
@@ -158,9 +168,15 @@ class SocketTable:
 
 def _victim(candidates: list[ManagedSocket]) -> ManagedSocket | None:
     """Of sockets oldest first, the one to give way (None if none): the oldest read and
-    found silent, else the oldest that has sent bytes, else the oldest not read yet."""
+    found silent, else the oldest that has sent bytes but no login, else the oldest whose
+    login is in, else the oldest not read yet."""
     return min(candidates, key=_standing, default=None)  # min keeps the first of a tie
 
 
+SILENT, SENT, CHECKING, UNREAD = range(4)
+
+
 def _standing(socket: ManagedSocket) -> int:
-    return 1 if socket.sent else 0 if socket.ripe else 2
+    if socket.checking:
+        return CHECKING
+    return SENT if socket.sent else SILENT if socket.ripe else UNREAD

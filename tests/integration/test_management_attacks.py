@@ -200,7 +200,7 @@ async def test_keep_alive_sockets_without_a_login_keep_no_operator_out(make_serv
 
 
 # An operator asking GET /api/whoami on a connection of its own, N times, one after another;
-# prints "status:name" (or "dropped") for each.
+# prints "status:name" (or "dropped:" and what the client raised) for each.
 OPERATOR = """
 import http.client, json, sys
 port, authorization, times = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -210,8 +210,8 @@ for _ in range(times):
         connection.request("GET", "/api/whoami", headers={"Authorization": authorization})
         answer = connection.getresponse()
         print(f"{answer.status}:{json.loads(answer.read()).get('name')}", flush=True)
-    except (OSError, http.client.HTTPException, ValueError):
-        print("dropped", flush=True)
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        print(f"dropped:{type(error).__name__}", flush=True)
     finally:
         connection.close()
 """

@@ -8,7 +8,7 @@ from amqha.management.sockets import SocketTable
 
 class Socket:
     """A socket as the table sees it: ``ripe`` once the loop has read it, ``sent`` once a
-    byte came in."""
+    byte came in, ``checking`` while a request carrying a login is answered."""
 
     def __init__(
         self,
@@ -16,8 +16,10 @@ class Socket:
         logged_in: bool = False,
         sent: bool = False,
         ripe: bool = True,
+        checking: bool = False,
     ) -> None:
         self.source, self.logged_in, self.sent, self.ripe = source, logged_in, sent, ripe
+        self.checking = checking
         self.dropped = False
 
     def drop(self) -> None:
@@ -65,6 +67,47 @@ def test_a_socket_not_read_yet_is_not_dropped_for_being_new() -> None:
         socket.ripe = True
     opened(table, Socket(ripe=False), Socket(ripe=False), Socket(ripe=False))
     assert not operator.dropped and all(s.dropped for s in newcomers)
+
+
+def test_a_login_being_checked_outlasts_a_flood_of_requests_without_one() -> None:
+    """An operator's request in, its login checked (a costly hash on a loaded machine),
+    while sockets of its own address that carry no login keep coming, sending and being
+    answered: each newcomer takes the place of one of them, never the operator's (with
+    the older rule it went once it was the oldest that had sent bytes)."""
+    table = SocketTable(limit=100, per_address=4)
+    operator = Socket(sent=True, checking=True)
+    opened(table, operator)
+    flood = [Socket(ripe=False) for _ in range(3)]
+    opened(table, *flood)
+    for _ in range(20):
+        for socket in flood:
+            socket.sent = socket.ripe = True
+        newcomer = Socket(ripe=False)
+        opened(table, newcomer)
+        assert not operator.dropped and sum(s.dropped for s in flood) == 1
+        flood = [s for s in flood if not s.dropped] + [newcomer]
+    # Sockets that carry a login of their own give way oldest first: the operator's
+    # outlasts every one that came after it.
+    for socket in flood:
+        socket.sent = socket.ripe = True
+    checking = [Socket(sent=True, checking=True) for _ in range(3)]
+    for socket in checking:
+        opened(table, socket)
+    assert all(s.dropped for s in flood) and not operator.dropped
+    opened(table, Socket(sent=True, checking=True))
+    assert operator.dropped and not any(s.dropped for s in checking)
+
+
+def test_sockets_not_read_yet_outlast_logins_being_checked() -> None:
+    """Every place of an address held by wrong passwords waiting out their delay (each
+    carries a login): an operator's socket not read yet is not what a newcomer takes."""
+    table = SocketTable(limit=100, per_address=4)
+    waiting = [Socket(sent=True, checking=True) for _ in range(4)]
+    opened(table, *waiting)
+    operator = Socket(ripe=False)
+    newcomers = [Socket(ripe=False) for _ in range(3)]
+    opened(table, operator, *newcomers)
+    assert all(s.dropped for s in waiting) and not operator.dropped
 
 
 def test_logged_in_sockets_never_give_way_to_sockets_without_a_login() -> None:
