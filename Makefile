@@ -72,7 +72,7 @@ compiled: $(TOOLS)
 
 ## Everything the commands below need: the system's packages fetched in the background,
 ## and the venv's packages installed, while the hot path is built (on a fresh machine one
-## after the other they took 148 s; side by side, the build's 47 s and a few more).
+## after the other they took 148 s; side by side, the build's 22 s and a few more).
 setup: $(TOOLS)
 	@$(MAKE) --no-print-directory system & system=$$!; \
 		$(MAKE) --no-print-directory $(STAMP) & venv=$$!; \
