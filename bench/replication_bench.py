@@ -35,6 +35,18 @@ publisher confirms with a window of 100, loopback:
 
 Failover time with replication on is ``bench.failover_bench`` (a pair replicates by
 default). Prints JSON.
+
+On two machines (the setting the 0.85 target is for: here both servers, their disks and
+the client share one machine), start the servers there and name them::
+
+    python -m bench.replication_bench --standalone amqp://USER:PASS@HOST_A:5674/ \
+        --active amqp://ADMIN:PASS@HOST_A:5672/
+
+a standalone server and the ACTIVE of a pair whose PASSIVE runs on another machine
+(both ``amqha start``; the standalone on the ACTIVE's machine, so that the two differ by
+replication alone). The bench then measures the two ratios on them, round by round as
+above, from wherever it runs (the servers' CPU is not measured then); the ACTIVE's user
+must be an administrator, as the console tells whether its PASSIVE is in sync.
 """
 
 from __future__ import annotations
@@ -48,8 +60,10 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from pamqp import commands
 
@@ -74,10 +88,46 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class Target:
+    """A server the rounds publish to: this bench's own on loopback (its pid, for its CPU),
+    or one started elsewhere and named by its URL."""
+
+    host: str
+    port: int
+    pid: int | None = None
+    login: dict[str, str] = field(default_factory=dict)  # user, password, vhost
+    console_url: str | None = None  # an administrator's, for the ACTIVE's feed state
+
+    @classmethod
+    def local(cls, server: ServerProcess) -> Target:
+        assert server.process is not None
+        return cls(HOST, server.port, server.process.pid, {}, url_of(server, ADMIN))
+
+    @classmethod
+    def from_url(cls, url: str) -> Target:
+        """``amqp://USER:PASS@HOST:PORT/VHOST``; a clear error for anything else."""
+        parts = urlsplit(url)
+        if parts.scheme != "amqp" or not parts.hostname:
+            raise SystemExit(
+                f"replication bench: {url!r} is not an amqp://USER:PASS@HOST:PORT/ URL"
+            )
+        try:
+            port = parts.port or 5672
+        except ValueError:
+            raise SystemExit(f"replication bench: {url!r} has no valid port") from None
+        login = {"vhost": unquote(parts.path[1:]) if len(parts.path) > 1 else "/"}
+        if parts.username is not None:
+            login["user"] = unquote(parts.username)
+            login["password"] = unquote(parts.password or "")
+        return cls(parts.hostname, port, None, login, url)
+
+
 async def confirmed_publish(
-    port: int, pid: int | None, count: int, queue: str, window: int = WINDOW
+    target: Target, count: int, queue: str, window: int = WINDOW
 ) -> dict[str, Any]:
-    client = await rawclient.connect(HOST, port)
+    pid = target.pid
+    client = await rawclient.connect(target.host, target.port, **target.login)
     try:
         await client.open_channel(confirm=True)
         await client.rpc(commands.Queue.Declare(queue=queue, durable=True))
@@ -163,8 +213,10 @@ async def catch_up_under_load(pair: Pair, active: ServerProcess) -> tuple[list[f
     return [before, during], started, active_cpu
 
 
-async def feed_state(server: ServerProcess) -> dict[str, Any]:
-    async with ConsoleClient(url_of(server, ADMIN)) as console:
+async def feed_state(server: ServerProcess | str) -> dict[str, Any]:
+    """The ACTIVE's feed, from its console (``server``, or an administrator's URL)."""
+    url = server if isinstance(server, str) else url_of(server, ADMIN)
+    async with ConsoleClient(url) as console:
         status = await console.call("status")
     return (status.get("replication") or {}).get("feed") or {}
 
@@ -175,16 +227,19 @@ async def follower_state(server: ServerProcess) -> dict[str, Any]:
     return (status.get("replication") or {}).get("follower") or {}
 
 
-async def until_in_sync(server: ServerProcess, timeout: float) -> None:
+async def until_in_sync(server: ServerProcess | str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
+    said = "no answer"
     while time.monotonic() < deadline:
         try:
-            if (await feed_state(server)).get("state") == "in_sync":
+            state = (await feed_state(server)).get("state")
+            if state == "in_sync":
                 return
-        except Exception:
-            pass
+            said = f"its feed is {state or 'not running'}"
+        except Exception as error:
+            said = f"{type(error).__name__}: {error}"
         await asyncio.sleep(0.02)
-    raise TimeoutError(f"no in-sync passive after {timeout} s")
+    raise TimeoutError(f"no in-sync passive after {timeout} s ({said})")
 
 
 async def until_applied(server: ServerProcess, timeout: float) -> dict[str, Any]:
@@ -356,6 +411,44 @@ def catch_up_and_takeover(pair: Pair, active: ServerProcess, count: int, result:
     }
 
 
+def take_turns(solo: Target, active: Target, sizes: dict[str, int]) -> dict[str, Any]:
+    """The ratios at WINDOW and WIDE_WINDOW in flight: the standalone server and the ACTIVE
+    take turns, round by round, so that whatever else the machines do falls on both."""
+    result: dict[str, Any] = {}
+    assert active.console_url is not None
+    for window, key in ((WINDOW, None), (WIDE_WINDOW, "wide_window")):
+        if not sizes["rounds"]:
+            break  # --rounds 0: the catch-up alone
+        alone: list[dict[str, Any]] = []
+        rounds: list[dict[str, Any]] = []
+        for _ in range(sizes["rounds"]):
+            alone.append(asyncio.run(confirmed_publish(solo, sizes["messages"], "b", window)))
+            asyncio.run(until_in_sync(active.console_url, 60))
+            rounds.append(asyncio.run(confirmed_publish(active, sizes["messages"], "b", window)))
+        section = compare(alone, rounds) | {"window": window}
+        if key is None:
+            result.update(section)
+        else:
+            result[key] = section
+    return result
+
+
+def run_on(standalone: str, active: str, sizes: dict[str, int]) -> dict[str, Any]:
+    """The ratios on servers started elsewhere (two machines), named by their URLs."""
+    sizes = {**DEFAULT_SIZES, **sizes, "catch_up": 0}
+    solo, leader = Target.from_url(standalone), Target.from_url(active)
+    say(
+        f"replication bench: {solo.host}:{solo.port} alone, {leader.host}:{leader.port} replicating"
+    )
+    asyncio.run(until_in_sync(active, 60))
+    result: dict[str, Any] = {"sizes": sizes, "message_bytes": len(BODY), "servers": "named"}
+    result.update(take_turns(solo, leader, sizes))
+    result["target_ratio_of_medians"] = TARGET
+    if "ratio_of_medians" in result:
+        result["target_met"] = result["ratio_of_medians"] >= TARGET
+    return result
+
+
 def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
     sizes = dict(DEFAULT_SIZES, **(sizes or {}))
     result: dict[str, Any] = {"sizes": sizes, "message_bytes": len(BODY)}
@@ -378,35 +471,10 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
             asyncio.run(pair.wait_states("ACTIVE", "PASSIVE", timeout=30))
             active = pair.primary
             assert solo.process is not None and active.process is not None
-            # The two take turns, so that whatever else the machine does falls on both.
-            for window, key in ((WINDOW, None), (WIDE_WINDOW, "wide_window")):
-                if not sizes["rounds"]:
-                    break  # --rounds 0: the catch-up alone
-                alone: list[dict[str, Any]] = []
-                rounds: list[dict[str, Any]] = []
-                for _ in range(sizes["rounds"]):
-                    alone.append(
-                        asyncio.run(
-                            confirmed_publish(
-                                solo.port, solo.process.pid, sizes["messages"], "b", window
-                            )
-                        )
-                    )
-                    asyncio.run(until_in_sync(active, 60))
-                    rounds.append(
-                        asyncio.run(
-                            confirmed_publish(
-                                active.port, active.process.pid, sizes["messages"], "b", window
-                            )
-                        )
-                    )
-                section = compare(alone, rounds) | {"window": window}
-                if key is None:
-                    result.update(section)
-                    median = statistics.median(r["msgs_per_s"] for r in alone)
-                    result["disk"] = disk_share(workdir, median)
-                else:
-                    result[key] = section
+            result.update(take_turns(Target.local(solo), Target.local(active), sizes))
+            if "window" in result:
+                median = statistics.median(result["standalone"]["rounds"])
+                result["disk"] = disk_share(workdir, median)
             solo.stop()
             if sizes["catch_up"]:  # --catch-up 0: the ratios alone
                 catch_up_and_takeover(pair, active, sizes["catch_up"], result)
@@ -425,8 +493,31 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--catch-up", type=int, help="the backlog a PASSIVE catches up on")
     parser.add_argument("--rounds", type=int, help="rounds of the confirmed-publish ratio")
+    parser.add_argument("--messages", type=int, help="messages a round publishes")
+    parser.add_argument(
+        "--standalone",
+        metavar="URL",
+        help="a standalone server started elsewhere (amqp://USER:PASS@HOST:PORT/); with --active",
+    )
+    parser.add_argument(
+        "--active",
+        metavar="URL",
+        help="the ACTIVE of a pair started elsewhere, as an administrator; with --standalone",
+    )
     options = parser.parse_args()
-    print(json.dumps(run(sizes_from(options, QUICK_SIZES, DEFAULT_SIZES)), indent=2))
+    if (options.standalone is None) != (options.active is None):
+        parser.error("--standalone and --active go together")
+    for name in ("messages", "rounds", "catch_up"):
+        value = getattr(options, name)
+        least = 1 if name == "messages" else 0
+        if value is not None and value < least:
+            parser.error(f"--{name.replace('_', '-')} must be at least {least}, not {value}")
+    sizes = sizes_from(options, QUICK_SIZES, DEFAULT_SIZES)
+    if options.standalone is not None:
+        result = run_on(options.standalone, options.active, sizes)
+    else:
+        result = run(sizes)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
