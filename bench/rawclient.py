@@ -45,6 +45,13 @@ CLIENT_PROPERTIES: FieldTable = {
 class ServerClosed(Exception):
     """The broker closed the connection or a channel; the argument is its close method."""
 
+    def __str__(self) -> str:
+        method = self.args[0] if self.args else None
+        code = getattr(method, "reply_code", None)
+        if code is None:
+            return super().__str__()
+        return f"{code} {getattr(method, 'reply_text', '')}"  # as "403 ACCESS_REFUSED - ..."
+
 
 def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
     return _ack_frame.pack(FRAME_METHOD, channel, 13, ACK, tag, multiple, 0xCE)

@@ -433,6 +433,18 @@ def take_turns(solo: Target, active: Target, sizes: dict[str, int]) -> dict[str,
     return result
 
 
+async def log_in(name: str, target: Target) -> None:
+    """A named server answers and takes the login, or the bench stops saying why."""
+    try:
+        client = await rawclient.connect(target.host, target.port, limit=10, **target.login)
+    except Exception as error:
+        reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise SystemExit(
+            f"replication bench: {name} {target.host}:{target.port}: no AMQP login ({reason})"
+        ) from None
+    await client.close()
+
+
 def run_on(standalone: str, active: str, sizes: dict[str, int]) -> dict[str, Any]:
     """The ratios on servers started elsewhere (two machines), named by their URLs."""
     sizes = {**DEFAULT_SIZES, **sizes, "catch_up": 0}
@@ -440,7 +452,14 @@ def run_on(standalone: str, active: str, sizes: dict[str, int]) -> dict[str, Any
     say(
         f"replication bench: {solo.host}:{solo.port} alone, {leader.host}:{leader.port} replicating"
     )
-    asyncio.run(until_in_sync(active, 60))
+    for name, target in (("--standalone", solo), ("--active", leader)):
+        asyncio.run(log_in(name, target))
+    try:
+        asyncio.run(until_in_sync(active, 60))
+    except TimeoutError as error:
+        raise SystemExit(
+            f"replication bench: --active {leader.host}:{leader.port}: {error}"
+        ) from None
     result: dict[str, Any] = {"sizes": sizes, "message_bytes": len(BODY), "servers": "named"}
     result.update(take_turns(solo, leader, sizes))
     result["target_ratio_of_medians"] = TARGET
@@ -490,7 +509,7 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a quick look")
     parser.add_argument("--catch-up", type=int, help="the backlog a PASSIVE catches up on")
     parser.add_argument("--rounds", type=int, help="rounds of the confirmed-publish ratio")
     parser.add_argument("--messages", type=int, help="messages a round publishes")
@@ -512,6 +531,10 @@ def main() -> None:
         least = 1 if name == "messages" else 0
         if value is not None and value < least:
             parser.error(f"--{name.replace('_', '-')} must be at least {least}, not {value}")
+    if options.standalone is not None and options.catch_up:
+        parser.error("--catch-up needs servers of the bench's own (not --standalone/--active)")
+    if options.standalone is not None and options.rounds == 0:
+        parser.error("--rounds must be at least 1 with --standalone/--active")
     sizes = sizes_from(options, QUICK_SIZES, DEFAULT_SIZES)
     if options.standalone is not None:
         result = run_on(options.standalone, options.active, sizes)

@@ -55,20 +55,31 @@ async def test_the_ratios_on_servers_named_by_their_urls(
     assert result["window"] == 100 and result["wide_window"]["window"] == 1000
     assert result["target_met"] == (result["ratio_of_medians"] >= 0.85)
     assert f"127.0.0.1:{solo.port} alone" in done.stderr
+    # A login the standalone server refuses stops the bench before any round, saying so.
+    wrong = command.copy()
+    wrong[wrong.index("--standalone") + 1] = solo.url.replace(":guest@", ":wrong@")
+    refused = await asyncio.to_thread(
+        subprocess.run, wrong, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 1 and refused.stdout == "", refused.stderr[-3000:]
+    assert f"--standalone 127.0.0.1:{solo.port}: no AMQP login (" in refused.stderr
+    assert "ACCESS_REFUSED" in refused.stderr and "Traceback" not in refused.stderr
     # The rounds went where they were named: each server holds the bench's queue, emptied
-    # after each round (and the pair's PASSIVE holds it too, replicated).
-    for server in (solo, pair.primary, pair.backup):
+    # after each round (a passive declare: an error if it is missing); the pair's PASSIVE
+    # holds it too, replicated (it applies what it keeps a moment later).
+    for server in (solo, pair.primary):
         assert await queue_depth(server, "b") == 0, server.name
+    passive: list[dict] = []
+    for _ in range(300):  # up to 30 s
+        async with ConsoleClient(url_of(pair.backup, ADMIN)) as console:
+            passive = [q for q in await console.call("queues") if q["name"] == "b"]
+        if passive and passive[0]["messages"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert passive and passive[0]["messages"] == 0, passive
 
 
 async def queue_depth(server: ServerProcess, queue: str) -> int:
-    """Messages in ``queue`` on ``server`` (a passive declare: an error if it is missing);
-    a PASSIVE answers through its console's status instead."""
-    if server.name == "backup":
-        async with ConsoleClient(url_of(server, ADMIN)) as console:
-            queues = await console.call("queues")
-        (found,) = [q for q in queues if q["name"] == queue]
-        return int(found["messages"])
     connection = await aiormq.connect(server.url)
     try:
         channel = await connection.channel()

@@ -43,6 +43,16 @@ def test_a_server_named_by_its_url_gives_its_address_and_login() -> None:
         (["--messages", "0"], "--messages must be at least 1, not 0"),
         (["--rounds", "-1"], "--rounds must be at least 0, not -1"),
         (
+            ["--standalone", "amqp://a:b@127.0.0.1:1/", "--active", "amqp://a:b@127.0.0.1:2/"]
+            + ["--catch-up", "1000"],
+            "--catch-up needs servers of the bench's own",
+        ),
+        (
+            ["--standalone", "amqp://a:b@127.0.0.1:1/", "--active", "amqp://a:b@127.0.0.1:2/"]
+            + ["--rounds", "0"],
+            "--rounds must be at least 1 with --standalone/--active",
+        ),
+        (
             ["--standalone", "http://127.0.0.1:1/", "--active", "amqp://a:b@127.0.0.1:2/"],
             "'http://127.0.0.1:1/' is not an amqp://USER:PASS@HOST:PORT/ URL",
         ),
