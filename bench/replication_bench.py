@@ -413,7 +413,8 @@ def catch_up_and_takeover(pair: Pair, active: ServerProcess, count: int, result:
 
 def take_turns(solo: Target, active: Target, sizes: dict[str, int]) -> dict[str, Any]:
     """The ratios at WINDOW and WIDE_WINDOW in flight: the standalone server and the ACTIVE
-    take turns, round by round, so that whatever else the machines do falls on both."""
+    take turns, round by round, so that whatever else the machines do falls on both; and
+    the target beside them."""
     result: dict[str, Any] = {}
     assert active.console_url is not None
     for window, key in ((WINDOW, None), (WIDE_WINDOW, "wide_window")):
@@ -430,6 +431,9 @@ def take_turns(solo: Target, active: Target, sizes: dict[str, int]) -> dict[str,
             result.update(section)
         else:
             result[key] = section
+    result["target_ratio_of_medians"] = TARGET
+    if "ratio_of_medians" in result:
+        result["target_met"] = result["ratio_of_medians"] >= TARGET
     return result
 
 
@@ -455,16 +459,13 @@ def run_on(standalone: str, active: str, sizes: dict[str, int]) -> dict[str, Any
     for name, target in (("--standalone", solo), ("--active", leader)):
         asyncio.run(log_in(name, target))
     try:
-        asyncio.run(until_in_sync(active, 60))
+        asyncio.run(until_in_sync(active, 60))  # the ACTIVE's URL: its console's too
     except TimeoutError as error:
         raise SystemExit(
             f"replication bench: --active {leader.host}:{leader.port}: {error}"
         ) from None
     result: dict[str, Any] = {"sizes": sizes, "message_bytes": len(BODY), "servers": "named"}
     result.update(take_turns(solo, leader, sizes))
-    result["target_ratio_of_medians"] = TARGET
-    if "ratio_of_medians" in result:
-        result["target_met"] = result["ratio_of_medians"] >= TARGET
     return result
 
 
@@ -500,9 +501,6 @@ def run(sizes: dict[str, int] | None = None) -> dict[str, Any]:
         finally:
             solo.stop()
             pair.stop()
-    result["target_ratio_of_medians"] = TARGET
-    if "ratio_of_medians" in result:
-        result["target_met"] = result["ratio_of_medians"] >= TARGET
     result["load_average_at_end"] = os.getloadavg()
     return result
 
