@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TOOLS  := $(VENV)/.build-tools
 PINS   := $(VENV)/pinned.txt
+# Test tools fetched by the set-up that no Debian package installs alone (tests/support.py).
+RMQADMIN := build/tools/rabbitmqadmin
 # Python may write its bytecode caches (__pycache__, ignored by git) whatever the shell
 # says: with PYTHONDONTWRITEBYTECODE set, every server a test starts compiled amqha from
 # source again (0.29 s of CPU a start instead of 0.15; the suite starts about 500).
@@ -43,6 +45,14 @@ system:
 		apt-get install -y -qq faketime >/dev/null 2>&1 || \
 		{ apt-get update -qq && apt-get install -y -qq faketime; } || \
 		echo "faketime not installed: the clock-step test will skip, saying why"; }
+	@command -v logrotate >/dev/null || { echo "installing logrotate for the shipped rotation rule's test"; \
+		apt-get install -y -qq logrotate >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq logrotate; } || \
+		echo "logrotate not installed: the rotation rule's test will skip, saying why"; }
+	@command -v rabbitmqadmin >/dev/null || test -x $(RMQADMIN) || \
+		{ echo "fetching rabbitmqadmin for the management API's tests (the one script, from Debian's rabbitmq-server package)"; \
+		./tests/fetch_rabbitmqadmin $(RMQADMIN) || \
+		echo "rabbitmqadmin not fetched: its two tests will skip, saying why"; }
 
 ## The venv. uv installs the same packages as pip, in 28 s against pip's 65 s on a fresh
 ## machine (it fetches and unpacks side by side). It first pins the whole resolution

@@ -331,6 +331,20 @@ class ServerProcess:
 # amqplib (Node.js), for the tests that show what its users read. Installed once with npm
 # into var/ (it has no dependencies of its own); tests that need it skip, with the reason,
 # where node or the package cannot be had.
+def rabbitmqadmin() -> str | None:
+    """RabbitMQ's command-line tool: the one on PATH (Debian's rabbitmq-server installs it),
+    else the one the set-up fetched from that package (tests/fetch_rabbitmqadmin); None
+    where neither is there."""
+    fetched = ROOT / "build" / "tools" / "rabbitmqadmin"
+    return shutil.which("rabbitmqadmin") or (str(fetched) if os.access(fetched, os.X_OK) else None)
+
+
+RABBITMQADMIN_MISSING = (
+    "rabbitmqadmin is not installed (Debian's rabbitmq-server package has it; "
+    "make test's set-up fetches it where apt-get can)"
+)
+
+
 AMQPLIB_VERSION = "2.3.1"
 NODE_MODULES = ROOT / "var" / "node" / "node_modules"
 

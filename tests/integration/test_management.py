@@ -11,7 +11,6 @@ import base64
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 from typing import Any
 from urllib.parse import quote
@@ -24,7 +23,8 @@ from pyrabbit2.api import Client
 from tests.certs import Pki
 from tests.integration.protocol_support import unique
 from tests.pairs import client_vote
-from tests.support import USERS, free_port, wait_for_port
+from tests.support import RABBITMQADMIN_MISSING, USERS, free_port, wait_for_port
+from tests.support import rabbitmqadmin as rabbitmqadmin_tool
 
 # guest (no tags) and limited (no tags) come from tests.support; these add RabbitMQ's tags.
 MGMT_USERS = [
@@ -77,10 +77,12 @@ def rabbitmqadmin(api: Api, user: str = "admin", password: str = "admin") -> Any
     """RabbitMQ's command-line tool against ``api``'s listener, as ``user``: the words after
     the connection options, run to their end."""
     port = api.base.rsplit(":", 1)[1]
+    tool = rabbitmqadmin_tool()
+    assert tool is not None, RABBITMQADMIN_MISSING
 
     def admin(*words: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["rabbitmqadmin", "-H", "127.0.0.1", "-P", port, "-u", user, "-p", password, *words],
+            [tool, "-H", "127.0.0.1", "-P", port, "-u", user, "-p", password, *words],
             capture_output=True,
             text=True,
             timeout=60,
@@ -677,8 +679,8 @@ async def test_silent_sockets_do_not_keep_an_operator_out(make_server) -> None:
 async def test_rabbitmqadmin_against_amqha(make_server, tmp_path) -> None:
     """RabbitMQ's own command-line tool (Debian's rabbitmq-server package ships it): list,
     export, import, purge, delete and close against amqha."""
-    if shutil.which("rabbitmqadmin") is None:
-        pytest.skip("rabbitmqadmin is not installed (Debian's rabbitmq-server package has it)")
+    if rabbitmqadmin_tool() is None:
+        pytest.skip(RABBITMQADMIN_MISSING)
     server, api = managed(make_server)
     admin = rabbitmqadmin(api)
     name = unique("admin-tool")

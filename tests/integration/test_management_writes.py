@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from typing import Any
 
 import aio_pika
@@ -17,6 +16,8 @@ import pytest
 from tests.integration.protocol_support import unique
 from tests.integration.test_management import Api, managed, managed_pair, rabbitmqadmin
 from tests.pairs import MakePair, client_vote
+from tests.support import RABBITMQADMIN_MISSING
+from tests.support import rabbitmqadmin as rabbitmqadmin_tool
 
 JSON = {"Content-Type": "application/json"}
 
@@ -180,8 +181,8 @@ async def test_declared_through_the_api_on_the_active_they_serve_on_the_new_one(
 
 
 async def test_rabbitmqadmin_declares_and_deletes(make_server) -> None:
-    if shutil.which("rabbitmqadmin") is None:
-        pytest.skip("rabbitmqadmin is not installed (Debian's rabbitmq-server package has it)")
+    if rabbitmqadmin_tool() is None:
+        pytest.skip(RABBITMQADMIN_MISSING)
     server, api = managed(make_server)
     admin = rabbitmqadmin(api)
     queue, exchange = unique("tool-q"), unique("tool-x")
