@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 from typing import Any
 from urllib.parse import quote
 
@@ -81,8 +82,22 @@ def rabbitmqadmin(api: Api, user: str = "admin", password: str = "admin") -> Any
     assert tool is not None, RABBITMQADMIN_MISSING
 
     def admin(*words: str) -> subprocess.CompletedProcess[str]:
+        # A Python script of the standard library's alone: run by this interpreter, which
+        # is there whatever the script's first line names.
         return subprocess.run(
-            [tool, "-H", "127.0.0.1", "-P", port, "-u", user, "-p", password, *words],
+            [
+                sys.executable,
+                tool,
+                "-H",
+                "127.0.0.1",
+                "-P",
+                port,
+                "-u",
+                user,
+                "-p",
+                password,
+                *words,
+            ],
             capture_output=True,
             text=True,
             timeout=60,
