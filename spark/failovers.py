@@ -66,6 +66,7 @@ class _Marks:
 
     ends: dict[tuple[str, float], Row]
     losses: list[tuple[float, str, Row]]
+    heard: dict[tuple[str, str], list[float]]
     fences: dict[str, list[float]]
     starts: dict[str, list[float]]
     freezes: dict[str, list[Span]]
@@ -73,7 +74,9 @@ class _Marks:
 
     @classmethod
     def of(cls, records: Mapping[str, Sequence[Row]], offsets: Mapping[str, Offset]) -> _Marks:
-        marks = cls({}, [], defaultdict(list), defaultdict(list), {}, defaultdict(list))
+        marks = cls(
+            {}, [], defaultdict(list), defaultdict(list), defaultdict(list), {}, defaultdict(list)
+        )
         for node, rows in records.items():
             d = offsets[node].seconds
             marks.freezes[node] = [(s - d, e - d) for s, e in frozen_spans(rows)]
@@ -87,14 +90,21 @@ class _Marks:
                     marks.ends.setdefault((node, r["ts"]), r)
                 elif event == "peer_lost":
                     marks.losses.append((r["ts"] - d, node, r))
+                elif event == "peer_up" and isinstance(peer, str):
+                    marks.heard[(node, peer)].append(r["ts"] - d)
                 elif event == "witness_fence" and r.get("reason") is not None:
                     marks.fences[node].append(r["ts"] - d)
                 elif event == "started":
                     marks.starts[node].append(r["ts"] - d)
         marks.losses.sort(key=lambda x: (x[0], x[1]))
-        for times in marks.alive.values():
+        for times in (*marks.alive.values(), *marks.heard.values()):
             times.sort()
         return marks
+
+    def healed(self, node: str, peer: str, lost: float, by: float) -> bool:
+        """Whether ``node`` heard ``peer`` again after losing it at ``lost``, before ``by``."""
+        times = self.heard.get((node, peer), [])
+        return bisect.bisect_right(times, lost) < bisect.bisect_left(times, by)
 
     @staticmethod
     def between(times: Sequence[float], lo: float, hi: float) -> list[float]:
@@ -169,13 +179,16 @@ def _failover(
     ended = marks.ends.get((old.node, old.raw_end))
     last_alive = min(old.end, until)
     # The loss that led to it: the new ACTIVE's last peer_lost about the old in its run
-    # (another server's if it logged none).
+    # (another server's if it logged none). A loss its server healed before the takeover
+    # (it heard the old ACTIVE again: a blip, then a switchover, say) led to none.
     i = bisect.bisect_left(marks.losses, old.start, key=lambda x: x[0])
     j = bisect.bisect_right(marks.losses, taken, key=lambda x: x[0])
     losses = [
         (ts, node == new.node, node, r)
         for ts, node, r in marks.losses[i:j]
-        if node != old.node and r.get("peer") == old.node
+        if node != old.node
+        and r.get("peer") == old.node
+        and not marks.healed(node, old.node, ts, taken)
     ]
     own = [loss for loss in losses if loss[1]]
     loss = max(own or losses, default=None, key=lambda x: x[0])

@@ -110,6 +110,26 @@ def console_recovery() -> tuple[Server, Server]:
     return primary, backup
 
 
+def healed_blip_switchover() -> tuple[Server, Server]:
+    """A blip, then a planned switchover: the link stalls at ~10 s and both log peer_lost
+    (silence: the primary's last message left at 9.5 s, the backup's at 9.6 s), both hear
+    each other again at 13 s, and the primary serves throughout. At 20 s a switchover: the
+    primary drains and hands over (PASSIVE at 20.0 s), the backup is ACTIVE at 20.03 s.
+    Both stop at 30 s."""
+    primary, backup = pair()
+    _start(primary, backup)
+    backup.heard(12.5, "peer_lost", "PASSIVE", 1, primary, "ACTIVE", sent=9.5, evidence="silence")
+    primary.heard(12.6, "peer_lost", "ACTIVE", 1, backup, "PASSIVE", sent=9.6, evidence="silence")
+    backup.heard(13.0, "peer_up", "PASSIVE", 1, primary, "ACTIVE", sent=12.9)
+    primary.heard(13.1, "peer_up", "ACTIVE", 1, backup, "PASSIVE", sent=13.0)
+    primary.record(19.99, "switchover", "ACTIVE", 1, phase="requested", user="admin", to="backup")
+    primary.transition(20.0, "ACTIVE", "PASSIVE", 1, "SWITCHOVER", "planned switchover")
+    backup.transition(20.03, "PASSIVE", "ACTIVE", 2, "HANDOVER", "the peer handed over")
+    primary.record(30.0, "stopped", "PASSIVE", 2, listen=PRIMARY_LISTEN, peer=PRIMARY_PEER)
+    backup.record(30.0, "stopped", "ACTIVE", 2, listen=BACKUP_LISTEN, peer=BACKUP_PEER)
+    return _in_order(primary, backup)
+
+
 def link_cut(backup_skew: float = 0.0) -> tuple[Server, Server]:
     """The peer link is cut at ~10 s (last messages: primary's at 9.5 s, backup's at 9.6 s).
     Both log peer_lost; the still-ACTIVE primary keeps serving and a client's vote makes the

@@ -55,6 +55,11 @@ FAILOVERS = {
         ("silence", None, "primary", "backup", 9.5, 14.0, 1.5, 1.5, 4.5, 0.0),
         ("manual", None, "backup", "primary", 45.01, 45.05, 0.04, 0.04, 0.04, 0.0),
     ],
+    # A loss healed before the takeover (both heard again) led to none: the switchover
+    # starts at its own handover, with no loss, evidence or takeover delay.
+    "healed_blip_switchover": [
+        ("switchover", None, "primary", "backup", 20.0, 20.03, 0.03, 0.03, 0.03, 0.0),
+    ],
     # Frozen, not dead: it served nothing from its last tick (10 s), the gap's start.
     "frozen_active": [
         ("freeze", "silence", "primary", "backup", 9.95, 14.0, 4.0, 4.0, 4.05, 0.0),
