@@ -328,9 +328,6 @@ class ServerProcess:
         self.kill()
 
 
-# amqplib (Node.js), for the tests that show what its users read. Installed once with npm
-# into var/ (it has no dependencies of its own); tests that need it skip, with the reason,
-# where node or the package cannot be had.
 def rabbitmqadmin() -> str | None:
     """RabbitMQ's command-line tool: the one on PATH (Debian's rabbitmq-server installs it),
     else the one the set-up fetched from that package (tests/fetch_rabbitmqadmin); None
@@ -345,6 +342,9 @@ RABBITMQADMIN_MISSING = (
 )
 
 
+# amqplib (Node.js), for the tests that show what its users read. Installed once with npm
+# into var/ (it has no dependencies of its own); tests that need it skip, with the reason,
+# where node or the package cannot be had.
 AMQPLIB_VERSION = "2.3.1"
 NODE_MODULES = ROOT / "var" / "node" / "node_modules"
 
