@@ -95,25 +95,24 @@ async def test_a_stale_state_message_at_the_step_is_waited_out_within_the_wait()
     assert controller.broker.held == [True, False, True]
 
 
-async def test_without_a_wait_the_refused_step_fails_with_its_reason() -> None:
-    """The same stale message with no wait: the switchover fails at once, saying why, and
-    the clients are read again."""
+@pytest.mark.parametrize(
+    ("wait", "said"),
+    [
+        (0.0, "switchover failed, this server serves on: the backup is not in sync"),
+        (0.5, "switchover refused after waiting 0.5 s: the backup is not in sync"),
+    ],
+    ids=["no wait", "outlasted"],
+)
+async def test_a_refused_step_with_no_wait_left_fails_with_its_reason(
+    wait: float, said: str
+) -> None:
+    """The same stale message with no wait: the switchover fails at once, saying why. With
+    a wait, but the PASSIVE's messages saying "not in sync" from then on: it waits out its
+    wait, then fails with the machine's reason. Either way the clients are read again."""
     controller = Controller(_active(asyncio.get_running_loop()))
     controller.broker = DrainingBroker(lambda: controller.passive_sync(False))
-    with pytest.raises(ConsoleRefused, match="the backup is not in sync"):
-        await asyncio.wait_for(controller._switchover(0.0, "admin"), BOUND_S)
-    assert controller.machine.state is fsm.State.ACTIVE
-    assert controller.broker.held == [True, False]
-    assert [fields["phase"] for _, fields in controller.records] == ["requested", "failed"]
-
-
-async def test_a_refusal_that_outlasts_the_wait_fails_with_its_reason() -> None:
-    """The PASSIVE's messages keep saying "not in sync": the switchover waits out its wait,
-    then fails with the machine's reason."""
-    controller = Controller(_active(asyncio.get_running_loop()))
-    controller.broker = DrainingBroker(lambda: controller.passive_sync(False))
-    with pytest.raises(ConsoleRefused, match="after waiting 0.5 s: the backup is not in sync"):
-        await asyncio.wait_for(controller._switchover(0.5, "admin"), BOUND_S)
+    with pytest.raises(ConsoleRefused, match=said):
+        await asyncio.wait_for(controller._switchover(wait, "admin"), BOUND_S)
     assert controller.machine.state is fsm.State.ACTIVE
     assert controller.broker.held == [True, False]
     assert [fields["phase"] for _, fields in controller.records] == ["requested", "failed"]
