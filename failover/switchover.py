@@ -126,19 +126,15 @@ class Switchover:
                     }
                 why = getattr(decision, "reason", "refused")
             self.broker.hold_clients(False)
-            if self.loop.time() < deadline:
-                # With time left to wait, what may pass is waited for again, from the top.
-                if not self.broker.passive_in_sync():
-                    # The PASSIVE left as it drained (its link dropped, or it catches up
-                    # again in a new term).
-                    log.info("switchover: the PASSIVE left the drain (%s); waiting for it", why)
-                    continue
-                if self._switchover_refusal() is not None:
-                    # Drained, but the machine refused the step: after a cut, the feed has
-                    # the PASSIVE in sync again a moment before its state messages say so
-                    # (they come over its peer link, up again a little later).
-                    log.info("switchover: the step was refused (%s); waiting for it", why)
-                    continue
+            refusal = self._switchover_refusal()
+            if refusal is not None and self.loop.time() < deadline:
+                # With time left to wait, the PASSIVE that left as it drained (its link
+                # dropped, or it catches up again in a new term) is waited for again, from
+                # the top; so is one the machine refused at the step: after a cut, the feed
+                # has it in sync a moment before its state messages (over its peer link,
+                # up again a little later) say so.
+                log.info("switchover: the PASSIVE left the drain (%s); waiting for it", refusal)
+                continue
             self._write("switchover", phase="failed", user=user, reason=why)
             raise ConsoleRefused(f"switchover failed, this server serves on: {why}")
 
